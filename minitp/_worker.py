@@ -1,0 +1,140 @@
+"""What runs inside each launched rank. The forkserver preloads this module (and
+with it torch and minitp), so a new rank starts in milliseconds, not seconds.
+
+A rank: joins the process group through a file store the parent named, runs the
+user's function, sends back one message (its result or its failure, its events
+and what it printed), then waits for the parent's word before leaving, so that
+a rank that finished early never pulls the connections from under ranks still
+working or waiting.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import pickle
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+import minitp  # noqa: F401  (preloaded into the forkserver with torch)
+from minitp import _device, trace
+from minitp.errors import RankTimedOut
+
+STATUS_SLOT_BYTES = 512  # per rank: "<since>|<op description>" while inside a collective
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    """Sends results back as plain CPU tensors, detached from any graph.
+
+    Plain pickling (not torch.multiprocessing's shared-memory handles) keeps the
+    message self-contained: the rank can exit the moment it has been read.
+    """
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and (obj.requires_grad or obj.device.type != "cpu"):
+            return _rebuild_tensor, (obj.detach().cpu(),)
+        return super().reducer_override(obj)
+
+
+def _rebuild_tensor(t):
+    return t
+
+
+def dumps(obj) -> bytes:
+    buffer = io.BytesIO()
+    _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def _die_with_parent() -> None:
+    # Linux: if the forkserver (and so the parent) dies, take this rank down too.
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+        except OSError:
+            pass
+
+
+class _StatusSlot:
+    """A view of this rank's slot in the shared status array, stamped with the time."""
+
+    def __init__(self, array, rank):
+        self._raw = (ctypes.c_char * STATUS_SLOT_BYTES).from_buffer(array, rank * STATUS_SLOT_BYTES)
+
+    def __len__(self):
+        return STATUS_SLOT_BYTES
+
+    @property
+    def value(self):
+        return self._raw.value
+
+    @value.setter
+    def value(self, data: bytes):
+        if data:
+            data = f"{time.time():.3f}|".encode() + data
+        self._raw.value = data[: STATUS_SLOT_BYTES - 1]
+
+
+def main(rank, world_size, payload, store_path, backend, timeout, threads, conn, status, t0, env):
+    _die_with_parent()
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    out, err = io.StringIO(), io.StringIO()
+    sys.stdout, sys.stderr = out, err
+    recorder = trace.install(rank, t0)
+    recorder.status_slot = _StatusSlot(status, rank)
+    message = {"rank": rank}
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        _device.set_current(device)
+        recorder.enter(lambda: "the rendezvous (joining the process group)")
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        recorder.leave()
+        result = fn(*args, **kwargs)
+        try:
+            message.update(status="ok", result=dumps(result))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to see
+            raise TypeError(
+                f"rank {rank} returned a {type(result).__name__} that cannot be sent back "
+                f"to the parent: {exc}"
+            ) from exc
+    except RankTimedOut as exc:
+        message.update(status="timeout", op=exc.op, error=_user_traceback(exc))
+    except BaseException as exc:  # noqa: BLE001 - report everything, KeyboardInterrupt included
+        text = _user_traceback(exc)
+        status_ = "timeout" if _looks_like_timeout(exc) else "error"
+        message.update(status=status_, op="a collective outside minitp.comm", error=text)
+    message.update(events=trace.events(), stdout=out.getvalue(), stderr=err.getvalue())
+    try:
+        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        conn.recv_bytes()  # the parent's word: everyone is done (or EOF: the parent is gone)
+    except (EOFError, OSError):
+        pass
+    # No destroy_process_group(): it can block on peers that are leaving at the same
+    # moment. The process ends right after this; the OS closes every socket.
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's code down, without this module's frame."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is main.__code__ and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _looks_like_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "timed out" in str(exc).lower()

@@ -1,0 +1,190 @@
+"""Traced, device-agnostic collectives and point-to-point messages.
+
+This is the only module that calls ``torch.distributed`` communication. Every
+function takes the `Axis` to talk on (never a global group), returns its result
+as a new tensor allocated like its input (CPU or GPU alike), and leaves an
+`Event` in this rank's trace.
+
+Rules learned on gloo (CPU), torch 2.4 onwards:
+  * use the tensor variants (``all_gather_into_tensor``, ``reduce_scatter_tensor``);
+    where the installed torch lacks one for this backend we fall back to a
+    collective that is correct and say so in the event label;
+  * never ``ReduceOp.AVG`` (gloo's reduce-scatter silently returns the SUM on
+    torch <= 2.8): sum, then divide;
+  * gathers need equal shapes on every rank: pad first.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+
+from . import trace
+from .errors import RankTimedOut
+from .mesh import Axis
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "prod": dist.ReduceOp.PRODUCT,
+}
+
+# gloo says "Timed out waiting 5000ms for recv operation"; NCCL's watchdog says
+# "Watchdog caught collective operation timeout". Either means a peer never came.
+_TIMEOUT_PATTERN = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+def all_reduce(x: torch.Tensor, axis: Axis, op: str = "sum") -> torch.Tensor:
+    """Every rank of `axis` gets the elementwise reduction (sum by default) of all ranks' `x`."""
+    if op not in _REDUCE_OPS:
+        hint = " (use op='sum' and divide: gloo mishandles AVG)" if op in ("avg", "mean") else ""
+        raise ValueError(f"all_reduce op must be one of {sorted(_REDUCE_OPS)}, got {op!r}{hint}")
+    out = x.detach().clone()
+    with _traced("all_reduce", axis, out, out.numel() * out.element_size()):
+        if axis.size > 1:
+            dist.all_reduce(out, op=_REDUCE_OPS[op], group=axis.group)
+    return out
+
+
+def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
+    """Concatenate every rank's `x` along `dim` (equal shapes on all ranks), on every rank."""
+    n = axis.size
+    dim = dim % x.dim()
+    moved = x.detach().movedim(dim, 0).contiguous()  # gather along dim 0, move it back after
+    out = torch.empty((n * moved.shape[0], *moved.shape[1:]), dtype=x.dtype, device=x.device)
+    with _traced("all_gather", axis, x, out.numel() * out.element_size()):
+        if n == 1:
+            out.copy_(moved)
+        else:
+            dist.all_gather_into_tensor(out, moved, group=axis.group)
+    return out.movedim(0, dim).contiguous()
+
+
+def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
+    """Sum `x` over the ranks of `axis`; rank i keeps the i-th of n equal chunks along `dim`."""
+    n = axis.size
+    dim = dim % x.dim()
+    if x.shape[dim] % n:
+        raise ValueError(
+            f"reduce_scatter: dimension {dim} of shape {tuple(x.shape)} is not divisible "
+            f"by the {axis.name} size {n}"
+        )
+    moved = x.detach().movedim(dim, 0).contiguous()  # (n * chunk, ...)
+    out = torch.empty((moved.shape[0] // n, *moved.shape[1:]), dtype=x.dtype, device=x.device)
+    with _traced("reduce_scatter", axis, x, moved.numel() * moved.element_size()):
+        if n == 1:
+            out.copy_(moved)
+        else:
+            dist.reduce_scatter_tensor(out, moved, op=dist.ReduceOp.SUM, group=axis.group)
+    return out.movedim(0, dim).contiguous()
+
+
+def broadcast(x: torch.Tensor, axis: Axis, src: int = 0) -> torch.Tensor:
+    """Every rank of `axis` gets the `x` of the rank at index `src` *within the axis*."""
+    if not 0 <= src < axis.size:
+        raise ValueError(f"broadcast src must be an index in 0..{axis.size - 1}, got {src}")
+    out = x.detach().clone()
+    with _traced("broadcast", axis, out, out.numel() * out.element_size()):
+        if axis.size > 1:
+            dist.broadcast(out, src=axis.ranks[src], group=axis.group)
+    return out
+
+
+def send(x: torch.Tensor, dst: int) -> None:
+    """Send `x` to global rank `dst` (blocks until the message is handed over)."""
+    payload = x.detach().contiguous()
+    with _traced("send", None, payload, payload.numel() * payload.element_size(), peer=dst):
+        dist.send(payload, dst)
+
+
+def recv(x: torch.Tensor, src: int) -> torch.Tensor:
+    """Receive into `x` (its shape and dtype say what to expect) from global rank `src`."""
+    if not x.is_contiguous():
+        raise ValueError("recv needs a contiguous buffer")
+    with _traced("recv", None, x, x.numel() * x.element_size(), peer=src):
+        dist.recv(x, src)
+    return x
+
+
+def sendrecv(x: torch.Tensor, dst: int, out: torch.Tensor, src: int) -> torch.Tensor:
+    """Send `x` to global rank `dst` while receiving into `out` from global rank `src`.
+
+    Both messages are posted at once, so a ring of ranks that all send to the
+    next and receive from the previous cannot deadlock (with blocking `send`
+    first on every rank, each would wait for a receiver that never comes).
+    Records a send and a recv event.
+    """
+    if not out.is_contiguous():
+        raise ValueError("sendrecv needs a contiguous receive buffer")
+    payload = x.detach().contiguous()
+    rec = trace.recorder()
+    start = rec.now()
+    with _traced("send", None, payload, payload.numel() * payload.element_size(), peer=dst):
+        ops = [dist.P2POp(dist.isend, payload, dst), dist.P2POp(dist.irecv, out, src)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    _record_p2p("recv", out, src, start)
+    return out
+
+
+def _record_p2p(op, tensor, peer, start) -> None:
+    rec = trace.recorder()
+    nbytes = tensor.numel() * tensor.element_size()
+    rec.add(
+        op=op, axis="p2p", shape=tuple(tensor.shape), dtype=str(tensor.dtype).removeprefix("torch."),
+        nbytes=nbytes, wire_bytes=trace.ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
+        phase=trace.current_phase(), peer=peer,
+    )
+
+
+def barrier(axis: Axis) -> None:
+    """Wait until every rank of `axis` arrives (an empty all-reduce, traced)."""
+    token = torch.zeros(1)
+    with _traced("barrier", axis, token, 0):
+        if axis.size > 1:
+            dist.all_reduce(token, group=axis.group)
+
+
+class _traced:
+    """Context manager: mark this rank as waiting in `op`, time it, record the Event."""
+
+    def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None):
+        self.op, self.axis, self.tensor, self.nbytes, self.peer = op, axis, tensor, nbytes, peer
+
+    def describe(self) -> str:
+        where = f"axis {self.axis.name} ranks {list(self.axis.ranks)}" if self.axis else (
+            f"peer rank {self.peer}"
+        )
+        return f"{self.op} on {where}, shape {tuple(self.tensor.shape)}"
+
+    def __enter__(self):
+        self.rec = trace.recorder()
+        self.rec.enter(self.describe)
+        self.start = self.rec.now()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.rec.leave()
+        if exc is not None:
+            if _TIMEOUT_PATTERN.search(str(exc)):
+                raise RankTimedOut(self.describe(), str(exc).strip()) from exc
+            return False
+        n = self.axis.size if self.axis else 2
+        op = "barrier" if self.op == "barrier" else self.op
+        self.rec.add(
+            op=op,
+            axis=self.axis.name if self.axis else "p2p",
+            shape=tuple(self.tensor.shape),
+            dtype=str(self.tensor.dtype).removeprefix("torch."),
+            nbytes=int(self.nbytes),
+            wire_bytes=0 if op == "barrier" else trace.ring_wire_bytes(op, int(self.nbytes), n),
+            start=self.start,
+            end=self.rec.now(),
+            phase=trace.current_phase(),
+            peer=self.peer,
+            group_ranks=tuple(self.axis.ranks) if self.axis else (),
+        )
+        return False

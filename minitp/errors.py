@@ -1,0 +1,35 @@
+"""What a failed launch raises in the parent, and what a rank raises when it times out."""
+
+from __future__ import annotations
+
+
+class LaunchError(RuntimeError):
+    """A rank of a launched run failed. ``rank`` is the first rank that failed,
+    ``remote_traceback`` its traceback as text (from the child process)."""
+
+    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+class CollectiveTimeout(LaunchError):
+    """Some ranks waited longer than the launch's timeout in a collective that
+    not every rank joined. ``waiting`` maps each waiting rank to the op it was in;
+    ``finished`` lists the ranks that had already returned."""
+
+    def __init__(self, message: str, waiting: dict[int, str], finished: list[int]):
+        first = min(waiting) if waiting else None
+        super().__init__(message, rank=first)
+        self.waiting = waiting
+        self.finished = finished
+
+
+class RankTimedOut(RuntimeError):
+    """Raised inside a rank when its collective times out; the launcher turns the
+    reports of all ranks into one `CollectiveTimeout` in the parent."""
+
+    def __init__(self, op: str, detail: str = ""):
+        super().__init__(f"timed out in {op}" + (f" ({detail})" if detail else ""))
+        self.op = op
+        self.detail = detail

@@ -1,0 +1,200 @@
+"""The conjugate pairs: autograd Functions whose backward is the adjoint of their forward.
+
+Three tiers, as in Megatron-Core's ``tensor_parallel/mappings.py``:
+tensor helpers (`minitp.comm`) → autograd Functions that only compose them →
+lowercase wrappers that the layers call.
+
+Why is the backward of a *copy* an all-reduce? Think of a replicated tensor x as
+one vector that every rank reads. Copying it into n per-rank branches is the map
+x ↦ (x, x, …, x); its adjoint takes the n branch gradients (g_0, …, g_n-1) to
+their sum. Every pair below is such an adjoint pair, and `tests/test_mappings.py`
+checks ⟨f(x), y⟩ = ⟨x, f*(y)⟩ with the inner product summed over ranks for
+per-rank tensors and taken once for replicated ones.
+
+"last dim" pairs split hidden features across tensor-parallel ranks; "sequence"
+pairs split the sequence dimension (dim 1 of a (batch, seq, hidden) activation)
+for sequence parallelism.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import comm
+from .mesh import Axis
+
+SEQ_DIM = 1  # activations are (batch, seq, hidden)
+
+
+def _split(x: torch.Tensor, axis: Axis, dim: int) -> torch.Tensor:
+    """This rank's chunk of `x` along `dim` (no communication)."""
+    size = x.shape[dim]
+    if size % axis.size:
+        raise ValueError(
+            f"cannot split dimension {dim} of size {size} into {axis.size} equal parts "
+            f"for axis {axis.name}"
+        )
+    return x.chunk(axis.size, dim=dim)[axis.rank].contiguous()
+
+
+class _CopyToParallel(torch.autograd.Function):
+    """f — fwd: identity (each rank uses the replicated input) · bwd: all-reduce the gradients."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_reduce(grad, ctx.axis), None
+
+
+class _ReduceFromParallel(torch.autograd.Function):
+    """g — fwd: all-reduce the partial sums · bwd: identity (the gradient is replicated)."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        return comm.all_reduce(x, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _SplitLastDim(torch.autograd.Function):
+    """fwd: keep this rank's slice of the last dimension · bwd: all-gather the last dimension."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return _split(x, axis, -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_gather(grad, ctx.axis, dim=-1), None
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """fwd: all-gather the last dimension · bwd: keep this rank's slice of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return comm.all_gather(x, axis, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split(grad, ctx.axis, -1), None
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """fwd: keep this rank's slice of the sequence · bwd: all-gather the sequence."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return _split(x, axis, SEQ_DIM)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_gather(grad, ctx.axis, dim=SEQ_DIM), None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """fwd: all-gather the sequence · bwd: keep this rank's slice of the (replicated) gradient."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return comm.all_gather(x, axis, dim=SEQ_DIM)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split(grad, ctx.axis, SEQ_DIM), None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    """fwd: reduce-scatter partial sums along the sequence · bwd: all-gather the sequence."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return comm.reduce_scatter(x, axis, dim=SEQ_DIM)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_gather(grad, ctx.axis, dim=SEQ_DIM), None
+
+
+class _AllGatherFromSequence(torch.autograd.Function):
+    """fwd: all-gather the sequence · bwd: reduce-scatter the (partial) gradients along it.
+
+    Sequence parallelism's entry to a column-parallel layer: every rank's branch
+    contributes a partial gradient for the whole sequence, so the backward sums
+    them and hands each rank its own slice.
+    """
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return comm.all_gather(x, axis, dim=SEQ_DIM)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.reduce_scatter(grad, ctx.axis, dim=SEQ_DIM), None
+
+
+# Lowercase wrappers: what layers call. Each pair is the other's adjoint.
+def copy_to_parallel(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """f: identity forward, all-reduce backward. Adjoint of `reduce_from_parallel`."""
+    return _CopyToParallel.apply(x, axis)
+
+
+def reduce_from_parallel(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """g: all-reduce forward, identity backward. Adjoint of `copy_to_parallel`."""
+    return _ReduceFromParallel.apply(x, axis)
+
+
+def split_last_dim(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """Slice forward, all-gather backward (last dim). Adjoint of `gather_last_dim`."""
+    return _SplitLastDim.apply(x, axis)
+
+
+def gather_last_dim(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """All-gather forward, slice backward (last dim). Adjoint of `split_last_dim`."""
+    return _GatherLastDim.apply(x, axis)
+
+
+def scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """Slice forward, all-gather backward (sequence dim). Adjoint of `gather_from_sequence`."""
+    return _ScatterToSequence.apply(x, axis)
+
+
+def gather_from_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """All-gather forward, slice backward (sequence dim). Adjoint of `scatter_to_sequence`."""
+    return _GatherFromSequence.apply(x, axis)
+
+
+def reduce_scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """Reduce-scatter forward, all-gather backward. Adjoint of `all_gather_from_sequence`."""
+    return _ReduceScatterToSequence.apply(x, axis)
+
+
+def all_gather_from_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """All-gather forward, reduce-scatter backward. Adjoint of `reduce_scatter_to_sequence`."""
+    return _AllGatherFromSequence.apply(x, axis)
+
+
+# Each wrapper, its adjoint, and what kind of tensor it takes and gives
+# ("replicated": one value every rank holds; "per-rank": each rank its own).
+PAIRS = {
+    copy_to_parallel: (reduce_from_parallel, "replicated", "per-rank"),
+    reduce_from_parallel: (copy_to_parallel, "per-rank", "replicated"),
+    split_last_dim: (gather_last_dim, "replicated", "per-rank"),
+    gather_last_dim: (split_last_dim, "per-rank", "replicated"),
+    scatter_to_sequence: (gather_from_sequence, "replicated", "per-rank"),
+    gather_from_sequence: (scatter_to_sequence, "per-rank", "replicated"),
+    reduce_scatter_to_sequence: (all_gather_from_sequence, "per-rank", "per-rank"),
+    all_gather_from_sequence: (reduce_scatter_to_sequence, "per-rank", "per-rank"),
+}

@@ -1,0 +1,221 @@
+"""Event records of every collective, point-to-point message and compute phase.
+
+Each process keeps one `Recorder`. `minitp.comm` appends an `Event` for every
+collective it runs; `region(...)` records a named compute phase. The launcher
+ships each rank's events back to the parent, where `Run.trace` merges them in
+time order. That list is what the notebooks draw and what the tests count.
+
+The recorder is per *process* (a rank is a process), which is why it may live at
+module level: it holds no process group and no model state, only a log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing a rank did, with when it started and ended.
+
+    ``nbytes`` is the size of the full logical tensor the op is about (the
+    all-reduced tensor, the gathered output, the reduce-scatter input, the
+    message). ``wire_bytes`` is what this rank sends on the wire under the ring
+    algorithm: all-reduce 2(n-1)/n·S, all-gather and reduce-scatter (n-1)/n·S.
+    ``start``/``end`` are seconds since the launch began (the same clock on
+    every rank of one machine). ``phase`` is "fwd", "bwd" or "" (neither).
+    """
+
+    rank: int
+    op: str
+    axis: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    wire_bytes: int
+    start: float
+    end: float
+    phase: str = ""
+    label: str = ""
+    peer: int | None = None  # the other global rank of a send / recv
+    group_ranks: tuple[int, ...] = field(default=())
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def is_comm(self) -> bool:
+        return self.op != "compute"
+
+
+def ring_wire_bytes(op: str, nbytes: int, n: int) -> int:
+    """Bytes each rank sends for `op` on a ring of `n` ranks moving `nbytes` in all.
+
+    all_reduce is a reduce-scatter followed by an all-gather: each of the two
+    passes sends n-1 chunks of size S/n, hence 2(n-1)/n·S. A point-to-point send
+    moves the whole message once; a receive sends nothing. A broadcast is
+    pipelined along a chain, so every rank but the last forwards S once: we count
+    S, the root's share.
+    """
+    if n <= 1 and op not in ("send",):
+        return 0
+    if op == "all_reduce":
+        return 2 * (n - 1) * nbytes // n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) * nbytes // n
+    if op in ("broadcast", "send"):
+        return nbytes
+    if op == "recv":
+        return 0
+    raise ValueError(f"no wire-byte formula for op {op!r}")
+
+
+class Recorder:
+    """Collects this process's events; `phase` and `label` are set by context managers."""
+
+    def __init__(self, rank: int = 0, t0: float | None = None):
+        self.rank = rank
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.events: list[Event] = []
+        self.enabled = True
+        self._local = threading.local()  # phase/label stacks: autograd may run backward in a thread
+        # Shared memory the launcher reads if this rank hangs: what it is waiting in.
+        self.status_slot = None
+
+    # -- context -------------------------------------------------------------
+    def _stack(self, name: str) -> list[str]:
+        stack = getattr(self._local, name, None)
+        if stack is None:
+            stack = []
+            setattr(self._local, name, stack)
+        return stack
+
+    @property
+    def phase(self) -> str:
+        stack = self._stack("phase")
+        return stack[-1] if stack else ""
+
+    @property
+    def label(self) -> str:
+        stack = self._stack("label")
+        return ".".join(stack)
+
+    def enter(self, describe) -> None:
+        """Say (to the launcher, through shared memory) which collective this rank waits in."""
+        if self.status_slot is not None:
+            self.status_slot.value = describe().encode()[: len(self.status_slot) - 1]
+
+    def leave(self) -> None:
+        if self.status_slot is not None:
+            self.status_slot.value = b""
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def add(self, **fields) -> Event:
+        fields.setdefault("rank", self.rank)
+        fields.setdefault("phase", self.phase)
+        fields.setdefault("label", self.label)
+        event = Event(**fields)
+        if self.enabled:
+            self.events.append(event)
+        return event
+
+
+_recorder = Recorder()
+
+
+def recorder() -> Recorder:
+    """This process's recorder (the launcher installs a fresh one in every rank)."""
+    return _recorder
+
+
+def install(rank: int, t0: float | None = None) -> Recorder:
+    """Start a fresh log for `rank`; called by the launcher as a rank starts."""
+    global _recorder
+    _recorder = Recorder(rank, t0)
+    return _recorder
+
+
+def events() -> list[Event]:
+    """The events this rank recorded so far."""
+    return list(_recorder.events)
+
+
+def clear() -> None:
+    _recorder.events.clear()
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Mark everything inside as forward ("fwd") or backward ("bwd") work."""
+    stack = _recorder._stack("phase")
+    stack.append(name)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def label(name: str):
+    """Name what the events inside belong to (nested labels join with dots)."""
+    stack = _recorder._stack("label")
+    stack.append(name)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def paused():
+    """Record nothing inside (for warm-ups and bookkeeping collectives)."""
+    was = _recorder.enabled
+    _recorder.enabled = False
+    try:
+        yield
+    finally:
+        _recorder.enabled = was
+
+
+@contextlib.contextmanager
+def region(name: str, phase_name: str | None = None):
+    """Record the time spent inside as one "compute" event called `name`."""
+    rec = _recorder
+    start = rec.now()
+    try:
+        yield
+    finally:
+        rec.add(
+            op="compute", axis="", shape=(), dtype="", nbytes=0, wire_bytes=0,
+            start=start, end=rec.now(), label=name,
+            **({"phase": phase_name} if phase_name else {}),
+        )
+
+
+def current_phase() -> str:
+    """The phase in force: an explicit `phase(...)`, else "bwd" inside autograd's backward."""
+    explicit = _recorder.phase
+    if explicit:
+        return explicit
+    return "bwd" if _in_backward() else "fwd"
+
+
+def _in_backward() -> bool:
+    # The autograd engine sets a graph-task id while it runs backward functions.
+    get_id = getattr(torch._C, "_current_graph_task_id", None)
+    return get_id is not None and get_id() != -1
+
+
+def merge(per_rank: list[list[Event]]) -> list[Event]:
+    """All ranks' events in one list, ordered by start time then rank."""
+    merged = [e for events_ in per_rank for e in events_]
+    merged.sort(key=lambda e: (e.start, e.rank))
+    return merged
