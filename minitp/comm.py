@@ -134,8 +134,9 @@ def _record_p2p(op, tensor, peer, start) -> None:
     rec = trace.recorder()
     nbytes = tensor.numel() * tensor.element_size()
     rec.add(
-        op=op, axis="p2p", shape=tuple(tensor.shape), dtype=str(tensor.dtype).removeprefix("torch."),
-        nbytes=nbytes, wire_bytes=trace.ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
+        op=op, axis="p2p", shape=tuple(tensor.shape),
+        dtype=str(tensor.dtype).removeprefix("torch."), nbytes=nbytes,
+        wire_bytes=trace.ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
         phase=trace.current_phase(), peer=peer,
     )
 

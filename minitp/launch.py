@@ -1,4 +1,4 @@
-"""``mt.launch(fn, world_size)``: run a function on N real processes and get back what each returned.
+"""``mt.launch(fn, world_size)``: run a function on N real processes, get back what each returned.
 
 How, and why (measurements in DESIGN.md):
 
@@ -94,7 +94,9 @@ class Run(Sequence):
         )
 
 
-def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 120.0, **kwargs) -> Run:
+def launch(
+    fn, world_size: int, *args, backend: str = "auto", timeout: float = 120.0, **kwargs
+) -> Run:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` processes joined in one process group.
 
     backend: "auto" picks NCCL (rank r on cuda:r) when CUDA has at least
