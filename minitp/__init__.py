@@ -9,12 +9,22 @@
 from . import comm, mappings, trace
 from ._device import device
 from .errors import CollectiveTimeout, LaunchError
+from .grade import grade
 from .launch import Run, launch
 from .mesh import Axis, Mesh, layout, world
 from .trace import Event
 
 __all__ = [
     "Axis", "CollectiveTimeout", "Event", "LaunchError", "Mesh", "Run",
-    "comm", "device", "launch", "layout", "mappings", "trace", "world",
+    "comm", "device", "grade", "launch", "layout", "mappings", "trace", "viz", "world",
 ]
+
+
+def __getattr__(name):
+    # viz pulls in matplotlib: import it on first use, not in every rank.
+    if name == "viz":
+        import importlib
+
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module 'minitp' has no attribute {name!r}")
 __version__ = "0.1.0"
