@@ -26,9 +26,11 @@ gathers every rank's return value so ``run[r]`` means the same thing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.spawn as mp_spawn
 import os
 import pickle
 import shutil
@@ -151,6 +153,30 @@ def _context():
     return _context_cache
 
 
+@contextlib.contextmanager
+def _without_main_module():
+    """Start ranks without re-running the parent's __main__ script in each of them.
+
+    multiprocessing normally re-imports the main script in every child (hence the
+    ``if __name__ == "__main__":`` idiom). Our ranks get ``fn`` by value through
+    cloudpickle, so they need nothing from it, and a learner's unguarded script
+    must not run once per rank.
+    """
+    original = mp_spawn.get_preparation_data
+
+    def preparation_data(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mp_spawn.get_preparation_data = preparation_data
+    try:
+        yield
+    finally:
+        mp_spawn.get_preparation_data = original
+
+
 def _loopback_interface() -> str | None:
     try:
         names = [name for _, name in socket.if_nameindex()]
@@ -197,7 +223,8 @@ class _Launch:
                           self.status, started, env),
                     daemon=True,
                 )
-                process.start()
+                with _without_main_module():
+                    process.start()
                 child_end.close()
                 self.processes.append(process)
                 self.conns[rank] = parent_end

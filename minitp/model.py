@@ -1,0 +1,156 @@
+"""A plain GPT on one device: the reference every parallel version must equal.
+
+No distributed code lives here. `minitp.parallelize` reads this model and
+builds each rank's shard from its weights, following a plan table; the tests
+then check that the two compute the same function, loss and gradients.
+
+Two layout choices make the sharding a plain slice:
+* the attention projection's output features are ordered (head, q/k/v, head_dim),
+  so a contiguous block of them is a set of whole heads with their q, k and v —
+  a column split of this projection *is* a split by heads;
+* the attention core (scores, softmax, dropout, ·V) is its own module, so that
+  selective recomputation and the activation ledger can name it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # byte-level tokens: every text is already tokenised
+    seq_len: int = 64  # the context length; learned positions are made for exactly this many
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads; tensor parallelism splits them, so tp must divide this
+    d_model: int = 64  # hidden size h; the MLP is 4h wide, as in GPT-2 and Megatron-LM
+    dropout: float = 0.0  # on embeddings, attention probabilities and both residual branches
+    bias: bool = True  # biases in Linear layers and LayerNorms, as GPT-2
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by n_head={self.n_head} "
+                "(each head gets d_model / n_head features)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+class AttentionCore(nn.Module):
+    """softmax(QKᵀ/√d + causal mask) · V, with dropout on the probabilities."""
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v):  # each (B, nh, T, hs)
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = self.dropout(F.softmax(scores, dim=-1))
+        return probs @ v  # (B, nh, T, hs)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        # Output features ordered (head, q/k/v, head_dim): see the module docstring.
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.core = AttentionCore(cfg.dropout)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):  # (B, T, C)
+        B, T, _ = x.shape
+        qkv = self.qkv(x)  # (B, T, 3C') with C' the features this module holds
+        heads = qkv.shape[-1] // (3 * self.head_dim)  # all heads here; a shard holds fewer
+        qkv = qkv.view(B, T, heads, 3, self.head_dim)  # (B, T, nh, 3, hs)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, nh, T, hs)
+        y = self.core(q, k, v)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
+        return self.dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):  # (B, T, C)
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token and position embeddings, n_layer blocks, a final LayerNorm, and the
+    output projection tied to the token embedding (as GPT-2 and Megatron-LM)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.cfg.seq_len}")
+        positions = torch.arange(T, device=idx.device)
+        x = self.dropout(self.wte(idx) + self.wpe(positions))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        logits = x @ self.wte.weight.T  # (B, T, V): the tied output projection
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.reshape(B * T, -1), targets.reshape(B * T), ignore_index=-100
+            )
+        return logits, loss
+
+    def num_parameters(self) -> int:
+        """Every parameter once (the tied embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
