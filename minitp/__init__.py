@@ -11,12 +11,19 @@ from ._device import device
 from .errors import CollectiveTimeout, LaunchError
 from .grade import grade
 from .launch import Run, launch
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .loss import vocab_parallel_cross_entropy
 from .mesh import Axis, Mesh, layout, world
+from .model import GPT, GPTConfig
+from .parallelize import ParallelGPT, check_parallel_config, parallelize
+from .step import train_step
 from .trace import Event
 
 __all__ = [
-    "Axis", "CollectiveTimeout", "Event", "LaunchError", "Mesh", "Run",
-    "comm", "device", "grade", "launch", "layout", "mappings", "trace", "viz", "world",
+    "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
+    "LaunchError", "Mesh", "ParallelGPT", "RowParallelLinear", "Run", "VocabParallelEmbedding",
+    "check_parallel_config", "comm", "device", "grade", "launch", "layout", "mappings",
+    "parallelize", "trace", "train_step", "viz", "vocab_parallel_cross_entropy", "world",
 ]
 
 

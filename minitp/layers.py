@@ -22,6 +22,13 @@ def _shard_size(total: int, axis: Axis, what: str) -> int:
     return total // axis.size
 
 
+def _split_along(param: nn.Parameter, dim: int, true_size: int | None = None) -> None:
+    # Tags read by ParallelGPT.full_state_dict (and checkpoints) to put shards back together.
+    param.tp_split_dim = dim
+    if true_size is not None:
+        param.tp_true_size = true_size
+
+
 class ColumnParallelLinear(nn.Module):
     """Y = XA + b with A split by columns: A = [A_1, …, A_p], b = [b_1, …, b_p].
 
@@ -43,6 +50,9 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(local, d_in, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device)) if bias else None
         nn.init.normal_(self.weight, std=0.02)
+        _split_along(self.weight, 0)
+        if self.bias is not None:
+            _split_along(self.bias, 0)
 
     def forward(self, x):
         if self.sequence_parallel:
@@ -89,6 +99,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(d_out, local, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(d_out, dtype=dtype, device=device)) if bias else None
         nn.init.normal_(self.weight, std=0.02)
+        _split_along(self.weight, 1)
         if self.bias is not None and sequence_parallel:
             # Each rank adds it to its own sequence shard, so each rank's gradient is
             # partial: the training step must sum it over the axis (as LayerNorm's).
@@ -124,20 +135,24 @@ class VocabParallelEmbedding(nn.Module):
     The vocabulary is padded up to a multiple of the axis size; rank i owns ids
     [i·V'/p, (i+1)·V'/p). It looks up the ids in its range, writes zeros for the
     others, and g sums the ranks' results — exactly one rank contributed each
-    row. Padded rows are never looked up (ids < vocab_size), so they never get a
-    gradient here; ``padded_logits_mask`` lets the tied output layer keep them
-    out of the loss too.
+    row. With ``sequence_parallel`` the sum is a reduce-scatter along the
+    sequence instead, so each rank receives only its shard. Padded rows are
+    never looked up (ids < vocab_size), so they never get a gradient here;
+    ``padded_logits_mask`` lets the tied output layer keep them out of the loss.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, axis: Axis, dtype=None, device=None):
+    def __init__(self, vocab_size: int, d_model: int, axis: Axis, sequence_parallel: bool = False,
+                 dtype=None, device=None):
         super().__init__()
         self.axis, self.vocab_size, self.d_model = axis, vocab_size, d_model
+        self.sequence_parallel = sequence_parallel
         self.padded_vocab = -(-vocab_size // axis.size) * axis.size  # ceil to a multiple of p
         local = self.padded_vocab // axis.size
         self.vocab_start = axis.rank * local
         self.vocab_end = self.vocab_start + local
         self.weight = nn.Parameter(torch.empty(local, d_model, dtype=dtype, device=device))
         nn.init.normal_(self.weight, std=0.02)
+        _split_along(self.weight, 0, true_size=vocab_size)
         with torch.no_grad():
             self.weight[self.real_rows:].zero_()
 
@@ -150,7 +165,9 @@ class VocabParallelEmbedding(nn.Module):
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local_ids = (ids - self.vocab_start).masked_fill(outside, 0)
         rows = F.embedding(local_ids, self.weight)  # (B, T, C)
-        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)  # this rank's term of the sum
+        if self.sequence_parallel:  # sum and hand each rank its sequence shard at once
+            return mappings.reduce_scatter_to_sequence(rows, self.axis)  # (B, T/t, C)
         return mappings.reduce_from_parallel(rows, self.axis)
 
     def padded_logits_mask(self) -> torch.Tensor:
@@ -159,10 +176,10 @@ class VocabParallelEmbedding(nn.Module):
         return columns >= self.vocab_size
 
     @classmethod
-    def from_dense(cls, module: nn.Embedding, axis: Axis) -> VocabParallelEmbedding:
+    def from_dense(cls, module: nn.Embedding, axis: Axis, **kw) -> VocabParallelEmbedding:
         """This rank's vocabulary rows of a dense ``nn.Embedding`` (padding rows zero)."""
         layer = cls(module.num_embeddings, module.embedding_dim, axis,
-                    dtype=module.weight.dtype, device=module.weight.device)
+                    dtype=module.weight.dtype, device=module.weight.device, **kw)
         with torch.no_grad():
             layer.weight.zero_()
             layer.weight[: layer.real_rows].copy_(

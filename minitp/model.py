@@ -77,8 +77,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (B, T, C)
-        B, T, _ = x.shape
         qkv = self.qkv(x)  # (B, T, 3C') with C' the features this module holds
+        B, T, _ = qkv.shape  # read here: a sequence-parallel x holds only T/t positions
         heads = qkv.shape[-1] // (3 * self.head_dim)  # all heads here; a shard holds fewer
         qkv = qkv.view(B, T, heads, 3, self.head_dim)  # (B, T, nh, 3, hs)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, nh, T, hs)
