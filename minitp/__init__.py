@@ -9,7 +9,7 @@
 from . import comm, mappings, trace
 from ._device import device
 from .errors import CollectiveTimeout, LaunchError
-from .grade import grade
+from .grading import grade
 from .launch import Run, launch
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .loss import vocab_parallel_cross_entropy

@@ -168,11 +168,14 @@ class _traced:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.rec.leave()
         if exc is not None:
             if _TIMEOUT_PATTERN.search(str(exc)):
+                # Keep the status slot set: the launcher reads it to name every waiting
+                # rank, including ranks whose own report it has not read yet.
                 raise RankTimedOut(self.describe(), str(exc).strip()) from exc
+            self.rec.leave()
             return False
+        self.rec.leave()
         n = self.axis.size if self.axis else 2
         op = "barrier" if self.op == "barrier" else self.op
         self.rec.add(

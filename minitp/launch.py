@@ -26,6 +26,7 @@ gathers every rank's return value so ``run[r]`` means the same thing.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing as mp
@@ -404,6 +405,11 @@ def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def _destroy_if_initialized() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _run_in_place(fn, world_size, args, kwargs, backend, timeout) -> Run:
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
@@ -418,6 +424,9 @@ def _run_in_place(fn, world_size, args, kwargs, backend, timeout) -> Run:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        # We opened it, so we close it: a gloo group left open at interpreter exit
+        # sometimes aborts the process ("terminate called without an active exception").
+        atexit.register(_destroy_if_initialized)
     backend = dist.get_backend()
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     _device.set_current(device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import comm
+from . import comm, trace
 from .mesh import Axis
 
 
@@ -74,4 +74,7 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
             f"logits {tuple(local_logits.shape)} and targets {tuple(targets.shape)} disagree: "
             "targets must have the logits' shape without the last (vocabulary) dimension"
         )
-    return _VocabParallelCrossEntropy.apply(local_logits, targets, axis, ignore_index, vocab_size)
+    with trace.forward_phase():
+        return _VocabParallelCrossEntropy.apply(
+            local_logits, targets, axis, ignore_index, vocab_size
+        )

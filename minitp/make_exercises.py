@@ -19,6 +19,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ._paths import repo_root
+
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION\s*$")
 HINT = re.compile(r"^\s*# hint:\s?(?P<text>.*)$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
@@ -60,10 +62,6 @@ def _raise_line(indent: str, hint: str) -> str:
     pieces = textwrap.wrap(hint, width=max(40, 88 - len(indent)), drop_whitespace=False)
     body = "".join(f"{indent}    {piece!r}\n" for piece in pieces)
     return f"{indent}raise NotImplementedError(\n{body}{indent})\n"
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
 
 
 def expected_exercises(root: Path | None = None) -> dict[Path, str]:

@@ -20,10 +20,16 @@ from __future__ import annotations
 
 import torch
 
-from . import comm
+from . import comm, trace
 from .mesh import Axis
 
 SEQ_DIM = 1  # activations are (batch, seq, hidden)
+
+
+def _remember(ctx, axis: Axis) -> None:
+    """Keep what backward needs: the axis, and the trace label the forward ran under."""
+    ctx.axis = axis
+    ctx.label = trace.recorder().label
 
 
 def _split(x: torch.Tensor, axis: Axis, dim: int) -> torch.Tensor:
@@ -42,12 +48,13 @@ class _CopyToParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return comm.all_reduce(grad, ctx.axis), None
+        with trace.relabel(ctx.label):  # backward runs after the forward's label ended
+            return comm.all_reduce(grad, ctx.axis), None
 
 
 class _ReduceFromParallel(torch.autograd.Function):
@@ -67,12 +74,13 @@ class _SplitLastDim(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return _split(x, axis, -1)
 
     @staticmethod
     def backward(ctx, grad):
-        return comm.all_gather(grad, ctx.axis, dim=-1), None
+        with trace.relabel(ctx.label):  # backward runs after the forward's label ended
+            return comm.all_gather(grad, ctx.axis, dim=-1), None
 
 
 class _GatherLastDim(torch.autograd.Function):
@@ -80,7 +88,7 @@ class _GatherLastDim(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return comm.all_gather(x, axis, dim=-1)
 
     @staticmethod
@@ -93,12 +101,13 @@ class _ScatterToSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return _split(x, axis, SEQ_DIM)
 
     @staticmethod
     def backward(ctx, grad):
-        return comm.all_gather(grad, ctx.axis, dim=SEQ_DIM), None
+        with trace.relabel(ctx.label):  # backward runs after the forward's label ended
+            return comm.all_gather(grad, ctx.axis, dim=SEQ_DIM), None
 
 
 class _GatherFromSequence(torch.autograd.Function):
@@ -106,7 +115,7 @@ class _GatherFromSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return comm.all_gather(x, axis, dim=SEQ_DIM)
 
     @staticmethod
@@ -119,12 +128,13 @@ class _ReduceScatterToSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return comm.reduce_scatter(x, axis, dim=SEQ_DIM)
 
     @staticmethod
     def backward(ctx, grad):
-        return comm.all_gather(grad, ctx.axis, dim=SEQ_DIM), None
+        with trace.relabel(ctx.label):  # backward runs after the forward's label ended
+            return comm.all_gather(grad, ctx.axis, dim=SEQ_DIM), None
 
 
 class _AllGatherFromSequence(torch.autograd.Function):
@@ -137,53 +147,62 @@ class _AllGatherFromSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, axis):
-        ctx.axis = axis
+        _remember(ctx, axis)
         return comm.all_gather(x, axis, dim=SEQ_DIM)
 
     @staticmethod
     def backward(ctx, grad):
-        return comm.reduce_scatter(grad, ctx.axis, dim=SEQ_DIM), None
+        with trace.relabel(ctx.label):  # backward runs after the forward's label ended
+            return comm.reduce_scatter(grad, ctx.axis, dim=SEQ_DIM), None
 
 
 # Lowercase wrappers: what layers call. Each pair is the other's adjoint.
 def copy_to_parallel(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """f: identity forward, all-reduce backward. Adjoint of `reduce_from_parallel`."""
-    return _CopyToParallel.apply(x, axis)
+    with trace.forward_phase():
+        return _CopyToParallel.apply(x, axis)
 
 
 def reduce_from_parallel(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """g: all-reduce forward, identity backward. Adjoint of `copy_to_parallel`."""
-    return _ReduceFromParallel.apply(x, axis)
+    with trace.forward_phase():
+        return _ReduceFromParallel.apply(x, axis)
 
 
 def split_last_dim(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """Slice forward, all-gather backward (last dim). Adjoint of `gather_last_dim`."""
-    return _SplitLastDim.apply(x, axis)
+    with trace.forward_phase():
+        return _SplitLastDim.apply(x, axis)
 
 
 def gather_last_dim(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """All-gather forward, slice backward (last dim). Adjoint of `split_last_dim`."""
-    return _GatherLastDim.apply(x, axis)
+    with trace.forward_phase():
+        return _GatherLastDim.apply(x, axis)
 
 
 def scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """Slice forward, all-gather backward (sequence dim). Adjoint of `gather_from_sequence`."""
-    return _ScatterToSequence.apply(x, axis)
+    with trace.forward_phase():
+        return _ScatterToSequence.apply(x, axis)
 
 
 def gather_from_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """All-gather forward, slice backward (sequence dim). Adjoint of `scatter_to_sequence`."""
-    return _GatherFromSequence.apply(x, axis)
+    with trace.forward_phase():
+        return _GatherFromSequence.apply(x, axis)
 
 
 def reduce_scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """Reduce-scatter forward, all-gather backward. Adjoint of `all_gather_from_sequence`."""
-    return _ReduceScatterToSequence.apply(x, axis)
+    with trace.forward_phase():
+        return _ReduceScatterToSequence.apply(x, axis)
 
 
 def all_gather_from_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """All-gather forward, reduce-scatter backward. Adjoint of `reduce_scatter_to_sequence`."""
-    return _AllGatherFromSequence.apply(x, axis)
+    with trace.forward_phase():
+        return _AllGatherFromSequence.apply(x, axis)
 
 
 # Each wrapper, its adjoint, and what kind of tensor it takes and gives

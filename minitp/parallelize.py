@@ -122,6 +122,10 @@ class ParallelGPT(nn.Module):
         self.blocks, self.ln_f = shard.blocks, shard.ln_f
 
     def forward(self, idx, targets=None):
+        with trace.forward_phase():
+            return self._forward(idx, targets)
+
+    def _forward(self, idx, targets):
         B, T = idx.shape
         tp = self.mesh.tp
         if T != self.cfg.seq_len and self.sequence_parallel and T % tp.size:

@@ -175,6 +175,18 @@ def label(name: str):
 
 
 @contextlib.contextmanager
+def relabel(full_label: str):
+    """Record inside under exactly `full_label` (how backward reuses its forward's label)."""
+    stack = _recorder._stack("label")
+    saved = list(stack)
+    stack[:] = [full_label] if full_label else []
+    try:
+        yield
+    finally:
+        stack[:] = saved
+
+
+@contextlib.contextmanager
 def paused():
     """Record nothing inside (for warm-ups and bookkeeping collectives)."""
     was = _recorder.enabled
@@ -201,11 +213,22 @@ def region(name: str, phase_name: str | None = None):
 
 
 def current_phase() -> str:
-    """The phase in force: an explicit `phase(...)`, else "bwd" inside autograd's backward."""
+    """The phase in force: an explicit `phase(...)`, else "bwd" inside autograd's
+    backward, else "" (a collective that is part of neither pass)."""
     explicit = _recorder.phase
     if explicit:
         return explicit
-    return "bwd" if _in_backward() else "fwd"
+    return "bwd" if _in_backward() else ""
+
+
+@contextlib.contextmanager
+def forward_phase():
+    """Mark what runs inside as forward work, unless a phase is already set."""
+    if _recorder.phase:
+        yield
+    else:
+        with phase("fwd"):
+            yield
 
 
 def _in_backward() -> bool:

@@ -8,8 +8,9 @@ import time
 import pytest
 
 import minitp as mt
+from minitp._paths import repo_root
 from minitp.checks import EXERCISES
-from minitp.make_exercises import blank_out, expected_exercises, repo_root
+from minitp.make_exercises import blank_out, expected_exercises
 
 
 def test_exercises_are_generated_from_solutions():

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import minitp as mt
-from minitp.grade import Check, failure_check
+from minitp.grading import Check, failure_check
 
 WORLD_SIZES = (2, 3, 4)
 SHAPES = ((12,), (3, 5), (7,))  # 7 elements: n = 2, 3, 4 do not divide it

@@ -1,0 +1,185 @@
+"""The exercise grader: runs the learner's code on real processes and says what holds.
+
+    mt.grade("ex01")                       # in a notebook: grades exercises/ex01_*.py
+    python -m minitp.grade ex01            # the same from a terminal (exit 1 on failure)
+    python -m minitp.grade ex01 --solutions
+
+Each check says whether it passed; a failed one says which rank, which tensor,
+the largest error and a hint. A blank (``NotImplementedError``) or a crash is
+reported politely, and a deadlock ends after a short timeout, never hangs.
+The checks of each exercise live in ``minitp/checks/exNN.py``; the command
+line is ``minitp/grade.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import textwrap
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cloudpickle
+
+from ._paths import repo_root
+from .errors import CollectiveTimeout, LaunchError
+
+
+@dataclass
+class Check:
+    """One graded property: what was checked, whether it held, and if not, why."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+    rank: int | None = None
+    tensor: str = ""
+    max_error: float | None = None
+    hint: str = ""
+
+    def lines(self) -> list[str]:
+        mark = "PASS" if self.passed else "FAIL"
+        out = [f"  {mark}  {self.name}" + (f": {self.detail}" if self.detail else "")]
+        if not self.passed and self.hint:
+            out += textwrap.wrap(self.hint, 88, initial_indent="        hint: ",
+                                 subsequent_indent="              ")
+        return out
+
+
+@dataclass
+class Report:
+    """Every check of one exercise. Displays itself; ``.passed`` is True when all held."""
+
+    exercise: str
+    title: str
+    source: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def __str__(self) -> str:
+        good = sum(c.passed for c in self.checks)
+        head = f"{self.exercise} · {self.title}: {good}/{len(self.checks)} checks passed"
+        lines = [head, f"  (graded {self.source})"]
+        for check in self.checks:
+            lines += check.lines()
+        if self.passed:
+            lines.append("  All checks passed. Well done!")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def exercise_path(exercise: str, solutions: bool = False, root: Path | None = None) -> Path:
+    """The learner's file (exercises/) or the reference (solutions/) for `exercise`."""
+    from .checks import EXERCISES
+
+    if exercise not in EXERCISES:
+        raise ValueError(f"unknown exercise {exercise!r}; known: {', '.join(sorted(EXERCISES))}")
+    folder = (root or _find_root()) / ("solutions" if solutions else "exercises")
+    path = folder / EXERCISES[exercise].filename
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (is this a checkout of the minitp repository?)")
+    return path
+
+
+def load(path: Path):
+    """Import the file at `path` afresh, under a unique name, so edits are always seen
+    and its functions travel to the ranks by value (they are not importable there)."""
+    name = f"minitp_graded_{path.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def grade(exercise: str, solutions: bool = False, path: str | Path | None = None) -> Report:
+    """Grade `exercise` ("ex01", …): the learner's file, or the solution with solutions=True."""
+    from .checks import EXERCISES
+
+    file = Path(path) if path else exercise_path(exercise, solutions)
+    spec = EXERCISES[exercise]
+    report = Report(exercise, spec.title, _shown_path(file))
+    try:
+        module = load(file)
+    except Exception as exc:  # noqa: BLE001 - a syntax error is the learner's to see, politely
+        report.checks.append(Check("the file imports", False, f"{type(exc).__name__}: {exc}",
+                                   hint="fix the error above, save the file, grade again"))
+        return report
+    try:
+        report.checks.extend(spec.run(module))
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        sys.modules.pop(module.__name__, None)
+    return report
+
+
+def failure_check(name: str, error: LaunchError, what: str) -> Check:
+    """Turn a failed launch of the learner's code into a polite, specific failed check."""
+    if isinstance(error, CollectiveTimeout):
+        waits = "; ".join(f"rank {r} in {op}" for r, op in error.waiting.items())
+        return Check(name, False, f"the ranks never met: {waits}", rank=error.rank,
+                     hint="every rank must make the same communication calls, in the same "
+                          "order (a deadlock or a missing call)")
+    last = (error.remote_traceback or str(error)).strip().splitlines()[-1]
+    if "NotImplementedError" in last:
+        text = last.partition(":")[2].strip().strip("'\"")
+        return Check(name, False, f"{what} is not written yet", rank=error.rank,
+                     hint=text or "replace the NotImplementedError with your code")
+    return Check(name, False, f"rank {error.rank} raised {last}", rank=error.rank,
+                 hint=_where(error.remote_traceback))
+
+
+def _where(traceback_text: str) -> str:
+    frames = [ln.strip() for ln in traceback_text.splitlines() if ln.strip().startswith("File ")]
+    mine = [f for f in frames if "minitp_graded" in f or "exercises" in f or "solutions" in f]
+    if mine:
+        return f"look at {mine[-1]}"
+    return "read the traceback: print(err.remote_traceback) after catching mt.LaunchError"
+
+
+def _shown_path(file: Path) -> str:
+    """The graded file as the learner knows it: relative to the repository if inside it."""
+    try:
+        return str(file.resolve().relative_to(_find_root()))
+    except ValueError:
+        return str(file)
+
+
+def _find_root() -> Path:
+    """The repository: the current directory or one above it with exercises/ and
+    solutions/, else the checkout this package is installed from (editable install)."""
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "solutions").is_dir() and (folder / "exercises").is_dir():
+            return folder
+    return repo_root()
+
+
+def main(argv=None) -> int:
+    from .checks import EXERCISES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m minitp.grade", description="Grade a minitp exercise on real processes."
+    )
+    parser.add_argument("exercise", choices=sorted(EXERCISES))
+    parser.add_argument("--solutions", action="store_true", help="grade the reference solution")
+    parser.add_argument("--path", help="grade this file instead")
+    args = parser.parse_args(argv)
+    report = grade(args.exercise, solutions=args.solutions, path=args.path)
+    print(report)
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
