@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from . import trace
+
 MODES = (None, "selective", "full")
 
 
@@ -30,7 +32,13 @@ class Recomputed(nn.Module):
     def forward(self, *inputs):
         if not self.training:
             return self.module(*inputs)
-        return checkpoint(self.module, *inputs, use_reentrant=False)
+        # The recomputation runs inside backward, long after this forward's trace
+        # label ended: carry the label along so its collectives stay attributed.
+        return checkpoint(self._run, trace.recorder().label, *inputs, use_reentrant=False)
+
+    def _run(self, label, *inputs):
+        with trace.relabel(label):
+            return self.module(*inputs)
 
 
 def check_mode(recompute) -> None:

@@ -223,8 +223,9 @@ def current_phase() -> str:
 
 @contextlib.contextmanager
 def forward_phase():
-    """Mark what runs inside as forward work, unless a phase is already set."""
-    if _recorder.phase:
+    """Mark what runs inside as forward work, unless a phase is already set or we are
+    inside backward (a forward recomputed there belongs to the backward pass's time)."""
+    if _recorder.phase or _in_backward():
         yield
     else:
         with phase("fwd"):
