@@ -21,7 +21,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from . import trace
+from . import _device, trace
 from .errors import RankTimedOut
 from .mesh import Axis
 
@@ -143,7 +143,7 @@ def _record_p2p(op, tensor, peer, start) -> None:
 
 def barrier(axis: Axis) -> None:
     """Wait until every rank of `axis` arrives (an empty all-reduce, traced)."""
-    token = torch.zeros(1)
+    token = torch.zeros(1, device=_device.device())  # NCCL needs it on this rank's GPU
     with _traced("barrier", axis, token, 0):
         if axis.size > 1:
             dist.all_reduce(token, group=axis.group)

@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from . import _device, trace
 from ._worker import STATUS_SLOT_BYTES
+from ._worker import dumps as _dump_result
 from ._worker import main as _rank_main
 from .errors import CollectiveTimeout, LaunchError
 from .trace import Event
@@ -432,22 +433,24 @@ def _run_in_place(fn, world_size, args, kwargs, backend, timeout) -> Run:
     _device.set_current(device)
     started = time.perf_counter()
     trace.install(dist.get_rank(), started)
+    rank = dist.get_rank()
     try:
-        result, error = fn(*args, **kwargs), None
-    except Exception:  # noqa: BLE001 - report it on every rank below
-        result, error = None, traceback.format_exc()
-    mine = {"result": result, "error": error, "events": trace.events()}
+        result = fn(*args, **kwargs)
+    except Exception as exc:
+        # Fail here, at once. The other ranks may be waiting in a collective this rank
+        # will never join, so gathering the error would hang (or pair with their
+        # collective and fail with a gloo error instead). torchrun stops the others.
+        text = traceback.format_exc()
+        raise LaunchError(
+            f"rank {rank} of {env_world} failed:\n{_tail(text)}",
+            rank=rank, remote_traceback=text,
+        ) from exc
+    # As in a launched run, results travel as CPU tensors detached from autograd.
+    mine = {"result": _dump_result(result), "events": trace.events()}
     gathered: list = [None] * env_world
     dist.all_gather_object(gathered, mine)
-    failed = [r for r, g in enumerate(gathered) if g["error"]]
-    if failed:
-        rank = failed[0]
-        raise LaunchError(
-            f"rank {rank} of {env_world} failed:\n{_tail(gathered[rank]['error'])}",
-            rank=rank, remote_traceback=gathered[rank]["error"],
-        )
     return Run(
-        [g["result"] for g in gathered],
+        [pickle.loads(g["result"]) for g in gathered],
         [g["events"] for g in gathered],
         [""] * env_world,  # under torchrun each rank prints to its own terminal stream
         [""] * env_world,

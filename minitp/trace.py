@@ -23,10 +23,11 @@ import torch
 class Event:
     """One thing a rank did, with when it started and ended.
 
-    ``nbytes`` is the size of the full logical tensor the op is about (the
-    all-reduced tensor, the gathered output, the reduce-scatter input, the
-    message). ``wire_bytes`` is what this rank sends on the wire under the ring
-    algorithm: all-reduce 2(n-1)/n·S, all-gather and reduce-scatter (n-1)/n·S.
+    ``shape`` is the shape of this rank's input tensor; ``nbytes`` is the size of
+    the full logical tensor the op is about (the all-reduced tensor, the gathered
+    output, the reduce-scatter input, the message). ``wire_bytes`` is what this
+    rank sends on the wire under the ring algorithm: all-reduce 2(n-1)/n·S,
+    all-gather and reduce-scatter (n-1)/n·S.
     ``start``/``end`` are seconds since the launch began (the same clock on
     every rank of one machine). ``phase`` is "fwd", "bwd" or "" (neither).
     """
