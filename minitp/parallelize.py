@@ -171,15 +171,25 @@ class ParallelGPT(nn.Module):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The dense model's parameters, gathered from every rank's shard (on every
         rank), under the plain GPT's names."""
+        return self._gather_dense(lambda p: p.detach())
+
+    def full_grad_dict(self) -> dict[str, torch.Tensor]:
+        """The dense model's gradients, gathered likewise (call after backward and,
+        with sequence parallelism, after `sync_partial_grads`)."""
+        return self._gather_dense(lambda p: p.grad)
+
+    def _gather_dense(self, tensor_of) -> dict[str, torch.Tensor]:
         tp = self.mesh.tp
         dense = {}
         with trace.paused():
             for name, p in self.named_parameters():
+                value = tensor_of(p)
                 dim = getattr(p, "tp_split_dim", None)
-                value = p.detach() if dim is None else comm.all_gather(p.detach(), tp, dim=dim)
-                true_size = getattr(p, "tp_true_size", None)
-                if true_size is not None:
-                    value = value.narrow(dim, 0, true_size)  # drop vocabulary padding
+                if value is not None and dim is not None:
+                    value = comm.all_gather(value, tp, dim=dim)
+                    true_size = getattr(p, "tp_true_size", None)
+                    if true_size is not None:
+                        value = value.narrow(dim, 0, true_size)  # drop vocabulary padding
                 dense[_dense_name(name)] = value
         return dense
 

@@ -299,3 +299,23 @@ def _matching(grads, name):
         if candidate.replace(".module.", ".") == name:
             return grad
     raise KeyError(name)
+
+
+def _gradients_equal_plain(tp, sequence_parallel):
+    mesh = mt.Mesh(tp=tp)
+    cfg = mt.GPTConfig(**CFG)
+    torch.manual_seed(0)
+    ref = mt.GPT(cfg).double()
+    model = mt.parallelize(ref, mesh, sequence_parallel=sequence_parallel)
+    x, y = _batches(1, cfg)[0]
+    ref(x, y)[1].backward()
+    model(x, y)[1].backward()
+    model.sync_partial_grads()
+    grads = model.full_grad_dict()
+    return max((grads[n] - p.grad).abs().max().item() for n, p in ref.named_parameters())
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_gathered_gradients_equal_plain_gpt(sequence_parallel):
+    run = mt.launch(_gradients_equal_plain, 3, 3, sequence_parallel, timeout=60)
+    assert max(run) < TOLERANCE
