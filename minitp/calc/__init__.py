@@ -1,0 +1,57 @@
+"""The analytical model: parameters, memory, communication, FLOPs, bubbles, time.
+
+Pure functions of a `GPTConfig` and the parallel sizes, each documented with the
+equation it implements and the paper it comes from; the tests check them
+against the numbers the papers publish, and lessons set them beside what minitp
+measures.
+
+    import minitp.calc as calc
+    cfg = mt.GPTConfig(vocab_size=51200, seq_len=2048, n_layer=96, n_head=96, d_model=12288)
+    calc.param_count(cfg)                                   # 174.6e9 (Narayanan Eq. 2)
+    calc.memory_per_gpu(cfg, micro_batch=1, dp=8, pp=8, tp=8, sp=True, recompute="selective")
+    calc.step_time(cfg, calc.A100_80GB, dp=16, pp=8, tp=8, global_batch=1536)
+
+Modules: `params` (counts), `memory` (model states, activations), `comm` (bytes
+per axis), `flops` (FLOPs, MFU, bubble, training time), `cluster` (hardware
+presets), `timing` (`step_time`), `plan` (enumerate, fit, rank).
+"""
+
+from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
+from .comm import (
+    comm_bytes,
+    dp_comm_bytes,
+    pp_comm_bytes,
+    ring_wire_bytes,
+    tp_collectives_per_layer,
+    tp_comm_bytes,
+)
+from .flops import bubble, flops_per_iteration, mfu, model_flops, training_seconds
+from .memory import (
+    OPTIMIZERS,
+    activation_bytes,
+    activation_bytes_per_layer,
+    memory_per_gpu,
+    microbatches_in_flight,
+    model_state_bytes,
+)
+from .params import (
+    exact_param_count,
+    layer_params_per_rank,
+    padded_vocab,
+    param_count,
+    params_per_rank,
+    params_per_stage,
+)
+from .plan import Candidate, Plan, plan
+from .timing import StepTime, microbatch_count, step_time
+
+__all__ = [
+    "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DGX2H_V100", "H100_80GB", "OPTIMIZERS",
+    "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
+    "comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
+    "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
+    "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
+    "param_count", "params_per_rank", "params_per_stage", "plan", "pp_comm_bytes",
+    "ring_wire_bytes", "step_time", "tp_collectives_per_layer", "tp_comm_bytes",
+    "training_seconds",
+]

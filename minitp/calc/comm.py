@@ -1,0 +1,102 @@
+"""Communication volume per axis: bytes each GPU sends, by the ring algorithm.
+
+A ring all-reduce of S bytes over n ranks sends 2(n−1)/n·S per rank; an
+all-gather or reduce-scatter (n−1)/n·S (S the full tensor) — the same
+convention as the ``wire_bytes`` of minitp's trace events.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ..recompute import check_mode
+from ._util import number
+from .params import params_per_rank
+
+RING_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
+
+
+def ring_wire_bytes(op: str, nbytes: int, n: int) -> int | float:
+    """Bytes one rank sends in a ring `op` on a tensor of ``nbytes`` over ``n`` ranks."""
+    value = Fraction(RING_FACTOR[op] * (n - 1) * nbytes, n)
+    return number(value)
+
+
+def tp_collectives_per_layer(recompute=None, early_stop: bool = False) -> int:
+    """All-reduces (or, with sequence parallelism, pairs of all-gather and
+    reduce-scatter) of one activation per layer per microbatch: 2 forward
+    (after attention and after the MLP: g) and 2 backward (the conjugate f's).
+
+    Full recomputation runs the forward again in backward: Megatron-LM's
+    checkpoint reruns the whole layer, 2 more; torch's non-reentrant checkpoint
+    (minitp) stops once it has what backward needs (``early_stop``), 1 more.
+    """
+    check_mode(recompute)
+    if recompute != "full":
+        return 4
+    return 5 if early_stop else 6
+
+
+def tp_comm_bytes(cfg, micro_batch: int, tp: int, recompute=None, bytes_per_value: int = 2,
+                  early_stop: bool = False) -> int | float:
+    """Bytes one GPU sends for tensor parallelism per layer per microbatch.
+
+    Narayanan et al. 2021, §3.3: tensors of bsh values are all-reduced twice in
+    the forward and twice in the backward pass of every layer, "a total
+    communication of 8bsh(t−1)/t per layer per device for each microbatch" —
+    counted in values; here times ``bytes_per_value``. Sequence parallelism
+    sends the same bytes (each all-reduce becomes a reduce-scatter plus an
+    all-gather; Korthikanti et al. 2022, §4.2.2).
+    """
+    b, s, h = micro_batch, cfg.seq_len, cfg.d_model
+    activation = b * s * h * bytes_per_value
+    per_collective = Fraction(ring_wire_bytes("all_reduce", activation, tp))
+    value = tp_collectives_per_layer(recompute, early_stop) * per_collective
+    return number(value)
+
+
+def pp_comm_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False,
+                  bytes_per_value: int = 2) -> int | float:
+    """Bytes one GPU sends across one stage boundary per microbatch, in each
+    direction (activations forward, their gradients backward).
+
+    Narayanan et al. 2021, §3.3: bsh values between consecutive stages. With
+    sequence parallelism each tensor-parallel rank holds, and sends, its 1/t of
+    the sequence (Megatron-LM's scatter/gather optimisation, §4.1, gets the same
+    1/t without it, at the cost of an all-gather within the node; not modelled).
+    """
+    value = Fraction(micro_batch * cfg.seq_len * cfg.d_model * bytes_per_value, tp if sp else 1)
+    return number(value)
+
+
+def dp_comm_bytes(n_params: int, dp: int, bytes_per_value: int = 2,
+                  zero_stage: int = 0) -> int | float:
+    """Bytes one GPU sends for data parallelism per iteration.
+
+    All-reducing the gradients: 2(d−1)/d of their bytes. ZeRO stages 1 and 2
+    send the same (a reduce-scatter of gradients and an all-gather of updated
+    parameters); stage 3 adds an all-gather of the parameters for the backward
+    pass: 3(d−1)/d·Ψ, 1.5× (Rajbhandari et al. 2019, §7).
+    """
+    halves = 3 if zero_stage == 3 else 2
+    value = Fraction(halves * (dp - 1) * n_params * bytes_per_value, dp)
+    return number(value)
+
+
+def comm_bytes(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1, sp: bool = False,
+               recompute=None, bytes_per_value: int = 2, grad_bytes: int = 2,
+               zero_stage: int = 0) -> dict:
+    """Bytes one GPU sends, per axis:
+
+    * ``"tp"``: per layer per microbatch (`tp_comm_bytes`);
+    * ``"pp"``: per stage boundary per microbatch, each way (`pp_comm_bytes`);
+    * ``"dp"``: per iteration, for the gradients of the largest stage (`dp_comm_bytes`).
+
+    An axis of size 1 sends nothing.
+    """
+    n_params = params_per_rank(cfg, tp, pp)
+    return {
+        "tp": tp_comm_bytes(cfg, micro_batch, tp, recompute, bytes_per_value),
+        "pp": pp_comm_bytes(cfg, micro_batch, tp, sp, bytes_per_value) if pp > 1 else 0,
+        "dp": dp_comm_bytes(n_params, dp, grad_bytes, zero_stage),
+    }

@@ -1,0 +1,135 @@
+"""Memory per GPU: model states (ZeRO, Megatron-LM) and activations (Korthikanti et al.).
+
+Bytes throughout. Values that are not whole come back as floats, whole ones as ints.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ..recompute import check_mode
+from ._util import number
+from .params import params_per_rank
+
+# bytes per parameter: (parameters, gradients, optimizer state)
+OPTIMIZERS = {
+    # Rajbhandari et al. 2019 (ZeRO), §3.1: fp16 parameters and gradients, and Adam's
+    # fp32 copy of the parameters, momentum and variance: 2 + 2 + 12 = 16 ("K = 12").
+    "adam-mixed": (2, 2, 12),
+    # Megatron-LM with bf16 parameters accumulates gradients in fp32: 2 + 4 + 12 = 18
+    # (the table in Megatron-LM's docs on its distributed optimizer).
+    "megatron": (2, 4, 12),
+    # Everything in fp32: parameters, gradients, momentum, variance: 4 + 4 + 8 = 16.
+    "adam-fp32": (4, 4, 8),
+}
+
+
+def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
+                      optimizer: str = "adam-mixed") -> dict:
+    """Parameters, gradients and optimizer state on one data-parallel rank, in bytes:
+    ``{"parameters", "gradients", "optimizer", "total"}``.
+
+    ZeRO (Rajbhandari et al. 2019, §5 and Table 1) shards across the d ranks:
+    stage 1 the optimizer state (4Ψ + 12Ψ/d for "adam-mixed"), stage 2 also the
+    gradients (2Ψ + 14Ψ/d), stage 3 also the parameters (16Ψ/d). Megatron-LM's
+    distributed optimizer is stage 1 of its 18-byte layout: 6 + 12/d bytes per
+    parameter (``optimizer="megatron", zero_stage=1``).
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    sharded = {"optimizer": zero_stage >= 1, "gradients": zero_stage >= 2,
+               "parameters": zero_stage >= 3}
+    result = {}
+    for kind, per_param in zip(("parameters", "gradients", "optimizer"), OPTIMIZERS[optimizer],
+                               strict=True):
+        total = Fraction(n_params * per_param)
+        result[kind] = number(total / dp if sharded[kind] else total)
+    result["total"] = number(sum(Fraction(v) for v in result.values()))
+    return result
+
+
+def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = False,
+                               recompute=None) -> int | float:
+    """Bytes one transformer layer keeps for backward on one rank: Korthikanti et
+    al. 2022 (arXiv 2205.05198), §4, Table 2 (16-bit activations, 1-byte masks)::
+
+        none             sbh(34 + 5as/h)          tp+selective     sbh(10 + 24/t)
+        tp               sbh(10 + 24/t + 5as/ht)  tp+sp+selective  34sbh/t
+        tp+sp            sbh/t · (34 + 5as/h)     full             2sbh
+
+    One expression gives the first five: 10sbh (the two LayerNorm inputs, the
+    inputs of the qkv and fc layers, two dropout masks: split only by sequence
+    parallelism) + 24sbh/t (Q, K, V, the projection input, GELU's input and
+    output: split by tensor parallelism) + 5as²b/t (softmax output, its dropout
+    mask and output: gone under selective recomputation); t = 1 is the "none" row.
+    Full recomputation keeps the layer's input, 2sbh; with sequence parallelism
+    that input is a sequence shard, 2sbh/t (not a row of Table 2).
+    """
+    check_mode(recompute)
+    s, b, h, a = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head
+    sbh = s * b * h
+    if recompute == "full":
+        return number(Fraction(2 * sbh, tp if sp else 1))
+    replicated = Fraction(10 * sbh, tp if sp else 1)
+    split = Fraction(24 * sbh, tp)
+    attention = 0 if recompute == "selective" else Fraction(5 * a * s * s * b, tp)
+    return number(replicated + split + attention)
+
+
+def microbatches_in_flight(pp: int, microbatches: int | None = None,
+                           schedule: str = "1f1b") -> int:
+    """How many microbatches' activations the first pipeline stage holds at its peak.
+
+    GPipe (all forwards, then all backwards) holds all m. 1F1B limits them to the
+    pipeline depth p (Narayanan et al. 2021, §2.2.1), or m if m < p; m = None
+    means m ≥ p.
+    """
+    if schedule == "gpipe":
+        if microbatches is None:
+            raise ValueError("schedule='gpipe' holds every microbatch: give microbatches")
+        return microbatches
+    if schedule != "1f1b":
+        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    return pp if microbatches is None else min(pp, microbatches)
+
+
+def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recompute=None,
+                     pp: int = 1, virtual: int = 1, microbatches: int | None = None,
+                     schedule: str = "1f1b") -> int | float:
+    """Activation bytes on a rank of the first pipeline stage, the most loaded one:
+    `activation_bytes_per_layer` × l/p layers × microbatches in flight.
+
+    With 1F1B and m ≥ p that is p · l/p = l layers' worth whatever p is
+    (Korthikanti et al. 2022, §4.2.3: 34sbhl/t with SP and selective
+    recomputation). The interleaved schedule (``virtual`` = v > 1 chunks per
+    stage) holds l·(1 + (p−1)/(pv)) (same section): Megatron-LM's warm-up runs
+    2(p−1) + (v−1)p forward chunks of l/(pv) layers on the first stage, plus one
+    in the steady state. Left out, as the paper finds them negligible (§4.3):
+    the embedding's dropout mask and the output layer and loss.
+    """
+    per_layer = Fraction(activation_bytes_per_layer(cfg, micro_batch, tp, sp, recompute))
+    if cfg.n_layer % (pp * virtual):
+        raise ValueError(f"n_layer={cfg.n_layer} is not divisible by pp*virtual={pp * virtual}")
+    layers = Fraction(cfg.n_layer, pp)
+    if virtual > 1:
+        if microbatches is not None and microbatches < pp:
+            raise ValueError("the interleaved schedule needs at least pp microbatches")
+        return number(per_layer * layers * pp * (1 + Fraction(pp - 1, pp * virtual)))
+    return number(per_layer * layers * microbatches_in_flight(pp, microbatches, schedule))
+
+
+def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
+                   sp: bool = False, recompute=None, zero_stage: int = 0,
+                   optimizer: str = "adam-mixed", virtual: int = 1,
+                   microbatches: int | None = None) -> dict:
+    """Bytes on the busiest GPU: the model states of the largest pipeline stage
+    (`params_per_rank`, `model_state_bytes`) and the first stage's activations.
+    ``{"parameters", "gradients", "optimizer", "activations", "total"}``."""
+    states = model_state_bytes(params_per_rank(cfg, tp, pp), dp, zero_stage, optimizer)
+    del states["total"]
+    states["activations"] = activation_bytes(cfg, micro_batch, tp, sp, recompute, pp,
+                                             virtual, microbatches)
+    states["total"] = number(sum(Fraction(v) for v in states.values()))
+    return states

@@ -1,0 +1,106 @@
+"""Plan a run: every (dp, pp, tp, sp, recompute, micro-batch) that fits, fastest first.
+
+`plan` enumerates the splits of ``n_gpus`` GPUs that `check_parallel_config`
+accepts, keeps those whose busiest GPU fits in memory (`memory_per_gpu`), and
+ranks them by `step_time`. Everything it knows is in those two functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import product
+
+from ..parallelize import check_parallel_config
+from .cluster import Cluster, GiB
+from .flops import bubble
+from .memory import memory_per_gpu
+from .timing import StepTime, step_time
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run: its sizes, the busiest GPU's memory (bytes) and the step time."""
+
+    dp: int
+    pp: int
+    tp: int
+    micro_batch: int
+    microbatches: int
+    sp: bool
+    recompute: str | None
+    virtual: int
+    memory: dict = field(compare=False)
+    time: StepTime = field(compare=False)
+
+    def __str__(self) -> str:
+        return (f"dp={self.dp} pp={self.pp} tp={self.tp} b={self.micro_batch} "
+                f"m={self.microbatches} v={self.virtual} sp={self.sp} "
+                f"recompute={self.recompute}: {self.memory['total'] / GiB:.1f} GiB, "
+                f"{self.time.total:.3f} s")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Candidates that fit, fastest first, and how many were tried."""
+
+    cluster: Cluster
+    candidates: list[Candidate]
+    tried: int
+
+    @property
+    def best(self) -> Candidate:
+        if not self.candidates:
+            raise ValueError(f"none of the {self.tried} configurations fits in "
+                             f"{self.cluster.memory / GiB:.0f} GiB per GPU")
+        return self.candidates[0]
+
+    def explain(self) -> str:
+        """The winner: its memory by kind, its time by part, which links each axis uses."""
+        c, g = self.best, self.cluster.gpus_per_node
+        spans = {"tp": c.tp, "dp": c.tp * c.dp, "pp": c.tp * c.dp * c.pp}
+        lines = [f"best of {len(self.candidates)} that fit ({self.tried} tried): {c}",
+                 "memory on the busiest GPU (GiB): " + ", ".join(
+                     f"{k} {v / GiB:.1f}" for k, v in c.memory.items()),
+                 "time per iteration (s): " + ", ".join(
+                     f"{k} {v:.3f}" for k, v in c.time.as_dict().items()),
+                 f"bubble fraction (p-1)/(v*m) = {bubble(c.pp, c.microbatches, c.virtual):.3f}"]
+        for axis, span in spans.items():
+            where = "inside a node" if span <= g else "across nodes"
+            lines.append(f"{axis} groups span {span} consecutive GPUs: {where} ({g} per node)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
+         recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
+         zero_stage: int = 0, usable: float = 0.9, efficiency: float = 0.5) -> Plan:
+    """Every split of ``n_gpus`` (dp·pp·tp) that fits in ``usable`` × the GPU's memory,
+    ranked by predicted step time. Sequence parallelism is tried wherever tp > 1;
+    the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM."""
+    fits, tried = [], 0
+    for tp, pp, b, rc, v, sp in product(_divisors(n_gpus), _divisors(n_gpus), micro_batches,
+                                        recompute, virtual, (False, True)):
+        dp = n_gpus // (tp * pp)
+        if n_gpus % (tp * pp) or (sp and tp == 1) or global_batch % (dp * b):
+            continue
+        m = global_batch // (dp * b)
+        if v > 1 and (pp == 1 or m % pp):
+            continue
+        try:
+            check_parallel_config(cfg, tp, pp, dp, sp, rc, v)
+        except ValueError:
+            continue
+        tried += 1
+        memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero_stage, optimizer, v, m)
+        if memory["total"] > usable * cluster.memory:
+            continue
+        time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v, efficiency)
+        fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time))
+    fits.sort(key=lambda c: c.time.total)
+    return Plan(cluster, fits, tried)

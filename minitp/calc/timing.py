@@ -1,0 +1,88 @@
+"""Predicted time of one training iteration: compute, each axis, and the bubble.
+
+A roofline for compute and an α–β model for every collective, summed: nothing
+overlaps (Megatron-LM's tensor-parallel all-reduces sit on the critical path;
+overlapping the data-parallel reduction with backward would hide part of "dp").
+Ranks are laid out as `minitp.Mesh` lays them out (tp fastest, then dp, then
+pp), so an axis stays inside a node while its groups fit in one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..parallelize import check_parallel_config
+from .cluster import Cluster
+from .comm import tp_collectives_per_layer
+from .flops import bubble as bubble_fraction
+from .flops import flops_per_iteration
+from .params import params_per_rank
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per iteration, by where they go."""
+
+    compute: float
+    tp: float
+    pp: float
+    dp: float
+    bubble: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.pp + self.dp + self.bubble
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "total": self.total}
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.as_dict().items())
+        return f"StepTime(ms: {parts})"
+
+
+def microbatch_count(global_batch: int, dp: int, micro_batch: int) -> int:
+    """m = B / (d·b): each data-parallel rank runs m microbatches of b sequences."""
+    if global_batch % (dp * micro_batch):
+        raise ValueError(f"global_batch={global_batch} is not divisible by "
+                         f"dp*micro_batch={dp}*{micro_batch}")
+    return global_batch // (dp * micro_batch)
+
+
+def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
+              micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
+              recompute=None, virtual: int = 1, efficiency: float = 0.5,
+              bytes_per_value: int = 2, grad_bytes: int = 2) -> StepTime:
+    """Predicted seconds per iteration on ``cluster`` for a (dp, pp, tp) run.
+
+    * compute: FLOPs executed (`flops_per_iteration`, recomputation included),
+      shared evenly by the dp·pp·tp GPUs, at ``efficiency`` × peak;
+    * tp: per microbatch and layer of a stage, `tp_collectives_per_layer`
+      all-reduces of bsh values (with sp, each is a reduce-scatter plus an
+      all-gather: the same α–β time);
+    * pp: per microbatch, one send of bsh values (bsh/t with sp) forward and
+      one backward, v times with v virtual stages (Narayanan et al. 2021, §2.2.2);
+    * dp: one all-reduce of the largest stage's gradients;
+    * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp).
+    ``global_batch`` defaults to one microbatch per data-parallel rank.
+    """
+    check_parallel_config(cfg, tp, pp, dp, sp, recompute, virtual)
+    global_batch = global_batch or dp * micro_batch
+    m = microbatch_count(global_batch, dp, micro_batch)
+    n_gpus = dp * pp * tp
+    compute = flops_per_iteration(cfg, global_batch, recompute) / n_gpus
+    compute /= cluster.peak_flops * efficiency
+    activation = micro_batch * cfg.seq_len * cfg.d_model * bytes_per_value
+    per_layer = tp_collectives_per_layer(recompute) * cluster.collective_seconds(
+        "all_reduce", activation, tp, span=tp)
+    tp_time = m * (cfg.n_layer // pp) * per_layer
+    pp_time = 0.0
+    if pp > 1:
+        send = cluster.collective_seconds("send", activation / (tp if sp else 1), 2,
+                                          span=tp * dp * pp)
+        pp_time = 2 * m * virtual * send
+    gradients = params_per_rank(cfg, tp, pp) * grad_bytes
+    dp_time = cluster.collective_seconds("all_reduce", gradients, dp, span=tp * dp)
+    busy = compute + tp_time + pp_time
+    return StepTime(compute, tp_time, pp_time, dp_time,
+                    busy * bubble_fraction(pp, m, virtual))
