@@ -12,6 +12,11 @@ or rank 1's heads would repeat rank 0's pattern.
 rank, so it stays replicated) and offsets it by the tensor-parallel rank. Since
 the seed comes from the default generator, activation recomputation — which
 restores that generator's state before recomputing — reproduces the same masks.
+
+What it keeps for backward is the mask alone, as ``bool``: one byte per
+element, as Korthikanti et al. (2022) count it. (``x * keep / (1 - p)`` would
+keep ``keep`` in the activation dtype, 2 or 4 bytes, and autograd would also
+keep the Python number 1 - p as an 8-byte tensor.)
 """
 
 from __future__ import annotations
@@ -22,6 +27,21 @@ import torch.nn as nn
 from .mesh import Axis
 
 _RANK_STRIDE = 104_729  # a prime: rank offsets never collide for any sane seed
+
+
+class _ApplyMask(torch.autograd.Function):
+    """fwd: y = x·keep / (1 − p) · bwd: dx = dy·keep / (1 − p); saves only ``keep`` (bool)."""
+
+    @staticmethod
+    def forward(ctx, x, keep, p):
+        ctx.save_for_backward(keep)
+        ctx.p = p
+        return x.masked_fill(~keep, 0) / (1.0 - p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return grad.masked_fill(~keep, 0) / (1.0 - ctx.p), None, None
 
 
 class ShardedDropout(nn.Module):
@@ -37,8 +57,8 @@ class ShardedDropout(nn.Module):
         seed = int(torch.randint(0, 2**62, (1,)).item())  # replicated: same on every rank
         generator = torch.Generator(device=x.device)
         generator.manual_seed(seed + _RANK_STRIDE * (self.axis.rank + 1))
-        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=generator)
-        return x * keep / (1.0 - self.p)
+        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=generator).bool()
+        return _ApplyMask.apply(x, keep, self.p)
 
     @classmethod
     def from_dense(cls, module: nn.Dropout, axis: Axis) -> ShardedDropout:
