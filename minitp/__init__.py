@@ -6,7 +6,7 @@
     y = mt.comm.all_reduce(x, mesh.tp)     # traced collectives
 """
 
-from . import calc, comm, mappings, trace
+from . import calc, comm, mappings, memory, trace
 from ._device import device
 from .errors import CollectiveTimeout, LaunchError
 from .grading import grade
@@ -23,7 +23,7 @@ __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
     "LaunchError", "Mesh", "ParallelGPT", "RowParallelLinear", "Run", "VocabParallelEmbedding",
     "calc", "check_parallel_config", "comm", "device", "grade", "launch", "layout", "mappings",
-    "parallelize", "trace", "train_step", "viz", "vocab_parallel_cross_entropy", "world",
+    "memory", "parallelize", "trace", "train_step", "viz", "vocab_parallel_cross_entropy", "world",
 ]
 
 

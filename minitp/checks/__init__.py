@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex01
+from . import ex01, ex02, ex03, ex04, ex05, ex06
 
 
 @dataclass(frozen=True)
@@ -17,4 +17,14 @@ class Exercise:
 
 EXERCISES = {
     "ex01": Exercise("ex01_ring_allreduce.py", "ring all-reduce from send/recv", ex01.run),
+    "ex02": Exercise("ex02_column_row_parallel.py", "f, g and the column- and row-parallel "
+                     "layers", ex02.run),
+    "ex03": Exercise("ex03_tensor_parallel_block.py", "a tensor-parallel transformer block",
+                     ex03.run),
+    "ex04": Exercise("ex04_vocab_parallel_loss.py", "the vocab-parallel cross-entropy",
+                     ex04.run),
+    "ex05": Exercise("ex05_sequence_parallel.py",
+                     "sequence parallelism: the all-gather / reduce-scatter pair", ex05.run),
+    "ex06": Exercise("ex06_selective_recompute.py",
+                     "selective recomputation of the attention core", ex06.run),
 }
