@@ -23,15 +23,17 @@ __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
     "LaunchError", "Mesh", "ParallelGPT", "RowParallelLinear", "Run", "VocabParallelEmbedding",
     "calc", "check_parallel_config", "comm", "device", "grade", "launch", "layout", "mappings",
-    "memory", "parallelize", "trace", "train_step", "viz", "vocab_parallel_cross_entropy", "world",
+    "memory", "parallelize", "trace", "train_step", "viz", "explorer", "scaling",
+    "vocab_parallel_cross_entropy", "world",
 ]
 
 
 def __getattr__(name):
-    # viz pulls in matplotlib: import it on first use, not in every rank.
-    if name == "viz":
+    # viz and explorer pull in matplotlib (and ipywidgets): import them on first
+    # use, not in every rank.
+    if name in ("viz", "explorer", "scaling"):
         import importlib
 
-        return importlib.import_module(".viz", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'minitp' has no attribute {name!r}")
 __version__ = "0.1.0"

@@ -22,23 +22,29 @@ def ring_wire_bytes(op: str, nbytes: int, n: int) -> int | float:
     return number(value)
 
 
-def tp_collectives_per_layer(recompute=None, early_stop: bool = False) -> int:
+def tp_collectives_per_layer(recompute=None, early_stop: bool = False,
+                             sp: bool = False) -> int | Fraction:
     """All-reduces (or, with sequence parallelism, pairs of all-gather and
     reduce-scatter) of one activation per layer per microbatch: 2 forward
     (after attention and after the MLP: g) and 2 backward (the conjugate f's).
 
     Full recomputation runs the forward again in backward: Megatron-LM's
     checkpoint reruns the whole layer, 2 more; torch's non-reentrant checkpoint
-    (minitp) stops once it has what backward needs (``early_stop``), 1 more.
+    (minitp) stops once it has what backward needs (``early_stop``): without
+    sequence parallelism that is the attention's g, 1 more; with it, the
+    attention's all-gather and reduce-scatter and the MLP's all-gather (the MLP's
+    closing reduce-scatter feeds nothing saved), 3 halves = 1.5 more.
     """
     check_mode(recompute)
     if recompute != "full":
         return 4
-    return 5 if early_stop else 6
+    if not early_stop:
+        return 6
+    return Fraction(11, 2) if sp else 5
 
 
 def tp_comm_bytes(cfg, micro_batch: int, tp: int, recompute=None, bytes_per_value: int = 2,
-                  early_stop: bool = False) -> int | float:
+                  early_stop: bool = False, sp: bool = False) -> int | float:
     """Bytes one GPU sends for tensor parallelism per layer per microbatch.
 
     Narayanan et al. 2021, §3.3: tensors of bsh values are all-reduced twice in
@@ -51,7 +57,7 @@ def tp_comm_bytes(cfg, micro_batch: int, tp: int, recompute=None, bytes_per_valu
     b, s, h = micro_batch, cfg.seq_len, cfg.d_model
     activation = b * s * h * bytes_per_value
     per_collective = Fraction(ring_wire_bytes("all_reduce", activation, tp))
-    value = tp_collectives_per_layer(recompute, early_stop) * per_collective
+    value = tp_collectives_per_layer(recompute, early_stop, sp) * per_collective
     return number(value)
 
 
