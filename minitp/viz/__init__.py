@@ -1,0 +1,92 @@
+"""Pictures of what a launched run did.
+
+    mt.viz.timeline(run)                       # every rank's events over time, one swimlane each
+    mt.viz.before_after(before, after, op=...) # a collective's data, rank by rank, before and after
+    mt.viz.bandwidth(sizes, seconds)           # time vs message size, with t = α + n·β fitted
+
+Each function draws with matplotlib's object API and returns the `Figure`: a
+notebook displays it (once) when it is a cell's last expression; a script saves
+it with ``fig.savefig("picture.png")``. Nothing here calls ``plt.show()``.
+
+Colours are the Okabe–Ito palette, which stays distinguishable under the common
+kinds of colour blindness; shapes and text carry the same information as colour.
+
+One module per kind of picture: timeline, collectives (before/after,
+bandwidth), tensor_parallel, memory (lessons 04-06), planning, scaling;
+_style holds the palette and units they share. Everything is importable from here.
+"""
+
+from ._style import (  # noqa: F401
+    COMPUTE_COLOR,
+    OKABE_ITO,
+    OP_COLORS,
+    PHASE_COLORS,
+    PHASE_NAMES,
+    _tint,
+    human_bytes,
+    human_seconds,
+    op_name,
+    rank_color,
+)
+from .collectives import (  # noqa: F401
+    AlphaBeta,
+    bandwidth,
+    before_after,
+    fit_alpha_beta,
+)
+from .memory import (  # noqa: F401
+    masks,
+    memory_vs_t,
+    tradeoff,
+    wire_bytes,
+)
+from .planning import (  # noqa: F401
+    MEMORY_COLORS,
+    TIME_COLORS,
+    memory_and_time,
+    plan_candidates,
+)
+from .scaling import (  # noqa: F401
+    SPLIT_COLORS,
+    scaling_efficiency,
+    speedup,
+    step_split,
+)
+from .tensor_parallel import (  # noqa: F401
+    split_matmul,
+    tp_dataflow,
+)
+from .timeline import (  # noqa: F401
+    timeline,
+)
+
+__all__ = [
+    "AlphaBeta",
+    "COMPUTE_COLOR",
+    "MEMORY_COLORS",
+    "OKABE_ITO",
+    "OP_COLORS",
+    "PHASE_COLORS",
+    "PHASE_NAMES",
+    "SPLIT_COLORS",
+    "TIME_COLORS",
+    "bandwidth",
+    "before_after",
+    "fit_alpha_beta",
+    "human_bytes",
+    "human_seconds",
+    "masks",
+    "memory_and_time",
+    "memory_vs_t",
+    "op_name",
+    "plan_candidates",
+    "rank_color",
+    "scaling_efficiency",
+    "speedup",
+    "split_matmul",
+    "step_split",
+    "timeline",
+    "tp_dataflow",
+    "tradeoff",
+    "wire_bytes",
+]
