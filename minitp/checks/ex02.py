@@ -20,16 +20,13 @@ bias added before the reduction, an all-reduce in g's backward).
 
 from __future__ import annotations
 
-import traceback
-from datetime import timedelta
-
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 import minitp as mt
-from minitp.errors import RankTimedOut
-from minitp.grading import Check, failure_check
+from minitp.grading import Check
+
+from ._parts import Measure, _err, exception_check, grade_in_parts, ops_since, run_parts
 
 WORLD_SIZES = (2, 3, 4)
 TOLERANCE = 1e-10  # float64: the shards add in another order than the dense matmul
@@ -67,42 +64,8 @@ def _leaf(x):
     return x.detach().clone().requires_grad_(True)
 
 
-def _err(got, expected) -> float:
-    if got is None:
-        return float("inf")
-    return (got.detach().double() - expected).abs().max().item()
-
-
 def _close(got, expected) -> bool:
     return got is not None and got.shape == expected.shape and _err(got, expected) <= TOLERANCE
-
-
-class Measure:
-    """Errors of one part on one rank: name -> largest error, plus what went wrong."""
-
-    def __init__(self):
-        self.errors, self.problem, self.mistakes = {}, None, []
-
-    def compare(self, name, got, expected):
-        if self.problem:
-            return
-        if got is None:
-            self.problem = f"{name} is None (no gradient reached it)"
-        elif not isinstance(got, torch.Tensor):
-            self.problem = f"{name} is a {type(got).__name__}, not a tensor"
-        elif got.shape != expected.shape:
-            self.problem = (f"{name} has shape {tuple(got.shape)}, expected "
-                            f"{tuple(expected.shape)}")
-        else:
-            self.errors[name] = _err(got, expected)
-
-    def result(self, ops):
-        return {"errors": self.errors, "problem": self.problem, "mistakes": self.mistakes,
-                "ops": ops}
-
-
-def ops_since(start):
-    return [e.op for e in mt.trace.events()[start:] if e.is_comm]
 
 
 def _part_f(ns, axis):
@@ -253,36 +216,6 @@ _PART_FUNCTIONS = {"f": _part_f, "g": _part_g, "column": _part_column, "row": _p
                    "mlp": _part_mlp}
 
 
-def describe_exception(exc: BaseException) -> dict:
-    """An exception raised by the learner's code, as plain data for the parent."""
-    where = ""
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        if frame.f_globals.get("__name__", "").startswith("minitp_graded"):
-            where = f"{frame.f_code.co_qualname} (line {line})"
-    message = str(exc).strip()
-    return {"type": type(exc).__name__, "message": message, "where": where}
-
-
-def run_parts(functions: dict, ns: dict) -> dict:
-    """Run each part on this rank, an exception in one not stopping the rest: part -> result."""
-    axis = mt.world()
-    # The ranks meet between parts on a group of their own, so that a collective one rank
-    # skipped cannot pair up with another part's: the run then stops, with a timeout here.
-    group = dist.new_group(list(range(axis.size)), timeout=timedelta(seconds=10))
-    between = mt.Axis("grader", axis.ranks, axis.rank, group)
-    results = {}
-    for part, function in functions.items():
-        try:
-            results[part] = function(ns, axis)
-        except RankTimedOut:
-            raise  # a deadlock: the launcher names every waiting rank
-        except Exception as exc:  # noqa: BLE001 - the learner's error, reported politely
-            results[part] = {"exception": describe_exception(exc)}
-        with mt.trace.paused():
-            mt.comm.barrier(between)
-    return results
-
-
 def _in_rank(ns: dict) -> dict:
     return run_parts(_PART_FUNCTIONS, ns)
 
@@ -312,21 +245,6 @@ GENERIC_HINTS = {
     "mlp": "get the column and row layers right first (see above): the MLP only composes "
            "them, with GELU in between and no communication of its own.",
 }
-
-
-def exception_check(name, t, rank, info, hint: str = "") -> Check:
-    where = f" in {info['where']}" if info["where"] else ""
-    if info["type"] == "NotImplementedError":
-        what = info["where"].split(" (")[0] if info["where"] else "a part of the exercise"
-        return Check(name, False, f"{what} is not written yet", rank=rank,
-                     hint=info["message"].strip("'\"") or "replace the NotImplementedError "
-                     "with your code")
-    message = info["message"].splitlines()[0] if info["message"] else ""
-    if len(message) > 160:
-        message = message[:157] + "..."
-    return Check(name, False, f"t={t}, rank {rank} raised {info['type']}{where}: {message}",
-                 rank=rank, hint=hint or "read the error above; the docstrings say each "
-                 "tensor's shape")
 
 
 def _judge_numbers(part, name, outcomes) -> Check:
@@ -394,32 +312,5 @@ def _trace_hint(part, phase, got, want, numbers_ok) -> str:
 
 
 def run(module) -> list[Check]:
-    missing = [name for name in NAMES if not hasattr(module, name)]
-    if missing:
-        return [Check(TITLES[key], False, f"the file has no {', '.join(missing)}",
-                      hint="keep the names of the exercise file") for key in TITLES]
-    ns = {name: getattr(module, name) for name in NAMES}
-    outcomes, failure = [], None
-    for t in WORLD_SIZES:
-        try:
-            per_rank = mt.launch(_in_rank, t, ns, timeout=10.0)
-        except mt.LaunchError as error:
-            failure = (t, error)
-            break
-        outcomes.append((t, list(per_rank)))
-        if all("exception" in res and res["exception"]["type"] == "NotImplementedError"
-               for res in per_rank[0].values()):
-            break  # a blank: the other sizes would only say the same
-    checks = []
-    for key, name in TITLES.items():
-        if failure and not outcomes:
-            checks.append(failure_check(name, failure[1], "the exercise"))
-            continue
-        check = (_judge_trace(name, outcomes) if key == "trace"
-                 else _judge_numbers(key, name, outcomes))
-        if check.passed and failure:
-            t, error = failure
-            check = failure_check(name, error, "the exercise")
-            check.detail = f"t={t}: {check.detail}"
-        checks.append(check)
-    return checks
+    return grade_in_parts(module, NAMES, TITLES, WORLD_SIZES, _in_rank, _judge_numbers,
+                          _judge_trace)

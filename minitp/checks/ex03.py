@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 import minitp as mt
-from minitp.grading import Check, failure_check
+from minitp.grading import Check
 from minitp.model import Block, GPTConfig
 
-from .ex02 import Measure, exception_check, ops_since, run_parts
+from ._parts import Measure, exception_check, grade_in_parts, ops_since, run_parts
 
 WORLD_SIZES = (2, 4)
 TOLERANCE = 1e-10  # float64
@@ -315,31 +315,4 @@ def _trace_hint(phase, got, want) -> str:
 
 
 def run(module) -> list[Check]:
-    missing = [name for name in NAMES if not hasattr(module, name)]
-    if missing:
-        return [Check(title, False, f"the file has no {', '.join(missing)}",
-                      hint="keep the names of the exercise file") for title in TITLES.values()]
-    ns = {name: getattr(module, name) for name in NAMES}
-    outcomes, failure = [], None
-    for t in WORLD_SIZES:
-        try:
-            per_rank = mt.launch(_in_rank, t, ns, timeout=10.0)
-        except mt.LaunchError as error:
-            failure = (t, error)
-            break
-        outcomes.append((t, list(per_rank)))
-        if all("exception" in res and res["exception"]["type"] == "NotImplementedError"
-               for res in per_rank[0].values()):
-            break  # a blank: a larger t would only say the same
-    checks = []
-    for key, name in TITLES.items():
-        if failure and not outcomes:
-            checks.append(failure_check(name, failure[1], "the exercise"))
-            continue
-        check = _judge_trace(name, outcomes) if key == "trace" else _judge(key, name, outcomes)
-        if check.passed and failure:
-            t, error = failure
-            check = failure_check(name, error, "the exercise")
-            check.detail = f"t={t}: {check.detail}"
-        checks.append(check)
-    return checks
+    return grade_in_parts(module, NAMES, TITLES, WORLD_SIZES, _in_rank, _judge, _judge_trace)
