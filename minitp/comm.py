@@ -53,14 +53,20 @@ def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's `x` along `dim` (equal shapes on all ranks), on every rank."""
     n = axis.size
     dim = dim % x.dim()
-    moved = x.detach().movedim(dim, 0).contiguous()  # gather along dim 0, move it back after
-    out = torch.empty((n * moved.shape[0], *moved.shape[1:]), dtype=x.dtype, device=x.device)
+    local = x.detach().contiguous()
+    # the backends want the output as (n*d0, ...): rank r's tensor is its r-th block
+    out = torch.empty((n * local.shape[0], *local.shape[1:]), dtype=x.dtype, device=x.device)
     with _traced("all_gather", axis, x, out.numel() * out.element_size()):
         if n == 1:
-            out.copy_(moved)
+            out.copy_(local)
         else:
-            dist.all_gather_into_tensor(out, moved, group=axis.group)
-    return out.movedim(0, dim).contiguous()
+            dist.all_gather_into_tensor(out, local, group=axis.group)
+    if dim == 0:
+        return out  # already in place
+    # (n, ..., d, ...) -> (..., n, d, ...) -> (..., n*d, ...): rank r's block lands r-th
+    shape = list(local.shape)
+    shape[dim] *= n
+    return out.view(n, *local.shape).movedim(0, dim).reshape(shape)
 
 
 def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
@@ -72,14 +78,19 @@ def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
             f"reduce_scatter: dimension {dim} of shape {tuple(x.shape)} is not divisible "
             f"by the {axis.name} size {n}"
         )
-    moved = x.detach().movedim(dim, 0).contiguous()  # (n * chunk, ...)
-    out = torch.empty((moved.shape[0] // n, *moved.shape[1:]), dtype=x.dtype, device=x.device)
-    with _traced("reduce_scatter", axis, x, moved.numel() * moved.element_size()):
+    # (..., n*c, ...) -> (..., n, c, ...) -> (n, ..., c, ...): chunk i first, for rank i.
+    # Its rank-i slice is then exactly the output's layout, so no copy afterwards.
+    shape = list(x.shape)
+    split = shape[:dim] + [n, shape[dim] // n] + shape[dim + 1:]
+    chunks_first = x.detach().reshape(split).movedim(dim, 0).contiguous()
+    out = torch.empty(chunks_first.shape[1:], dtype=x.dtype, device=x.device)
+    with _traced("reduce_scatter", axis, x, chunks_first.numel() * chunks_first.element_size()):
         if n == 1:
-            out.copy_(moved)
+            out.copy_(chunks_first[0])
         else:
-            dist.reduce_scatter_tensor(out, moved, op=dist.ReduceOp.SUM, group=axis.group)
-    return out.movedim(0, dim).contiguous()
+            flat = chunks_first.view(n * out.shape[0], *out.shape[1:])  # (n*c0, ...) as wanted
+            dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
+    return out
 
 
 def broadcast(x: torch.Tensor, axis: Axis, src: int = 0) -> torch.Tensor:
@@ -128,6 +139,62 @@ def sendrecv(x: torch.Tensor, dst: int, out: torch.Tensor, src: int) -> torch.Te
             work.wait()
     _record_p2p("recv", out, src, start)
     return out
+
+
+class Pending:
+    """A message or collective in flight. ``wait()`` finishes it, records its Event
+    (from when it was posted to when it completed) and returns the result.
+
+    Posting and waiting apart is what lets a pipeline stage hand an activation
+    to the next stage and go on computing, and what lets a data-parallel
+    all-reduce run while backward goes on (gloo progresses it in its own thread).
+    """
+
+    def __init__(self, work, op, axis: Axis | None, tensor, nbytes, peer=None, result=None):
+        self.work, self.result = work, result
+        self.traced = _traced(op, axis, tensor, nbytes, peer=peer)
+        rec = trace.recorder()
+        # what the event belongs to is decided where it was posted, not where it is waited on
+        self.posted, self.phase, self.label = rec.now(), trace.current_phase(), rec.label
+        self.done = False
+
+    def wait(self):
+        if self.done:
+            return self.result
+        with trace.relabel(self.label), trace.phase(self.phase):
+            with self.traced as t:
+                t.start = self.posted
+                if self.work is not None:
+                    self.work.wait()
+        self.done = True
+        return self.result
+
+
+def isend(x: torch.Tensor, dst: int, tag: int = 0) -> Pending:
+    """Start sending `x` to global rank `dst`; returns at once. Keep the `Pending`
+    and `wait()` on it before the step ends (the message holds `x` until then)."""
+    payload = x.detach().contiguous()
+    work = dist.isend(payload, dst, tag=tag)
+    return Pending(work, "send", None, payload, payload.numel() * payload.element_size(),
+                   peer=dst, result=payload)
+
+
+def irecv(x: torch.Tensor, src: int, tag: int = 0) -> Pending:
+    """Start receiving into `x` from global rank `src`; ``wait()`` returns `x` filled.
+    Messages between two ranks are matched by `tag`, so several kinds of message
+    (activations, gradients, of different microbatches) may be in flight at once."""
+    if not x.is_contiguous():
+        raise ValueError("irecv needs a contiguous buffer")
+    work = dist.irecv(x, src, tag=tag)
+    return Pending(work, "recv", None, x, x.numel() * x.element_size(), peer=src, result=x)
+
+
+def all_reduce_start(x: torch.Tensor, axis: Axis) -> Pending:
+    """Start summing `x` over `axis` in the background; ``wait()`` returns the sum
+    (a new tensor). The Event spans from the start to the completed wait."""
+    out = x.detach().clone()
+    work = dist.all_reduce(out, group=axis.group, async_op=True) if axis.size > 1 else None
+    return Pending(work, "all_reduce", axis, out, out.numel() * out.element_size(), result=out)
 
 
 def _record_p2p(op, tensor, peer, start) -> None:
