@@ -4,44 +4,94 @@ from __future__ import annotations
 
 import torch
 
+from . import comm, trace
 from .mesh import Mesh
+from .parallelize import SCHEDULES, check_parallel_config  # noqa: F401 (SCHEDULES: re-export)
+from .pipeline import SCHEDULES as _ORDERS
+from .pipeline import run_schedule
 
-SCHEDULES = (None, "gpipe", "1f1b", "interleaved")
 IGNORE_INDEX = -100
 
 
 def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1) -> float:
-    """Forward and backward over `microbatches` slices of the global batch, the
-    partial gradients summed where sequence parallelism left them partial, then
-    one optimizer step. Returns the loss of the whole batch — the mean over its
-    (non-ignored) target tokens, exactly as one device computes it — the same
-    float on every rank.
+    """Forward and backward over `microbatches` slices of this data-parallel rank's
+    part of the global batch, in the pipeline `schedule`'s order; gradients summed
+    over dp (bucketed, overlapped with backward — or reduce-scattered by a ZeRO-1
+    optimizer), over tp where sequence parallelism left them partial, and between
+    the two copies of the tied embedding; then one optimizer step. Returns the loss
+    of the whole batch — the mean over its (non-ignored) target tokens, exactly as
+    one device computes it — the same float on every rank.
 
-    batch: (x, y), LongTensors (batch, seq_len), the same global batch on every rank.
+    batch: (x, y), LongTensors (batch, seq_len), the same global batch on every rank;
+    dp rank d takes rows [d·B/dp, (d+1)·B/dp). schedule None means "1f1b" (or
+    "interleaved" for a model built with virtual_stages > 1).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     x, y = batch
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"batch must be (x, y) of equal shape (batch, seq_len), got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
-    if not isinstance(microbatches, int) or microbatches < 1 or x.shape[0] % microbatches:
-        raise ValueError(f"microbatches={microbatches!r} must be a positive integer dividing "
-                         f"the batch size {x.shape[0]}")
+    dp = mesh.dp
+    chunks = list(getattr(model, "chunks", [model]))
+    v = len(chunks)
+    check_parallel_config(model.cfg, mesh.tp.size, mesh.pp.size, dp.size,
+                          model.sequence_parallel, virtual_stages=v, schedule=schedule,
+                          microbatches=microbatches, batch_size=x.shape[0])
+    schedule = schedule or ("interleaved" if v > 1 else "1f1b")
     optimizer.zero_grad(set_to_none=True)
-    # Weight each microbatch by its share of the batch's target tokens, so the
-    # accumulated gradient is that of the batch mean (not a mean of means).
-    # (Python ints: dividing two LongTensors would give float32 and cost 1e-8 in float64.)
-    total = int((y != IGNORE_INDEX).sum())
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    for xs, ys in zip(x.chunk(microbatches), y.chunk(microbatches), strict=True):
-        count = int((ys != IGNORE_INDEX).sum())
-        if count == 0:
-            continue  # nothing to learn from; its mean loss would be 0/0
-        _, loss = model(xs, ys)
-        weighted = loss * (count / total)
-        weighted.backward()
-        loss_sum += weighted.detach().double().cpu()
+    pairs, weights = _my_microbatches(x, y, dp, microbatches)
+    order = _ORDERS[schedule](mesh.pp.size, mesh.pp.rank, len(pairs), v)
+    syncs = [getattr(c, "grad_sync", None) for c in chunks]
+    last = len(pairs) - 1
+
+    def before_backward(k, i):
+        if syncs[k] is not None:
+            syncs[k].arm(i == last)  # only the last microbatch's gradient is final
+
+    loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward)
+    for sync in syncs:
+        if sync is not None:
+            sync.finish()
     model.sync_partial_grads()
+    if hasattr(model, "sync_embedding_grads"):
+        model.sync_embedding_grads()
     optimizer.step()
-    return float(loss_sum)
+    return _batch_loss(loss, mesh)
+
+
+def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
+    """The batch's mean loss, forward only (no gradients, no step), through the
+    pipeline: every chunk's forwards in turn. The same float on every rank."""
+    x, y = batch
+    chunks = list(getattr(model, "chunks", [model]))
+    check_parallel_config(model.cfg, mesh.tp.size, mesh.pp.size, mesh.dp.size,
+                          model.sequence_parallel, virtual_stages=len(chunks),
+                          microbatches=microbatches, batch_size=x.shape[0])
+    pairs, weights = _my_microbatches(x, y, mesh.dp, microbatches)
+    order = [("F", k, i) for k in range(len(chunks)) for i in range(len(pairs))]
+    with torch.no_grad():
+        return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights), mesh)
+
+
+def _my_microbatches(x, y, dp, microbatches):
+    """This dp rank's contiguous slice of the global batch, cut into microbatches,
+    each weighted by its share of the *global* batch's target tokens: the sum over
+    microbatches and dp ranks of weight · mean loss is then the batch mean (not a
+    mean of means). (Python ints: dividing two LongTensors would give float32.)"""
+    total = int((y != IGNORE_INDEX).sum())
+    if total == 0:
+        raise ValueError("every target of the batch is ignored: its mean loss would be 0/0")
+    rows = x.shape[0] // dp.size
+    x, y = x[dp.rank * rows:(dp.rank + 1) * rows], y[dp.rank * rows:(dp.rank + 1) * rows]
+    pairs = list(zip(x.chunk(microbatches), y.chunk(microbatches), strict=True))
+    # A microbatch with no targets weighs 0 (run_schedule keeps it out of the loss):
+    # it still runs, so every stage and every dp replica does the same communication.
+    weights = [int((ys != IGNORE_INDEX).sum()) / total for _, ys in pairs]
+    return pairs, weights
+
+
+def _batch_loss(loss, mesh: Mesh) -> float:
+    if mesh.pp.size > 1 or mesh.dp.size > 1:
+        # the last stage holds each dp slice's weighted loss; all ranks get their sum
+        with trace.label("batch loss"):
+            loss = comm.all_reduce(comm.all_reduce(loss, mesh.pp), mesh.dp)
+    return float(loss)

@@ -1,0 +1,136 @@
+"""The 3D-parallel GPT equals the plain GPT.
+
+For every (dp, pp, tp) with dp·pp·tp ≤ 8 that the model admits (tp must divide
+the 12 heads, pp the 4 layers: 28 meshes, worlds 1 to 8, a world of 6 among
+them), a few settings that between them cover every schedule (gpipe, 1f1b,
+interleaved), sequence parallelism on and off, ZeRO-1 on and off,
+recomputation, and microbatches 1 and more than pp: after 3 AdamW steps in
+float64 the loss of every step and every parameter (gathered back to the plain
+names with ``full_state_dict``) equal the single-device model's to 1e-10.
+One launch per world size runs all of that world's meshes and settings.
+
+The batch has ignored targets, more of them in one data-parallel slice than in
+another: a step that averaged per-slice or per-microbatch means would differ.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import minitp as mt
+from minitp.data_parallel import zero1_optimizer
+
+TOLERANCE = 1e-10
+# float32 (see test_tensor_parallel): Adam amplifies rounding of near-zero gradients.
+FLOAT32_LOSS, FLOAT32_PARAMS = 1e-5, 1e-4
+CFG = dict(vocab_size=10, seq_len=12, n_layer=4, n_head=12, d_model=24)
+
+
+def _admitted(dp, pp, tp, n_layer=CFG["n_layer"], virtual_stages=1):
+    try:
+        mt.check_parallel_config(mt.GPTConfig(**{**CFG, "n_layer": n_layer}), tp=tp, pp=pp,
+                                 dp=dp, sequence_parallel=True, virtual_stages=virtual_stages)
+    except ValueError:
+        return False
+    return True
+
+
+SHAPES = [s for s in itertools.product(range(1, 9), repeat=3)
+          if s[0] * s[1] * s[2] <= 8 and _admitted(*s)]  # (dp, pp, tp)
+WORLDS = sorted({dp * pp * tp for dp, pp, tp in SHAPES})
+
+
+def _settings(dp, pp, tp):
+    """(schedule, virtual_stages, microbatches, sequence_parallel, zero1, recompute, n_layer)."""
+    many = 2 * pp  # more than pp, and a multiple of it (interleaving needs that)
+    sp = tp > 1
+    if pp == 1:
+        return [("1f1b", 1, 1, False, False, None, 4),
+                ("gpipe", 1, many, sp, True, "selective", 4),
+                ("1f1b", 1, many, sp, False, "full", 4)]
+    interleaved_layers = 4 if _admitted(dp, pp, tp, 4, 2) else 8
+    return [("gpipe", 1, 1, False, False, None, 4),
+            ("gpipe", 1, many, sp, True, None, 4),
+            ("1f1b", 1, many, sp, False, "selective", 4),
+            ("1f1b", 1, many, False, dp > 1, "full", 4),
+            ("interleaved", 2, many, sp, dp > 1, None, interleaved_layers)]
+
+
+def _batches(steps, cfg, batch):
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
+        y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
+        y[0, :5] = -100  # ignored targets, unevenly spread over the dp slices
+        y[-1, :2] = -100
+        out.append((x, y))
+    return out
+
+
+def _compare(world, dtype, shapes=None, steps=3):
+    """On every rank: for each mesh of this world and each setting, train the plain
+    GPT and the parallel one side by side; the worst loss and parameter errors."""
+    results = {}
+    for dp, pp, tp in shapes or [s for s in SHAPES if s[0] * s[1] * s[2] == world]:
+        mesh = mt.Mesh(dp=dp, pp=pp, tp=tp)
+        for setting in _settings(dp, pp, tp):
+            schedule, v, m, sp, zero, recompute, n_layer = setting
+            cfg = mt.GPTConfig(**{**CFG, "n_layer": n_layer})
+            torch.manual_seed(0)
+            ref = mt.GPT(cfg).to(dtype)
+            model = mt.parallelize(ref, mesh, sequence_parallel=sp, recompute=recompute,
+                                   virtual_stages=v)
+            ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            opt = (zero1_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2) if zero
+                   else torch.optim.AdamW(model.parameters(), lr=1e-2))
+            loss_error, losses = 0.0, []
+            for x, y in _batches(steps, cfg, batch=dp * 2 * pp):
+                ref_opt.zero_grad()
+                _, ref_loss = ref(x, y)
+                ref_loss.backward()
+                ref_opt.step()
+                loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule,
+                                     microbatches=m)
+                loss_error = max(loss_error, abs(loss - ref_loss.item()))
+                losses.append(loss)
+            with torch.no_grad():  # and the trained models still agree, forward only
+                _, ref_loss = ref(x, y)
+            eval_loss = mt.step.eval_loss(model, (x, y), mesh, microbatches=m)
+            loss_error = max(loss_error, abs(eval_loss - ref_loss.item()))
+            dense = model.full_state_dict()
+            names = {name for name, _ in ref.named_parameters()}
+            assert set(dense) == names, set(dense) ^ names
+            worst = max(((dense[n] - p.detach()).abs().max().item(), n)
+                        for n, p in ref.named_parameters())
+            results[((dp, pp, tp), setting)] = (loss_error, worst, losses)
+    return results
+
+
+def _check(run, loss_tol, param_tol):
+    assert run[0], "no configuration ran"
+    for rank, results in enumerate(run):
+        for (shape, setting), (loss_error, (param_error, name), losses) in results.items():
+            where = f"rank {rank}, (dp, pp, tp)={shape}, setting={setting}"
+            assert loss_error < loss_tol, f"{where}: loss differs by {loss_error:.3g}"
+            assert param_error < param_tol, f"{where}: {name} differs by {param_error:.3g}"
+            # the returned loss is the same float on every rank, not merely close
+            assert losses == run[0][(shape, setting)][2], f"{where}: loss differs from rank 0's"
+
+
+def test_the_meshes_enumerated():
+    assert len(SHAPES) == 28
+    assert 6 in WORLDS and (1, 1, 6) in SHAPES and (3, 2, 1) in SHAPES
+    assert all(pp in (1, 2, 4) and tp in (1, 2, 3, 4, 6) for _, pp, tp in SHAPES)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_equals_plain_gpt_float64(world):
+    run = mt.launch(_compare, world, world, torch.float64, timeout=300)
+    _check(run, TOLERANCE, TOLERANCE)
+
+
+def test_equals_plain_gpt_float32():
+    run = mt.launch(_compare, 8, 8, torch.float32, shapes=[(2, 2, 2)], timeout=300)
+    _check(run, FLOAT32_LOSS, FLOAT32_PARAMS)
