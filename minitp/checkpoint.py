@@ -1,0 +1,187 @@
+"""Checkpoints that reshard: save at one (dp, pp, tp), load at another.
+
+A checkpoint holds the *dense* model — the plain GPT's parameters under its own
+names — never a rank's shard. Saving gathers the shards (`full_state_dict`);
+loading builds the plain GPT from those weights and parallelizes it for the
+mesh at hand. So the file knows nothing of the topology that wrote it, and
+any topology the config admits can read it.
+
+Adam's state is sharded exactly like the parameters (exp_avg and exp_avg_sq
+have each parameter's shape), so it is gathered and resharded the same way:
+put the state tensors where the parameters are, gather them with
+`full_state_dict`; on load, build a GPT whose "weights" are the dense state and
+parallelize that. The model's own plan does the slicing, so there is no second
+copy of the sharding rules to keep in step.
+
+Files in the directory (one rank writes, every rank reads)::
+
+    model.pt      dense parameters        torch.save of {name: tensor}
+    optimizer.pt  dense Adam state        {"step": tensor, "exp_avg": {name: tensor}, ...}
+    meta.json     config, step, topology that wrote it, anything in `extra`
+
+Everything is read with ``torch.load(weights_only=True)``: a checkpoint is data,
+and loading one must not run code. For exact resume, the batches and random
+numbers of step k must be functions of (seed, k) alone (`minitp.data` and
+`minitp.train` make them so): `step` in meta.json is the whole data position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict
+
+import torch
+
+from . import _device, comm, trace
+from .mesh import Mesh, world
+from .model import GPT, GPTConfig
+from .parallelize import parallelize
+
+ADAM_STATE = ("exp_avg", "exp_avg_sq")
+FORMAT = "minitp-checkpoint-1"
+
+
+@contextlib.contextmanager
+def _parameters_replaced_by(model, values: dict):
+    """Inside: each parameter p holds values[p] (same shape) instead of its weights."""
+    saved = {}
+    try:
+        for p, value in values.items():
+            saved[p] = p.data
+            p.data = value
+        yield
+    finally:
+        for p, data in saved.items():
+            p.data = data
+
+
+def dense_optimizer_state(model, optimizer) -> dict:
+    """Adam's state gathered to dense tensors under the plain GPT's names (collective:
+    every rank calls it). Returns {"step": tensor, "exp_avg": {...}, "exp_avg_sq": {...}}."""
+    params = list(model.parameters())
+    states = [optimizer.state.get(p, {}) for p in params]
+    if not all(all(k in s for k in ADAM_STATE) for s in states):
+        raise ValueError("the optimizer has no Adam state for every parameter yet: take at "
+                         "least one step with torch.optim.Adam / AdamW before saving it")
+    for p, s in zip(params, states, strict=True):
+        if s["exp_avg"].shape != p.shape:
+            raise NotImplementedError(
+                "this optimizer's state is not shaped like its parameters (a ZeRO-sharded "
+                "optimizer?): checkpoint.save can only gather per-parameter Adam state")
+    dense = {"step": states[0]["step"].detach().clone()}
+    for key in ADAM_STATE:
+        with _parameters_replaced_by(model, {p: s[key] for p, s in zip(params, states,
+                                                                          strict=True)}):
+            dense[key] = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
+    return dense
+
+
+def save(model, directory: str, step: int, optimizer=None, extra: dict | None = None) -> None:
+    """Write `model` (and `optimizer`'s Adam state) densely to `directory`.
+
+    Collective: call it on every rank (the shards are gathered); global rank 0
+    writes; every rank returns once the files are complete.
+    """
+    mesh: Mesh = model.mesh
+    if not hasattr(model, "full_state_dict"):
+        raise TypeError("checkpoint.save expects a parallel model (from mt.parallelize)")
+    with trace.paused():  # bookkeeping, not part of the run the trace shows
+        weights = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
+        optim = dense_optimizer_state(model, optimizer) if optimizer is not None else None
+        if mesh.rank == 0:
+            os.makedirs(directory, exist_ok=True)
+            torch.save(weights, os.path.join(directory, "model.pt"))
+            if optim is not None:
+                torch.save(optim, os.path.join(directory, "optimizer.pt"))
+            meta = {
+                "format": FORMAT, "config": asdict(model.cfg), "step": int(step),
+                "dtype": str(next(iter(weights.values())).dtype).removeprefix("torch."),
+                "topology": {"dp": mesh.dp_size, "pp": mesh.pp_size, "tp": mesh.tp_size,
+                             "sequence_parallel": bool(getattr(model, "sequence_parallel",
+                                                               False))},
+                "has_optimizer": optim is not None,
+                "extra": extra or {},
+            }
+            # Written last: a directory with meta.json is a complete checkpoint.
+            with open(os.path.join(directory, "meta.json"), "w") as f:
+                json.dump(meta, f, indent=1)
+        comm.barrier(world())
+
+
+def read_meta(directory: str) -> dict:
+    """meta.json of a checkpoint, with a clear error if the directory is not one."""
+    path = os.path.join(directory, "meta.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{directory!r} is not a minitp checkpoint (no meta.json)")
+    with open(path) as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
+    return meta
+
+
+def load_dense(directory: str) -> tuple[GPT, dict, dict | None]:
+    """The plain GPT of a checkpoint, its meta, and its dense Adam state (or None).
+    No process group needed: this is also how a single process reads one."""
+    meta = read_meta(directory)
+    cfg = GPTConfig(**meta["config"])
+    ref = _gpt_from(cfg, torch.load(os.path.join(directory, "model.pt"), weights_only=True))
+    optim = None
+    if meta["has_optimizer"]:
+        optim = torch.load(os.path.join(directory, "optimizer.pt"), weights_only=True)
+    return ref, meta, optim
+
+
+def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
+    """Put dense Adam state into `optimizer` over the plain GPT `ref`'s parameters."""
+    for name, p in ref.named_parameters():
+        optimizer.state[p] = {"step": dense["step"].clone(),
+                              **{k: dense[k][name].clone().to(p) for k in ADAM_STATE}}
+
+
+def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
+         virtual_stages: int = 1, optimizer_factory=None, device=None):
+    """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
+
+    device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
+
+    optimizer_factory: called with the parallel model's parameters (e.g.
+    ``lambda params: torch.optim.Adam(params, lr=1e-3)``); the saved Adam state
+    is resharded into it. None: no optimizer (returned as None).
+    """
+    ref, meta, dense_optim = load_dense(directory)
+    device = _device.device() if device is None else device
+    ref = ref.to(device)
+    model = parallelize(ref, mesh, sequence_parallel=sequence_parallel, recompute=recompute,
+                        virtual_stages=virtual_stages)
+    optimizer = None
+    if optimizer_factory is not None:
+        optimizer = optimizer_factory(model.parameters())
+        if dense_optim is not None:
+            shards = {key: _shard_like(ref, dense_optim[key], mesh, sequence_parallel,
+                                       recompute, virtual_stages, device) for key in ADAM_STATE}
+            for index, p in enumerate(model.parameters()):
+                optimizer.state[p] = {"step": dense_optim["step"].clone(),
+                                      **{k: shards[k][index] for k in ADAM_STATE}}
+    return model, optimizer, meta
+
+
+def _shard_like(ref: GPT, dense: dict, mesh, sequence_parallel, recompute, virtual_stages,
+                device):
+    """This rank's shards of the dense tensors `dense` (named like ref's parameters), in
+    the order of the parallel model's parameters: parallelize a GPT made of them."""
+    holder = _gpt_from(ref.cfg, dense).to(device)
+    sharded = parallelize(holder, mesh, sequence_parallel=sequence_parallel,
+                          recompute=recompute, virtual_stages=virtual_stages)
+    return [p.detach().clone() for p in sharded.parameters()]
+
+
+def _gpt_from(cfg: GPTConfig, tensors: dict) -> GPT:
+    """A plain GPT holding `tensors` (dtype theirs). Its random init is overwritten at
+    once, so it runs on a forked RNG: loading must not move the caller's random stream."""
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(cfg).to(next(iter(tensors.values())).dtype)
+    model.load_state_dict(tensors, strict=True)
+    return model
