@@ -6,7 +6,7 @@
     y = mt.comm.all_reduce(x, mesh.tp)     # traced collectives
 """
 
-from . import calc, comm, mappings, memory, trace
+from . import calc, checkpoint, comm, data, data_parallel, mappings, memory, pipeline, trace
 from ._device import device
 from .errors import CollectiveTimeout, LaunchError
 from .grading import grade
@@ -16,24 +16,28 @@ from .loss import vocab_parallel_cross_entropy
 from .mesh import Axis, Mesh, layout, world
 from .model import GPT, GPTConfig
 from .parallelize import ParallelGPT, check_parallel_config, parallelize
+from .pipeline import PipelineGPT
 from .step import train_step
 from .trace import Event
 
 __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
-    "LaunchError", "Mesh", "ParallelGPT", "RowParallelLinear", "Run", "VocabParallelEmbedding",
-    "calc", "check_parallel_config", "comm", "device", "grade", "launch", "layout", "mappings",
-    "memory", "parallelize", "trace", "train_step", "viz", "explorer", "scaling",
+    "LaunchError", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
+    "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "data",
+    "data_parallel", "device", "explorer", "grade", "launch", "layout", "mappings", "memory",
+    "parallelize", "pipeline", "scaling", "trace", "train_step", "viz",
     "vocab_parallel_cross_entropy", "world",
 ]
 
 
 def __getattr__(name):
-    # viz and explorer pull in matplotlib (and ipywidgets): import them on first
-    # use, not in every rank.
+    # viz, explorer and scaling pull in matplotlib (and ipywidgets): import them on
+    # first use, not in every rank.
     if name in ("viz", "explorer", "scaling"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'minitp' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
