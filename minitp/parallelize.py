@@ -42,6 +42,7 @@ from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedd
 from .loss import vocab_parallel_cross_entropy
 from .mesh import Mesh
 from .model import GPT, GPTConfig
+from .partial_grads import sum_partial_grads
 from .pipeline import PipelineGPT, embedding_axis
 from .recompute import Recomputed, check_mode
 
@@ -206,16 +207,8 @@ class ParallelGPT(nn.Module):
         return [p for p in self.parameters() if getattr(p, "sequence_parallel", False)]
 
     def sync_partial_grads(self) -> None:
-        """Sum the partial gradients over the tensor-parallel group: one all-reduce
-        of all of them flattened together, rather than one per parameter."""
-        params = [p for p in self.partial_grad_parameters() if p.grad is not None]
-        if not params or self.mesh.tp.size == 1:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        with trace.label("sequence-parallel grads"), trace.phase("bwd"):
-            flat = comm.all_reduce(flat, self.mesh.tp)
-        for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
-            p.grad.copy_(g.view_as(p.grad))
+        """Sum the partial gradients over the tensor-parallel group."""
+        sum_partial_grads(self.partial_grad_parameters(), self.mesh.tp)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The dense model's parameters, gathered from every rank's shard (on every

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from . import comm, trace
 from .mesh import Axis, Mesh, layout
+from .partial_grads import sum_partial_grads
 
 
 # --------------------------------------------------------------------------- schedules
@@ -132,14 +133,7 @@ class PipelineGPT(nn.Module):
 
     def sync_partial_grads(self) -> None:
         """Sum the sequence-parallel partial gradients over tp, all chunks at once."""
-        params = [p for p in self.partial_grad_parameters() if p.grad is not None]
-        if not params or self.mesh.tp.size == 1:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        with trace.label("sequence-parallel grads"), trace.phase("bwd"):
-            flat = comm.all_reduce(flat, self.mesh.tp)
-        for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
-            p.grad.copy_(g.view_as(p.grad))
+        sum_partial_grads(self.partial_grad_parameters(), self.mesh.tp)
 
     def sync_embedding_grads(self) -> None:
         """The tied embedding has a copy on the first and the last stage; each got
