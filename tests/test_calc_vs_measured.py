@@ -9,7 +9,8 @@ what they measure:
   tensor, as the one documented difference);
 * tensor-parallel bytes per layer per microbatch = the wire bytes of the trace's
   events labelled "layerK" (summed over a step, divided by its microbatches), with
-  ``bytes_per_value`` read from the trace's dtype;
+  ``bytes_per_value`` read from the trace's dtype; pipeline bytes per stage boundary
+  and data-parallel gradient bytes likewise equal the trace's sends on real 3D runs;
 * activation bytes per layer = the ActivationLedger's (`memory.activation_table`)
   minus exactly the gap `minitp.memory` documents item by item (`GAP_ITEMS`);
 * the bubble: `calc.bubble` against the trace of real pipelined runs is
@@ -360,3 +361,45 @@ def test_step_time_bubble_is_the_replayed_schedules(p, m, v):
     events = replay(schedule, v, forward=unit, backward=2 * unit)
     makespan = max(e.end for e in events)
     assert float(makespan) == pytest.approx(t.compute + t.bubble, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- pp and dp bytes
+PP_DP_BATCH, PP_DP_MICROBATCHES = 8, 2
+
+
+def _pp_dp_bytes(dp, pp, tp, sequence_parallel):
+    mesh = mt.Mesh(dp=dp, pp=pp, tp=tp)
+    cfg = mt.GPTConfig(vocab_size=16, seq_len=8, n_layer=2, n_head=4, d_model=16)
+    torch.manual_seed(0)
+    model = mt.parallelize(mt.GPT(cfg).double(), mesh, sequence_parallel=sequence_parallel)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 16, (PP_DP_BATCH, 8), generator=generator)
+    mt.trace.clear()
+    mt.train_step(model, (x, x.roll(-1, 1)), mesh, optimizer, microbatches=PP_DP_MICROBATCHES)
+    events = mt.trace.events()
+    pipeline = [e for e in events if e.label == "pipeline" and e.op == "send"]
+    return {
+        "stage": mesh.pp.rank,
+        "activations sent": sum(e.wire_bytes for e in pipeline if e.phase == "fwd"),
+        "gradients sent": sum(e.wire_bytes for e in pipeline if e.phase == "bwd"),
+        "dp sent": sum(e.wire_bytes for e in events if e.label.startswith("dp grads")),
+        "local parameters": sum(p.numel() for p in model.parameters()),
+        "cfg": cfg,
+    }
+
+
+@pytest.mark.parametrize("dp, pp, tp, sp", [(2, 2, 1, False), (1, 2, 2, True)])
+def test_pp_and_dp_bytes_equal_the_trace(dp, pp, tp, sp):
+    # Narayanan et al. §3.3: bsh values per stage boundary per microbatch, each way
+    # (1/t of them per rank under sequence parallelism); data parallelism all-reduces
+    # every local gradient once: 2(d-1)/d of their bytes. float64: 8 bytes a value.
+    run = mt.launch(_pp_dp_bytes, dp * pp * tp, dp, pp, tp, sp, timeout=120)
+    micro_batch = PP_DP_BATCH // (dp * PP_DP_MICROBATCHES)
+    for rank, got in enumerate(run):
+        boundary = calc.pp_comm_bytes(got["cfg"], micro_batch, tp, sp, bytes_per_value=8)
+        first, last = got["stage"] == 0, got["stage"] == pp - 1
+        assert got["activations sent"] == (0 if last else PP_DP_MICROBATCHES * boundary), rank
+        assert got["gradients sent"] == (0 if first else PP_DP_MICROBATCHES * boundary), rank
+        expected_dp = calc.dp_comm_bytes(got["local parameters"], dp, bytes_per_value=8)
+        assert got["dp sent"] == expected_dp, rank
