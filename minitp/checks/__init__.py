@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex01, ex02, ex03, ex04, ex05, ex06
+from . import ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08
 
 
 @dataclass(frozen=True)
@@ -27,4 +27,7 @@ EXERCISES = {
                      "sequence parallelism: the all-gather / reduce-scatter pair", ex05.run),
     "ex06": Exercise("ex06_selective_recompute.py",
                      "selective recomputation of the attention core", ex06.run),
+    "ex07": Exercise("ex07_one_f_one_b.py", "the 1F1B pipeline schedule", ex07.run),
+    "ex08": Exercise("ex08_bucketed_sync.py", "bucketed gradient sync for data parallelism",
+                     ex08.run),
 }

@@ -12,7 +12,8 @@ Colours are the Okabe–Ito palette, which stays distinguishable under the commo
 kinds of colour blindness; shapes and text carry the same information as colour.
 
 One module per kind of picture: timeline, collectives (before/after,
-bandwidth), tensor_parallel, memory (lessons 04-06), planning, scaling;
+bandwidth), tensor_parallel, memory (lessons 04-06), pipeline (the Gantt chart),
+mesh (the 3D mesh), planning, scaling;
 _style holds the palette and units they share. Everything is importable from here.
 """
 
@@ -39,6 +40,13 @@ from .memory import (  # noqa: F401
     memory_vs_t,
     tradeoff,
     wire_bytes,
+)
+from .mesh import (  # noqa: F401
+    mesh_3d,
+)
+from .pipeline import (  # noqa: F401
+    pipeline_bubble,
+    pipeline_gantt,
 )
 from .planning import (  # noqa: F401
     MEMORY_COLORS,
@@ -78,7 +86,10 @@ __all__ = [
     "masks",
     "memory_and_time",
     "memory_vs_t",
+    "mesh_3d",
     "op_name",
+    "pipeline_bubble",
+    "pipeline_gantt",
     "plan_candidates",
     "rank_color",
     "scaling_efficiency",
