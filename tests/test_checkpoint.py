@@ -1,11 +1,7 @@
 """Checkpoints reshard: saved at one (dp, pp, tp), loaded at another, the same model;
 and resuming gives the uninterrupted run's loss curve (float64, to 1e-10).
-
-Cases with dp or pp > 1 run once `mt.parallelize` supports them: `_supports`
-asks a tiny real launch, so they start running the moment that lands.
 """
 
-import functools
 
 import pytest
 import torch
@@ -16,28 +12,6 @@ from minitp import checkpoint, data
 TOLERANCE = 1e-10
 CFG = dict(vocab_size=10, seq_len=8, n_layer=4, n_head=12, d_model=24)  # 12 heads: tp 1..4
 BATCH, MICRO, LR = 8, 2, 1e-2
-
-
-@functools.lru_cache
-def _supports(dp: int, pp: int) -> bool:
-    """Whether this minitp parallelizes a GPT over dp x pp ranks (a tiny real launch)."""
-    def probe():
-        mesh = mt.Mesh(dp=dp, pp=pp, tp=1)
-        mt.parallelize(mt.GPT(mt.GPTConfig(**CFG)), mesh)
-
-    try:
-        mt.launch(probe, dp * pp, backend="gloo", timeout=60)
-    except mt.LaunchError as exc:
-        if "NotImplementedError" in exc.remote_traceback:
-            return False
-        raise
-    return True
-
-
-def _needs(dp, pp):
-    if (dp > 1 or pp > 1) and not _supports(dp, pp):
-        pytest.skip(f"mt.parallelize raises NotImplementedError for dp={dp} pp={pp} "
-                    "(pipeline/data parallelism not landed yet)")
 
 
 def _tokens():
@@ -94,8 +68,6 @@ RESUME = [((1, 1, 2), (1, 1, 4)), ((1, 1, 4), (1, 1, 1)), ((1, 1, 1), (1, 1, 3))
 
 @pytest.mark.parametrize("before,after", RESUME, ids=lambda s: "x".join(map(str, s)))
 def test_resume_elsewhere_continues_the_same_curve(before, after, tmp_path):
-    for sizes in (before, after):
-        _needs(sizes[0], sizes[1])
     directory = str(tmp_path / "ckpt")
     whole = _launch(before, 4, directory)[0]
     first = _launch(before, 2, directory, save_at=2)[0]
@@ -124,8 +96,6 @@ def test_reshard_gives_the_same_model_and_files_are_plain_tensors(tmp_path):
 @pytest.mark.parametrize("before,after", [((2, 2, 2), (1, 1, 4)), ((2, 2, 2), (1, 4, 1))],
                          ids=lambda s: "x".join(map(str, s)))
 def test_reshard_across_pipeline_and_data(before, after, tmp_path):
-    for sizes in (before, after):
-        _needs(sizes[0], sizes[1])
     directory = str(tmp_path / "ckpt")
     saved = _launch(before, 1, directory, save_at=1)[0][1]
     loaded = _launch(after, 1, directory, load=True)

@@ -1,12 +1,7 @@
 """`python -m minitp.train`: a tiny run with --check, checkpoints through the CLI, and
 bad flags answered with one clear message before any process starts.
-
-Runs at dp or pp > 1 wait for pipeline and data parallelism: `_supports` (a tiny
-real launch) says whether `mt.parallelize` has them, so those tests start running
-the moment they land; until then the CLI must refuse such a run with one message.
 """
 
-import functools
 import json
 import os
 import subprocess
@@ -20,21 +15,6 @@ from minitp import train
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--batch-size", "8", "--microbatches", "2", "--eval-every", "3", "--eval-batches", "2",
         "--sample-tokens", "8", "--dtype", "float64", "--no-progress"]
-
-
-@functools.lru_cache
-def _supports(dp: int, pp: int) -> bool:
-    def probe():
-        mt.parallelize(mt.GPT(mt.GPTConfig(n_layer=4, n_head=2, d_model=8, seq_len=4)),
-                       mt.Mesh(dp=dp, pp=pp, tp=1))
-
-    try:
-        mt.launch(probe, dp * pp, backend="gloo", timeout=60)
-    except mt.LaunchError as exc:
-        if "NotImplementedError" in exc.remote_traceback:
-            return False
-        raise
-    return True
 
 
 def _cli(*flags, timeout=240, env=None):
@@ -81,23 +61,14 @@ def test_save_then_load_at_another_tp_continues_the_curve(tmp_path):
     assert max(abs(after[k] - whole[k]) for k in after) < 1e-10
 
 
-def test_dp_and_pp_run_or_refuse_clearly(tmp_path):
-    """The default topology (dp=2 pp=2 tp=2) at a tiny size: parity with one process once
-    pipeline and data parallelism exist; until then one clear refusal."""
+def test_default_topology_matches_one_process(tmp_path):
+    """The default topology (dp=2 pp=2 tp=2) at a tiny size, float64: parity with one process."""
     done = _cli("--steps", "4", "--check", "--out", str(tmp_path / "run"), *TINY)
-    if _supports(2, 2):
-        summary = _summary(done)
-        assert summary["max_loss_diff"] < 1e-10
-    else:
-        assert done.returncode == 2, done.stderr[-3000:]
-        assert "not available in this minitp yet" in done.stderr
-        assert "Traceback" not in done.stderr
+    summary = _summary(done)
+    assert summary["max_loss_diff"] < 1e-10
 
 
 def test_default_run_under_three_minutes(tmp_path):
-    if not _supports(2, 2):
-        pytest.skip("mt.parallelize raises NotImplementedError for dp=2 pp=2 (pipeline/data "
-                    "parallelism not landed yet)")
     done = _cli("--out", str(tmp_path / "run"), "--no-progress", timeout=400)
     summary = _summary(done)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
