@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import _device, trace
+from .config import ring_wire_bytes
 from .errors import RankTimedOut
 from .mesh import Axis
 
@@ -203,7 +204,7 @@ def _record_p2p(op, tensor, peer, start) -> None:
     rec.add(
         op=op, axis="p2p", shape=tuple(tensor.shape),
         dtype=str(tensor.dtype).removeprefix("torch."), nbytes=nbytes,
-        wire_bytes=trace.ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
+        wire_bytes=ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
         phase=trace.current_phase(), peer=peer,
     )
 
@@ -251,7 +252,7 @@ class _traced:
             shape=tuple(self.tensor.shape),
             dtype=str(self.tensor.dtype).removeprefix("torch."),
             nbytes=int(self.nbytes),
-            wire_bytes=0 if op == "barrier" else trace.ring_wire_bytes(op, int(self.nbytes), n),
+            wire_bytes=0 if op == "barrier" else ring_wire_bytes(op, int(self.nbytes), n),
             start=self.start,
             end=self.rec.now(),
             phase=trace.current_phase(),

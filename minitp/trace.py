@@ -55,28 +55,6 @@ class Event:
         return self.op != "compute"
 
 
-def ring_wire_bytes(op: str, nbytes: int, n: int) -> int:
-    """Bytes each rank sends for `op` on a ring of `n` ranks moving `nbytes` in all.
-
-    all_reduce is a reduce-scatter followed by an all-gather: each of the two
-    passes sends n-1 chunks of size S/n, hence 2(n-1)/n·S. A point-to-point send
-    moves the whole message once; a receive sends nothing. A broadcast is
-    pipelined along a chain, so every rank but the last forwards S once: we count
-    S, the root's share.
-    """
-    if n <= 1 and op not in ("send",):
-        return 0
-    if op == "all_reduce":
-        return 2 * (n - 1) * nbytes // n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) * nbytes // n
-    if op in ("broadcast", "send"):
-        return nbytes
-    if op == "recv":
-        return 0
-    raise ValueError(f"no wire-byte formula for op {op!r}")
-
-
 class Recorder:
     """Collects this process's events; `phase` and `label` are set by context managers."""
 
@@ -231,6 +209,42 @@ def forward_phase():
     else:
         with phase("fwd"):
             yield
+
+
+def label_module(module, name: str) -> None:
+    """Record everything `module`'s forward does under the label `name`.
+
+    Forward hooks, not code in the module: the model stays free of tracing (it
+    holds no parallel code), and `parallelize` names its pieces ("embedding",
+    "layer3", "head", "loss") after building them. A backward collective gets
+    its forward's label through the autograd Function that records it."""
+
+    def enter(_module, _args):
+        _recorder._stack("label").append(name)
+
+    def leave(_module, _args, _output):
+        _recorder._stack("label").pop()
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
+
+
+def forward_phase_module(module) -> None:
+    """Run `module`'s forward under `forward_phase()` (hooks, as `label_module`)."""
+    entered: list[bool] = []
+
+    def enter(_module, _args):
+        pushed = not (_recorder.phase or _in_backward())
+        if pushed:
+            _recorder._stack("phase").append("fwd")
+        entered.append(pushed)
+
+    def leave(_module, _args, _output):
+        if entered.pop():
+            _recorder._stack("phase").pop()
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
 
 
 def _in_backward() -> bool:

@@ -17,7 +17,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import minitp as mt
 import minitp.calc as calc
-from minitp import trace
 from minitp.recompute import Recomputed
 
 
@@ -238,18 +237,6 @@ def test_interleaved_first_stage(pp, v):
     assert calc.activation_bytes(cfg, 2, recompute="full", pp=pp, virtual=v) == expected
 
 
-def test_activation_formula_matches_minitp_memory():
-    memory = pytest.importorskip("minitp.memory")
-    cfg, b = mt.GPTConfig(seq_len=32, d_model=48, n_head=6), 3
-    for setting, (sp, recompute) in SETTINGS.items():
-        for t in (1, 2, 3, 6):
-            t_used = 1 if setting == "none" else t
-            expected = memory.korthikanti_bytes(cfg.seq_len, b, cfg.d_model, cfg.n_head,
-                                                t_used, setting)
-            got = calc.activation_bytes_per_layer(cfg, b, t_used, sp, recompute)
-            assert got == pytest.approx(expected, rel=1e-12), (setting, t)
-
-
 # --------------------------------------------------------------------------- communication
 @pytest.mark.parametrize("t", [1, 2, 4, 8])
 def test_tp_comm_narayanan(t):
@@ -258,7 +245,7 @@ def test_tp_comm_narayanan(t):
     # §3.3: 8bsh(t−1)/t values per layer per microbatch per device
     assert calc.tp_comm_bytes(cfg, b, t, bytes_per_value=1) == 8 * bsh * (t - 1) // t
     # ... = four all-reduces of bsh 16-bit values, by the trace's own ring accounting
-    one = trace.ring_wire_bytes("all_reduce", 2 * bsh, t)
+    one = mt.config.ring_wire_bytes("all_reduce", 2 * bsh, t)
     assert calc.tp_comm_bytes(cfg, b, t) == 4 * one
     # full recomputation: Megatron reruns both forward all-reduces, torch's checkpoint one
     assert calc.tp_comm_bytes(cfg, b, t, recompute="full") == 6 * one
@@ -277,7 +264,7 @@ def test_tp_comm_matches_minitps_trace_test():
 def test_ring_bytes_agree_with_trace():
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for n in (1, 2, 3, 4, 8):
-            assert calc.ring_wire_bytes(op, 24 * 1000, n) == trace.ring_wire_bytes(op, 24000, n)
+            assert calc.ring_wire_bytes(op, 24 * 1000, n) == mt.config.ring_wire_bytes(op, 24000, n)
 
 
 def test_pp_and_dp_comm():

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..recompute import check_mode
+from ..config import check_recompute, ring_send_fraction
 from ._util import number
 from .params import params_per_rank
 
-RING_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
-
 
 def ring_wire_bytes(op: str, nbytes: int, n: int) -> int | float:
-    """Bytes one rank sends in a ring `op` on a tensor of ``nbytes`` over ``n`` ranks."""
-    value = Fraction(RING_FACTOR[op] * (n - 1) * nbytes, n)
-    return number(value)
+    """Bytes one rank sends in a ring `op` on a tensor of ``nbytes`` over ``n`` ranks:
+    the model of `minitp.config.ring_send_fraction`, exact (not rounded to bytes)."""
+    return number(nbytes * ring_send_fraction(op, n))
 
 
 def tp_collectives_per_layer(recompute=None, early_stop: bool = False,
@@ -35,7 +33,7 @@ def tp_collectives_per_layer(recompute=None, early_stop: bool = False,
     attention's all-gather and reduce-scatter and the MLP's all-gather (the MLP's
     closing reduce-scatter feeds nothing saved), 3 halves = 1.5 more.
     """
-    check_mode(recompute)
+    check_recompute(recompute)
     if recompute != "full":
         return 4
     if not early_stop:

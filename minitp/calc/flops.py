@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..recompute import check_mode
+from ..config import check_recompute
 from ._util import number
 
 
@@ -32,7 +32,7 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
     backward has what it needs, so full recomputation skips each layer's last
     matmul (8Bsh²) and selective recomputation redoes QKᵀ only (2Bs²h).
     """
-    check_mode(recompute)
+    check_recompute(recompute)
     B, s, L, h, V = global_batch, cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
     passes = 4 if recompute == "full" else 3  # forward passes' worth of the layers
     matrices = passes * 24 * B * s * L * h * h

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..recompute import check_mode
+from ..config import check_recompute, interleaving_fits
 from ._util import number
 from .params import params_per_rank
 
@@ -67,7 +67,7 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     Full recomputation keeps the layer's input, 2sbh; with sequence parallelism
     that input is a sequence shard, 2sbh/t (not a row of Table 2).
     """
-    check_mode(recompute)
+    check_recompute(recompute)
     s, b, h, a = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head
     sbh = s * b * h
     if recompute == "full":
@@ -114,8 +114,9 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
         raise ValueError(f"n_layer={cfg.n_layer} is not divisible by pp*virtual={pp * virtual}")
     layers = Fraction(cfg.n_layer, pp)
     if virtual > 1:
-        if microbatches is not None and microbatches < pp:
-            raise ValueError("the interleaved schedule needs at least pp microbatches")
+        if microbatches is not None and not interleaving_fits(pp, microbatches):
+            raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) "
+                             f"divisible by pp ({pp})")
         return number(per_layer * layers * pp * (1 + Fraction(pp - 1, pp * virtual)))
     return number(per_layer * layers * microbatches_in_flight(pp, microbatches, schedule))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..parallelize import check_parallel_config
+from ..config import check_parallel_config, interleaving_fits
 from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu
@@ -90,10 +90,11 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
         if n_gpus % (tp * pp) or (sp and tp == 1) or global_batch % (dp * b):
             continue
         m = global_batch // (dp * b)
-        if v > 1 and (pp == 1 or m % pp):
+        if v > 1 and (pp == 1 or not interleaving_fits(pp, m)):
             continue
         try:
-            check_parallel_config(cfg, tp, pp, dp, sp, rc, v)
+            check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp, recompute=rc,
+                                  virtual_stages=v)
         except ValueError:
             continue
         tried += 1

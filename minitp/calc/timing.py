@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..parallelize import check_parallel_config
+from ..config import check_parallel_config
 from .cluster import Cluster
 from .comm import tp_collectives_per_layer
 from .flops import bubble as bubble_fraction
@@ -66,7 +66,8 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
     * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp).
     ``global_batch`` defaults to one microbatch per data-parallel rank.
     """
-    check_parallel_config(cfg, tp, pp, dp, sp, recompute, virtual)
+    check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+                          recompute=recompute, virtual_stages=virtual)
     global_batch = global_batch or dp * micro_batch
     m = microbatch_count(global_batch, dp, micro_batch)
     n_gpus = dp * pp * tp

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 from matplotlib.patches import Patch, Rectangle
 
+from ..config import parse_unit_label
 from ._style import PHASE_COLORS, _new_figure, _tint
 
-_UNIT = re.compile(r"^([FB])(\d+)(?::(\d+))?$")  # "F3", "B3", "F3:1" (chunk 1)
 IDLE_COLOR = "#E8E8E8"
 
 
 def pipeline_units(run_or_events) -> list:
     """The compute events of a pipeline schedule (labels "F3", "B3", "F3:1")."""
     events = getattr(run_or_events, "trace", run_or_events)
-    return [e for e in events if e.op == "compute" and e.label and _UNIT.match(e.label)]
+    return [e for e in events if e.op == "compute" and e.label and parse_unit_label(e.label)]
 
 
 def pipeline_bubble(run_or_events) -> float:
@@ -62,13 +60,13 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
                                edgecolor="none", hatch="///", linewidth=0, zorder=1))
     px_per_ms = width * fig.dpi * 0.8 / span
     for e in units:
-        kind, mb, chunk = _UNIT.match(e.label).groups()
+        kind, _, chunk = parse_unit_label(e.label)
         base = PHASE_COLORS["fwd" if kind == "F" else "bwd"]
-        color = base if not chunk or chunk == "0" else _tint(base, 0.55)
+        color = base if chunk == 0 else _tint(base, 0.55)
         x0, w = (e.start - t0) * 1e3, (e.end - e.start) * 1e3
         ax.add_patch(Rectangle((x0, row[e.rank] - 0.4), w, 0.8, facecolor=color,
                                edgecolor="white", linewidth=0.6, zorder=2, gid=e.label))
-        text = mb if not chunk else f"{mb}:{chunk}"
+        text = e.label[1:]  # "3" or, with virtual stages, "3:1"
         if w * px_per_ms >= 5.5 * len(text) + 2:
             ax.text(x0 + w / 2, row[e.rank], text, ha="center", va="center", fontsize=7,
                     color="white" if color == base else "black", zorder=3, clip_on=True)
@@ -84,7 +82,7 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
     ax.set_title(f"{head}: bubble {bubble:.1%} (idle / busy)", fontsize=11, loc="left")
     handles = [Patch(facecolor=PHASE_COLORS["fwd"], label="forward"),
                Patch(facecolor=PHASE_COLORS["bwd"], label="backward")]
-    if any((_UNIT.match(e.label).group(3) or "0") != "0" for e in units):
+    if any(parse_unit_label(e.label)[2] != 0 for e in units):
         handles += [Patch(facecolor=_tint(PHASE_COLORS["fwd"], 0.55), label="forward, chunk ≥ 1"),
                     Patch(facecolor=_tint(PHASE_COLORS["bwd"], 0.55), label="backward, chunk ≥ 1")]
     handles.append(Patch(facecolor=IDLE_COLOR, hatch="///", label="idle"))

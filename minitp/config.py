@@ -1,0 +1,187 @@
+"""The rules every other file shares: the ground floor of minitp.
+
+Nothing here imports the rest of minitp, and nothing here needs torch: the
+calculator (`minitp.calc`, pure arithmetic) may import this module and no other.
+Each rule is written once, here, and every file that needs it imports it:
+
+* what must divide what for a (dp, pp, tp) split — `check_parallel_config`;
+* the pipeline schedule names and the interleaved schedule's constraint;
+* the recompute modes;
+* the ignore index of the loss, and what a valid token id is;
+* the trace's label formats ("layer3", "F3", "F3:1"), built and parsed by the
+  same functions;
+* the ring-algorithm byte *model* (a formula — what a ring would send — not a
+  measurement).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE_MODES = (None, "selective", "full")
+
+
+# --------------------------------------------------------------------------- checks
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_recompute(mode) -> None:
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be None, 'selective' or 'full', got {mode!r}")
+
+
+def check_schedule(schedule, virtual_stages: int = 1) -> None:
+    """A known schedule name (or None: the default for `virtual_stages`), and one
+    that fits the model: 'interleaved' exactly when there are virtual stages."""
+    if schedule is not None and not callable(schedule) and schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"schedule must be one of {SCHEDULE_NAMES} (or None), got {schedule!r}")
+    if isinstance(schedule, str) and (schedule == "interleaved") != (virtual_stages > 1):
+        raise ValueError(f"schedule {schedule!r} does not fit virtual_stages={virtual_stages}: "
+                         "'interleaved' needs virtual_stages > 1, the other schedules 1")
+
+
+def default_schedule(virtual_stages: int = 1) -> str:
+    return "interleaved" if virtual_stages > 1 else "1f1b"
+
+
+def interleaving_fits(pp: int, microbatches: int) -> bool:
+    """The interleaved schedule sends microbatches through each chunk in groups of
+    pp (Megatron-LM's order), so it needs microbatches divisible by pp."""
+    return microbatches % pp == 0
+
+
+def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
+                          sequence_parallel: bool = False, recompute=None,
+                          virtual_stages: int = 1, world_size: int | None = None,
+                          schedule=None, microbatches: int | None = None,
+                          batch_size: int | None = None) -> None:
+    """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
+    this way. Call it in the parent, before any process starts; `parallelize`
+    calls it again on every rank, and `train_step` with the schedule,
+    microbatches and batch size it was given."""
+    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("virtual_stages", virtual_stages)):
+        _positive_int(name, value)
+    if cfg.n_head % tp:
+        raise ValueError(
+            f"n_head={cfg.n_head} is not divisible by tp={tp}: tensor parallelism gives "
+            "every rank the same number of whole attention heads"
+        )
+    if cfg.d_model % tp:
+        raise ValueError(f"d_model={cfg.d_model} (the hidden size) is not divisible by tp={tp}")
+    if sequence_parallel and cfg.seq_len % tp:
+        raise ValueError(
+            f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "
+            "every rank an equal slice of the sequence"
+        )
+    if cfg.n_layer % (pp * virtual_stages):
+        raise ValueError(
+            f"n_layer={cfg.n_layer} is not divisible by pp*virtual_stages={pp * virtual_stages}"
+        )
+    if virtual_stages > 1 and pp == 1:
+        raise ValueError(f"virtual_stages={virtual_stages} needs a pipeline (pp > 1): interleaving "
+                         "splits each pipeline rank's layers into several chunks")
+    check_recompute(recompute)
+    if world_size is not None and dp * pp * tp != world_size:
+        raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "
+                         f"{world_size}")
+    check_schedule(schedule, virtual_stages)
+    if microbatches is not None:
+        _positive_int("microbatches", microbatches)
+        if virtual_stages > 1 and not interleaving_fits(pp, microbatches):
+            raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) "
+                             f"divisible by pp ({pp}): they go through each chunk in groups of pp")
+    if batch_size is not None:
+        _positive_int("batch size", batch_size)
+        m = 1 if microbatches is None else microbatches
+        if batch_size % (dp * m):
+            raise ValueError(f"the batch of {batch_size} rows cannot be cut into dp={dp} slices "
+                             f"of microbatches={m} equal microbatches")
+
+
+def check_token_ids(ids, vocab_size: int, what: str = "token id", ignore_index=None) -> None:
+    """Every id in [0, vocab_size) (or equal to `ignore_index`), else a ValueError
+    naming the first bad one. An out-of-range id would otherwise index a padded
+    vocabulary row (an `inf` loss) or, on another rank, nothing at all (a silent,
+    finite, wrong loss). Works on any tensor without importing torch here."""
+    bad = (ids < 0) | (ids >= vocab_size)
+    if ignore_index is not None:
+        bad = bad & (ids != ignore_index)
+    if bad.any():
+        first = int(ids[bad].reshape(-1)[0])
+        allowed = f"[0, {vocab_size})" + ("" if ignore_index is None
+                                         else f" or the ignore index {ignore_index}")
+        raise ValueError(f"{what} {first} is outside the vocabulary: it must be in {allowed}")
+
+
+# --------------------------------------------------------------------------- trace labels
+LAYER_LABEL = "layer{}"
+_LAYER = re.compile(r"(?:^|\.)layer(\d+)(?:\.|$)")
+_UNIT = re.compile(r"^([FB])(\d+)(?::(\d+))?$")
+
+
+def layer_label(index: int) -> str:
+    """The trace label of transformer layer `index` (in the whole model's numbering)."""
+    return LAYER_LABEL.format(index)
+
+
+def parse_layer_label(label: str) -> int | None:
+    """The layer a (possibly nested, dot-joined) label belongs to, or None."""
+    found = _LAYER.search(label or "")
+    return int(found[1]) if found else None
+
+
+def unit_label(kind: str, microbatch: int, chunk: int = 0, virtual_stages: int = 1) -> str:
+    """A pipeline unit's trace label: "F3" is the forward of microbatch 3, "B3" its
+    backward; with virtual stages, "F3:1" runs it through this rank's chunk 1."""
+    if kind not in ("F", "B"):
+        raise ValueError(f"a pipeline unit is 'F' or 'B', got {kind!r}")
+    return f"{kind}{microbatch}" + (f":{chunk}" if virtual_stages > 1 else "")
+
+
+def parse_unit_label(label: str) -> tuple[str, int, int] | None:
+    """(kind, microbatch, chunk) of a label made by `unit_label`, or None."""
+    found = _UNIT.match(label or "")
+    if not found:
+        return None
+    return found[1], int(found[2]), int(found[3] or 0)
+
+
+# --------------------------------------------------------------------------- byte model
+def ring_send_fraction(op: str, n: int) -> Fraction:
+    """MODEL: the fraction of the full tensor S one rank sends for `op` on a ring of
+    `n` ranks: all_reduce 2(n−1)/n, all_gather and reduce_scatter (n−1)/n (the
+    calculator uses it exactly; `ring_wire_bytes` rounds to whole bytes)."""
+    if n < 1:
+        raise ValueError(f"a ring has at least one rank, got n={n}")
+    if op == "all_reduce":
+        return Fraction(2 * (n - 1), n)
+    if op in ("all_gather", "reduce_scatter"):
+        return Fraction(n - 1, n)
+    raise ValueError(f"no ring model for collective {op!r}")
+
+
+def ring_wire_bytes(op: str, nbytes: int, n: int) -> int:
+    """MODEL, not measurement: the bytes each rank sends for `op` on a ring of `n`
+    ranks moving a tensor of `nbytes` in all (S).
+
+    all_reduce is a reduce-scatter followed by an all-gather: each of the two
+    passes sends n−1 chunks of S/n, hence 2(n−1)/n·S; all_gather and
+    reduce_scatter send (n−1)/n·S. A point-to-point send moves the whole message
+    once; a receive sends nothing. A broadcast is pipelined along a chain, so
+    every rank but the last forwards S once: we count S, the root's share.
+    Integer division: a ring's chunks are whole bytes.
+    """
+    if op == "send":
+        return nbytes
+    if op == "recv" or n <= 1:
+        return 0
+    if op == "broadcast":
+        return nbytes
+    return math.floor(nbytes * ring_send_fraction(op, n))
