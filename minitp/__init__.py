@@ -6,8 +6,9 @@
     y = mt.comm.all_reduce(x, mesh.tp)     # traced collectives
 """
 
-from . import calc, checkpoint, comm, data, data_parallel, mappings, memory, pipeline, trace
+from . import calc, checkpoint, comm, config, data, data_parallel, mappings, memory, pipeline, trace
 from ._device import device
+from .config import check_parallel_config
 from .errors import CollectiveTimeout, LaunchError
 from .grading import grade
 from .launch import Run, launch
@@ -15,28 +16,34 @@ from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedd
 from .loss import vocab_parallel_cross_entropy
 from .mesh import Axis, Mesh, layout, world
 from .model import GPT, GPTConfig
-from .parallelize import ParallelGPT, check_parallel_config, parallelize
+from .parallelize import parallelize
 from .pipeline import PipelineGPT
+from .stage import ParallelGPT
 from .step import train_step
 from .trace import Event
 
 __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
     "LaunchError", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
-    "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "data",
-    "data_parallel", "device", "explorer", "grade", "launch", "layout", "mappings", "memory",
+    "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "config",
+    "data", "data_parallel", "device", "explorer", "grade", "labs", "launch", "layout",
+    "mappings", "memory",
     "parallelize", "pipeline", "scaling", "trace", "train_step", "viz",
     "vocab_parallel_cross_entropy", "world",
 ]
 
 
+# viz and the course's labs pull in matplotlib (and ipywidgets): import them on first
+# use, not in every rank. mt.explorer and mt.scaling are labs (minitp/labs/).
+_LAZY = {"viz": ".viz", "labs": ".labs", "explorer": ".labs.explorer",
+         "scaling": ".labs.scaling"}
+
+
 def __getattr__(name):
-    # viz, explorer and scaling pull in matplotlib (and ipywidgets): import them on
-    # first use, not in every rank.
-    if name in ("viz", "explorer", "scaling"):
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(_LAZY[name], __name__)
     raise AttributeError(f"module 'minitp' has no attribute {name!r}")
 
 

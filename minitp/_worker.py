@@ -23,7 +23,6 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-import minitp  # noqa: F401  (preloaded into the forkserver with torch)
 from minitp import _device, trace
 from minitp.errors import RankTimedOut
 

@@ -153,6 +153,14 @@ class Zero1Optimizer:
                    if torch.is_tensor(t))
 
 
+def attach_grad_sync(stages, dp: Axis, bucket_bytes: int = 1 << 20) -> None:
+    """Give every stage a bucketed gradient all-reduce over `dp` (none when dp is 1);
+    `train_step` arms it for the last microbatch."""
+    for stage in stages:
+        stage.grad_sync = (GradSync(list(stage.parameters()), dp, bucket_bytes)
+                           if dp.size > 1 else None)
+
+
 def zero1_optimizer(model: nn.Module, mesh: Mesh, optimizer_class=torch.optim.AdamW,
                     **kwargs) -> Zero1Optimizer:
     """ZeRO-1 for a model from `mt.parallelize`: its dp all-reduce hooks are removed

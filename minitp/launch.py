@@ -1,6 +1,6 @@
 """``mt.launch(fn, world_size)``: run a function on N real processes, get back what each returned.
 
-How, and why (measurements in DESIGN.md):
+How, and why (the start-up times are measured by bench/launch.py):
 
 * Ranks are forked from a *forkserver* that has torch and minitp imported
   already, so a launch costs a fraction of a second instead of a fresh
@@ -22,6 +22,11 @@ How, and why (measurements in DESIGN.md):
 Under ``torchrun`` (its environment variables set) `launch` does not start
 processes: it runs ``fn`` in place, on the process group torchrun set up, and
 gathers every rank's return value so ``run[r]`` means the same thing.
+
+Why one file: starting ranks, watching them and tearing them down are one
+life cycle sharing the same handles (processes, pipes, status slots, the store
+directory); split apart, each half would need the other's internals. What
+runs *inside* a rank lives in `minitp._worker`.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from .trace import Event
 
 # torch._dynamo: torch.utils.checkpoint imports it on first use, >1 s per rank;
 # preloaded, the forkserver pays it once (measured: activation_table 5 s -> 1.6 s).
-_PRELOAD = ["minitp._worker", "torch._dynamo"]
+_PRELOAD = ["minitp", "minitp._worker", "torch._dynamo"]  # the whole package, torch with it
 _FAILURE_GRACE_S = 0.15  # after a first failure, how long to listen for its root cause
 _EXIT_WAIT_S = 5.0  # how long a rank may take to leave before it is killed
 _CASCADE_PATTERN = ("Connection closed by peer", "Connection reset", "Broken pipe", "EOF")

@@ -182,38 +182,58 @@ def gather_last_dim(x: torch.Tensor, axis: Axis) -> torch.Tensor:
 
 
 def scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
-    """Slice forward, all-gather backward (sequence dim). Adjoint of `gather_from_sequence`."""
+    """Slice forward, all-gather backward (sequence dim). Adjoint of
+    ``gather_from_sequence(grad_is_partial=False)``."""
     with trace.forward_phase():
         return _ScatterToSequence.apply(x, axis)
 
 
-def gather_from_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
-    """All-gather forward, slice backward (sequence dim). Adjoint of `scatter_to_sequence`."""
+def gather_from_sequence(x: torch.Tensor, axis: Axis, *, grad_is_partial: bool) -> torch.Tensor:
+    """All-gather forward (sequence dim). The backward depends on what the gradient
+    arriving at the gathered tensor is — say which, as Megatron-Core's
+    ``tensor_parallel_output_grad`` does:
+
+    * ``grad_is_partial=False``: the same on every rank (replicated) — keep this
+      rank's slice. Adjoint of `scatter_to_sequence`.
+    * ``grad_is_partial=True``: one term of a sum on each rank (the input of a
+      column-parallel layer, whose ranks each computed a partial gradient) —
+      reduce-scatter: sum the terms, hand each rank its slice. Adjoint of
+      `reduce_scatter_to_sequence`.
+    """
+    function = _AllGatherFromSequence if grad_is_partial else _GatherFromSequence
     with trace.forward_phase():
-        return _GatherFromSequence.apply(x, axis)
+        return function.apply(x, axis)
 
 
 def reduce_scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
-    """Reduce-scatter forward, all-gather backward. Adjoint of `all_gather_from_sequence`."""
+    """Reduce-scatter forward, all-gather backward. Adjoint of
+    ``gather_from_sequence(grad_is_partial=True)``."""
     with trace.forward_phase():
         return _ReduceScatterToSequence.apply(x, axis)
 
 
-def all_gather_from_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
-    """All-gather forward, reduce-scatter backward. Adjoint of `reduce_scatter_to_sequence`."""
-    with trace.forward_phase():
-        return _AllGatherFromSequence.apply(x, axis)
+def _gather_replicated_grad(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    return gather_from_sequence(x, axis, grad_is_partial=False)
 
 
-# Each wrapper, its adjoint, and what kind of tensor it takes and gives
-# ("replicated": one value every rank holds; "per-rank": each rank its own).
+def _gather_partial_grad(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    return gather_from_sequence(x, axis, grad_is_partial=True)
+
+
+# Each mapping (by the name a test or a trace reader knows it by), its adjoint, and
+# what kind of tensor it takes and gives ("replicated": one value every rank holds;
+# "per-rank": each rank its own).
 PAIRS = {
-    copy_to_parallel: (reduce_from_parallel, "replicated", "per-rank"),
-    reduce_from_parallel: (copy_to_parallel, "per-rank", "replicated"),
-    split_last_dim: (gather_last_dim, "replicated", "per-rank"),
-    gather_last_dim: (split_last_dim, "per-rank", "replicated"),
-    scatter_to_sequence: (gather_from_sequence, "replicated", "per-rank"),
-    gather_from_sequence: (scatter_to_sequence, "per-rank", "replicated"),
-    reduce_scatter_to_sequence: (all_gather_from_sequence, "per-rank", "per-rank"),
-    all_gather_from_sequence: (reduce_scatter_to_sequence, "per-rank", "per-rank"),
+    "copy_to_parallel": (copy_to_parallel, "reduce_from_parallel", "replicated", "per-rank"),
+    "reduce_from_parallel": (reduce_from_parallel, "copy_to_parallel", "per-rank", "replicated"),
+    "split_last_dim": (split_last_dim, "gather_last_dim", "replicated", "per-rank"),
+    "gather_last_dim": (gather_last_dim, "split_last_dim", "per-rank", "replicated"),
+    "scatter_to_sequence": (scatter_to_sequence, "gather_from_sequence", "replicated",
+                            "per-rank"),
+    "gather_from_sequence": (_gather_replicated_grad, "scatter_to_sequence", "per-rank",
+                             "replicated"),
+    "reduce_scatter_to_sequence": (reduce_scatter_to_sequence, "gather_from_sequence(partial)",
+                                   "per-rank", "per-rank"),
+    "gather_from_sequence(partial)": (_gather_partial_grad, "reduce_scatter_to_sequence",
+                                      "per-rank", "per-rank"),
 }

@@ -4,6 +4,13 @@ No distributed code lives here. `minitp.parallelize` reads this model and
 builds each rank's shard from its weights, following a plan table; the tests
 then check that the two compute the same function, loss and gradients.
 
+One forward serves every way of running the model. Each step of it is a module
+— token embedding, positions, dropout, blocks, final LayerNorm, output head,
+loss — so parallelism is applied by *replacing modules*, never by a second
+forward: tensor parallelism swaps in sharded ones (`minitp.tensor_parallel`),
+and a pipeline stage that lacks the embedding or the head holds a pass-through
+in its place (`minitp.pipeline`), as picotron does.
+
 Two layout choices make the sharding a plain slice:
 * the attention projection's output features are ordered (head, q/k/v, head_dim),
   so a contiguous block of them is a set of whole heads with their q, k and v —
@@ -20,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .config import IGNORE_INDEX, check_token_ids
 
 
 @dataclass
@@ -113,6 +122,52 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class LearnedPositions(nn.Embedding):
+    """Adds a learned vector for each position 0..T−1 to the token embeddings.
+
+    An `nn.Embedding` (same weight, same initialisation) whose forward takes the
+    token embeddings (B, T, C) rather than position ids, so that a stage or a
+    shard can replace it as a whole."""
+
+    def forward(self, x):  # (B, T, C)
+        T = x.shape[1]
+        if T > self.num_embeddings:
+            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.num_embeddings}")
+        return x + self.weight[:T]  # (T, C) broadcast over the batch
+
+
+class TiedOutput(nn.Module):
+    """logits = x · Eᵀ, E the token embedding's weight (tied, as GPT-2 and Megatron-LM).
+
+    The weight belongs to the embedding module; this module only points at it
+    (kept out of the module tree, so the parameter is owned, counted and saved
+    once, under ``wte.weight``)."""
+
+    def __init__(self, embedding: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "embedding", embedding)  # a reference, not a child
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    def forward(self, x):  # (B, T, C) -> (B, T, V)
+        return x @ self.weight.T
+
+
+class CrossEntropy(nn.Module):
+    """The mean next-token loss over the targets that are not IGNORE_INDEX."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, logits, targets):  # (B, T, V), (B, T)
+        check_token_ids(targets, self.vocab_size, "target id", ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX)
+
+
 class GPT(nn.Module):
     """Token and position embeddings, n_layer blocks, a final LayerNorm, and the
     output projection tied to the token embedding (as GPT-2 and Megatron-LM)."""
@@ -121,10 +176,12 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.wpe = LearnedPositions(cfg.seq_len, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.head = TiedOutput(self.wte)
+        self.loss = CrossEntropy(cfg.vocab_size)
         self.apply(self._init_weights)
 
     @staticmethod
@@ -134,21 +191,15 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None):
-        B, T = idx.shape
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.cfg.seq_len}")
-        positions = torch.arange(T, device=idx.device)
-        x = self.dropout(self.wte(idx) + self.wpe(positions))  # (B, T, C)
+    def forward(self, inputs, targets=None):
+        """inputs: token ids (B, T) — or, on a later pipeline stage, the previous
+        stage's activations, which the embedding steps (pass-throughs there) leave
+        as they are. Returns (logits, loss); loss is None without targets."""
+        x = self.dropout(self.wpe(self.wte(inputs)))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        x = self.ln_f(x)
-        logits = x @ self.wte.weight.T  # (B, T, V): the tied output projection
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(
-                logits.reshape(B * T, -1), targets.reshape(B * T), ignore_index=-100
-            )
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        loss = None if targets is None else self.loss(logits, targets)
         return logits, loss
 
     def num_parameters(self) -> int:

@@ -1,103 +1,76 @@
 """Pipeline parallelism: the layers cut into stages, microbatches flowing through.
 
-With p stages and m microbatches, each of forward time t_f and backward t_b
-per stage, a schedule that keeps every stage busy once the pipeline is full
-still waits (p−1)(t_f + t_b) to fill and drain it: the bubble, as a fraction of
-the useful time m(t_f + t_b), is (p−1)/m for GPipe and for 1F1B (Huang et al.
-2019; Narayanan et al. 2021). 1F1B does not shrink the bubble; it bounds the
-activations in flight to p microbatches instead of m. Interleaving gives each
-rank v chunks of layers (chunk k of rank r is model chunk k·p + r); each
-forward/backward is then 1/v as long and the bubble (p−1)/(v·m).
+`split_into_stages` cuts a (tensor-parallel) GPT into this rank's stages: with
+pp ranks and v virtual stages per rank, pp·v equal runs of layers, rank r
+holding runs r, r+pp, r+2pp, … (Megatron-LM's round-robin). Every stage is a
+`ParallelGPT` with the model's one forward; where a stage lacks the embedding
+or the head, a `Skipped` pass-through stands in (picotron's `nn.Identity`).
 
-A schedule is a plain function ``(p, r, m, v) -> [(kind, chunk, microbatch)]``:
-the order in which rank r runs its forwards "F" and backwards "B". `run_schedule`
-executes such a list: activations go forward and gradients backward through
-`minitp.comm` p2p, each message tagged by what it carries, sends posted
+The order of forwards and backwards is a schedule (`minitp.schedules`);
+`run_schedule` executes one: activations go forward and gradients backward
+through `minitp.comm` p2p, each message tagged by what it carries, sends posted
 without waiting (so a rank blocks only on a receive it needs, and a valid
-order cannot deadlock), compute recorded as trace regions "F3" / "B3"
-(with ":k" for chunk k when v > 1).
+order cannot deadlock), compute recorded as trace regions "F3" / "B3" (with
+":k" for chunk k when v > 1; `minitp.config.unit_label`).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from . import comm, trace
+from .config import unit_label
 from .mesh import Axis, Mesh, layout
 from .partial_grads import sum_partial_grads
+from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, simulate  # noqa: F401
+from .stage import ParallelGPT
 
 
-# --------------------------------------------------------------------------- schedules
-def gpipe(p: int, r: int, m: int, v: int = 1) -> list[tuple[str, int, int]]:
-    """All forwards, then all backwards (GPipe; "AFAB")."""
-    return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+class Skipped(nn.Module):
+    """A piece of the model that runs on another pipeline stage: passes its input
+    through. It keeps `module` where this stage still needs its weights — the
+    last stage's copy of the tied embedding, which its output head uses."""
+
+    def __init__(self, module: nn.Module | None = None):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x, *_):
+        return x
 
 
-def one_f_one_b(p: int, r: int, m: int, v: int = 1) -> list[tuple[str, int, int]]:
-    """Warm-up: p−r−1 forwards fill the pipeline below this stage. Steady: one
-    forward, one backward. Cool-down: the backwards left. At most p−r
-    microbatches' activations are alive at once (PipeDream-Flush)."""
-    warmup = min(p - r - 1, m)
-    order = [("F", 0, i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [("F", 0, warmup + i), ("B", 0, i)]
-    return order + [("B", 0, i) for i in range(m - warmup, m)]
+def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
+                      sequence_parallel: bool = False) -> list[ParallelGPT]:
+    """This rank's stages of `model` (a GPT after tensor parallelism): one per
+    virtual stage, in chunk order. Without a pipeline: one stage, the whole model."""
+    pp, n_stages = mesh.pp.size, mesh.pp.size * virtual_stages
+    per_stage = model.cfg.n_layer // n_stages
+    stages = []
+    for k in range(virtual_stages):
+        g = k * pp + mesh.pp.rank  # this stage's place in the whole model
+        first, last = g == 0, g == n_stages - 1
+        pieces = {"blocks": nn.ModuleList(model.blocks[g * per_stage:(g + 1) * per_stage])}
+        for name in ("wte", "wpe", "dropout"):
+            pieces[name] = getattr(model, name) if first else Skipped()
+        for name in ("ln_f", "head", "loss"):
+            pieces[name] = getattr(model, name) if last else Skipped()
+        if last and not first:
+            # The tied embedding is also the output projection: the last stage keeps
+            # its own copy (whose gradient `PipelineGPT.sync_embedding_grads` adds to
+            # the first stage's). Copy it with the head that points at it; the axis
+            # (a process group) is shared, not copied.
+            memo = {id(mesh.tp): mesh.tp}
+            wte, pieces["head"] = copy.deepcopy((model.wte, model.head), memo)
+            pieces["wte"] = Skipped(wte)
+        stages.append(ParallelGPT(model.cfg, mesh, sequence_parallel, pieces,
+                                  range(g * per_stage, (g + 1) * per_stage), first, last))
+    return stages
 
 
-def interleaved(p: int, r: int, m: int, v: int = 2) -> list[tuple[str, int, int]]:
-    """1F1B over v chunks per rank, Megatron-LM's order: microbatches go through
-    a chunk in groups of p before the rank moves to its next chunk. Warm-up is
-    2(p−r−1) + (v−1)p forwards; then one forward, one backward; then cool-down."""
-    if m % p:
-        raise ValueError(f"the interleaved schedule needs microbatches ({m}) divisible by pp ({p})")
-    total = m * v
-
-    def unit(i, backward):
-        k = (i // p) % v
-        return (v - 1 - k if backward else k), (i // (p * v)) * p + i % p
-
-    warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
-    order = [("F", *unit(i, False)) for i in range(warmup)]
-    for i in range(total - warmup):
-        order += [("F", *unit(warmup + i, False)), ("B", *unit(i, True))]
-    return order + [("B", *unit(i, True)) for i in range(total - warmup, total)]
-
-
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
-
-
-def simulate(schedule: str, p: int, m: int, v: int = 1) -> dict:
-    """Run the schedule on paper: every forward and backward takes one tick per
-    chunk, a unit starts when its rank is free and its input has arrived.
-    Returns {"ticks", "busy", "bubble"}: bubble = idle / busy per rank."""
-    orders = [SCHEDULES[schedule](p, r, m, v) for r in range(p)]
-    done, clock, pos = {}, [0] * p, [0] * p
-    n = p * v
-    while any(pos[r] < len(orders[r]) for r in range(p)):
-        progressed = False
-        for r in range(p):
-            if pos[r] == len(orders[r]):
-                continue
-            kind, k, i = orders[r][pos[r]]
-            g = k * p + r
-            need = [("F", g - 1, i)] if kind == "F" and g > 0 else []
-            if kind == "B":
-                need = [("F", g, i)] + ([("B", g + 1, i)] if g < n - 1 else [])
-            if all(d in done for d in need):
-                start = max([clock[r]] + [done[d] for d in need])
-                clock[r] = done[(kind, g, i)] = start + 1
-                pos[r] += 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError(f"{schedule} deadlocks for p={p}, m={m}, v={v}")
-    busy = 2 * m * v
-    ticks = max(clock)
-    return {"ticks": ticks, "busy": busy, "bubble": (ticks - busy) / busy}
-
-
-# --------------------------------------------------------------------------- the model
 def embedding_axis(mesh: Mesh) -> Axis | None:
     """The group of the first and last pipeline stage of this rank's pipeline,
     which both hold the tied embedding (Megatron's embedding group). Every rank
@@ -115,8 +88,8 @@ def embedding_axis(mesh: Mesh) -> Axis | None:
 
 
 class PipelineGPT(nn.Module):
-    """This rank's chunks of a pipelined GPT (one per virtual stage), each a
-    `ParallelGPT` over the tensor-parallel axis."""
+    """This rank's stages of a pipelined GPT (one per virtual stage, called its
+    chunks, as in Megatron-LM), each a `ParallelGPT` over the tensor-parallel axis."""
 
     def __init__(self, chunks, mesh: Mesh, embedding: Axis | None, dense: dict):
         super().__init__()
@@ -141,8 +114,7 @@ class PipelineGPT(nn.Module):
         their sum, so both copies take the same step and stay equal."""
         if self.embedding is None:
             return
-        chunk = self.chunks[0] if self.chunks[0].first else self.chunks[-1]
-        weight = chunk.wte.weight
+        weight = self.chunks[0].wte.weight if self.chunks[0].first else self.chunks[-1].head.weight
         grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
         with trace.label("embedding grads"), trace.phase("bwd"):
             weight.grad = comm.all_reduce(grad, self.embedding)
@@ -177,7 +149,6 @@ class PipelineGPT(nn.Module):
         return out
 
 
-# --------------------------------------------------------------------------- execution
 def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backward=None):
     """Run one rank's `order` of ("F"/"B", chunk, microbatch).
 
@@ -201,9 +172,6 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     def tag(kind, g, i):  # unique per message: activation into / gradient out of chunk g
         return 2 * (g * m + i) + (kind == "B")
 
-    def name(kind, k, i):
-        return f"{kind}{i}" + (f":{k}" if v > 1 else "")
-
     for kind, k, i in order:
         g = k * p + r
         chunk = chunks[k]
@@ -218,7 +186,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                 with trace.label("pipeline"), trace.phase("fwd"):
                     inp = comm.irecv(buf, rank_of(g - 1), tag("F", g, i)).wait()
                 inp.requires_grad_()
-            with trace.region(name("F", k, i), "fwd"):
+            with trace.region(unit_label("F", i, k, v), "fwd"):
                 out, loss = chunk(inp, y if g == n - 1 else None)
                 if g == n - 1 and weights[i] == 0:  # no targets: its mean is 0/0; learn nothing
                     out = out.sum() * 0.0
@@ -238,7 +206,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                                       tag("B", g, i)).wait()
             if before_backward is not None:
                 before_backward(k, i)
-            with trace.region(name("B", k, i), "bwd"):
+            with trace.region(unit_label("B", i, k, v), "bwd"):
                 torch.autograd.backward(out, grad)
             if g > 0:
                 with trace.label("pipeline"), trace.phase("bwd"):

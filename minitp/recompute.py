@@ -18,8 +18,11 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from . import trace
+from .config import check_recompute
+from .module_plan import replace_modules
 
-MODES = (None, "selective", "full")
+# Which modules of the (tensor-parallel) GPT each mode wraps in `Recomputed`.
+RECOMPUTE_PLAN = {"full": "blocks.*", "selective": "blocks.*.attn.core"}
 
 
 class Recomputed(nn.Module):
@@ -41,6 +44,8 @@ class Recomputed(nn.Module):
             return self.module(*inputs)
 
 
-def check_mode(recompute) -> None:
-    if recompute not in MODES:
-        raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")
+def apply_recompute(model: nn.Module, mode) -> None:
+    """Wrap the modules that `mode` recomputes (None: nothing) in `Recomputed`."""
+    check_recompute(mode)
+    if mode and not replace_modules(model, RECOMPUTE_PLAN[mode], Recomputed):
+        raise RuntimeError(f"recompute plan {RECOMPUTE_PLAN[mode]!r} matched no module")

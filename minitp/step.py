@@ -5,12 +5,10 @@ from __future__ import annotations
 import torch
 
 from . import comm, trace
+from .config import IGNORE_INDEX, check_parallel_config, check_token_ids, default_schedule
 from .mesh import Mesh
-from .parallelize import SCHEDULES, check_parallel_config  # noqa: F401 (SCHEDULES: re-export)
-from .pipeline import SCHEDULES as _ORDERS
 from .pipeline import run_schedule
-
-IGNORE_INDEX = -100
+from .schedules import SCHEDULES
 
 
 def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1) -> float:
@@ -23,23 +21,27 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     one device computes it — the same float on every rank.
 
     batch: (x, y), LongTensors (batch, seq_len), the same global batch on every rank;
-    dp rank d takes rows [d·B/dp, (d+1)·B/dp). schedule None means "1f1b" (or
-    "interleaved" for a model built with virtual_stages > 1).
+    dp rank d takes rows [d·B/dp, (d+1)·B/dp). schedule: a name ("gpipe", "1f1b",
+    "interleaved"), None for "1f1b" (or "interleaved" for a model built with
+    virtual_stages > 1), or your own function with the built-in schedules'
+    signature ``(p, r, m, v) -> [(kind, chunk, microbatch)]`` (`minitp.schedules`).
     """
     x, y = batch
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"batch must be (x, y) of equal shape (batch, seq_len), got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
+    _check_ids(model, x, y)
     dp = mesh.dp
     chunks = list(getattr(model, "chunks", [model]))
     v = len(chunks)
-    check_parallel_config(model.cfg, mesh.tp.size, mesh.pp.size, dp.size,
-                          model.sequence_parallel, virtual_stages=v, schedule=schedule,
-                          microbatches=microbatches, batch_size=x.shape[0])
-    schedule = schedule or ("interleaved" if v > 1 else "1f1b")
+    check_parallel_config(model.cfg, dp=dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
+                          sequence_parallel=model.sequence_parallel, virtual_stages=v,
+                          schedule=schedule, microbatches=microbatches, batch_size=x.shape[0])
+    schedule = schedule or default_schedule(v)
+    make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
     pairs, weights = _my_microbatches(x, y, dp, microbatches)
-    order = _ORDERS[schedule](mesh.pp.size, mesh.pp.rank, len(pairs), v)
+    order = make_order(mesh.pp.size, mesh.pp.rank, len(pairs), v)
     syncs = [getattr(c, "grad_sync", None) for c in chunks]
     last = len(pairs) - 1
 
@@ -62,14 +64,23 @@ def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     """The batch's mean loss, forward only (no gradients, no step), through the
     pipeline: every chunk's forwards in turn. The same float on every rank."""
     x, y = batch
+    _check_ids(model, x, y)
     chunks = list(getattr(model, "chunks", [model]))
-    check_parallel_config(model.cfg, mesh.tp.size, mesh.pp.size, mesh.dp.size,
-                          model.sequence_parallel, virtual_stages=len(chunks),
-                          microbatches=microbatches, batch_size=x.shape[0])
+    check_parallel_config(model.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
+                          sequence_parallel=model.sequence_parallel,
+                          virtual_stages=len(chunks), microbatches=microbatches,
+                          batch_size=x.shape[0])
     pairs, weights = _my_microbatches(x, y, mesh.dp, microbatches)
     order = [("F", k, i) for k in range(len(chunks)) for i in range(len(pairs))]
     with torch.no_grad():
         return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights), mesh)
+
+
+def _check_ids(model, x, y) -> None:
+    """Every rank checks the whole batch, so a bad id stops every rank with the same
+    clear error (in a pipeline only the last stage would see the targets)."""
+    check_token_ids(x, model.cfg.vocab_size, "input id")
+    check_token_ids(y, model.cfg.vocab_size, "target id", ignore_index=IGNORE_INDEX)
 
 
 def _my_microbatches(x, y, dp, microbatches):

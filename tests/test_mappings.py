@@ -34,7 +34,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
-NAMES = [f.__name__ for f in mappings.PAIRS]
+NAMES = list(mappings.PAIRS)
 RTOL = 1e-12
 SEQ = 1  # (batch, seq, hidden)
 
@@ -47,7 +47,7 @@ COLLECTIVES = {
     "scatter_to_sequence": ([], ["all_gather"]),
     "gather_from_sequence": (["all_gather"], []),
     "reduce_scatter_to_sequence": (["reduce_scatter"], ["all_gather"]),
-    "all_gather_from_sequence": (["all_gather"], ["reduce_scatter"]),
+    "gather_from_sequence(partial)": (["all_gather"], ["reduce_scatter"]),
 }
 
 
@@ -55,7 +55,7 @@ def input_shape(name: str, n: int) -> tuple[int, int, int]:
     """(batch, seq, hidden): full where f splits or sums, one rank's share where it gathers."""
     if name == "gather_last_dim":
         return (2, 3 * n, 2)
-    if name in ("gather_from_sequence", "all_gather_from_sequence"):
+    if name.startswith("gather_from_sequence"):
         return (2, 3, 2 * n)
     return (2, 3 * n, 2 * n)
 
@@ -80,7 +80,7 @@ def _reference(name: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.cat(xs, dim=-1)] * n
     if name == "scatter_to_sequence":
         return [x.chunk(n, dim=SEQ)[r] for r, x in enumerate(xs)]
-    if name in ("gather_from_sequence", "all_gather_from_sequence"):
+    if name.startswith("gather_from_sequence"):
         return [torch.cat(xs, dim=SEQ)] * n
     if name == "reduce_scatter_to_sequence":
         return list(sum(xs).chunk(n, dim=SEQ))
@@ -94,16 +94,16 @@ def _mappings_worker(on):
     axis = mt.world() if on == "world" else mt.Mesh(dp=2, pp=1, tp=2).dp
     n = axis.size
     out = {"group": list(axis.ranks)}
-    for salt, (f, (adjoint, kind_in, kind_out)) in enumerate(mappings.PAIRS.items()):
-        x = tensor(kind_in, rank, input_shape(f.__name__, n), 2 * salt).requires_grad_()
+    for salt, (name, (f, adjoint, kind_in, kind_out)) in enumerate(mappings.PAIRS.items()):
+        x = tensor(kind_in, rank, input_shape(name, n), 2 * salt).requires_grad_()
         start = len(mt.trace.events())
         fx = f(x, axis)
         middle = len(mt.trace.events())
         y = tensor(kind_out, rank, fx.shape, 2 * salt + 1)
         (fx * y).sum().backward()
         events = mt.trace.events()
-        out[f.__name__] = {
-            "adjoint": adjoint.__name__, "kinds": (kind_in, kind_out),
+        out[name] = {
+            "adjoint": adjoint, "kinds": (kind_in, kind_out),
             "x": x.detach(), "y": y, "fx": fx.detach(), "grad": x.grad,
             "fx_dot_y": torch.dot(fx.detach().flatten(), y.flatten()).item(),
             "x_dot_grad": torch.dot(x.detach().flatten(), x.grad.flatten()).item(),
@@ -155,10 +155,12 @@ def _inner(kind: str, per_rank_values: list[float]) -> float:
 
 def test_pairs_table_is_complete_and_symmetric():
     assert sorted(NAMES) == sorted(COLLECTIVES)
-    for f, (adjoint, kind_in, kind_out) in mappings.PAIRS.items():
-        back, back_in, back_out = mappings.PAIRS[adjoint]
-        assert back is f and (back_in, back_out) == (kind_out, kind_in)
-        assert f.__doc__ and adjoint.__name__ in f.__doc__
+    for name, (_, adjoint, kind_in, kind_out) in mappings.PAIRS.items():
+        back, back_adjoint, back_in, back_out = mappings.PAIRS[adjoint]
+        assert back_adjoint == name and (back_in, back_out) == (kind_out, kind_in)
+        # the public wrapper's docstring names its adjoint (the pair's partner)
+        public = getattr(mappings, name.partition("(")[0])
+        assert public.__doc__ and adjoint.partition("(")[0] in public.__doc__, name
     functions = [v for v in vars(mappings).values()
                  if isinstance(v, type) and issubclass(v, torch.autograd.Function)
                  and v.__module__ == mappings.__name__]
@@ -228,7 +230,18 @@ def test_collectives_used_forward_and_backward(mappings_run, name):
 
 def test_splitting_an_indivisible_dimension_is_refused(mappings_run):
     run, groups = mappings_run
+    # The worker splits a (2, 3n+1, 2n+1) tensor: its last dimension (asked for as -1) and
+    # its sequence dimension, neither divisible by the axis size n.
     for group in groups:
+        n = len(group)
+        axis_name = "world" if n == len(run) else "dp"
+        split = {"split_last_dim": (-1, 2 * n + 1), "scatter_to_sequence": (SEQ, 3 * n + 1)}
         for r in group:
-            for name, message in run[r]["refusals"].items():
-                assert message is not None and str(len(group)) in message, (name, message)
+            refusals = run[r]["refusals"]
+            assert set(refusals) == set(split), refusals
+            for name, (dim, size) in split.items():
+                message = refusals[name]
+                assert message is not None, f"rank {r}: {name} split a dimension of size {size}"
+                assert f"dimension {dim} of size {size}" in message, (name, message)
+                assert f"into {n} equal parts" in message, (name, message)
+                assert f"axis {axis_name}" in message, (name, message)

@@ -1,0 +1,155 @@
+"""The layout's arrows run one way: every import of minitp goes down (or across) a floor.
+
+Every module of the package is parsed (no import is executed), and every import
+statement is an edge — module level and inside functions alike, since a lazy
+import is still a dependency. ``from pkg import name`` is an edge to ``pkg.name``
+when that is a module, else to ``pkg``. The floors are the map in README's
+"Repository" section; a module missing from this map fails the test, so a new
+file must say where it stands.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "minitp"
+
+# Floor of each module (by dotted name or package prefix); lower floors never import
+# higher ones. The package facade (minitp/__init__) is the roof: nothing imports it.
+FLOORS = [
+    (0, ["config", "errors", "_paths", "tags", "module_plan", "data"]),
+    (1, ["_device", "trace", "mesh", "calc"]),
+    (2, ["comm", "_worker"]),
+    (3, ["launch", "mappings", "dropout", "partial_grads", "dense"]),
+    (4, ["layers", "loss", "model"]),
+    (5, ["tensor_parallel", "recompute", "schedules", "stage", "data_parallel"]),
+    (6, ["pipeline"]),
+    (7, ["parallelize"]),
+    (8, ["step", "checkpoint", "memory"]),
+    (9, ["viz"]),
+    (10, ["labs"]),
+    (11, ["checks", "make_exercises"]),
+    (12, ["grading", "grade", "train"]),
+]
+ROOF = "minitp"
+
+
+def _module_name(path: Path) -> str:
+    parts = ["minitp", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _floor(module: str) -> int:
+    if module == ROOF:
+        return len(FLOORS)
+    inner = module.removeprefix("minitp.")
+    for floor, names in FLOORS:
+        if any(inner == n or inner.startswith(n + ".") for n in names):
+            return floor
+    raise KeyError(f"{module} has no floor: add it to FLOORS (and to README's map)")
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The minitp modules `module` imports, lazy imports included."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "minitp"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "minitp":
+                continue
+            for alias in node.names:
+                candidate = f"{source}.{alias.name}"
+                found.add(candidate if candidate in MODULES else source)
+    return found - {module}
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def test_every_module_has_a_floor():
+    for module in MODULES:
+        _floor(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_or_across(module):
+    for target in sorted(GRAPH[module]):
+        assert target in MODULES, f"{module} imports {target}, which is not a module"
+        assert _floor(target) <= _floor(module), (
+            f"{module} (floor {_floor(module)}) imports {target} (floor {_floor(target)}): "
+            "an arrow that runs up"
+        )
+
+
+def test_nothing_inside_imports_the_facade():
+    for module, targets in GRAPH.items():
+        assert ROOF not in targets or module == ROOF, f"{module} imports the package facade"
+
+
+def test_no_import_cycle():
+    state: dict[str, str] = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == "open":
+                cycle = path[path.index(target):] + [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_calc_is_pure_arithmetic():
+    """The calculator imports only itself and the rules: it never pulls in the runtime."""
+    for module, targets in GRAPH.items():
+        if module.startswith("minitp.calc"):
+            for target in targets:
+                assert target.startswith("minitp.calc") or target == "minitp.config", (
+                    f"{module} imports {target}")
+
+
+def test_viz_reads_traces_only():
+    """Pictures read what runs recorded; they import nothing that runs a model."""
+    allowed = ("minitp.viz", "minitp.config", "minitp.trace", "minitp.mesh", "minitp.calc")
+    for module, targets in GRAPH.items():
+        if module.startswith("minitp.viz"):
+            for target in targets:
+                assert target.startswith(allowed), f"{module} imports {target}"
+
+
+def test_the_map_sees_a_real_edge():
+    """The parser must see the edges that exist, or every test above passes vacuously."""
+    assert "minitp.config" in GRAPH["minitp.step"]
+    assert "minitp.tensor_parallel" in GRAPH["minitp.parallelize"]
+    assert "minitp.calc.params" in GRAPH["minitp.calc.memory"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_long_module_says_why(module):
+    """Small files with one concern: past 300 lines a module states why in its
+    docstring, in a paragraph that starts "Why one file:"."""
+    text = MODULES[module].read_text()
+    if len(text.splitlines()) > 300:
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        assert "Why one file:" in docstring, (
+            f"{module} has {len(text.splitlines())} lines and its docstring does not say "
+            "why (a paragraph starting 'Why one file:')")
