@@ -3,7 +3,10 @@ its vocab-parallel embedding, each built from the conjugate mappings.
 
 Each layer holds only its own shard of the weights, and `.from_dense(module,
 axis)` takes that shard from an existing single-device layer, so the parallel
-layer and the dense one compute the same function.
+layer and the dense one compute the same function. Built directly under one
+seed, the ranks' shards are slices of one dense initialisation, N(0, 0.02²)
+weights and zero biases, as if the dense layer had been built and then split.
+Each parameter declares how it is split with `minitp.tags`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import mappings
+from .config import check_token_ids
 from .mesh import Axis
+from .tags import set_tags
+
+INIT_STD = 0.02  # GPT-2's and Megatron-LM's init_method_normal(0.02), as GPT._init_weights
 
 
 def _shard_size(total: int, axis: Axis, what: str) -> int:
@@ -22,11 +29,16 @@ def _shard_size(total: int, axis: Axis, what: str) -> int:
     return total // axis.size
 
 
-def _split_along(param: nn.Parameter, dim: int, true_size: int | None = None) -> None:
-    # Tags read by ParallelGPT.full_state_dict (and checkpoints) to put shards back together.
-    param.tp_split_dim = dim
-    if true_size is not None:
-        param.tp_true_size = true_size
+def _dense_init(rows: int, columns: int, dtype, device) -> torch.Tensor:
+    """The dense weight W ~ N(0, INIT_STD²) that the single-device layer would start from.
+
+    Each rank draws the *whole* matrix and keeps its slice (Megatron-LM's
+    `_initialize_affine_weight_cpu`): the ranks' shards are then slices of one
+    dense initialisation, and the default generator advances alike on every rank,
+    so it stays replicated (plain dropout on the replicated stream relies on that).
+    Drawing only the local shard would give every rank the *same* numbers.
+    """
+    return nn.init.normal_(torch.empty(rows, columns, dtype=dtype, device=device), std=INIT_STD)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -47,16 +59,18 @@ class ColumnParallelLinear(nn.Module):
         self.gather_output = gather_output
         self.d_in, self.d_out = d_in, d_out
         local = _shard_size(d_out, axis, "d_out")
-        self.weight = nn.Parameter(torch.empty(local, d_in, dtype=dtype, device=device))
+        dense = _dense_init(d_out, d_in, dtype, device)  # (d_out, d_in); keep rows A_i
+        self.weight = nn.Parameter(dense.narrow(0, axis.rank * local, local).clone())
         self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device)) if bias else None
-        nn.init.normal_(self.weight, std=0.02)
-        _split_along(self.weight, 0)
+        # Tags read by ParallelGPT.full_state_dict (and checkpoints) to put shards back together.
+        set_tags(self.weight, tp_split_dim=0)
         if self.bias is not None:
-            _split_along(self.bias, 0)
+            set_tags(self.bias, tp_split_dim=0)
 
     def forward(self, x):
         if self.sequence_parallel:
-            x = mappings.all_gather_from_sequence(x, self.axis)  # (B, T/t, C) -> (B, T, C)
+            # (B, T/t, C) -> (B, T, C); each rank's branch gives a partial gradient
+            x = mappings.gather_from_sequence(x, self.axis, grad_is_partial=True)
         else:
             x = mappings.copy_to_parallel(x, self.axis)
         y = F.linear(x, self.weight, self.bias)  # (B, T, d_out/t)
@@ -96,14 +110,14 @@ class RowParallelLinear(nn.Module):
         self.axis, self.sequence_parallel = axis, sequence_parallel
         self.d_in, self.d_out = d_in, d_out
         local = _shard_size(d_in, axis, "d_in")
-        self.weight = nn.Parameter(torch.empty(d_out, local, dtype=dtype, device=device))
+        dense = _dense_init(d_out, d_in, dtype, device)  # (d_out, d_in); keep columns A_i
+        self.weight = nn.Parameter(dense.narrow(1, axis.rank * local, local).clone())
         self.bias = nn.Parameter(torch.zeros(d_out, dtype=dtype, device=device)) if bias else None
-        nn.init.normal_(self.weight, std=0.02)
-        _split_along(self.weight, 1)
+        set_tags(self.weight, tp_split_dim=1)
         if self.bias is not None and sequence_parallel:
             # Each rank adds it to its own sequence shard, so each rank's gradient is
             # partial: the training step must sum it over the axis (as LayerNorm's).
-            self.bias.sequence_parallel = True
+            set_tags(self.bias, grad_partial_over_tp=True)
 
     def forward(self, x):  # (B, T, d_in/t)
         partial = F.linear(x, self.weight)  # (B, T, d_out), one term of the sum
@@ -137,7 +151,8 @@ class VocabParallelEmbedding(nn.Module):
     others, and g sums the ranks' results — exactly one rank contributed each
     row. With ``sequence_parallel`` the sum is a reduce-scatter along the
     sequence instead, so each rank receives only its shard. Padded rows are
-    never looked up (ids < vocab_size), so they never get a gradient here;
+    never looked up (an id outside [0, vocab_size) is refused), so they never
+    get a gradient here;
     ``padded_logits_mask`` lets the tied output layer keep them out of the loss.
     """
 
@@ -150,11 +165,11 @@ class VocabParallelEmbedding(nn.Module):
         local = self.padded_vocab // axis.size
         self.vocab_start = axis.rank * local
         self.vocab_end = self.vocab_start + local
-        self.weight = nn.Parameter(torch.empty(local, d_model, dtype=dtype, device=device))
-        nn.init.normal_(self.weight, std=0.02)
-        _split_along(self.weight, 0, true_size=vocab_size)
-        with torch.no_grad():
-            self.weight[self.real_rows:].zero_()
+        dense = _dense_init(vocab_size, d_model, dtype, device)  # the real rows only
+        self.weight = nn.Parameter(torch.zeros(local, d_model, dtype=dtype, device=device))
+        with torch.no_grad():  # padding rows stay zero
+            self.weight[: self.real_rows].copy_(dense[self.vocab_start:][: self.real_rows])
+        set_tags(self.weight, tp_split_dim=0, tp_true_size=vocab_size)
 
     @property
     def real_rows(self) -> int:
@@ -162,6 +177,9 @@ class VocabParallelEmbedding(nn.Module):
         return max(0, min(self.vocab_end, self.vocab_size) - self.vocab_start)
 
     def forward(self, ids):  # (B, T) int64
+        # Every rank holds the same ids, so every rank refuses a bad one alike. Unchecked,
+        # a padding id would read a zero row and one past it no row at all: silently zero.
+        check_token_ids(ids, self.vocab_size, "input id")
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local_ids = (ids - self.vocab_start).masked_fill(outside, 0)
         rows = F.embedding(local_ids, self.weight)  # (B, T, C)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import minitp as mt
 from minitp.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from minitp.loss import vocab_parallel_cross_entropy
+from minitp.tags import tag
 
 VOCAB, HIDDEN, BATCH = 10, 12, 2  # 10 is not a multiple of 3 or 4: the vocabulary is padded
 TOLERANCE = 1e-12
@@ -43,14 +44,14 @@ def _tiny_network_errors(sequence_parallel):
         x = mt.mappings.scatter_to_sequence(x, axis)  # (B, T/t, C)
     h = p_proj(F.gelu(p_fc(x))) + x
     if sequence_parallel:
-        h = mt.mappings.gather_from_sequence(h, axis)
+        h = mt.mappings.gather_from_sequence(h, axis, grad_is_partial=False)  # f sums below
     logits = mt.mappings.copy_to_parallel(h, axis) @ p_emb.weight.T  # (B, T, V'/t)
     loss = vocab_parallel_cross_entropy(logits, targets, axis, vocab_size=VOCAB)
     loss.backward()
 
     bias_grad = p_proj.bias.grad
     if sequence_parallel:  # each rank saw only its sequence shard: sum the partial gradients
-        assert getattr(p_proj.bias, "sequence_parallel", False)
+        assert tag(p_proj.bias, "grad_partial_over_tp")
         bias_grad = mt.comm.all_reduce(bias_grad, axis)
     real, start = p_emb.real_rows, p_emb.vocab_start
     return {
