@@ -7,8 +7,10 @@
 Each check says whether it passed; a failed one says which rank, which tensor,
 the largest error and a hint. A blank (``NotImplementedError``) or a crash is
 reported politely, and a deadlock ends after a short timeout, never hangs.
-The checks of each exercise live in ``minitp/checks/exNN.py``; the command
-line is ``minitp/grade.py``.
+The checks of each exercise live in ``minitp/checks/exNN.py``, on top of
+``minitp/checks/base.py`` (`Check`, `Report`, `failure_check`, re-exported here);
+this module, above them all, loads the learner's file and runs its checks. The
+command line is ``minitp/grade.py``.
 """
 
 from __future__ import annotations
@@ -16,68 +18,20 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-import textwrap
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import cloudpickle
 
 from ._paths import repo_root
-from .errors import CollectiveTimeout, LaunchError
+from .checks import EXERCISES
+from .checks.base import Check, Report, failure_check
 
-
-@dataclass
-class Check:
-    """One graded property: what was checked, whether it held, and if not, why."""
-
-    name: str
-    passed: bool
-    detail: str = ""
-    rank: int | None = None
-    tensor: str = ""
-    max_error: float | None = None
-    hint: str = ""
-
-    def lines(self) -> list[str]:
-        mark = "PASS" if self.passed else "FAIL"
-        out = [f"  {mark}  {self.name}" + (f": {self.detail}" if self.detail else "")]
-        if not self.passed and self.hint:
-            out += textwrap.wrap(self.hint, 88, initial_indent="        hint: ",
-                                 subsequent_indent="              ")
-        return out
-
-
-@dataclass
-class Report:
-    """Every check of one exercise. Displays itself; ``.passed`` is True when all held."""
-
-    exercise: str
-    title: str
-    source: str
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
-
-    def __str__(self) -> str:
-        good = sum(c.passed for c in self.checks)
-        head = f"{self.exercise} · {self.title}: {good}/{len(self.checks)} checks passed"
-        lines = [head, f"  (graded {self.source})"]
-        for check in self.checks:
-            lines += check.lines()
-        if self.passed:
-            lines.append("  All checks passed. Well done!")
-        return "\n".join(lines)
-
-    __repr__ = __str__
+__all__ = ["Check", "Report", "exercise_path", "failure_check", "grade", "load", "main"]
 
 
 def exercise_path(exercise: str, solutions: bool = False, root: Path | None = None) -> Path:
     """The learner's file (exercises/) or the reference (solutions/) for `exercise`."""
-    from .checks import EXERCISES
-
     if exercise not in EXERCISES:
         raise ValueError(f"unknown exercise {exercise!r}; known: {', '.join(sorted(EXERCISES))}")
     folder = (root or _find_root()) / ("solutions" if solutions else "exercises")
@@ -105,8 +59,6 @@ def load(path: Path):
 
 def grade(exercise: str, solutions: bool = False, path: str | Path | None = None) -> Report:
     """Grade `exercise` ("ex01", …): the learner's file, or the solution with solutions=True."""
-    from .checks import EXERCISES
-
     file = Path(path) if path else exercise_path(exercise, solutions)
     spec = EXERCISES[exercise]
     report = Report(exercise, spec.title, _shown_path(file))
@@ -122,30 +74,6 @@ def grade(exercise: str, solutions: bool = False, path: str | Path | None = None
         cloudpickle.unregister_pickle_by_value(module)
         sys.modules.pop(module.__name__, None)
     return report
-
-
-def failure_check(name: str, error: LaunchError, what: str) -> Check:
-    """Turn a failed launch of the learner's code into a polite, specific failed check."""
-    if isinstance(error, CollectiveTimeout):
-        waits = "; ".join(f"rank {r} in {op}" for r, op in error.waiting.items())
-        return Check(name, False, f"the ranks never met: {waits}", rank=error.rank,
-                     hint="every rank must make the same communication calls, in the same "
-                          "order (a deadlock or a missing call)")
-    last = (error.remote_traceback or str(error)).strip().splitlines()[-1]
-    if "NotImplementedError" in last:
-        text = last.partition(":")[2].strip().strip("'\"")
-        return Check(name, False, f"{what} is not written yet", rank=error.rank,
-                     hint=text or "replace the NotImplementedError with your code")
-    return Check(name, False, f"rank {error.rank} raised {last}", rank=error.rank,
-                 hint=_where(error.remote_traceback))
-
-
-def _where(traceback_text: str) -> str:
-    frames = [ln.strip() for ln in traceback_text.splitlines() if ln.strip().startswith("File ")]
-    mine = [f for f in frames if "minitp_graded" in f or "exercises" in f or "solutions" in f]
-    if mine:
-        return f"look at {mine[-1]}"
-    return "read the traceback: print(err.remote_traceback) after catching mt.LaunchError"
 
 
 def _shown_path(file: Path) -> str:
@@ -167,8 +95,6 @@ def _find_root() -> Path:
 
 
 def main(argv=None) -> int:
-    from .checks import EXERCISES
-
     parser = argparse.ArgumentParser(
         prog="python -m minitp.grade", description="Grade a minitp exercise on real processes."
     )

@@ -1,13 +1,17 @@
 """The exercise machinery: exercises/ is generated from solutions/, every solution
 passes its grader, every untouched blank fails every check politely (no crash, no hang)."""
 
+import ast
+import importlib.util
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import minitp as mt
+import minitp.checks
 from minitp._paths import repo_root
 from minitp.checks import EXERCISES
 from minitp.make_exercises import blank_out, expected_exercises
@@ -69,6 +73,28 @@ def test_untouched_exercise_fails_every_check_politely(exercise):
     assert "Traceback" not in text
 
 
+def test_the_checks_import_neither_the_facade_nor_the_grader():
+    """checks/ sits below minitp.grading, which the facade imports: a check that imports
+    `minitp` itself (``import minitp as mt``, ``from minitp import Mesh``) or the grader
+    would close a cycle. Submodules (``from minitp import comm``) are fine."""
+    for path in Path(minitp.checks.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                package = ["minitp.checks", "minitp"][node.level - 1] if node.level else ""
+                module = ".".join(filter(None, [package, node.module]))
+                imported = ([f"minitp.{alias.name}" for alias in node.names]
+                            if module == "minitp" else [module])
+            else:
+                continue
+            for name in imported:
+                facade = name == "minitp" or (name.startswith("minitp.")
+                                              and importlib.util.find_spec(name) is None)
+                assert not facade, f"{path.name}:{node.lineno} imports {name} from the facade"
+                assert name != "minitp.grading", f"{path.name}:{node.lineno} imports the grader"
+
+
 def test_grader_reports_a_wrong_answer_with_rank_and_error(tmp_path):
     wrong = tmp_path / "ex01_wrong.py"
     wrong.write_text(
@@ -85,7 +111,7 @@ def test_grader_reports_a_wrong_answer_with_rank_and_error(tmp_path):
     assert not steps.passed and "all_reduce" in steps.detail
 
 
-def test_grader_turns_a_deadlock_into_a_timeout_report(tmp_path):
+def test_grader_turns_a_deadlock_into_a_timeout_report(tmp_path, monkeypatch):
     stuck = tmp_path / "ex01_stuck.py"
     stuck.write_text(
         "import torch, minitp as mt\n"
@@ -97,17 +123,14 @@ def test_grader_turns_a_deadlock_into_a_timeout_report(tmp_path):
     )
     from minitp.checks import ex01
 
-    original = ex01.mt.launch
+    original = ex01.launch
 
     def quick_launch(*args, **kwargs):
         kwargs["timeout"] = 2.0
         return original(*args, **kwargs)
 
-    ex01.mt.launch = quick_launch
-    try:
-        report = mt.grade("ex01", path=stuck)
-    finally:
-        ex01.mt.launch = original
+    monkeypatch.setattr(ex01, "launch", quick_launch)
+    report = mt.grade("ex01", path=stuck)
     assert not report.passed
     assert "never met" in report.checks[0].detail
     assert all("not run" in c.detail for c in report.checks[2:])

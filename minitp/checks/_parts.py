@@ -15,9 +15,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-import minitp as mt
-from minitp.errors import RankTimedOut
-from minitp.grading import Check, failure_check
+from minitp import comm, trace
+from minitp.errors import LaunchError, RankTimedOut
+from minitp.launch import launch
+from minitp.mesh import Axis, world
+
+from .base import Check, failure_check
 
 
 def _err(got, expected) -> float:
@@ -51,7 +54,7 @@ class Measure:
 
 
 def ops_since(start):
-    return [e.op for e in mt.trace.events()[start:] if e.is_comm]
+    return [e.op for e in trace.events()[start:] if e.is_comm]
 
 
 def describe_exception(exc: BaseException) -> dict:
@@ -66,11 +69,11 @@ def describe_exception(exc: BaseException) -> dict:
 
 def run_parts(functions: dict, ns: dict) -> dict:
     """Run each part on this rank, an exception in one not stopping the rest: part -> result."""
-    axis = mt.world()
+    axis = world()
     # The ranks meet between parts on a group of their own, so that a collective one rank
     # skipped cannot pair up with another part's: the run then stops, with a timeout here.
     group = dist.new_group(list(range(axis.size)), timeout=timedelta(seconds=10))
-    between = mt.Axis("grader", axis.ranks, axis.rank, group)
+    between = Axis("grader", axis.ranks, axis.rank, group)
     results = {}
     for part, function in functions.items():
         try:
@@ -79,8 +82,8 @@ def run_parts(functions: dict, ns: dict) -> dict:
             raise  # a deadlock: the launcher names every waiting rank
         except Exception as exc:  # noqa: BLE001 - the learner's error, reported politely
             results[part] = {"exception": describe_exception(exc)}
-        with mt.trace.paused():
-            mt.comm.barrier(between)
+        with trace.paused():
+            comm.barrier(between)
     return results
 
 
@@ -110,8 +113,8 @@ def grade_in_parts(module, names, titles, world_sizes, in_rank, judge,
     outcomes, failure = [], None
     for t in world_sizes:
         try:
-            per_rank = mt.launch(in_rank, t, ns, timeout=10.0)
-        except mt.LaunchError as error:
+            per_rank = launch(in_rank, t, ns, timeout=10.0)
+        except LaunchError as error:
             failure = (t, error)
             break
         outcomes.append((t, list(per_rank)))

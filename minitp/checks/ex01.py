@@ -11,8 +11,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-import minitp as mt
-from minitp.grading import Check, failure_check
+from minitp import trace
+from minitp.launch import launch
+from minitp.mesh import world
+
+from .base import Check, run_per_size
 
 WORLD_SIZES = (2, 3, 4)
 SHAPES = ((12,), (3, 5), (7,))  # 7 elements: n = 2, 3, 4 do not divide it
@@ -21,16 +24,16 @@ TOLERANCE = 1e-12  # float64; the ring only adds, in another order than gloo
 
 def _in_rank(ring_all_reduce):
     """Runs on every rank: the learner's ring against dist.all_reduce, per shape."""
-    axis = mt.world()
+    axis = world()
     found = []
     for index, shape in enumerate(SHAPES):
         generator = torch.Generator().manual_seed(1000 * index + axis.rank)
         x = torch.randn(shape, generator=generator, dtype=torch.float64)
         expected = x.clone()
         dist.all_reduce(expected)  # the reference, straight from torch.distributed
-        first = len(mt.trace.events())
+        first = len(trace.events())
         got = ring_all_reduce(x.clone(), axis)
-        ops = [e.op for e in mt.trace.events()[first:]]
+        ops = [e.op for e in trace.events()[first:]]
         entry = {"shape": shape, "sends": ops.count("send"),
                  "collectives": sorted({op for op in ops if op not in ("send", "recv")})}
         if not isinstance(got, torch.Tensor):
@@ -44,23 +47,18 @@ def _in_rank(ring_all_reduce):
 
 
 def run(module) -> list[Check]:
-    checks, stop = [], None
-    for n in WORLD_SIZES:
-        equal, steps = f"n={n}: equals dist.all_reduce", f"n={n}: 2(n-1) = {2 * (n - 1)} ring steps"
-        if stop:  # a blank or a deadlock would only repeat itself (and cost a timeout)
-            checks += [Check(equal, False, stop), Check(steps, False, stop)]
-            continue
-        try:
-            per_rank = mt.launch(_in_rank, n, module.ring_all_reduce, timeout=10.0)
-        except mt.LaunchError as error:
-            failed = failure_check(equal, error, "ring_all_reduce")
-            checks += [failed, Check(steps, False, "not checked: the run above failed")]
-            if isinstance(error, mt.CollectiveTimeout) or "not written yet" in failed.detail:
-                stop = f"not run: {failed.detail} (see n={n})"
-            continue
-        checks.append(_equality(equal, per_rank))
-        checks.append(_steps(steps, per_rank, n))
-    return checks
+    def launch_at(n):
+        return launch(_in_rank, n, module.ring_all_reduce, timeout=10.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="ring_all_reduce", size="n")
+
+
+def _names(n) -> list[str]:
+    return [f"n={n}: equals dist.all_reduce", f"n={n}: 2(n-1) = {2 * (n - 1)} ring steps"]
+
+
+def _judge(n, names, per_rank) -> list[Check]:
+    return [_equality(names[0], per_rank), _steps(names[1], per_rank, n)]
 
 
 def _equality(name, per_rank) -> Check:

@@ -16,6 +16,10 @@ and none of the learner's code):
 A failure names t, the rank, the tensor and the largest error, with a hint aimed
 at the usual mistakes (an all-reduce in f's forward, none in its backward, the
 bias added before the reduction, an all-reduce in g's backward).
+
+Why one file: every check of one exercise sits together, in the order the
+learner meets them, so that a learner reading why a check failed finds all of
+that exercise's expectations on one page.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import minitp as mt
-from minitp.grading import Check
+from minitp import trace
 
 from ._parts import Measure, _err, exception_check, grade_in_parts, ops_since, run_parts
+from .base import Check
 
 WORLD_SIZES = (2, 3, 4)
 TOLERANCE = 1e-10  # float64: the shards add in another order than the dense matmul
@@ -73,13 +77,13 @@ def _part_f(ns, axis):
     m = Measure()
     x = _leaf(_randn(BATCH, SEQ, D_SMALL, seed=11))  # replicated: the same on every rank
     grads = [_randn(BATCH, SEQ, D_SMALL, seed=100 + k) for k in range(t)]  # per rank
-    start = len(mt.trace.events())
+    start = len(trace.events())
     y = ns["CopyToParallel"].apply(x, axis)
     fwd = ops_since(start)
     m.compare("f(x)", y, x.detach())
     if isinstance(y, torch.Tensor) and _close(y, t * x.detach()):
         m.mistakes.append("f-forward-sums")
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad:
         (y * grads[r]).sum().backward()
     bwd = ops_since(start)
@@ -95,13 +99,13 @@ def _part_g(ns, axis):
     xs = [_randn(BATCH, SEQ, D_SMALL, seed=200 + k) for k in range(t)]  # per rank
     x = _leaf(xs[r])
     upstream = _randn(BATCH, SEQ, D_SMALL, seed=12)  # replicated
-    start = len(mt.trace.events())
+    start = len(trace.events())
     y = ns["ReduceFromParallel"].apply(x, axis)
     fwd = ops_since(start)
     m.compare("g(x)", y, sum(xs))
     if isinstance(y, torch.Tensor) and _close(y, xs[r]):
         m.mistakes.append("g-forward-identity")
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad:
         (y * upstream).sum().backward()
     bwd = ops_since(start)
@@ -125,13 +129,13 @@ def _part_column(ns, axis):
     upstream = _randn(BATCH, SEQ, D_WIDE, seed=23)  # dL/dY, of which rank r gets its slice
     dense = F.linear(x_full, weight, bias)
     x, w, b = _leaf(x_full), _leaf(weight.chunk(t, 0)[r]), _leaf(bias.chunk(t)[r])
-    start = len(mt.trace.events())
+    start = len(trace.events())
     y = ns["column_parallel_linear"](x, w, b, axis)
     fwd = ops_since(start)
     m.compare("output Y_r", y, dense.chunk(t, -1)[r])
     if isinstance(y, torch.Tensor) and _close(y, t * F.linear(x_full, w.detach()) + b.detach()):
         m.mistakes.append("f-forward-sums")
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad and y.shape == dense.chunk(t, -1)[r].shape:
         (y * upstream.chunk(t, -1)[r]).sum().backward()
     bwd = ops_since(start)
@@ -152,7 +156,7 @@ def _part_row(ns, axis):
     upstream = _randn(BATCH, SEQ, D_SMALL, seed=33)  # dL/dY, replicated
     dense = F.linear(x_full, weight, bias)
     x, w, b = _leaf(x_full.chunk(t, -1)[r]), _leaf(weight.chunk(t, 1)[r]), _leaf(bias)
-    start = len(mt.trace.events())
+    start = len(trace.events())
     y = ns["row_parallel_linear"](x, w, b, axis)
     fwd = ops_since(start)
     m.compare("output Y", y, dense)
@@ -163,7 +167,7 @@ def _part_row(ns, axis):
             m.mistakes.append("bias-missing")
         elif _close(y, F.linear(x.detach(), w.detach()) + bias):
             m.mistakes.append("g-forward-identity")
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad and y.shape == dense.shape:
         (y * upstream).sum().backward()
     bwd = ops_since(start)
@@ -195,12 +199,12 @@ def _part_mlp(ns, axis):
     x = _leaf(x_full)
     s1, c1 = _leaf(w1.chunk(t, 0)[r]), _leaf(b1.chunk(t)[r])
     s2, c2 = _leaf(w2.chunk(t, 1)[r]), _leaf(b2)
-    start = len(mt.trace.events())
+    start = len(trace.events())
     hidden = F.gelu(ns["column_parallel_linear"](x, s1, c1, axis))
     y = ns["row_parallel_linear"](hidden, s2, c2, axis)
     fwd = ops_since(start)
     m.compare("output", y, expected_out)
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad and y.shape == expected_out.shape:
         (y * upstream).sum().backward()
     bwd = ops_since(start)

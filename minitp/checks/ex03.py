@@ -11,6 +11,10 @@ so that a bias added twice or a LayerNorm left out cannot hide):
 4. every parameter gradient of `ParallelBlock`: replicated LayerNorms equal to the
    dense ones, shards equal to the dense gradient's shard;
 5. the trace: one all-reduce forward and one backward in each half, so 2 + 2 per block.
+
+Why one file: every check of one exercise sits together, in the order the
+learner meets them, so that a learner reading why a check failed finds all of
+that exercise's expectations on one page.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import minitp as mt
-from minitp.grading import Check
+from minitp import trace
 from minitp.model import Block, GPTConfig
 
 from ._parts import Measure, exception_check, grade_in_parts, ops_since, run_parts
+from .base import Check
 
 WORLD_SIZES = (2, 4)
 TOLERANCE = 1e-10  # float64
@@ -122,14 +126,14 @@ def _run_half(ns, axis, half: str):
     if not _check_shapes(m, module, grads, who):
         return {**m.result(None)}
     x = x_full.clone().requires_grad_(True)
-    start = len(mt.trace.events())
+    start = len(trace.events())
     y = module(x)
     fwd = ops_since(start)
     m.compare("output", y, expected.detach())
     output_right = "output" in m.errors and m.errors["output"] <= TOLERANCE
     if isinstance(y, torch.Tensor) and y.shape == expected.shape and not output_right:
         _diagnose_output(m, y.detach(), expected.detach(), dense, x_full, axis, half)
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad and y.shape == expected.shape:
         y.backward(upstream)
     bwd = ops_since(start)
@@ -189,11 +193,11 @@ def _part_block(ns, axis):
         m.problem, m.mistakes = p.problem, p.mistakes
         return {"block": m.result(None), "params": p.result(None)}
     x = x_full.clone().requires_grad_(True)
-    start = len(mt.trace.events())
+    start = len(trace.events())
     y = module(x)
     fwd = ops_since(start)
     m.compare("output", y, expected.detach())
-    start = len(mt.trace.events())
+    start = len(trace.events())
     if isinstance(y, torch.Tensor) and y.requires_grad and y.shape == expected.shape:
         y.backward(upstream)
     bwd = ops_since(start)

@@ -17,8 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import minitp as mt
-from minitp.grading import Check, failure_check
+from minitp import trace
+from minitp.launch import launch
+from minitp.mesh import world
+
+from .base import Check, run_per_size
 
 WORLD_SIZES = (2, 3, 4)
 TOLERANCE = 1e-12  # float64
@@ -54,7 +57,7 @@ def _case(name, generator):
 
 def _in_rank(vocab_parallel_cross_entropy):
     """Runs on every rank: the learner's loss against F.cross_entropy, per case."""
-    axis = mt.world()
+    axis = world()
     t = axis.size
     found = {}
     for index, name in enumerate(CASES):
@@ -68,7 +71,7 @@ def _in_rank(vocab_parallel_cross_entropy):
         columns = slice(axis.rank * width, (axis.rank + 1) * width)
         local = full[:, columns].reshape(BATCH, SEQ, width).clone().requires_grad_()
         entry = {"vocab": vocab}
-        first = len(mt.trace.events())
+        first = len(trace.events())
         try:
             loss = vocab_parallel_cross_entropy(local, targets.view(BATCH, SEQ), axis,
                                                 ignore_index=-100, vocab_size=vocab)
@@ -76,21 +79,21 @@ def _in_rank(vocab_parallel_cross_entropy):
             entry["missing"] = ("forward", str(exc))
             found[name] = entry
             continue
-        entry["forward_ops"] = [(e.op, e.shape) for e in mt.trace.events()[first:]]
+        entry["forward_ops"] = [(e.op, e.shape) for e in trace.events()[first:]]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             entry["problem"] = f"returned {type(loss).__name__}, not a one-element tensor"
             found[name] = entry
             continue
         entry["loss_error"] = abs(loss.item() - expected.item())
         entry["loss"], entry["expected"] = loss.item(), expected.item()
-        first = len(mt.trace.events())
+        first = len(trace.events())
         try:
             loss.backward()
         except NotImplementedError as exc:
             entry["missing"] = ("backward", str(exc))
             found[name] = entry
             continue
-        entry["backward_ops"] = [e.op for e in mt.trace.events()[first:]]
+        entry["backward_ops"] = [e.op for e in trace.events()[first:]]
         if local.grad is None:
             entry["problem"] = "the logits got no gradient"
             found[name] = entry
@@ -107,37 +110,37 @@ def _in_rank(vocab_parallel_cross_entropy):
 
 
 def run(module) -> list[Check]:
-    checks, stop = [], None
-    for t in WORLD_SIZES:
-        names = [f"t={t}: loss equals F.cross_entropy", f"t={t}: gradient of the logits",
-                 f"t={t}: ignored targets (-100)", f"t={t}: padded vocabulary (11 -> 12)",
-                 f"t={t}: three all-reduces forward, none backward"]
-        if stop:  # a blank or a deadlock would only repeat itself
-            checks += [Check(name, False, stop) for name in names]
-            continue
-        try:
-            per_rank = mt.launch(_in_rank, t, module.vocab_parallel_cross_entropy, timeout=10.0)
-        except mt.LaunchError as error:
-            failed = failure_check(names[0], error, "vocab_parallel_cross_entropy")
-            checks += [failed] + [Check(n, False, "not checked: the run above failed")
-                                  for n in names[1:]]
-            if isinstance(error, mt.CollectiveTimeout) or "not written yet" in failed.detail:
-                stop = f"not run: {failed.detail} (see t={t})"
-            continue
-        missing = _missing(per_rank)
-        if missing and missing[0] == "forward":
-            checks.append(Check(names[0], False, "the forward is not written yet",
-                                hint=missing[1]))
-            checks += [Check(n, False, "not checked: the forward is not written yet")
-                       for n in names[1:]]
-            stop = f"not run: the forward is not written yet (see t={t})"
-            continue
-        checks.append(_value(names[0], per_rank, "plain"))
-        checks.append(_gradient(names[1], per_rank, "plain", missing))
-        checks.append(_special(names[2], per_rank, "ignored", "ignored_rows_error", missing))
-        checks.append(_special(names[3], per_rank, "padded", "padding_error", missing))
-        checks.append(_communication(names[4], per_rank, t, missing))
-    return checks
+    def launch_at(t):
+        return launch(_in_rank, t, module.vocab_parallel_cross_entropy, timeout=10.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, blank=_blank,
+                        what="vocab_parallel_cross_entropy", size="t")
+
+
+def _names(t) -> list[str]:
+    return [f"t={t}: loss equals F.cross_entropy", f"t={t}: gradient of the logits",
+            f"t={t}: ignored targets (-100)", f"t={t}: padded vocabulary (11 -> 12)",
+            f"t={t}: three all-reduces forward, none backward"]
+
+
+def _judge(t, names, per_rank) -> list[Check]:
+    missing = _missing(per_rank)
+    if missing and missing[0] == "forward":
+        return ([Check(names[0], False, "the forward is not written yet", hint=missing[1])]
+                + [Check(n, False, "not checked: the forward is not written yet")
+                   for n in names[1:]])
+    return [_value(names[0], per_rank, "plain"),
+            _gradient(names[1], per_rank, "plain", missing),
+            _special(names[2], per_rank, "ignored", "ignored_rows_error", missing),
+            _special(names[3], per_rank, "padded", "padding_error", missing),
+            _communication(names[4], per_rank, t, missing)]
+
+
+def _blank(per_rank, checks) -> str | None:
+    """Without a forward nothing else can run, at any size; a missing backward is
+    reported per check, and the other sizes still test the forward."""
+    missing = _missing(per_rank)
+    return "the forward is not written yet" if missing and missing[0] == "forward" else None
 
 
 def _missing(per_rank):

@@ -4,7 +4,8 @@ partial-gradient sum.
 At t = 2 and 4 ranks, in float64:
 
 * each Function's forward and backward equal the library's mapping
-  (`mt.mappings.all_gather_from_sequence` / `reduce_scatter_to_sequence`), and
+  (`minitp.mappings.gather_from_sequence(grad_is_partial=True)` /
+  `reduce_scatter_to_sequence`), and
   each makes exactly one collective of the right kind in each direction;
 * an MLP block with sequence parallelism — LayerNorm on this rank's positions,
   the learner's all-gather, column-parallel fc, GELU, row-parallel proj, the
@@ -23,8 +24,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import minitp as mt
-from minitp.grading import Check, failure_check
+from minitp import comm, mappings, trace
+from minitp.launch import launch
+from minitp.mesh import world
+
+from .base import Check, run_per_size
 
 WORLD_SIZES = (2, 4)
 TOLERANCE = 1e-12  # float64
@@ -36,25 +40,31 @@ PAIRS = {
 
 
 def _ops_since(first):
-    return [e.op for e in mt.trace.events()[first:]]
+    return [e.op for e in trace.events()[first:]]
+
+
+def _library(x, name, axis):
+    """The library's mapping that the learner's `name` must equal."""
+    if name == "all_gather_from_sequence":  # each rank's gradient is a partial sum
+        return mappings.gather_from_sequence(x, axis, grad_is_partial=True)
+    return mappings.reduce_scatter_to_sequence(x, axis)
 
 
 def _pair(learner, name, axis):
     """The learner's Function against the library's, forward and backward."""
-    library = getattr(mt.mappings, name)
     t = axis.size
     shape = (B, T // t, H) if name == "all_gather_from_sequence" else (B, T, H)
     generator = torch.Generator().manual_seed(500 + axis.rank)  # each rank its own data
     x = torch.randn(shape, generator=generator, dtype=torch.float64)
     out_shape = (B, T, H) if name == "all_gather_from_sequence" else (B, T // t, H)
     upstream = torch.randn(out_shape, generator=generator, dtype=torch.float64)
-    with mt.trace.paused():
+    with trace.paused():
         x_ref = x.clone().requires_grad_()
-        expected = library(x_ref, axis)
+        expected = _library(x_ref, name, axis)
         expected.backward(upstream)
     x_mine = x.clone().requires_grad_()
     entry = {}
-    first = len(mt.trace.events())
+    first = len(trace.events())
     try:
         got = getattr(learner, name)(x_mine, axis)
     except NotImplementedError as exc:
@@ -65,7 +75,7 @@ def _pair(learner, name, axis):
         entry["problem"] = f"forward returned {shown}, expected shape {tuple(expected.shape)}"
         return entry
     entry["forward_error"] = (got - expected).abs().max().item()
-    first = len(mt.trace.events())
+    first = len(trace.events())
     try:
         got.backward(upstream)
     except NotImplementedError as exc:
@@ -114,8 +124,8 @@ def _block(learner, axis):
     if y_s.shape != (B, T // t, H):
         return {"problem": f"the block's output has shape {tuple(y_s.shape)}, expected "
                            f"{(B, T // t, H)}: this rank's positions only"}
-    with mt.trace.paused():  # the reference sum of the partial gradients (not the learner's)
-        partial_sums = {name: mt.comm.all_reduce(p.grad, axis) for name, p in
+    with trace.paused():  # the reference sum of the partial gradients (not the learner's)
+        partial_sums = {name: comm.all_reduce(p.grad, axis) for name, p in
                         (("LayerNorm weight", ln_s.weight), ("LayerNorm bias", ln_s.bias),
                          ("proj bias", proj_b))}
     pairs = {
@@ -143,9 +153,9 @@ def _sync(learner, axis):
     params = [nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=generator, dtype=torch.float64)
-    with mt.trace.paused():
-        expected = [mt.comm.all_reduce(p.grad, axis) for p in params]
-    first = len(mt.trace.events())
+    with trace.paused():
+        expected = [comm.all_reduce(p.grad, axis) for p in params]
+    first = len(trace.events())
     try:
         learner.sync_partial_grads(params, axis)
     except NotImplementedError as exc:
@@ -156,7 +166,7 @@ def _sync(learner, axis):
 
 
 def _in_rank(learner):
-    axis = mt.world()
+    axis = world()
     found = {name: _pair(learner, name, axis) for name in PAIRS}
     found["block"] = _block(learner, axis)
     found["sync"] = _sync(learner, axis)
@@ -173,32 +183,30 @@ class _Learner:
 
 
 def run(module) -> list[Check]:
-    checks, stop = [], None
-    for t in WORLD_SIZES:
-        names = [f"t={t}: all-gather pair (fwd all-gather, bwd reduce-scatter)",
-                 f"t={t}: reduce-scatter pair (fwd reduce-scatter, bwd all-gather)",
-                 f"t={t}: a sequence-parallel MLP block equals the plain one",
-                 f"t={t}: sync_partial_grads sums the gradients over the ranks"]
-        if stop:
-            checks += [Check(name, False, stop) for name in names]
-            continue
-        try:
-            per_rank = mt.launch(_in_rank, t, _Learner(module), timeout=10.0)
-        except mt.LaunchError as error:
-            failed = failure_check(names[0], error, "the sequence-parallel pair")
-            checks += [failed] + [Check(n, False, "not checked: the run above failed")
-                                  for n in names[1:]]
-            if isinstance(error, mt.CollectiveTimeout):
-                stop = f"not run: {failed.detail} (see t={t})"
-            continue
-        new = [_pair_check(names[0], per_rank, "all_gather_from_sequence"),
-               _pair_check(names[1], per_rank, "reduce_scatter_to_sequence"),
-               _block_check(names[2], per_rank),
-               _sync_check(names[3], per_rank)]
-        checks += new
-        if all("not written yet" in c.detail for c in new):
-            stop = f"not run: nothing is written yet (see t={t})"
-    return checks
+    def launch_at(t):
+        return launch(_in_rank, t, _Learner(module), timeout=10.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, blank=_blank,
+                        what="the sequence-parallel pair", size="t")
+
+
+def _names(t) -> list[str]:
+    return [f"t={t}: all-gather pair (fwd all-gather, bwd reduce-scatter)",
+            f"t={t}: reduce-scatter pair (fwd reduce-scatter, bwd all-gather)",
+            f"t={t}: a sequence-parallel MLP block equals the plain one",
+            f"t={t}: sync_partial_grads sums the gradients over the ranks"]
+
+
+def _judge(t, names, per_rank) -> list[Check]:
+    return [_pair_check(names[0], per_rank, "all_gather_from_sequence"),
+            _pair_check(names[1], per_rank, "reduce_scatter_to_sequence"),
+            _block_check(names[2], per_rank),
+            _sync_check(names[3], per_rank)]
+
+
+def _blank(per_rank, checks) -> str | None:
+    """Only when every part is blank: one written part is worth testing at every size."""
+    return "nothing is written yet" if all("not written yet" in c.detail for c in checks) else None
 
 
 def _a(op) -> str:

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import torch
 
-import minitp as mt
-from minitp.grading import Check, failure_check
+from minitp.launch import launch
 from minitp.memory import ActivationLedger
-from minitp.model import AttentionCore
+from minitp.mesh import Mesh, world
+from minitp.model import GPT, AttentionCore, GPTConfig
+from minitp.parallelize import parallelize
+
+from .base import Check, run_per_size
 
 WORLD_SIZES = (1, 2)
 TOLERANCE = 1e-12  # float64
@@ -37,12 +40,12 @@ def _batch(step, cfg):
 
 
 def _in_rank(recompute_attention_cores):
-    mesh = mt.Mesh(tp=mt.world().size)
-    cfg = mt.GPTConfig(**CFG)
+    mesh = Mesh(tp=world().size)
+    cfg = GPTConfig(**CFG)
     torch.manual_seed(0)
-    ref = mt.GPT(cfg).double()
-    plain = mt.parallelize(ref, mesh)
-    mine = recompute_attention_cores(mt.parallelize(ref, mesh))
+    ref = GPT(cfg).double()
+    plain = parallelize(ref, mesh)
+    mine = recompute_attention_cores(parallelize(ref, mesh))
     calls = {"fwd": 0, "bwd": 0}
     phase = ["fwd"]
     for module in mine.modules():
@@ -95,42 +98,43 @@ def _plain_name(name: str) -> str:
 
 
 def run(module) -> list[Check]:
-    checks, stop = [], None
-    for t in WORLD_SIZES:
-        names = [f"t={t}: loss and every gradient equal no recomputation (2 steps, dropout)",
-                 f"t={t}: the random generator is left as it was found",
-                 f"t={t}: no s×s tensor kept; the core is recomputed in backward"]
-        if stop:
-            checks += [Check(name, False, stop) for name in names]
-            continue
-        try:
-            per_rank = mt.launch(_in_rank, t, module.recompute_attention_cores, timeout=10.0)
-        except mt.LaunchError as error:
-            failed = failure_check(names[0], error, "RecomputedCore")
-            checks += [failed] + [Check(n, False, "not checked: the run above failed")
-                                  for n in names[1:]]
-            if isinstance(error, mt.CollectiveTimeout) or "not written yet" in failed.detail:
-                stop = f"not run: {failed.detail} (see t={t})"
-            continue
-        missing = next((r["missing"] for r in per_rank if "missing" in r), None)
-        if missing:
-            checks.append(Check(names[0], False, f"the {missing[0]} of RecomputedCore is not "
-                                "written yet", hint=missing[1]))
-            checks += [Check(n, False, f"not checked: the {missing[0]} is not written yet")
-                       for n in names[1:]]
-            stop = f"not run: the {missing[0]} is not written yet (see t={t})"
-            continue
-        problem = next(((rank, r["problem"]) for rank, r in enumerate(per_rank)
-                        if "problem" in r), None)
-        if problem:
-            checks.append(Check(names[0], False, f"rank {problem[0]}: {problem[1]}",
-                                rank=problem[0], hint="backward must return (None, grad_q, "
-                                "grad_k, grad_v): one entry per forward input"))
-            checks += [Check(n, False, "not checked: the run above failed") for n in names[1:]]
-            continue
-        checks += [_equal(names[0], per_rank), _rng(names[1], per_rank),
-                   _kept(names[2], per_rank, t)]
-    return checks
+    def launch_at(t):
+        return launch(_in_rank, t, module.recompute_attention_cores, timeout=10.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, blank=_blank,
+                        what="RecomputedCore", size="t")
+
+
+def _names(t) -> list[str]:
+    return [f"t={t}: loss and every gradient equal no recomputation (2 steps, dropout)",
+            f"t={t}: the random generator is left as it was found",
+            f"t={t}: no s×s tensor kept; the core is recomputed in backward"]
+
+
+def _missing(per_rank):
+    return next((r["missing"] for r in per_rank if "missing" in r), None)
+
+
+def _judge(t, names, per_rank) -> list[Check]:
+    missing = _missing(per_rank)
+    if missing:
+        return ([Check(names[0], False, f"the {missing[0]} of RecomputedCore is not "
+                       "written yet", hint=missing[1])]
+                + [Check(n, False, f"not checked: the {missing[0]} is not written yet")
+                   for n in names[1:]])
+    problem = next(((rank, r["problem"]) for rank, r in enumerate(per_rank)
+                    if "problem" in r), None)
+    if problem:
+        return ([Check(names[0], False, f"rank {problem[0]}: {problem[1]}", rank=problem[0],
+                       hint="backward must return (None, grad_q, grad_k, grad_v): one entry "
+                            "per forward input")]
+                + [Check(n, False, "not checked: the run above failed") for n in names[1:]])
+    return [_equal(names[0], per_rank), _rng(names[1], per_rank), _kept(names[2], per_rank, t)]
+
+
+def _blank(per_rank, checks) -> str | None:
+    missing = _missing(per_rank)
+    return f"the {missing[0]} is not written yet" if missing else None
 
 
 def _equal(name, per_rank) -> Check:

@@ -1,19 +1,25 @@
 """Checks for ex07: the 1F1B order of one pipeline rank.
 
 The learner's ``one_f_one_b(p, r, m)`` is compared with the library's schedule
-(`minitp.pipeline.one_f_one_b`) on every rank for several (p, m), including
+(`minitp.schedules.one_f_one_b`) on every rank for several (p, m), including
 fewer microbatches than stages; then it is run for real: a 4-stage pipeline of
-a float64 GPT takes one training step in the learner's order (plugged in where
-`mt.train_step` looks up "1f1b"), and its loss must equal the plain model's.
+a float64 GPT takes one training step in the learner's order (passed to
+`train_step` as its schedule), and its loss must equal the plain model's.
 """
 
 from __future__ import annotations
 
 import torch
 
-import minitp as mt
-from minitp import pipeline
-from minitp.grading import Check, failure_check
+from minitp import schedules
+from minitp.errors import LaunchError
+from minitp.launch import launch
+from minitp.mesh import Mesh
+from minitp.model import GPT, GPTConfig
+from minitp.parallelize import parallelize
+from minitp.step import train_step
+
+from .base import Check, failure_check
 
 CASES = ((2, 4), (4, 4), (4, 8), (4, 2), (3, 5))  # (p, m); m = 2 < p = 4: a short warm-up
 CFG = dict(vocab_size=32, seq_len=8, n_layer=4, n_head=2, d_model=16)
@@ -22,7 +28,7 @@ TOLERANCE = 1e-10  # float64; a schedule only reorders work
 
 
 def _reference(p, r, m):
-    return [(kind, i) for kind, _, i in pipeline.one_f_one_b(p, r, m)]
+    return [(kind, i) for kind, _, i in schedules.one_f_one_b(p, r, m)]
 
 
 def _show(order):
@@ -70,18 +76,16 @@ def _valid(order, m) -> str:
 
 def _in_rank(one_f_one_b, x, y):
     """One float64 training step of a 4-stage pipeline in the learner's order."""
-    import minitp.step
 
-    def order(p, r, m, v=1):
+    def schedule(p, r, m, v=1):  # the built-in schedules' signature: units (kind, chunk, i)
         return [(kind, 0, i) for kind, i in one_f_one_b(p, r, m)]
 
-    minitp.step._ORDERS["1f1b"] = order  # this worker process only
-    mesh = mt.Mesh(pp=PP)
+    mesh = Mesh(pp=PP)
     torch.manual_seed(0)
-    model = mt.parallelize(mt.GPT(mt.GPTConfig(**CFG)).double(), mesh)
+    model = parallelize(GPT(GPTConfig(**CFG)).double(), mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return mt.train_step(model, (x, y), mesh, optimizer, schedule="1f1b",
-                         microbatches=MICROBATCHES)
+    return train_step(model, (x, y), mesh, optimizer, schedule=schedule,
+                      microbatches=MICROBATCHES)
 
 
 def run(module) -> list[Check]:
@@ -104,10 +108,10 @@ def run(module) -> list[Check]:
                       generator=generator)
     y = torch.randint(0, CFG["vocab_size"], x.shape, generator=generator)
     torch.manual_seed(0)
-    _, expected = mt.GPT(mt.GPTConfig(**CFG)).double()(x, y)
+    _, expected = GPT(GPTConfig(**CFG)).double()(x, y)
     try:
-        losses = mt.launch(_in_rank, PP, module.one_f_one_b, x, y, timeout=10.0)
-    except mt.LaunchError as error:
+        losses = launch(_in_rank, PP, module.one_f_one_b, x, y, timeout=10.0)
+    except LaunchError as error:
         return checks + [failure_check(name, error, "one_f_one_b")]
     error = max(abs(loss - expected.item()) for loss in losses)
     if error <= TOLERANCE:

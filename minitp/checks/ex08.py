@@ -13,8 +13,12 @@ import copy
 
 import torch
 
-import minitp as mt
-from minitp.grading import Check, failure_check
+from minitp import trace
+from minitp.launch import launch
+from minitp.mesh import world
+from minitp.model import GPT, GPTConfig
+
+from .base import Check, run_per_size
 
 WORLD_SIZES = (2, 4)
 BUCKET_BYTES = 4096  # a handful of buckets for this model (~2k float64 parameters)
@@ -36,10 +40,10 @@ def _expected_buckets(params, bucket_bytes):
 
 def _in_rank(bucketed_sync):
     """Runs on every rank: the learner's sync against the plain model's gradients."""
-    axis = mt.world()
-    cfg = mt.GPTConfig(**CFG)
+    axis = world()
+    cfg = GPTConfig(**CFG)
     torch.manual_seed(0)
-    ref = mt.GPT(cfg).double()
+    ref = GPT(cfg).double()
     model = copy.deepcopy(ref)
     generator = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
@@ -52,9 +56,9 @@ def _in_rank(bucketed_sync):
     _, local = model(x[mine], y[mine])
     (local * share).backward()
     params = list(model.parameters())
-    first = len(mt.trace.events())
+    first = len(trace.events())
     bucketed_sync(params, axis, BUCKET_BYTES)
-    events = mt.trace.events()[first:]
+    events = trace.events()[first:]
     worst = max(((p.grad - q.grad).abs().max().item(), name)
                 for (name, q), p in zip(ref.named_parameters(), params, strict=True))
     return {"error": worst, "ops": [e.op for e in events], "nbytes": [e.nbytes for e in events],
@@ -62,24 +66,18 @@ def _in_rank(bucketed_sync):
 
 
 def run(module) -> list[Check]:
-    checks, stop = [], None
-    for n in WORLD_SIZES:
-        equal = f"dp={n}: gradients equal the plain model's"
-        count = f"dp={n}: one all-reduce per bucket"
-        if stop:
-            checks += [Check(equal, False, stop), Check(count, False, stop)]
-            continue
-        try:
-            per_rank = mt.launch(_in_rank, n, module.bucketed_sync, timeout=20.0)
-        except mt.LaunchError as error:
-            failed = failure_check(equal, error, "bucketed_sync")
-            checks += [failed, Check(count, False, "not checked: the run above failed")]
-            if isinstance(error, mt.CollectiveTimeout) or "not written yet" in failed.detail:
-                stop = f"not run: {failed.detail} (see dp={n})"
-            continue
-        checks.append(_equality(equal, per_rank))
-        checks.append(_count(count, per_rank))
-    return checks
+    def launch_at(n):
+        return launch(_in_rank, n, module.bucketed_sync, timeout=20.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="bucketed_sync", size="dp")
+
+
+def _names(n) -> list[str]:
+    return [f"dp={n}: gradients equal the plain model's", f"dp={n}: one all-reduce per bucket"]
+
+
+def _judge(n, names, per_rank) -> list[Check]:
+    return [_equality(names[0], per_rank), _count(names[1], per_rank)]
 
 
 def _equality(name, per_rank) -> Check:
