@@ -5,27 +5,20 @@
   for mixed-precision Adam is the model it is set beside).
 * `ActivationLedger`: every tensor autograd saves for backward during a forward
   pass, who saved it, its shape, dtype and bytes — counted once per storage.
-* `korthikanti_bytes`: the activation bytes per transformer layer of Korthikanti
-  et al. 2022 (arXiv 2205.05198), Table 2, for its six settings.
-* `activation_table`: real launches of a small GPT for those settings, the
-  ledger's bytes per layer beside the formula, and every byte of difference
-  named from the ledger (`activation_scaling`: the same against t, to plot).
 
-Why the measured number is not the formula, in short (the details are in
-`GAP_ITEMS`): the paper's model counts only the big tensors of its own kernels;
-ours also keeps LayerNorm statistics and an s×s causal mask, torch's CPU
-dropout keeps 16-bit masks, our column-parallel layers keep their input after
-the sequence all-gather, recomputation keeps an RNG state, and autograd keeps
-the divisor √d of the attention scores. Nothing else: the tests check that the
-rest is exactly Table 2.
+That is all this module holds: the library's own instruments. The course's
+experiment that sets the ledger beside Korthikanti et al. 2022, Table 2 (the
+formula, the measured table and every byte of the gap named) is a laboratory,
+`minitp.labs.activations`, which imports this module (never the reverse).
+
+(Why one file: the ledger is one piece: its hooks record, its
+methods read, and splitting them would only scatter one class.)
 """
 
 from __future__ import annotations
 
-import re
 import sys
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -33,40 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from . import trace
-from .calc.memory import activation_bytes_per_layer
-
-# --------------------------------------------------------------------------- formula
-SETTINGS = ("none", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full")
-_OPTIONS = {  # setting -> (sequence_parallel, recompute) for mt.parallelize
-    "none": (False, None), "tp": (False, None), "tp+sp": (True, None),
-    "tp+selective": (False, "selective"), "tp+sp+selective": (True, "selective"),
-    "full": (False, "full"),
-}
-
-
-def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int = 1, setting: str = "none"):
-    """Activation bytes per transformer layer, Korthikanti et al. 2022, Table 2
-    (16-bit activations, 1-byte dropout masks; s sequence, b micro-batch,
-    h hidden, a heads, t tensor-parallel size)::
-
-        none             sbh(34 + 5as/h)          tp+selective     sbh(10 + 24/t)
-        tp               sbh(10 + 24/t + 5as/ht)  tp+sp+selective  34sbh/t
-        tp+sp            sbh/t · (34 + 5as/h)     full             2sbh
-
-    34sbh = LayerNorm inputs 4 + QKV input 2 + Q, K 4 + V 2 + projection input 2
-    + its dropout mask 1 + MLP input 2 + GELU input 8 + GELU output 8 + dropout
-    mask 1; 5as²b = softmax output 2 + its dropout mask 1 + dropout output 2.
-    Tensor parallelism splits 24 of the 34 and all of the 5as²b; sequence
-    parallelism the remaining 10. ``t`` is ignored for "none" and "full".
-    The arithmetic is `minitp.calc.activation_bytes_per_layer`'s (one source).
-    Returns an int when the value is whole, else a float.
-    """
-    if setting not in SETTINGS:
-        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
-    sequence_parallel, recompute = _OPTIONS[setting]
-    tp = 1 if setting in ("none", "full") else t
-    shape = SimpleNamespace(seq_len=s, d_model=h, n_head=a)
-    return activation_bytes_per_layer(shape, b, tp=tp, sp=sequence_parallel, recompute=recompute)
+from .config import layer_label, parse_layer_label
 
 
 # --------------------------------------------------------------------------- model states
@@ -84,17 +44,34 @@ def _unique_storage_bytes(tensors, seen: set) -> int:
     return total
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+def model_state_bytes(model: nn.Module, optimizer=None) -> dict:
     """Bytes this rank holds for `model`'s states, read from the tensors themselves:
     ``{"parameters", "gradients", "optimizer", "total", "optimizer_state": {key: bytes}}``.
 
-    Each storage is counted once, so tied parameters (GPT's input and output
-    embedding) count once. Compare Rajbhandari et al. 2019 (ZeRO): 2 + 2 + 12
-    bytes per parameter for mixed-precision Adam; here, in one dtype of e bytes,
+    What is counted is what stays alive between two steps:
+
+    * "parameters": the model's parameters, and any tensor the optimizer steps
+      that is not one of them — ZeRO-1's flat shard (`Zero1Optimizer.shard`), the
+      optimizer's own copy of this rank's 1/N_d of the parameters;
+    * "gradients": their ``.grad`` (the model's, kept until the next step's
+      ``zero_grad``, and the shard's, the reduce-scattered slice);
+    * "optimizer": the optimizer's state (``optimizer.state``), per key in
+      "optimizer_state".
+
+    So a ZeRO-1 rank holding Ψ parameters of e bytes shows e·Ψ/N_d more
+    parameters and gradients each (Ψ padded to a multiple of N_d) than the model
+    alone; plain optimizers, which step the model's own tensors, add nothing
+    there. Each storage is counted once, so tied parameters (GPT's input and
+    output embedding) count once. Compare Rajbhandari et al. 2019 (ZeRO): 2 + 2 +
+    12 bytes per parameter for mixed-precision Adam; here, in one dtype of e bytes,
     Adam keeps exp_avg and exp_avg_sq (2e per parameter) and a 4-byte step per
-    parameter tensor.
+    parameter tensor it steps.
     """
-    params = list({id(p): p for p in model.parameters()}.values())
+    params = {id(p): p for p in model.parameters()}
+    if optimizer is not None:  # what the optimizer steps: the model's tensors, or its own
+        for group in getattr(optimizer, "param_groups", ()):
+            params.update((id(p), p) for p in group["params"])
+    params = list(params.values())
     seen: set = set()
     result = {
         "parameters": _unique_storage_bytes(params, seen),
@@ -353,191 +330,16 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 def _plain_name(module_name: str) -> str:
     """blocks.0.module.attn -> blocks.0.attn: leave out `Recomputed`'s wrapped ``module``."""
-    return re.sub(r"(^|\.)module(?=\.|$)", "", module_name).lstrip(".")
+    return ".".join(part for part in module_name.split(".") if part and part != "module")
 
 
 def _layer_of(module_name: str) -> str:
-    found = re.search(r"(?:^|\.)blocks\.(\d+)(?:\.|$)", module_name)
-    if found:
-        return f"layer{found.group(1)}"
-    found = re.search(r"(?:^|\.)(layer\d+)(?:\.|$)", trace.recorder().label)
-    return found.group(1) if found else ""
-
-
-# --------------------------------------------------------------------------- the table
-# What our layer keeps beyond Table 2, each found among the ledger's entries by a rule.
-GAP_ITEMS = {
-    "ln stats": "LayerNorm mean and 1/σ, one each per token (2 LayerNorms × 2 × b·s values, "
-                "split by t under sequence parallelism): Table 2 leaves these small buffers out",
-    "causal mask": "the s×s bool causal mask that masked_fill keeps, whole on every rank; Table "
-                   "2 does not count it (Megatron-LM's fused causal softmax needs no mask tensor)",
-    "16-bit masks": "the residual dropouts' masks, kept in the activation dtype, not 1 byte: "
-                    "torch's CPU nn.Dropout computes x·noise and keeps the noise (on CUDA it "
-                    "keeps a bool mask; ShardedDropout, used under sequence parallelism, keeps "
-                    "a bool mask)",
-    "gathered inputs": "sequence parallelism: qkv and fc (column-parallel) keep their input as "
-                       "all-gathered, b·s·h each, not the b·s·h/t shard (Megatron-LM keeps the "
-                       "shard and all-gathers again in backward)",
-    "rng state": "the RNG state torch.utils.checkpoint keeps to redraw the same dropout masks "
-                 "(torch.get_rng_state(), host memory)",
-    "scalars": "Python numbers autograd keeps as 8-byte tensors: √d, from scores = q·kᵀ / √d",
-}
-
-
-def explain_gap(entries: list[Saved], setting: str, t: int) -> dict[str, int]:
-    """The bytes of each `GAP_ITEMS` item among one layer's ledger entries."""
-    sequence_parallel = _OPTIONS[setting][0]
-    items = dict.fromkeys(GAP_ITEMS, 0)
-    for e in entries:
-        if e.op == "layer_norm" and e.shape[-1] == 1:  # mean or rstd, (b, s, 1)
-            items["ln stats"] += e.nbytes
-        elif e.op == "masked_fill" and e.dtype == "bool":
-            items["causal mask"] += e.nbytes
-        elif e.module_type in ("Dropout", "ShardedDropout"):
-            items["16-bit masks"] += e.nbytes - e.numel if e.nbytes else 0  # beyond 1 B each
-        elif sequence_parallel and e.module_type == "ColumnParallelLinear" and e.op == "linear":
-            items["gathered inputs"] += e.nbytes - e.nbytes // t  # Table 2 counts 1/t
-        elif e.op == "checkpoint rng state":
-            items["rng state"] += e.nbytes
-        elif e.op.endswith(" scalar"):
-            items["scalars"] += e.nbytes
-    return items
-
-
-@dataclass
-class ActivationTable:
-    """Measured activation bytes per layer beside Table 2.
-
-    ``rows``: one dict per (setting, t): measured, formula, ratio (measured /
-    formula), gap (measured − formula), explained ({`GAP_ITEMS` item: bytes}) and
-    unexplained (gap − Σ explained: 0 when every byte is accounted for).
-    ``ledgers[(setting, t)]``: rank 0's whole `ActivationLedger` of that run.
-    """
-
-    cfg: object
-    micro_batch: int
-    dtype: torch.dtype
-    rows: list[dict]
-    ledgers: dict = field(default_factory=dict, repr=False)
-
-    def __repr__(self) -> str:
-        c, items = self.cfg, list(GAP_ITEMS)
-        cells = [("setting", "t", "measured", "formula", "ratio", "gap", "=", *items,
-                  "unexplained")]
-        for r in self.rows:
-            cells.append((r["setting"], str(r["t"]), f"{r['measured']:,}", f"{r['formula']:,}",
-                          f"{r['ratio']:.3f}", f"{r['gap']:+,}", "=",
-                          *(f"{r['explained'][n]:,}" for n in items), f"{r['unexplained']:,}"))
-        dtype = str(self.dtype).removeprefix("torch.")
-        return "\n".join([
-            "Activation bytes per transformer layer on rank 0: measured (ActivationLedger) "
-            "vs Korthikanti et al. 2022, Table 2",
-            f"s={c.seq_len} b={self.micro_batch} h={c.d_model} a={c.n_head}, {dtype}, "
-            f"dropout {c.dropout}",
-            _text_table(cells, right=range(1, len(cells[0]))),
-            "gap = measured − formula, every byte of it found in the ledger:",
-            *(f"  {name}: {text}" for name, text in GAP_ITEMS.items()),
-        ])
-
-
-def _plan(tp_sizes, settings=None) -> dict[int, list[str]]:
-    """Which settings run at which t. By default "none" and "full" at t = 1 (the
-    tensor-parallel settings would only repeat them) and all but "none" at t > 1;
-    settings named explicitly run at every t ("none" only at t = 1)."""
-    chosen = SETTINGS if settings is None else tuple(settings)
-    for setting in chosen:
-        if setting not in SETTINGS:
-            raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
-    plan = {}
-    for t in tp_sizes:
-        if settings is None and t == 1:
-            here = [s for s in chosen if s in ("none", "full")]
-        else:
-            here = [s for s in chosen if s != "none" or t == 1]
-        if here:
-            plan[t] = here
-    return plan
-
-
-def _rank_ledgers(cfg, micro_batch: int, dtype, settings, seed: int):
-    """On every rank of a launch: one forward pass per setting, under a ledger."""
-    from .mesh import Mesh
-    from .model import GPT
-    from .parallelize import parallelize
-
-    mesh = Mesh(dp=1, pp=1, tp=torch.distributed.get_world_size())
-    torch.manual_seed(seed)
-    ref = GPT(cfg).to(dtype)
-    x = torch.randint(0, cfg.vocab_size, (micro_batch, cfg.seq_len))
-    y = torch.randint(0, cfg.vocab_size, (micro_batch, cfg.seq_len))
-    ledgers = {}
-    for setting in settings:
-        sequence_parallel, recompute = _OPTIONS[setting]
-        model = parallelize(ref, mesh, sequence_parallel=sequence_parallel, recompute=recompute)
-        with ActivationLedger(model) as ledger:
-            _, loss = model(x, y)
-        del loss, model  # free this graph before the next one
-        ledgers[setting] = ledger
-    return ledgers if mesh.tp.rank == 0 else None
-
-
-def _row(cfg, micro_batch: int, setting: str, t: int, ledger: ActivationLedger) -> dict:
-    layers = ledger.per_layer()
-    if len(set(layers.values())) != 1:
-        raise RuntimeError(f"{setting}, t={t}: the layers keep different bytes: {layers}")
-    measured = layers["layer0"]
-    formula = korthikanti_bytes(cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head, t, setting)
-    explained = explain_gap(ledger.layer("layer0"), setting, t)
-    return {"setting": setting, "t": t, "measured": measured, "formula": formula,
-            "ratio": measured / formula, "gap": measured - formula, "explained": explained,
-            "unexplained": measured - formula - sum(explained.values())}
-
-
-def activation_table(cfg, micro_batch: int, tp_sizes=(1, 2, 4), dtype=torch.bfloat16,
-                     settings=None, seed: int = 0, timeout: float = 120.0) -> ActivationTable:
-    """Activation bytes per transformer layer, measured in real launches (one per t),
-    beside `korthikanti_bytes`, the gap put under `GAP_ITEMS`.
-
-    A GPT of `cfg` in a 16-bit `dtype` (Table 2's assumption), parallelized for
-    each setting with the matching sequence_parallel / recompute, runs one
-    forward pass of a (micro_batch, seq_len) batch under an `ActivationLedger`
-    on every rank; rank 0's bytes per layer make a row. `cfg.dropout` must be > 0,
-    since the formula counts dropout masks. `settings` (default: all of
-    `SETTINGS`, see `_plan` for which t each runs at) picks the rows. Runs on
-    CPU processes (gloo) on any machine, so the numbers are the same everywhere.
-    """
-    from .launch import launch
-    from .parallelize import check_parallel_config
-
-    if not cfg.dropout > 0:
-        raise ValueError("Table 2 counts dropout masks: use a GPTConfig with dropout > 0")
-    if torch.empty((), dtype=dtype).element_size() != 2:
-        raise ValueError(f"Table 2 is for 16-bit activations, got {dtype}")
-    plan = _plan(tp_sizes, settings)
-    for t, here in plan.items():
-        for setting in here:
-            sequence_parallel, recompute = _OPTIONS[setting]
-            check_parallel_config(cfg, tp=t, sequence_parallel=sequence_parallel,
-                                  recompute=recompute)
-    rows, ledgers = [], {}
-    for t, here in plan.items():
-        run = launch(_rank_ledgers, t, cfg, micro_batch, dtype, here, seed, backend="gloo",
-                     timeout=timeout)
-        for setting in here:
-            rows.append(_row(cfg, micro_batch, setting, t, run[0][setting]))
-            ledgers[(setting, t)] = run[0][setting]
-    return ActivationTable(cfg, micro_batch, dtype, rows, ledgers)
-
-
-def activation_scaling(cfg, micro_batch: int, tp_sizes=(1, 2, 4), dtype=torch.bfloat16,
-                       seed: int = 0, timeout: float = 120.0) -> dict[str, list]:
-    """Activation bytes per layer as t grows, tensor parallelism without and with
-    sequence parallelism, measured and by the formula (lesson 05's plot):
-    ``{"t": [...], "tp": [...], "tp formula": [...], "tp+sp": [...], "tp+sp formula": [...]}``."""
-    table = activation_table(cfg, micro_batch, tp_sizes, dtype, ("tp", "tp+sp"), seed, timeout)
-    out: dict[str, list] = {"t": list(tp_sizes)}
-    for setting in ("tp", "tp+sp"):
-        rows = [r for r in table.rows if r["setting"] == setting]
-        out[setting] = [r["measured"] for r in rows]
-        out[f"{setting} formula"] = [r["formula"] for r in rows]
-    return out
+    """The layer label ("layer3") of a saved tensor: from the module that runs
+    (``blocks.3…``), else from the trace label (set by the pipeline's stages),
+    else "" (outside the transformer layers)."""
+    parts = module_name.split(".")
+    for part, index in zip(parts[:-1], parts[1:], strict=True):
+        if part == "blocks" and index.isdigit():
+            return layer_label(int(index))
+    index = parse_layer_label(trace.recorder().label)
+    return "" if index is None else layer_label(index)

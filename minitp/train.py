@@ -16,6 +16,10 @@ reseeds the RNG from (seed, step): so runs at different (dp, pp, tp) see the
 same batches, and a run resumed from a checkpoint at step k continues exactly.
 The last line printed is one JSON object (steps, losses, tokens/s, and with
 --check the largest loss difference from the single-process reference).
+
+(Why one file: it is one program read top to bottom: the flags and
+their checks, what every rank runs, the parent, and the run directory; the
+pictures themselves are `minitp.viz.run`'s.)
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ import time
 import torch
 
 from . import checkpoint, data
+from .config import SCHEDULE_NAMES, check_parallel_config
 from .model import GPT, GPTConfig
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 SIZE_FLAGS = ("n_layer", "d_model", "n_head", "seq_len")
 
 
@@ -48,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sp", action=argparse.BooleanOptionalAction, default=True,
       help="sequence parallelism (default on)")
     a("--recompute", choices=("selective", "full"), default=None)
-    a("--schedule", choices=SCHEDULES, default="1f1b")
+    a("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
     a("--microbatches", type=int, default=4, help="per data-parallel rank (default 4)")
     a("--virtual-stages", type=int, default=1, help="per pipeline rank, for --schedule "
                                                     "interleaved (default 1)")
@@ -84,19 +88,16 @@ def _under_torchrun() -> bool:
 
 def validate(args, parser):
     """Every check that can fail before a process starts; parser.error (exit 2) if one does.
-    Returns (cfg, train_tokens, eval_tokens, start_step)."""
-    from .parallelize import check_parallel_config
+    Returns (cfg, train_tokens, eval_tokens, start_step).
 
+    The rules of the split (what must divide what, which schedule fits which
+    virtual stages and microbatches, how the batch is cut) are
+    `minitp.config.check_parallel_config`'s, given every flag they involve, so a
+    run that `train_step` would refuse on every rank is refused here, once."""
     for name in ("dp", "pp", "tp", "microbatches", "virtual_stages", "steps", "batch_size",
                  "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.virtual_stages > 1 and args.schedule != "interleaved":
-        parser.error("--virtual-stages > 1 needs --schedule interleaved")
-    if args.batch_size % (args.dp * args.microbatches):
-        parser.error(f"--batch-size {args.batch_size} must be divisible by dp*microbatches = "
-                     f"{args.dp}*{args.microbatches}: each data-parallel rank takes an equal "
-                     "slice, cut into equal microbatches")
     start_step = 0
     if args.load:
         try:
@@ -118,9 +119,11 @@ def validate(args, parser):
         parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but "
                      f"dp*pp*tp = {world}")
     try:
-        check_parallel_config(cfg, tp=args.tp, pp=args.pp, dp=args.dp,
+        check_parallel_config(cfg, dp=args.dp, pp=args.pp, tp=args.tp,
                               sequence_parallel=args.sp, recompute=args.recompute,
-                              virtual_stages=args.virtual_stages, world_size=world)
+                              virtual_stages=args.virtual_stages, world_size=world,
+                              schedule=args.schedule, microbatches=args.microbatches,
+                              batch_size=args.batch_size)
     except ValueError as exc:
         parser.error(str(exc))
     if args.data and not os.path.isfile(args.data):
@@ -143,14 +146,14 @@ def step_seed(seed: int, step: int) -> int:
 # --------------------------------------------------------------------------- ranks
 def _rank(args, cfg, train_tokens, eval_tokens, start_step):
     """What every rank runs: build (or load) the model, train, evaluate, sample."""
-    import minitp as mt
-    from minitp import memory, trace
+    from . import comm, memory, trace
+    from ._device import device as rank_device
+    from .mesh import Mesh, world
+    from .parallelize import parallelize
+    from .step import train_step
 
-    from . import comm
-    from .mesh import world
-
-    dtype, device = getattr(torch, args.dtype), mt.device()  # cuda:local_rank under NCCL
-    mesh = mt.Mesh(dp=args.dp, pp=args.pp, tp=args.tp)
+    dtype, device = getattr(torch, args.dtype), rank_device()  # cuda:local_rank under NCCL
+    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp)
     lead = mesh.rank == 0
 
     def new_optimizer(params):
@@ -162,7 +165,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
             virtual_stages=args.virtual_stages, optimizer_factory=new_optimizer)
     else:
         torch.manual_seed(args.seed)
-        model = mt.parallelize(GPT(cfg).to(device, dtype), mesh, sequence_parallel=args.sp,
+        model = parallelize(GPT(cfg).to(device, dtype), mesh, sequence_parallel=args.sp,
                                recompute=args.recompute, virtual_stages=args.virtual_stages)
         optimizer = new_optimizer(model.parameters())
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
@@ -203,7 +206,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
                 stack.enter_context(trace.paused())
             if step == start_step:
                 ledger = stack.enter_context(memory.ActivationLedger(model))
-            loss = mt.train_step(model, batch, mesh, optimizer, schedule=args.schedule,
+            loss = train_step(model, batch, mesh, optimizer, schedule=args.schedule,
                                  microbatches=args.microbatches)
         elapsed = time.perf_counter() - started
         seconds += elapsed
@@ -267,13 +270,8 @@ def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
     return losses
 
 
-def _fail(message: str, code: int) -> None:
-    print(f"python -m minitp.train: error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def main(argv=None) -> dict:
-    import minitp as mt
+    from .launch import launch
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -283,17 +281,8 @@ def main(argv=None) -> dict:
     printer = not _under_torchrun() or os.environ["RANK"] == "0"
     world = args.dp * args.pp * args.tp
     wall = time.perf_counter()
-    try:
-        run = mt.launch(_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
-                        timeout=args.timeout)
-    except mt.LaunchError as exc:
-        if "NotImplementedError" in exc.remote_traceback:
-            reason = exc.remote_traceback.strip().splitlines()[-1]
-            _fail(f"dp={args.dp} pp={args.pp} tp={args.tp} with --schedule {args.schedule} "
-                  f"is not available in this minitp yet ({reason})", 2)
-        raise
-    except NotImplementedError as exc:  # under torchrun the rank's own exception
-        _fail(f"dp={args.dp} pp={args.pp} tp={args.tp} is not available yet ({exc})", 2)
+    run = launch(_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
+                    timeout=args.timeout)
     lead = run[0]
     summary = {"steps": args.steps, "train_loss": lead["losses"][-1],
                "eval_loss": lead["evals"][-1][1], "tokens_per_s": round(lead["tokens_per_s"], 1)}
@@ -312,17 +301,14 @@ def main(argv=None) -> dict:
 
 
 # --------------------------------------------------------------------------- run directory
-MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
-
-
 def write_run_dir(out, args, cfg, run, summary, start_step, seconds) -> None:
-    """metrics.json and four pictures: loss.png, memory.png, comm.png, timeline.png."""
+    """metrics.json and four pictures: loss.png, memory.png, comm.png, timeline.png
+    (drawn by `minitp.viz.run` from the same numbers metrics.json holds)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed, none opened
-    import matplotlib.pyplot as plt
 
-    import minitp as mt
+    from . import viz
 
     os.makedirs(out, exist_ok=True)
     lead = run[0]
@@ -341,35 +327,15 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds) -> None:
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, lead["losses"], label="train")
-    ax.plot(*zip(*lead["evals"], strict=True), "o-", label="held-out")
-    ax.set(xlabel="step", ylabel="loss (nats per byte)",
-           title=f"dp={args.dp} pp={args.pp} tp={args.tp}")
-    ax.legend()
-    fig.savefig(os.path.join(out, "loss.png"), dpi=100, bbox_inches="tight")
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bottom = [0.0] * len(run)
-    for kind in MEMORY_KINDS:
-        values = [r["memory"][kind] / 2**20 for r in run]
-        ax.bar(range(len(run)), values, bottom=bottom, label=kind)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(xlabel="rank", ylabel="MiB", xticks=range(len(run)),
-           title="memory per rank (activations: one step, every microbatch, as saved "
-                 "for backward)")
-    ax.legend()
-    fig.savefig(os.path.join(out, "memory.png"), dpi=100, bbox_inches="tight")
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    axes = sorted(comm_bytes)
-    ax.bar(axes, [comm_bytes[a] / 2**20 for a in axes])
-    ax.set(ylabel="MiB sent (all ranks)", title="bytes on the wire per axis, one step")
-    fig.savefig(os.path.join(out, "comm.png"), dpi=100, bbox_inches="tight")
-
-    fig = mt.viz.timeline(run, title=f"step {args.steps}: every rank")
-    fig.savefig(os.path.join(out, "timeline.png"), dpi=100, bbox_inches="tight")
-    plt.close("all")
+    figures = {
+        "loss": viz.run_losses(steps, lead["losses"], lead["evals"],
+                               title=f"dp={args.dp} pp={args.pp} tp={args.tp}"),
+        "memory": viz.run_memory(metrics["memory_per_rank"]),
+        "comm": viz.run_wire_bytes(comm_bytes),
+        "timeline": viz.timeline(run, title=f"step {args.steps}: every rank"),
+    }
+    for name, fig in figures.items():
+        fig.savefig(os.path.join(out, f"{name}.png"), dpi=100, bbox_inches="tight")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ what they measure:
   events labelled "layerK" (summed over a step, divided by its microbatches), with
   ``bytes_per_value`` read from the trace's dtype; pipeline bytes per stage boundary
   and data-parallel gradient bytes likewise equal the trace's sends on real 3D runs;
-* activation bytes per layer = the ActivationLedger's (`memory.activation_table`)
-  minus exactly the gap `minitp.memory` documents item by item (`GAP_ITEMS`);
+* activation bytes per layer = the ActivationLedger's (`minitp.labs.activations.
+  activation_table`) minus exactly the gap that lab documents item by item
+  (`GAP_ITEMS`);
 * the bubble: `calc.bubble` against the trace of real pipelined runs is
   tests/test_pipeline.py::test_measured_bubble_matches_theory (within 10%); here,
   `calc.bubble`, the first stage's microbatches in flight and `step_time`'s
@@ -29,6 +30,9 @@ import torch
 
 import minitp as mt
 import minitp.calc as calc
+from minitp import memory
+from minitp.config import layer_label
+from minitp.labs.activations import GAP_ITEMS, activation_table
 
 CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=4, d_model=16)  # vocab: 3, 4 don't divide
 BATCH, MICROBATCHES = 4, 2
@@ -65,14 +69,9 @@ def _measure(tp, dtype):
         with mt.trace.label(name):
             mt.train_step(model, (x, y), mesh, optimizer, microbatches=MICROBATCHES)
         if name == "tp":
-            try:
-                from minitp import memory
-            except ImportError:
-                out["states"] = None
-            else:
-                out["states"] = memory.model_state_bytes(model, optimizer)
-                out["tensors"] = len(list(model.parameters()))
-                out["element_size"] = next(model.parameters()).element_size()
+            out["states"] = memory.model_state_bytes(model, optimizer)
+            out["tensors"] = len(list(model.parameters()))
+            out["element_size"] = next(model.parameters()).element_size()
     return out
 
 
@@ -91,8 +90,6 @@ def test_params_per_rank_equal_the_shards(runs, tp):
 
 @pytest.mark.parametrize("tp", list(DTYPES))
 def test_model_states_equal_the_tensors(runs, tp):
-    if runs[tp][0]["states"] is None:
-        pytest.skip("minitp.memory is not there yet: model-state bytes cannot be read")
     n = calc.params_per_rank(mt.GPTConfig(**CFG), tp=tp)
     for rank, r in enumerate(runs[tp]):
         e, states = r["element_size"], r["states"]
@@ -110,7 +107,7 @@ def test_model_states_equal_the_tensors(runs, tp):
 
 
 def _layer_events(run, setting: str, layer: int, rank: int):
-    return [e for e in run.trace if e.rank == rank and e.label == f"{setting}.layer{layer}"]
+    return [e for e in run.trace if e.rank == rank and e.label == f"{setting}.{layer_label(layer)}"]
 
 
 def _check_tp_bytes(run, tp, setting, early_stop):
@@ -169,11 +166,8 @@ ACTIVATION_CFG = mt.GPTConfig(vocab_size=16, seq_len=16, n_layer=2, n_head=4, d_
 
 
 def test_activation_bytes_equal_the_ledger_less_the_documented_gap():
-    memory = pytest.importorskip("minitp.memory", reason="minitp.memory is not there yet")
-    if not hasattr(memory, "activation_table"):
-        pytest.skip("minitp.memory has no activation_table yet")
     b, cfg = 2, ACTIVATION_CFG
-    table = memory.activation_table(cfg, b, tp_sizes=(1, 2, 4))
+    table = activation_table(cfg, b, tp_sizes=(1, 2, 4))
     settings = {"none": (False, None), **TP_SETTINGS}
     settings["full"] = settings.pop("tp+full")
     del settings["tp+sp+full"]
@@ -183,14 +177,14 @@ def test_activation_bytes_equal_the_ledger_less_the_documented_gap():
         t = row["t"]
         predicted = calc.activation_bytes_per_layer(cfg, b, t, sp, recompute)
         assert row["formula"] == predicted, row["setting"]
-        # measured = Korthikanti's formula + every item of the gap memory.py names, exactly
-        assert set(row["explained"]) == set(memory.GAP_ITEMS)
+        # measured = Korthikanti's formula + every item of the gap the lab names, exactly
+        assert set(row["explained"]) == set(GAP_ITEMS)
         assert row["measured"] == predicted + sum(row["explained"].values()), row["setting"]
         assert row["unexplained"] == 0, row
         # the whole model: l layers of it (one stage, so activation_bytes is l per-layer values)
         ledger = table.ledgers[(row["setting"], t)]
         layers = ledger.per_layer()
-        assert list(layers) == [f"layer{k}" for k in range(cfg.n_layer)]
+        assert list(layers) == [layer_label(k) for k in range(cfg.n_layer)]
         assert sum(layers.values()) == (calc.activation_bytes(cfg, b, t, sp, recompute)
                                         + cfg.n_layer * sum(row["explained"].values()))
         seen.add((row["setting"], t))

@@ -10,7 +10,7 @@ import pytest
 
 import minitp as mt
 import minitp.calc as calc
-from minitp.explorer import (
+from minitp.labs.explorer import (
     CONTROLS,
     DEFAULTS,
     GPUS,

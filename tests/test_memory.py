@@ -1,13 +1,19 @@
-"""minitp.memory: Table 2's formula, the activation ledger, the measured table, model states.
+"""minitp.memory (the activation ledger, model states) and the activation lab,
+minitp.labs.activations (Table 2's formula, the measured table).
 
 Activation memory is measured, and every byte between the measurement and
 Korthikanti et al. 2022, Table 2 is accounted for: these tests check that in
 integers (measured == formula + documented gap), never as a loose ratio, and
 check the ledger itself against the allocator (torch's profiler) and against
-tiny computations whose saved tensors are known.
+tiny computations whose saved tensors are known. The formula is checked against
+an independent transcription of Table 2, and model-state bytes against every
+tensor a ZeRO-1 rank keeps alive.
 """
 
 import gc
+import sys
+import types
+from fractions import Fraction
 
 import pytest
 import torch
@@ -15,9 +21,13 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 import minitp as mt
-from minitp import memory
+import minitp.calc as calc
+from minitp.config import layer_label
+from minitp.data_parallel import zero1_optimizer
 from minitp.dropout import ShardedDropout
-from minitp.memory import SETTINGS, ActivationLedger, korthikanti_bytes, model_state_bytes
+from minitp.labs import activations
+from minitp.labs.activations import SETTINGS, korthikanti_bytes
+from minitp.memory import ActivationLedger, model_state_bytes
 
 CFG = mt.GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, dropout=0.1)
 B = 2  # micro-batch
@@ -63,6 +73,46 @@ def test_formula_against_hand_computed_values():
         korthikanti_bytes(4, 1, 2, 1, 2, "sp")
 
 
+def table2(s, b, h, a, t):
+    """Korthikanti et al. 2022, Table 2, transcribed: activation bytes per transformer
+    layer, 16-bit activations and 1-byte dropout masks. Exact (Fractions)."""
+    s, b, h, a, t = map(Fraction, (s, b, h, a, t))
+    return {
+        "none": s * b * h * (34 + 5 * a * s / h),
+        "tp": s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": s * b * h / t * (34 + 5 * a * s / h),
+        "tp+selective": s * b * h * (10 + 24 / t),
+        "tp+sp+selective": 34 * s * b * h / t,
+        "full": 2 * s * b * h,
+    }
+
+
+# (s, b, h, a, t): the 22B model of Korthikanti et al. (Table 3), GPT-3 175B at t = 8,
+# and small shapes, t from 1 to 6, chosen so that every row is a whole number of bytes.
+TABLE2_SHAPES = [(2048, 1, 6144, 64, 8), (2048, 1, 12288, 96, 8), (16, 2, 32, 4, 2),
+                 (32, 3, 48, 6, 3), (12, 1, 20, 5, 6), (64, 4, 128, 8, 4), (8, 1, 16, 2, 1)]
+
+
+@pytest.mark.parametrize("shape", TABLE2_SHAPES, ids=lambda x: "s{}b{}h{}a{}t{}".format(*x))
+def test_formula_is_table_2(shape):
+    """korthikanti_bytes, and the calculator it shares its arithmetic with, against
+    Table 2 written out above: equal, exactly, in every row."""
+    s, b, h, a, t = shape
+    expected = table2(s, b, h, a, t)
+    options = {"none": (False, None), "tp": (False, None), "tp+sp": (True, None),
+               "tp+selective": (False, "selective"), "tp+sp+selective": (True, "selective"),
+               "full": (False, "full")}
+    assert list(expected) == list(SETTINGS) == list(options)
+    cfg = mt.GPTConfig(vocab_size=16, seq_len=s, n_layer=1, n_head=a, d_model=h)
+    for setting, (sp, recompute) in options.items():
+        whole = expected[setting]
+        assert whole.denominator == 1, (shape, setting)  # the shapes above are chosen so
+        t_used = 1 if setting in ("none", "full") else t  # Table 2's rows without t
+        assert korthikanti_bytes(s, b, h, a, t, setting) == whole, (shape, setting)
+        got = calc.activation_bytes_per_layer(cfg, b, tp=t_used, sp=sp, recompute=recompute)
+        assert got == whole, (shape, setting)
+
+
 # --------------------------------------------------------------------------- the ledger
 def test_ledger_records_exactly_what_autograd_saves():
     w = nn.Parameter(torch.randn(4, 3))
@@ -104,6 +154,20 @@ def test_python_scalars_autograd_keeps_are_counted():
         (True, "float64", SCALAR_BYTES)]
     _, kept = _kept_by(lambda: x / 3.0)
     assert kept == y.nbytes + SCALAR_BYTES  # the allocator agrees
+
+
+def test_layer_is_read_from_the_module_or_the_trace_label():
+    """blocks.<i> names the layer; without one, the trace label ("layer3", nested or
+    not) does; outside both, no layer."""
+    x = torch.randn(4, requires_grad=True)
+    with ActivationLedger() as ledger:
+        with mt.trace.label("stage1"), mt.trace.label("layer3"):
+            x.exp()
+        with mt.trace.label("layer12"):
+            x.sin()
+        with mt.trace.label("head"):
+            x.cos()
+    assert [e.layer for e in ledger.entries] == ["layer3", "layer12", ""]
 
 
 def test_checkpoint_keeps_its_inputs_and_the_rng_state():
@@ -162,7 +226,7 @@ def _allocator_check(settings):
     y = torch.randint(0, CFG.vocab_size, (B, S))
     results = {}
     for setting in settings:
-        sequence_parallel, recompute = memory._OPTIONS[setting]
+        sequence_parallel, recompute = activations._OPTIONS[setting]
         model = mt.parallelize(ref, mesh, sequence_parallel=sequence_parallel,
                                recompute=recompute)
         model(x, y)  # first calls allocate lazily-built state; measure the second
@@ -186,12 +250,12 @@ def test_ledger_matches_the_allocator_in_every_setting():
 @pytest.fixture(scope="module")
 def table():
     """Every setting at t = 1, 2, 4 ("none" at 1): three launches."""
-    return memory.activation_table(CFG, B, tp_sizes=(1, 2, 4), settings=SETTINGS)
+    return activations.activation_table(CFG, B, tp_sizes=(1, 2, 4), settings=SETTINGS)
 
 
 def documented_gap(setting: str, t: int) -> dict[str, int]:
-    """What our layer keeps beyond Table 2, from the shapes alone (see memory.GAP_ITEMS)."""
-    sequence_parallel, recompute = memory._OPTIONS[setting]
+    """What our layer keeps beyond Table 2, from the shapes alone (see activations.GAP_ITEMS)."""
+    sequence_parallel, recompute = activations._OPTIONS[setting]
     s_local = S // t if sequence_parallel else S
     return {
         "ln stats": 0 if setting == "full" else 2 * 2 * B * s_local * _ln_stat_bytes(),
@@ -243,7 +307,7 @@ def _layer_inputs_and_ledger():
 def test_full_recompute_keeps_each_layers_own_input():
     inputs, ledger = mt.launch(_layer_inputs_and_ledger, 2, timeout=120)[0]
     for index, storage in enumerate(inputs):
-        saved = [e for e in ledger.layer(f"layer{index}") if e.op == "checkpoint"]
+        saved = [e for e in ledger.layer(layer_label(index)) if e.op == "checkpoint"]
         assert [(e.storage, e.nbytes) for e in saved] == [(storage, 2 * SBH)]
 
 
@@ -279,21 +343,21 @@ def test_sequence_parallelism_divides_every_saved_tensor_by_t(table):
 def test_table_display_and_plan(table):
     text = repr(table)
     assert "Korthikanti" in text and "unexplained" in text
-    for name in memory.GAP_ITEMS:
+    for name in activations.GAP_ITEMS:
         assert f"  {name}: " in text
-    assert len(text.splitlines()) == 2 + 1 + len(table.rows) + 1 + len(memory.GAP_ITEMS)
-    assert memory._plan((1, 2, 4)) == {1: ["none", "full"], 2: list(SETTINGS[1:]),
+    assert len(text.splitlines()) == 2 + 1 + len(table.rows) + 1 + len(activations.GAP_ITEMS)
+    assert activations._plan((1, 2, 4)) == {1: ["none", "full"], 2: list(SETTINGS[1:]),
                                        4: list(SETTINGS[1:])}
-    assert memory._plan((1, 2), ["tp", "tp+sp"]) == {1: ["tp", "tp+sp"], 2: ["tp", "tp+sp"]}
+    assert activations._plan((1, 2), ["tp", "tp+sp"]) == {1: ["tp", "tp+sp"], 2: ["tp", "tp+sp"]}
 
 
 def test_activation_table_rejects_what_the_formula_does_not_cover():
     with pytest.raises(ValueError, match="dropout"):
-        memory.activation_table(mt.GPTConfig(**{**vars(CFG), "dropout": 0.0}), B)
+        activations.activation_table(mt.GPTConfig(**{**vars(CFG), "dropout": 0.0}), B)
     with pytest.raises(ValueError, match="16-bit"):
-        memory.activation_table(CFG, B, dtype=torch.float32)
+        activations.activation_table(CFG, B, dtype=torch.float32)
     with pytest.raises(ValueError, match="n_head"):
-        memory.activation_table(CFG, B, tp_sizes=(3,))
+        activations.activation_table(CFG, B, tp_sizes=(3,))
 
 
 # --------------------------------------------------------------------------- model states
@@ -324,3 +388,65 @@ def test_model_state_counts_a_shared_storage_once():
     module.a, module.b = nn.Parameter(shared), nn.Parameter(shared[:5])  # two views, one storage
     module.c = nn.Parameter(torch.zeros(3))
     assert model_state_bytes(module)["parameters"] == 40 + 12
+
+
+# --------------------------------------------------------------------------- ZeRO-1's live bytes
+ZERO_CFG = dict(vocab_size=16, seq_len=8, n_layer=1, n_head=2, d_model=6)  # 666 parameters
+_NOT_STATE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+              types.CodeType, types.FrameType)
+
+
+def _live_bytes(model, optimizer) -> int:
+    """Bytes of every storage reachable from `model` and `optimizer`, following
+    Python references (gc.get_referents) and each tensor's ``.grad``, each storage
+    once: what stays alive because of them. Independent of `model_state_bytes`: it
+    knows nothing of param_groups, shards or state. Buffers are not model state."""
+    modules = {id(m.__dict__) for m in list(sys.modules.values()) if m is not None}
+    skip = {id(b) for b in model.buffers()}
+    seen, storages, todo = set(), {}, [model, optimizer]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or id(obj) in modules or id(obj) in skip or isinstance(obj, _NOT_STATE):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[(str(obj.device), storage.data_ptr())] = storage.nbytes()
+            if obj.grad is not None:  # kept by autograd's metadata, out of gc's sight
+                todo.append(obj.grad)
+        todo.extend(gc.get_referents(obj))
+    return sum(storages.values())
+
+
+def _zero1_state_bytes(steps):
+    mesh = mt.Mesh(dp=mt.world().size)
+    torch.manual_seed(0)
+    model = mt.parallelize(mt.GPT(mt.GPTConfig(**ZERO_CFG)), mesh)
+    optimizer = zero1_optimizer(model, mesh, torch.optim.Adam, lr=1e-3)
+    x = torch.randint(0, 16, (2 * mesh.dp.size, 8), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for step in range(steps + 1):
+        if step:
+            mt.train_step(model, (x, x.roll(-1, 1)), mesh, optimizer)
+        gc.collect()
+        out[step] = (model_state_bytes(model, optimizer), _live_bytes(model, optimizer))
+    numel = sum(p.numel() for p in model.parameters())
+    return out, numel, optimizer.padded, next(model.parameters()).element_size()
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_zero1_model_state_bytes_are_the_live_bytes(dp):
+    """Between steps a ZeRO-1 rank keeps the model's parameters and gradients, its
+    flat shard (1/dp of the padded parameters) with the shard's gradient, and
+    Adam's state for the shard: model_state_bytes must count all of it, exactly."""
+    run = mt.launch(_zero1_state_bytes, dp, 2, timeout=120)
+    for rank, (by_step, numel, padded, e) in enumerate(run):
+        shard = padded // dp * e
+        assert padded == -(-numel // dp) * dp
+        for step, (states, live) in by_step.items():
+            assert states["total"] == live, (rank, step)
+            grads = step > 0
+            assert states["parameters"] == numel * e + shard, (rank, step)
+            assert states["gradients"] == grads * (numel * e + shard), (rank, step)
+            assert states["optimizer"] == grads * (2 * shard + 4), (rank, step)  # 4: Adam's step
+    assert dp != 4 or padded > numel  # 666 parameters: the dp = 4 shard is padded

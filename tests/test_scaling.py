@@ -1,4 +1,4 @@
-"""minitp.scaling: Megatron-LM's weak-scaling family, the laws, and a real timed run.
+"""minitp.labs.scaling: Megatron-LM's weak-scaling family, the laws, and a real timed run.
 
 The family is checked against Shoeybi et al. 2019, Table 1 (the sizes, and the
 parameter counts the paper prints); the laws against their closed forms; the
@@ -16,7 +16,7 @@ import pytest
 
 import minitp as mt
 import minitp.calc as calc
-from minitp import scaling
+from minitp.labs import scaling
 from minitp.trace import Event
 
 TINY = dict(head_dim=4, head_divisor=4, layer_divisor=20, vocab_size=64, seq_len=8)

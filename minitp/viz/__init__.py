@@ -54,6 +54,11 @@ from .planning import (  # noqa: F401
     memory_and_time,
     plan_candidates,
 )
+from .run import (  # noqa: F401
+    run_losses,
+    run_memory,
+    run_wire_bytes,
+)
 from .scaling import (  # noqa: F401
     SPLIT_COLORS,
     scaling_efficiency,
@@ -92,6 +97,9 @@ __all__ = [
     "pipeline_gantt",
     "plan_candidates",
     "rank_color",
+    "run_losses",
+    "run_memory",
+    "run_wire_bytes",
     "scaling_efficiency",
     "speedup",
     "split_matmul",

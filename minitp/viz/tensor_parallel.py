@@ -1,4 +1,8 @@
-"""Tensor parallelism drawn: split matrix products and a layer's dataflow with its collectives."""
+"""Tensor parallelism drawn: split matrix products and a layer's dataflow with its collectives.
+
+Why one file: both pictures are drawn from the same small vocabulary of boxes,
+arrows and collective markers defined here; they change together.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Explore a run you will never launch on a laptop: memory per GPU and step time.
+"""Lab: explore a run you will never launch on a laptop — memory per GPU and step time.
 
-    from minitp.explorer import explore, explorer_widget, figure
+    from minitp.labs.explorer import explore, explorer_widget, figure
     e = explore("gpt3-175b", n_gpus=1024, gpu="a100-80gb", pp=16, tp=8, sp=True,
                 microbatches=192)        # dp = 1024 / (16·8) = 8, global batch 8·1·192
     e.memory, e.time, e.fits             # bytes by kind, seconds by part, True
@@ -8,12 +8,16 @@
     figure(e)                            # both as stacked bars
     w = explorer_widget(); w             # sliders and dropdowns; w.result is the latest `explore`
 
-Everything here is `minitp.calc`: `explore` checks the configuration, calls
+Everything here is `minitp.calc`, so every number is a MODEL (the papers'
+formulas), none measured: `explore` checks the configuration, calls
 `calc.memory_per_gpu` and `calc.step_time`, and keeps their answers; the
 widget only turns its controls into `explore`'s arguments. So the tests (and
 lesson 10) check the numbers by calling `calc` directly, and drive the widget
 in code: ``w.controls["tp"].value = 16`` (or ``w.children[CONTROLS.index("tp")]``),
 then read ``w.result``.
+
+(Why one file: the widget is only a view of `explore`: kept in one
+file, its controls and `explore`'s arguments are read side by side.)
 """
 
 from __future__ import annotations
@@ -26,10 +30,10 @@ from dataclasses import dataclass
 
 import ipywidgets as widgets
 
-from . import calc
-from .calc.cluster import Cluster, GiB
-from .model import GPTConfig
-from .parallelize import check_parallel_config
+from .. import calc
+from ..calc.cluster import Cluster, GiB
+from ..config import check_parallel_config
+from ..model import GPTConfig
 
 
 def _gpt(h: int, a: int, layers: int, s: int = 2048) -> GPTConfig:
@@ -38,18 +42,17 @@ def _gpt(h: int, a: int, layers: int, s: int = 2048) -> GPTConfig:
 
 # name -> (what the dropdown shows, the shape). Vocabulary 51,200 throughout.
 MODELS = {
-    # Shoeybi et al. 2019, Table 1 (sequence 1024)
+    # Shoeybi et al. 2019 (Megatron-LM), Table 1 (sequence 1024)
     "megatron-1.2b": ("Megatron-LM 1.2B", _gpt(1536, 16, 40, s=1024)),
     "megatron-8.3b": ("Megatron-LM 8.3B", _gpt(3072, 32, 72, s=1024)),
-    # Narayanan et al. 2021, Table 1
-    "gpt-1.7b": ("GPT 1.7B", _gpt(2304, 24, 24)),
-    "gpt-18b": ("GPT 18.4B", _gpt(6144, 48, 40)),
-    # Korthikanti et al. 2022, Table 3 (and REFERENCE.md's GPT-22B)
-    "gpt-22b": ("GPT 22B", _gpt(6144, 64, 48)),
-    "gpt-39b": ("GPT 39.1B", _gpt(8192, 64, 48)),
-    "gpt-76b": ("GPT 76.1B", _gpt(10240, 80, 60)),
-    "gpt3-175b": ("GPT-3 175B", _gpt(12288, 96, 96)),
-    "gpt-310b": ("GPT 310.1B", _gpt(16384, 128, 96)),
+    "gpt-1.7b": ("GPT 1.7B", _gpt(2304, 24, 24)),  # Narayanan et al. 2021, Table 1
+    "gpt-18b": ("GPT 18.4B", _gpt(6144, 48, 40)),  # Narayanan et al. 2021, Table 1
+    "gpt-22b": ("GPT 22B", _gpt(6144, 64, 48)),  # Korthikanti et al. 2022, Table 3
+    "gpt-39b": ("GPT 39.1B", _gpt(8192, 64, 48)),  # Narayanan et al. 2021, Table 1
+    "gpt-76b": ("GPT 76.1B", _gpt(10240, 80, 60)),  # Narayanan et al. 2021, Table 1
+    "gpt3-175b": ("GPT-3 175B", _gpt(12288, 96, 96)),  # Korthikanti et al. 2022, Table 3
+    "gpt-310b": ("GPT 310.1B", _gpt(16384, 128, 96)),  # Narayanan et al. 2021, Table 1
+    # Korthikanti et al. 2022, Table 3 (also Narayanan et al. 2021's 529.6B and 1008B rows)
     "mt-nlg-530b": ("MT-NLG 530B", _gpt(20480, 128, 105)),
     "gpt-1t": ("GPT 1T", _gpt(25600, 160, 128)),
 }
@@ -221,7 +224,6 @@ def explore(model="gpt3-175b", n_gpus: int | None = None, gpu="a100-80gb", dp: i
     if dp * pp * tp != n_gpus:
         raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but n_gpus={n_gpus}: "
                          "every GPU holds exactly one (dp, pp, tp) coordinate")
-    check_parallel_config(cfg, tp, pp, dp, sp, recompute, virtual, world_size=n_gpus)
     if global_batch is not None:
         global_batch = _positive_int("global_batch", global_batch)
         m = calc.microbatch_count(global_batch, dp, micro_batch)
@@ -231,9 +233,8 @@ def explore(model="gpt3-175b", n_gpus: int | None = None, gpu="a100-80gb", dp: i
         microbatches = m
     microbatches = _positive_int("microbatches", 1 if microbatches is None else microbatches)
     global_batch = dp * microbatches * micro_batch
-    if virtual > 1 and (pp == 1 or microbatches % pp):
-        raise ValueError(f"the interleaved schedule (virtual={virtual}) needs pp > 1 and "
-                         f"microbatches a multiple of pp; got pp={pp}, microbatches={microbatches}")
+    check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp, recompute=recompute,
+                          virtual_stages=virtual, world_size=n_gpus, microbatches=microbatches)
     if not 0 < efficiency <= 1 or not 0 < usable <= 1:
         raise ValueError(f"efficiency and usable are fractions in (0, 1]; got {efficiency!r}, "
                          f"{usable!r}")
@@ -251,7 +252,7 @@ def explore(model="gpt3-175b", n_gpus: int | None = None, gpu="a100-80gb", dp: i
 def figure(explorations, *, title: str | None = None):
     """Memory per GPU by kind and step time by part, as stacked bars: one `Exploration`,
     or several side by side ({label: Exploration} or a list). Returns the Figure."""
-    from . import viz
+    from .. import viz
 
     if isinstance(explorations, Exploration):
         explorations = {explorations.name: explorations}

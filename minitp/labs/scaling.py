@@ -1,4 +1,4 @@
-"""Scaling experiments: Megatron-LM's model family, shrunk; real runs timed and split.
+"""Lab: scaling experiments. Megatron-LM's model family, shrunk; real runs timed and split.
 
 Shoeybi et al. 2019 (Megatron-LM, arXiv 1909.08053) measured *weak scaling*:
 the model grows with the number t of tensor-parallel GPUs (their Table 1: 1.2B
@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import calc, comm, trace
-from .launch import Run, launch
-from .mesh import Mesh, world
-from .model import GPT, GPTConfig
-from .parallelize import check_parallel_config, parallelize
-from .step import train_step
+from .. import calc, comm, trace
+from ..config import check_parallel_config, layer_label
+from ..launch import Run, launch
+from ..mesh import Mesh, world
+from ..model import GPT, GPTConfig
+from ..parallelize import parallelize
+from ..step import train_step
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class StepSplit:
 
     @property
     def flops(self) -> int:
-        """FLOPs of the whole step, all ranks together (Korthikanti et al. Eq. 7)."""
+        """FLOPs of the whole step, all ranks together: a MODEL (Korthikanti et al.
+        2022, Eq. 7, from the shape), not counted in the run."""
         return calc.flops_per_iteration(self.cfg, self.batch)
 
     def __str__(self) -> str:
@@ -212,7 +214,7 @@ def split_run(run: Run, configs, batch: int, index: int) -> StepSplit:
     best = min(range(steps), key=times.__getitem__)
     per_rank = tuple(read["comm_seconds"] for read in reads[best])
     waits = waiting_seconds([read["events"] for read in reads[best]])
-    layers = [reads[best][0]["by_label"].get(f"layer{i}", []) for i in range(cfg.n_layer)]
+    layers = [reads[best][0]["by_label"].get(layer_label(i), []) for i in range(cfg.n_layer)]
     return StepSplit(
         cfg=cfg, tp=tp, batch=batch, seconds=times[best],
         comm_seconds=statistics.fmean(per_rank), rank_comm_seconds=per_rank,

@@ -1,0 +1,32 @@
+"""The course's laboratories: experiments that launch runs and compare what they
+measure with the papers' formulas.
+
+A lab sits above the library: it uses `minitp` (launch, parallelize, the trace,
+the memory ledger, the calculator) the way a student's notebook would, and
+nothing in the library imports it. Each lab is one module:
+
+* `activations`: activation bytes per layer, measured by the ledger, beside
+  Korthikanti et al. 2022, Table 2, with every byte of the gap named (lessons
+  05 and 06);
+* `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
+  and split into compute and communication from the trace (lesson 09);
+* `explorer`: memory per GPU and step time of runs too large to launch, from
+  `minitp.calc`, with an ipywidgets front end (lesson 10).
+
+The labs are imported on first use (``minitp.labs.scaling``), not with the
+package: the explorer pulls in ipywidgets, which ranks never need.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+LABS = ("activations", "explorer", "scaling")
+
+__all__ = list(LABS)
+
+
+def __getattr__(name):
+    if name in LABS:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
