@@ -298,3 +298,45 @@ def test_from_dense_keeps_the_tags():
     assert tags.tag(row.weight, "tp_split_dim") == 1
     assert tags.tag(row.bias, "grad_partial_over_tp") is True
     assert tags.tag(embedding.weight, "tp_true_size") == VOCAB
+
+
+# --------------------------------------------------------------------------- the whole model
+TINY = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
+
+
+@pytest.mark.parametrize("bad", [10, 12, -1, -7])
+def test_the_plain_gpt_refuses_a_target_outside_the_vocabulary(bad):
+    model = mt.GPT(mt.GPTConfig(**TINY)).to(mt.device())
+    x = torch.zeros(2, 8, dtype=torch.long, device=mt.device())
+    y = torch.ones_like(x)
+    y[1, 3] = bad
+    with pytest.raises(ValueError, match=rf"target id {bad} is outside the vocabulary"):
+        model(x, y)
+    y[1, 3] = IGNORE_INDEX  # the ignore index is a valid target
+    assert torch.isfinite(model(x, y)[1])
+
+
+def _step_with_target(bad: int, pp: int):
+    mesh = mt.Mesh(pp=pp, tp=2 // pp)
+    torch.manual_seed(0)
+    model = mt.parallelize(mt.GPT(mt.GPTConfig(**TINY)).to(mt.device()), mesh)
+    x = torch.zeros(4, 8, dtype=torch.long, device=mt.device())
+    y = torch.ones_like(x)
+    y[3, 7] = bad
+    try:
+        mt.train_step(model, (x, y), mesh, torch.optim.SGD(model.parameters(), lr=0.1),
+                      microbatches=2)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_train_step_refuses_a_target_outside_the_vocabulary_on_every_rank(pp):
+    """In a pipeline only the last stage computes the loss: every rank must refuse
+    the batch itself, or the first stage would train on while the last one fails."""
+    for bad in (10, -3):  # 10: the padded range is empty at vocab 10, tp 2; -3: negative
+        messages = mt.launch(_step_with_target, 2, bad, pp, timeout=60)
+        for message in messages:
+            assert message == (f"target id {bad} is outside the vocabulary: it must be in "
+                               f"[0, 10) or the ignore index {IGNORE_INDEX}")
