@@ -6,7 +6,7 @@ Each rule is written once, here, and every file that needs it imports it:
 
 * what must divide what for a (dp, pp, tp) split — `check_parallel_config`;
 * the pipeline schedule names and the interleaved schedule's constraint;
-* the recompute modes;
+* the recompute modes and the ZeRO stages;
 * the ignore index of the loss, and what a valid token id is;
 * the trace's label formats ("layer3", "F3", "F3:1"), built and parsed by the
   same functions;
@@ -24,6 +24,9 @@ IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's 
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = (None, "selective", "full")
+# ZeRO (Rajbhandari et al. 2020) shards over the data-parallel axis: 0 nothing (plain
+# data parallelism), 1 the optimizer state, 2 also the gradients, 3 also the parameters.
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 # --------------------------------------------------------------------------- checks
@@ -35,6 +38,12 @@ def _positive_int(name: str, value) -> None:
 def check_recompute(mode) -> None:
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be None, 'selective' or 'full', got {mode!r}")
+
+
+def check_zero_stage(stage) -> None:
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ValueError(f"zero_stage must be one of {ZERO_STAGES} (0: no ZeRO; 1 shards the "
+                         f"optimizer state, 2 also gradients, 3 also parameters), got {stage!r}")
 
 
 def check_schedule(schedule, virtual_stages: int = 1) -> None:
@@ -61,7 +70,7 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
                           sequence_parallel: bool = False, recompute=None,
                           virtual_stages: int = 1, world_size: int | None = None,
                           schedule=None, microbatches: int | None = None,
-                          batch_size: int | None = None) -> None:
+                          batch_size: int | None = None, zero_stage: int = 0) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way. Call it in the parent, before any process starts; `parallelize`
     calls it again on every rank, and `train_step` with the schedule,
@@ -88,6 +97,7 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
         raise ValueError(f"virtual_stages={virtual_stages} needs a pipeline (pp > 1): interleaving "
                          "splits each pipeline rank's layers into several chunks")
     check_recompute(recompute)
+    check_zero_stage(zero_stage)
     if world_size is not None and dp * pp * tp != world_size:
         raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "
                          f"{world_size}")
