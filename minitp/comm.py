@@ -12,6 +12,11 @@ Rules learned on gloo (CPU), torch 2.4 onwards:
   * never ``ReduceOp.AVG`` (gloo's reduce-scatter silently returns the SUM on
     torch <= 2.8): sum, then divide;
   * gathers need equal shapes on every rank: pad first.
+
+Bytes: each Event carries ``model_bytes`` (the ring formula) and ``sent_bytes``,
+what this process measurably wrote while the op ran (`minitp._io_counters`;
+``None`` where that cannot be told apart or counted). An op on an axis of one
+rank moves nothing and is not traced: it returns its (copied) input.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import _device, trace
+from ._io_counters import Window
 from .config import ring_wire_bytes
 from .errors import RankTimedOut
 from .mesh import Axis
@@ -44,9 +50,10 @@ def all_reduce(x: torch.Tensor, axis: Axis, op: str = "sum") -> torch.Tensor:
         hint = " (use op='sum' and divide: gloo mishandles AVG)" if op in ("avg", "mean") else ""
         raise ValueError(f"all_reduce op must be one of {sorted(_REDUCE_OPS)}, got {op!r}{hint}")
     out = x.detach().clone()
+    if axis.size == 1:
+        return out
     with _traced("all_reduce", axis, out, out.numel() * out.element_size()):
-        if axis.size > 1:
-            dist.all_reduce(out, op=_REDUCE_OPS[op], group=axis.group)
+        dist.all_reduce(out, op=_REDUCE_OPS[op], group=axis.group)
     return out
 
 
@@ -56,12 +63,11 @@ def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     dim = dim % x.dim()
     local = x.detach().contiguous()
     # the backends want the output as (n*d0, ...): rank r's tensor is its r-th block
+    if n == 1:
+        return local.clone()
     out = torch.empty((n * local.shape[0], *local.shape[1:]), dtype=x.dtype, device=x.device)
     with _traced("all_gather", axis, x, out.numel() * out.element_size()):
-        if n == 1:
-            out.copy_(local)
-        else:
-            dist.all_gather_into_tensor(out, local, group=axis.group)
+        dist.all_gather_into_tensor(out, local, group=axis.group)
     if dim == 0:
         return out  # already in place
     # (n, ..., d, ...) -> (..., n, d, ...) -> (..., n*d, ...): rank r's block lands r-th
@@ -81,16 +87,15 @@ def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
         )
     # (..., n*c, ...) -> (..., n, c, ...) -> (n, ..., c, ...): chunk i first, for rank i.
     # Its rank-i slice is then exactly the output's layout, so no copy afterwards.
+    if n == 1:
+        return x.detach().clone()
     shape = list(x.shape)
     split = shape[:dim] + [n, shape[dim] // n] + shape[dim + 1:]
     chunks_first = x.detach().reshape(split).movedim(dim, 0).contiguous()
     out = torch.empty(chunks_first.shape[1:], dtype=x.dtype, device=x.device)
     with _traced("reduce_scatter", axis, x, chunks_first.numel() * chunks_first.element_size()):
-        if n == 1:
-            out.copy_(chunks_first[0])
-        else:
-            flat = chunks_first.view(n * out.shape[0], *out.shape[1:])  # (n*c0, ...) as wanted
-            dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
+        flat = chunks_first.view(n * out.shape[0], *out.shape[1:])  # (n*c0, ...) as wanted
+        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
     return out
 
 
@@ -99,9 +104,10 @@ def broadcast(x: torch.Tensor, axis: Axis, src: int = 0) -> torch.Tensor:
     if not 0 <= src < axis.size:
         raise ValueError(f"broadcast src must be an index in 0..{axis.size - 1}, got {src}")
     out = x.detach().clone()
-    with _traced("broadcast", axis, out, out.numel() * out.element_size()):
-        if axis.size > 1:
-            dist.broadcast(out, src=axis.ranks[src], group=axis.group)
+    if axis.size == 1:
+        return out
+    with _traced("broadcast", axis, out, out.numel() * out.element_size(), src=src):
+        dist.broadcast(out, src=axis.ranks[src], group=axis.group)
     return out
 
 
@@ -127,7 +133,10 @@ def sendrecv(x: torch.Tensor, dst: int, out: torch.Tensor, src: int) -> torch.Te
     Both messages are posted at once, so a ring of ranks that all send to the
     next and receive from the previous cannot deadlock (with blocking `send`
     first on every rank, each would wait for a receiver that never comes).
-    Records a send and a recv event.
+    Records a send and a recv event. They share one measuring window: the send
+    event's ``sent_bytes`` is all this rank wrote meanwhile (its message, and the
+    few header bytes with which the receive tells `src` it is ready); the recv
+    event's is None, as it cannot be told apart.
     """
     if not out.is_contiguous():
         raise ValueError("sendrecv needs a contiguous receive buffer")
@@ -149,15 +158,28 @@ class Pending:
     Posting and waiting apart is what lets a pipeline stage hand an activation
     to the next stage and go on computing, and what lets a data-parallel
     all-reduce run while backward goes on (gloo progresses it in its own thread).
+
+    Its bytes are counted from just before it is posted to the end of its wait,
+    in every thread of the process; if any other op was in flight meanwhile,
+    ``sent_bytes`` is None (see `minitp._io_counters.Window`).
+    `post` starts the work (None: nothing to do, no event: an axis of one rank).
     """
 
-    def __init__(self, work, op, axis: Axis | None, tensor, nbytes, peer=None, result=None):
-        self.work, self.result = work, result
-        self.traced = _traced(op, axis, tensor, nbytes, peer=peer)
+    def __init__(self, post, op, axis: Axis | None, tensor, nbytes, peer=None, result=None):
+        self.result = result
+        self.done = post is None
+        if self.done:
+            return
         rec = trace.recorder()
         # what the event belongs to is decided where it was posted, not where it is waited on
         self.posted, self.phase, self.label = rec.now(), trace.current_phase(), rec.label
-        self.done = False
+        window = Window(measurable=tensor.device.type == "cpu")
+        try:
+            self.work = post()
+        except BaseException:
+            window.close()
+            raise
+        self.traced = _traced(op, axis, tensor, nbytes, peer=peer, window=window)
 
     def wait(self):
         if self.done:
@@ -165,8 +187,7 @@ class Pending:
         with trace.relabel(self.label), trace.phase(self.phase):
             with self.traced as t:
                 t.start = self.posted
-                if self.work is not None:
-                    self.work.wait()
+                self.work.wait()
         self.done = True
         return self.result
 
@@ -175,9 +196,8 @@ def isend(x: torch.Tensor, dst: int, tag: int = 0) -> Pending:
     """Start sending `x` to global rank `dst`; returns at once. Keep the `Pending`
     and `wait()` on it before the step ends (the message holds `x` until then)."""
     payload = x.detach().contiguous()
-    work = dist.isend(payload, dst, tag=tag)
-    return Pending(work, "send", None, payload, payload.numel() * payload.element_size(),
-                   peer=dst, result=payload)
+    return Pending(lambda: dist.isend(payload, dst, tag=tag), "send", None, payload,
+                   payload.numel() * payload.element_size(), peer=dst, result=payload)
 
 
 def irecv(x: torch.Tensor, src: int, tag: int = 0) -> Pending:
@@ -186,16 +206,17 @@ def irecv(x: torch.Tensor, src: int, tag: int = 0) -> Pending:
     (activations, gradients, of different microbatches) may be in flight at once."""
     if not x.is_contiguous():
         raise ValueError("irecv needs a contiguous buffer")
-    work = dist.irecv(x, src, tag=tag)
-    return Pending(work, "recv", None, x, x.numel() * x.element_size(), peer=src, result=x)
+    return Pending(lambda: dist.irecv(x, src, tag=tag), "recv", None, x,
+                   x.numel() * x.element_size(), peer=src, result=x)
 
 
 def all_reduce_start(x: torch.Tensor, axis: Axis) -> Pending:
     """Start summing `x` over `axis` in the background; ``wait()`` returns the sum
     (a new tensor). The Event spans from the start to the completed wait."""
     out = x.detach().clone()
-    work = dist.all_reduce(out, group=axis.group, async_op=True) if axis.size > 1 else None
-    return Pending(work, "all_reduce", axis, out, out.numel() * out.element_size(), result=out)
+    post = None if axis.size == 1 else (
+        lambda: dist.all_reduce(out, group=axis.group, async_op=True))
+    return Pending(post, "all_reduce", axis, out, out.numel() * out.element_size(), result=out)
 
 
 def _record_p2p(op, tensor, peer, start) -> None:
@@ -204,24 +225,38 @@ def _record_p2p(op, tensor, peer, start) -> None:
     rec.add(
         op=op, axis="p2p", shape=tuple(tensor.shape),
         dtype=str(tensor.dtype).removeprefix("torch."), nbytes=nbytes,
-        wire_bytes=ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
+        model_bytes=ring_wire_bytes(op, nbytes, 2), start=start, end=rec.now(),
         phase=trace.current_phase(), peer=peer,
     )
 
 
 def barrier(axis: Axis) -> None:
     """Wait until every rank of `axis` arrives (an empty all-reduce, traced)."""
+    if axis.size == 1:
+        return
     token = torch.zeros(1, device=_device.device())  # NCCL needs it on this rank's GPU
     with _traced("barrier", axis, token, 0):
-        if axis.size > 1:
-            dist.all_reduce(token, group=axis.group)
+        dist.all_reduce(token, group=axis.group)
+
+
+def _model_bytes(op: str, nbytes: int, axis: Axis | None, src: int) -> int:
+    """The ring model of what this rank sends (`minitp.config.ring_wire_bytes`),
+    except a broadcast, whose chain from `src` has every rank send S but the last."""
+    if op == "barrier":
+        return 0
+    if op == "broadcast":
+        return 0 if (axis.rank - src) % axis.size == axis.size - 1 else nbytes
+    return ring_wire_bytes(op, nbytes, axis.size if axis else 2)
 
 
 class _traced:
-    """Context manager: mark this rank as waiting in `op`, time it, record the Event."""
+    """Context manager: mark this rank as waiting in `op`, time it, count the bytes
+    this process writes meanwhile, record the Event. `window`: one already opened
+    (by `Pending`, when the op was posted)."""
 
-    def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None):
+    def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None, src=0, window=None):
         self.op, self.axis, self.tensor, self.nbytes, self.peer = op, axis, tensor, nbytes, peer
+        self.src, self.window = src, window
 
     def describe(self) -> str:
         where = f"axis {self.axis.name} ranks {list(self.axis.ranks)}" if self.axis else (
@@ -233,9 +268,12 @@ class _traced:
         self.rec = trace.recorder()
         self.rec.enter(self.describe)
         self.start = self.rec.now()
+        if self.window is None:
+            self.window = Window(measurable=self.tensor.device.type == "cpu")
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        sent = self.window.close()
         if exc is not None:
             if _TIMEOUT_PATTERN.search(str(exc)):
                 # Keep the status slot set: the launcher reads it to name every waiting
@@ -244,15 +282,14 @@ class _traced:
             self.rec.leave()
             return False
         self.rec.leave()
-        n = self.axis.size if self.axis else 2
-        op = "barrier" if self.op == "barrier" else self.op
         self.rec.add(
-            op=op,
+            op=self.op,
             axis=self.axis.name if self.axis else "p2p",
             shape=tuple(self.tensor.shape),
             dtype=str(self.tensor.dtype).removeprefix("torch."),
             nbytes=int(self.nbytes),
-            wire_bytes=0 if op == "barrier" else ring_wire_bytes(op, int(self.nbytes), n),
+            model_bytes=_model_bytes(self.op, int(self.nbytes), self.axis, self.src),
+            sent_bytes=sent,
             start=self.start,
             end=self.rec.now(),
             phase=trace.current_phase(),

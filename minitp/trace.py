@@ -25,9 +25,20 @@ class Event:
 
     ``shape`` is the shape of this rank's input tensor; ``nbytes`` is the size of
     the full logical tensor the op is about (the all-reduced tensor, the gathered
-    output, the reduce-scatter input, the message). ``wire_bytes`` is what this
-    rank sends on the wire under the ring algorithm: all-reduce 2(n-1)/n·S,
-    all-gather and reduce-scatter (n-1)/n·S.
+    output, the reduce-scatter input, the message).
+
+    Two byte counts, never to be confused:
+      * ``model_bytes``: what this rank sends under the ring MODEL, computed from
+        ``nbytes`` (all-reduce 2(n-1)/n·S, all-gather and reduce-scatter
+        (n-1)/n·S, a send S; a broadcast's chain: S, 0 for its last rank);
+      * ``sent_bytes``: what this rank MEASURABLY wrote to its sockets during the
+        op, from the kernel's per-process counter (`minitp._io_counters`), or
+        ``None`` where it cannot be measured: NCCL/GPU tensors, no
+        ``/proc/self/io``, or another op in flight in this process at the same
+        time (the counter is per process and cannot split bytes between them).
+    On gloo they agree within headers for all-reduce, all-gather, send; they do
+    not for reduce-scatter (gloo sends an all-reduce's bytes) nor for a
+    broadcast over more than two ranks (gloo uses a tree, not a chain).
     ``start``/``end`` are seconds since the launch began (the same clock on
     every rank of one machine). ``phase`` is "fwd", "bwd" or "" (neither).
     """
@@ -38,13 +49,14 @@ class Event:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
-    wire_bytes: int
+    model_bytes: int
     start: float
     end: float
     phase: str = ""
     label: str = ""
     peer: int | None = None  # the other global rank of a send / recv
     group_ranks: tuple[int, ...] = field(default=())
+    sent_bytes: int | None = None  # measured; None: not measurable (see above)
 
     @property
     def duration(self) -> float:
@@ -185,7 +197,7 @@ def region(name: str, phase_name: str | None = None):
         yield
     finally:
         rec.add(
-            op="compute", axis="", shape=(), dtype="", nbytes=0, wire_bytes=0,
+            op="compute", axis="", shape=(), dtype="", nbytes=0, model_bytes=0,
             start=start, end=rec.now(), label=name,
             **({"phase": phase_name} if phase_name else {}),
         )

@@ -316,7 +316,7 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds) -> None:
     comm_bytes: dict[str, int] = {}
     for e in run.trace:
         if e.is_comm:
-            comm_bytes[e.axis] = comm_bytes.get(e.axis, 0) + e.wire_bytes
+            comm_bytes[e.axis] = comm_bytes.get(e.axis, 0) + e.model_bytes
     metrics = {
         "summary": summary, "args": vars(args), "config": vars(cfg), "seconds": seconds,
         "train_loss": dict(zip(steps, lead["losses"], strict=True)),

@@ -118,7 +118,7 @@ def _check_tp_bytes(run, tp, setting, early_stop):
             events = _layer_events(run, setting, layer, rank)
             assert events, (setting, rank, layer)
             (dtype,) = {e.dtype for e in events}
-            per_microbatch = Fraction(sum(e.wire_bytes for e in events), MICROBATCHES)
+            per_microbatch = Fraction(sum(e.model_bytes for e in events), MICROBATCHES)
             expected = calc.tp_comm_bytes(cfg, BATCH // MICROBATCHES, tp, recompute,
                                           _bytes_per_value(dtype), early_stop=early_stop, sp=sp)
             assert per_microbatch == expected, (setting, rank, layer)
@@ -156,7 +156,7 @@ def test_tp_plus_sp_full_recompute_sends_five_and_a_half(runs):
             events = _layer_events(run, "tp+sp+full", layer, 0)
             one = calc.ring_wire_bytes("all_reduce", BATCH // MICROBATCHES * cfg.seq_len
                                        * cfg.d_model * _bytes_per_value(events[0].dtype), tp)
-            sent = Fraction(sum(e.wire_bytes for e in events), MICROBATCHES)
+            sent = Fraction(sum(e.model_bytes for e in events), MICROBATCHES)
             assert sent == Fraction(11, 2) * one
 
 
@@ -265,7 +265,7 @@ def replay(schedule, v=1, forward=Fraction(1), backward=Fraction(2)):
                 clock[s] = done[(kind, i, chunk, s)] = start + (forward if kind == "F"
                                                                 else backward) / v
                 events.append(mt.Event(rank=s, op="compute", axis="", shape=(), dtype="",
-                                       nbytes=0, wire_bytes=0, start=start, end=clock[s],
+                                       nbytes=0, model_bytes=0, start=start, end=clock[s],
                                        phase="fwd" if kind == "F" else "bwd",
                                        label=f"microbatch{i}.chunk{chunk}"))
                 position[s] += 1
@@ -375,9 +375,9 @@ def _pp_dp_bytes(dp, pp, tp, sequence_parallel):
     pipeline = [e for e in events if e.label == "pipeline" and e.op == "send"]
     return {
         "stage": mesh.pp.rank,
-        "activations sent": sum(e.wire_bytes for e in pipeline if e.phase == "fwd"),
-        "gradients sent": sum(e.wire_bytes for e in pipeline if e.phase == "bwd"),
-        "dp sent": sum(e.wire_bytes for e in events if e.label.startswith("dp grads")),
+        "activations sent": sum(e.model_bytes for e in pipeline if e.phase == "fwd"),
+        "gradients sent": sum(e.model_bytes for e in pipeline if e.phase == "bwd"),
+        "dp sent": sum(e.model_bytes for e in events if e.label.startswith("dp grads")),
         "local parameters": sum(p.numel() for p in model.parameters()),
         "cfg": cfg,
     }

@@ -162,7 +162,7 @@ def test_all_reduce_sum(comm_run):
     for r in range(n):
         result, e = _one_event(run, r, "all_reduce_sum", "all_reduce", "world", (3, 4), 96)
         assert torch.equal(result, expected)
-        assert e.wire_bytes == _ring("all_reduce", n, 96)
+        assert e.model_bytes == _ring("all_reduce", n, 96)
         assert e.group_ranks == tuple(range(n))
         assert run[r]["input_untouched"]
 
@@ -173,7 +173,7 @@ def test_all_reduce_max(comm_run):
     for r in range(n):
         result, e = _one_event(run, r, "all_reduce_max", "all_reduce", "world", (3, 4), 96)
         assert torch.equal(result, expected)
-        assert e.wire_bytes == _ring("all_reduce", n, 96)
+        assert e.model_bytes == _ring("all_reduce", n, 96)
 
 
 def test_all_reduce_of_a_non_contiguous_tensor(comm_run):
@@ -196,7 +196,7 @@ def test_all_gather(comm_run, name, shape, salt, dim):
     for r in range(n):
         result, e = _one_event(run, r, name, "all_gather", "world", shape, full_bytes)
         assert torch.equal(result, expected)
-        assert e.wire_bytes == _ring("all_gather", n, full_bytes)
+        assert e.model_bytes == _ring("all_gather", n, full_bytes)
 
 
 @pytest.mark.parametrize("name,shape,salt,dim", [
@@ -211,7 +211,7 @@ def test_reduce_scatter(comm_run, name, shape, salt, dim):
     for r in range(n):
         result, e = _one_event(run, r, name, "reduce_scatter", "world", shape, full_bytes)
         assert torch.equal(result, total.chunk(n, dim=dim)[r])
-        assert e.wire_bytes == _ring("reduce_scatter", n, full_bytes)
+        assert e.model_bytes == _ring("reduce_scatter", n, full_bytes)
 
 
 def test_broadcast_src_is_an_index_within_the_axis(comm_run):
@@ -219,11 +219,17 @@ def test_broadcast_src_is_an_index_within_the_axis(comm_run):
     for r in range(n):
         result, e = _one_event(run, r, "broadcast_last", "broadcast", "world", (5,), 40)
         assert torch.equal(result, ints(n - 1, (5,), 9))
-        assert e.wire_bytes == 40
+        # the chain model: n-1, 0, 1, ..., n-2; every rank forwards S but the last
+        assert e.model_bytes == (0 if r == n - 2 else 40)
     for r in range(1, n):  # axis "sub" = global ranks 1..n-1, so src=0 is global rank 1
+        if n == 2:  # an axis of one rank: the input comes back, nothing is traced
+            result, events = run[r]["broadcast_sub"]
+            assert torch.equal(result, ints(1, (5,), 10)) and events == []
+            continue
         result, e = _one_event(run, r, "broadcast_sub", "broadcast", "sub", (5,), 40)
         assert torch.equal(result, ints(1, (5,), 10))
         assert e.group_ranks == tuple(range(1, n))
+        assert e.model_bytes == (0 if r == n - 1 else 40)
     assert "broadcast_sub" not in run[0]
 
 
@@ -233,26 +239,32 @@ def test_collectives_on_a_sub_axis_involve_only_its_ranks(comm_run):
     m = n - 1
     gathered = torch.cat([ints(r, (2,), 12) for r in members])
     scattered = sum(ints(r, (2 * m,), 13) for r in members)
+    if m == 1:  # an axis of one rank moves nothing: right results, no events
+        for name, expected in [("all_reduce_sub", ints(1, (6,), 11)),
+                               ("all_gather_sub", gathered), ("reduce_scatter_sub", scattered)]:
+            result, events = run[1][name]
+            assert torch.equal(result, expected) and events == [], name
+        return
     for r in members:
         result, e = _one_event(run, r, "all_reduce_sub", "all_reduce", "sub", (6,), 48)
         assert torch.equal(result, sum(ints(q, (6,), 11) for q in members))
-        assert e.wire_bytes == _ring("all_reduce", m, 48)
+        assert e.model_bytes == _ring("all_reduce", m, 48)
         result, e = _one_event(run, r, "all_gather_sub", "all_gather", "sub", (2,), 16 * m)
         assert torch.equal(result, gathered)
-        assert e.wire_bytes == _ring("all_gather", m, 16 * m)
+        assert e.model_bytes == _ring("all_gather", m, 16 * m)
         result, e = _one_event(run, r, "reduce_scatter_sub", "reduce_scatter", "sub",
                                (2 * m,), 16 * m)
         assert torch.equal(result, scattered.chunk(m)[r - 1])
-        assert e.wire_bytes == _ring("reduce_scatter", m, 16 * m)
+        assert e.model_bytes == _ring("reduce_scatter", m, 16 * m)
 
 
 def test_send_and_recv(comm_run):
     n, run = comm_run
     result, e = _one_event(run, 0, "send", "send", "p2p", (2, 3), 48)
-    assert result is None and e.peer == 1 and e.wire_bytes == 48
+    assert result is None and e.peer == 1 and e.model_bytes == 48
     result, e = _one_event(run, 1, "recv", "recv", "p2p", (2, 3), 48)
     assert torch.equal(result, ints(0, (2, 3), 14))
-    assert e.peer == 0 and e.wire_bytes == 0
+    assert e.peer == 0 and e.model_bytes == 0
     assert all("send" not in run[r] and "recv" not in run[r] for r in range(2, n))
 
 
@@ -261,7 +273,7 @@ def test_sendrecv_in_a_ring(comm_run):
     for r in range(n):
         result, events = run[r]["sendrecv"]
         assert torch.equal(result, ints((r - 1) % n, (4,), 15))
-        fields = [(e.op, e.axis, e.peer, e.nbytes, e.wire_bytes, e.shape, e.phase) for e in events]
+        fields = [(e.op, e.axis, e.peer, e.nbytes, e.model_bytes, e.shape, e.phase) for e in events]
         assert fields == [
             ("send", "p2p", (r + 1) % n, 32, 32, (4,), ""),
             ("recv", "p2p", (r - 1) % n, 32, 0, (4,), ""),
@@ -273,7 +285,7 @@ def test_barrier_waits_for_every_rank(comm_run):
     last_arrival = max(run[r]["barrier_entered"] for r in range(n))
     for r in range(n):
         result, e = _one_event(run, r, "barrier", "barrier", "world", (1,), 0, dtype="float32")
-        assert result is None and e.wire_bytes == 0
+        assert result is None and e.model_bytes == 0
         assert run[r]["barrier_left"] >= last_arrival - 0.01  # 10 ms of clock slack
     assert run[0]["barrier_entered"] == last_arrival  # rank 0 slept 0.3 s: it came last
 

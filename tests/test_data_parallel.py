@@ -34,7 +34,8 @@ def test_gradient_sum_is_bucketed_and_overlaps_backward():
     run = mt.launch(_traced_step, 2, 2, m, False, timeout=60)
     for events, buckets, _, params in run:
         dp = [e for e in events if e.axis == "dp" and e.label != "batch loss"]
-        assert [e.op for e in events if e.label == "batch loss"] == ["all_reduce"] * 2  # pp, dp
+        # dp only: pp has one rank here, and an axis of one rank moves nothing, so it is not traced
+        assert [e.axis for e in events if e.label == "batch loss"] == ["dp"]
         assert len(buckets) > 2
         assert [e.op for e in dp] == ["all_reduce"] * len(buckets)  # one per bucket
         assert sum(e.nbytes for e in dp) == params * 8  # every gradient once, float64

@@ -117,7 +117,7 @@ def _count(events, label, phase):
 
 
 def _wire(events, label):
-    return sum(e.wire_bytes for e in events if e.label == label)
+    return sum(e.model_bytes for e in events if e.label == label)
 
 
 @pytest.mark.parametrize("tp", [2, 4])

@@ -24,7 +24,7 @@ def ev(rank, op, start, end, phase="fwd", nbytes=1024, label="", peer=None):
     """A synthetic Event (times in seconds)."""
     return mt.Event(rank=rank, op=op, axis="tp" if op != "compute" else "", shape=(nbytes // 4,),
                     dtype="float32", nbytes=nbytes if op != "compute" else 0,
-                    wire_bytes=nbytes if op != "compute" else 0, start=start, end=end,
+                    model_bytes=nbytes if op != "compute" else 0, start=start, end=end,
                     phase=phase, label=label, peer=peer)
 
 

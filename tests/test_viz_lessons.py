@@ -72,7 +72,7 @@ def test_split_matmul_checks_its_input(p, split):
 # --------------------------------------------------------------------------- tp_dataflow
 def ev(op, phase, start, nbytes=1024, rank=0, label="layer0"):
     return mt.Event(rank=rank, op=op, axis="tp", shape=(nbytes // 8,), dtype="float64",
-                    nbytes=nbytes, wire_bytes=nbytes, start=start, end=start + 1e-4,
+                    nbytes=nbytes, model_bytes=nbytes, start=start, end=start + 1e-4,
                     phase=phase, label=label)
 
 

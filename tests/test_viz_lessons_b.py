@@ -7,6 +7,8 @@ the assertions read the drawn figure back, so a lost bar, point or label fails h
 
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -21,7 +23,7 @@ from minitp import viz  # noqa: E402
 
 def ev(op, label, phase, wire, rank=0):
     return mt.Event(rank=rank, op=op, axis="tp", shape=(wire // 4,), dtype="float32",
-                    nbytes=wire, wire_bytes=wire, start=0.0, end=1e-3, phase=phase, label=label)
+                    nbytes=wire, model_bytes=wire, start=0.0, end=1e-3, phase=phase, label=label)
 
 
 def patches(fig, prefix):
@@ -80,9 +82,22 @@ def _step(sequence_parallel):
     return mt.train_step(model, (x, x), mesh, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
+def test_wire_bytes_says_model_or_measured():
+    fig = viz.wire_bytes({"TP": TP})  # synthetic events carry no measurement
+    assert "ring model" in fig.axes[0].get_ylabel()
+    with pytest.raises(ValueError, match="no measured bytes"):
+        viz.wire_bytes({"TP": TP}, source="measured")
+    measured = [dataclasses.replace(e, sent_bytes=e.model_bytes + 40) for e in TP]
+    fig = viz.wire_bytes({"TP": measured})
+    assert "measured" in fig.axes[0].get_ylabel()
+    assert texts(fig, "total-")["total-TP-embedding"] == "440 B"
+    fig = viz.wire_bytes({"TP": measured}, source="model")
+    assert texts(fig, "total-")["total-TP-embedding"] == "400 B"
+
+
 def test_wire_bytes_of_real_steps_equal_per_layer():
     runs = {"TP": mt.launch(_step, 2, False), "TP + SP": mt.launch(_step, 2, True)}
-    fig = viz.wire_bytes(runs)
+    fig = viz.wire_bytes(runs, source="model")  # the ring model: SP moves TP's bytes
     totals = texts(fig, "total-")
     assert totals["total-TP-layer0"] == totals["total-TP + SP-layer0"] != "0"
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]

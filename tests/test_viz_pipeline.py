@@ -9,7 +9,7 @@ from minitp.viz.pipeline import pipeline_units
 
 
 def _unit(rank, label, start, end, phase):
-    return Event(rank=rank, op="compute", axis="", shape=(), dtype="", nbytes=0, wire_bytes=0,
+    return Event(rank=rank, op="compute", axis="", shape=(), dtype="", nbytes=0, model_bytes=0,
                  start=start, end=end, phase=phase, label=label)
 
 

@@ -1,8 +1,11 @@
 """Communication volume per axis: bytes each GPU sends, by the ring algorithm.
 
 A ring all-reduce of S bytes over n ranks sends 2(n−1)/n·S per rank; an
-all-gather or reduce-scatter (n−1)/n·S (S the full tensor) — the same
-convention as the ``wire_bytes`` of minitp's trace events.
+all-gather or reduce-scatter (n−1)/n·S (S the full tensor) — a MODEL, the same
+one as the ``model_bytes`` of minitp's trace events. Their ``sent_bytes`` are
+measured, and on gloo they differ for reduce-scatter: gloo sends an all-reduce's
+2(n−1)/n·S for it, twice the ring's (so sequence parallelism moves 1.5× plain
+TP's bytes there, and equal bytes on NCCL, whose reduce-scatter is a ring).
 """
 
 from __future__ import annotations

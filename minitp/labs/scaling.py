@@ -96,9 +96,12 @@ class StepSplit:
     last rank of the group arrived in it (waiting for a slower rank), and
     ``transfer_seconds``, after (moving and adding the bytes).
     ``all_seconds`` are every timed step's times, in order.
-    ``layer_wire_bytes[i]`` is what rank 0 sent for transformer layer i in that
-    step (ring model, from the trace), ``layer_collectives[i]`` the collectives
-    it ran there, as "op:phase" ("all_reduce:fwd").
+    ``layer_model_bytes[i]`` is what rank 0 sent for transformer layer i in that
+    step under the ring MODEL (the formula applied to the traced collectives);
+    ``layer_sent_bytes[i]`` what it measurably wrote to its sockets there (the
+    kernel's count, `minitp._io_counters`; None where any collective of the
+    layer could not be measured). ``layer_collectives[i]`` the collectives it
+    ran there, as "op:phase" ("all_reduce:fwd"); at tp=1 there are none.
     """
 
     cfg: GPTConfig
@@ -110,7 +113,8 @@ class StepSplit:
     wait_seconds: float
     all_seconds: tuple[float, ...]
     loss: float
-    layer_wire_bytes: tuple[int, ...]
+    layer_model_bytes: tuple[int, ...]
+    layer_sent_bytes: tuple[int | None, ...]
     layer_collectives: tuple[tuple[str, ...], ...]
 
     @property
@@ -182,10 +186,18 @@ def read_step(run: Run, rank: int, window: tuple[float, float]) -> dict:
     return {
         "seconds": end - start,
         "comm_seconds": sum(e.duration for e in events),
-        "wire_bytes": sum(e.wire_bytes for e in events),
+        "model_bytes": sum(e.model_bytes for e in events),
+        "sent_bytes": sent_bytes(events),
         "events": events,
         "by_label": by_label,
     }
+
+
+def sent_bytes(events) -> int | None:
+    """The measured bytes of `events` together, or None if any has no measurement
+    (a sum that skipped some would pass a partial count off as the whole)."""
+    counts = [e.sent_bytes for e in events]
+    return None if None in counts else sum(counts)
 
 
 def waiting_seconds(per_rank_events) -> list[float]:
@@ -220,7 +232,8 @@ def split_run(run: Run, configs, batch: int, index: int) -> StepSplit:
         comm_seconds=statistics.fmean(per_rank), rank_comm_seconds=per_rank,
         wait_seconds=statistics.fmean(waits),
         all_seconds=tuple(times), loss=run[0][index]["losses"][0],
-        layer_wire_bytes=tuple(sum(e.wire_bytes for e in events) for events in layers),
+        layer_model_bytes=tuple(sum(e.model_bytes for e in events) for events in layers),
+        layer_sent_bytes=tuple(sent_bytes(events) for events in layers),
         layer_collectives=tuple(tuple(f"{e.op}:{e.phase}" for e in events)
                                 for events in layers),
     )

@@ -34,7 +34,7 @@ def _byte_ticks(axis, top: float, most: int = 6) -> None:
 
 
 def wire_bytes(runs, *, rank: int = 0, labels=None, title: str | None = None,
-               width: float = 10.0):
+               width: float = 10.0, source: str = "auto"):
     """Bytes one rank sent, per part of the model (trace label), for several runs side by side.
 
     runs: {setting name: Run or list of Event}, e.g. {"TP": run_tp, "TP + SP": run_sp}.
@@ -43,18 +43,32 @@ def wire_bytes(runs, *, rank: int = 0, labels=None, title: str | None = None,
         ("layer0.attn") count towards their first component.
     Each bar is one setting's bytes for one label, stacked by collective (colour) and
     pass (forward plain, backward hatched); its total is written above it.
+    source: "measured" (each event's ``sent_bytes``, counted by the kernel),
+        "model" (its ``model_bytes``, the ring formula) or "auto": measured where
+        every event of this rank has a measurement, else the model. One figure
+        never mixes the two, and its axis label says which it shows.
     Returns the Figure.
     """
     if not runs:
         raise ValueError("wire_bytes needs at least one run")
+    if source not in ("auto", "measured", "model"):
+        raise ValueError(f"source is 'auto', 'measured' or 'model', got {source!r}")
+    chosen = [[e for e in getattr(run, "trace", run) if e.rank == rank and e.is_comm]
+              for run in runs.values()]
+    unmeasured = sum(e.sent_bytes is None for events in chosen for e in events)
+    if source == "measured" and unmeasured:
+        raise ValueError(f"wire_bytes: {unmeasured} events of rank {rank} have no measured "
+                         "bytes (GPU, no /proc/self/io, or overlapping ops): use source='model'")
+    measured = source == "measured" or (source == "auto" and not unmeasured)
     totals: dict[str, dict[str, dict[tuple[str, str], int]]] = {}
-    for name, run in runs.items():
+    for name, events in zip(runs, chosen, strict=True):
         per_label: dict[str, dict[tuple[str, str], int]] = defaultdict(lambda: defaultdict(int))
-        for e in getattr(run, "trace", run):
-            if e.rank != rank or not e.is_comm or not e.wire_bytes:
+        for e in events:
+            value = e.sent_bytes if measured else e.model_bytes
+            if not value:
                 continue
             label = (e.label or "(no label)").split(".")[0]
-            per_label[label][(e.op, "bwd" if e.phase == "bwd" else "fwd")] += e.wire_bytes
+            per_label[label][(e.op, "bwd" if e.phase == "bwd" else "fwd")] += value
         totals[name] = per_label
     if labels is None:
         labels = sorted({lab for per in totals.values() for lab in per}, key=_label_order)
@@ -92,7 +106,8 @@ def wire_bytes(runs, *, rank: int = 0, labels=None, title: str | None = None,
     ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_ylim(0, top * 1.18)
     _byte_ticks(ax.yaxis, top * 1.18)
-    ax.set_ylabel(f"bytes rank {rank} sent (ring model)")
+    ax.set_ylabel(f"bytes rank {rank} sent, measured (/proc/self/io)" if measured
+                  else f"bytes rank {rank} sent, ring model (not measured)")
     ax.grid(axis="y", color="#DDDDDD", linewidth=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
@@ -102,7 +117,8 @@ def wire_bytes(runs, *, rank: int = 0, labels=None, title: str | None = None,
                          label="hatched: backward"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
               frameon=False)
-    ax.set_title(title or "Bytes sent per part of the model, "
+    ax.set_title(title or ("Bytes sent (measured) per part of the model, " if measured
+                           else "Bytes sent (ring model) per part of the model, ")
                  + " vs ".join(runs), fontsize=11, loc="left")
     return fig
 
