@@ -6,7 +6,19 @@
     y = mt.comm.all_reduce(x, mesh.tp)     # traced collectives
 """
 
-from . import calc, checkpoint, comm, config, data, data_parallel, mappings, memory, pipeline, trace
+from . import (
+    calc,
+    checkpoint,
+    comm,
+    config,
+    data,
+    data_parallel,
+    mappings,
+    memory,
+    pipeline,
+    trace,
+    zero,
+)
 from ._device import device
 from .config import check_parallel_config
 from .errors import CollectiveTimeout, LaunchError
@@ -21,15 +33,16 @@ from .pipeline import PipelineGPT
 from .stage import ParallelGPT
 from .step import train_step
 from .trace import Event
+from .zero import make_optimizer
 
 __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
     "LaunchError", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
     "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "config",
     "data", "data_parallel", "device", "explorer", "grade", "labs", "launch", "layout",
-    "mappings", "memory",
+    "make_optimizer", "mappings", "memory",
     "parallelize", "pipeline", "scaling", "trace", "train_step", "viz",
-    "vocab_parallel_cross_entropy", "world",
+    "vocab_parallel_cross_entropy", "world", "zero",
 ]
 
 

@@ -21,7 +21,8 @@ is nothing final to send.
 split across dp. The gradients, flattened into one buffer, are reduce-scattered
 (rank d receives the summed d-th slice), the inner optimizer steps that slice
 only, and an all-gather gives every rank the whole updated parameters. Adam's
-update is elementwise, so stepping slices equals stepping the whole.
+update is elementwise, so stepping slices equals stepping the whole. (Stages 2
+and 3, which shard the gradients and the parameters too: `minitp.zero`.)
 """
 
 from __future__ import annotations
@@ -98,7 +99,24 @@ class GradSync:
         self.handles = []
 
 
-class Zero1Optimizer:
+class ShardOptimizer:
+    """What every ZeRO optimizer answers through ``self.inner``, the optimizer that
+    steps only this rank's shards (stage 1 here; stages 2 and 3: `minitp.zero`)."""
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state for this rank's shard (only this dp rank's slice)."""
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+    def state_numel(self) -> int:
+        """Elements of optimizer state this rank holds (Adam: 2 per shard element, + steps)."""
+        return sum(t.numel() for s in self.inner.state.values() for t in s.values()
+                   if torch.is_tensor(t))
+
+
+class Zero1Optimizer(ShardOptimizer):
     """An optimizer whose state lives only for this dp rank's 1/dp of the parameters.
 
     ``step()``: reduce-scatter the flat gradient over dp (sum), step the shard with
@@ -140,17 +158,6 @@ class Zero1Optimizer:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
 
-    def state_dict(self) -> dict:
-        """The inner optimizer's state for this rank's shard (only this dp rank's slice)."""
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
-
-    def state_numel(self) -> int:
-        """Elements of optimizer state this rank holds (Adam: 2 per shard element, + steps)."""
-        return sum(t.numel() for s in self.inner.state.values() for t in s.values()
-                   if torch.is_tensor(t))
 
 
 def attach_grad_sync(stages, dp: Axis, bucket_bytes: int = 1 << 20) -> None:

@@ -9,7 +9,8 @@ axis's module, and a new axis is one more step:
 3. trace labels — name the pieces ("embedding", "layer3", "head", "loss") so
    every collective says what it belongs to;
 4. pipeline stages — `minitp.pipeline`: this rank's runs of layers;
-5. data-parallel gradient sync — `minitp.data_parallel`.
+5. data parallelism — `minitp.data_parallel` (the gradient all-reduce), or
+   `minitp.zero` (ZeRO: gradients, and at stage 3 parameters, sharded over dp).
 
 The model's forward is the plain GPT's own (`minitp.model`); the shard takes
 its weights from the plain model, so the two compute the same function — which
@@ -22,13 +23,13 @@ import copy
 
 from . import trace
 from .config import check_parallel_config, layer_label
-from .data_parallel import attach_grad_sync
 from .mesh import Mesh
 from .model import GPT
 from .pipeline import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
 from .stage import ParallelGPT
 from .tensor_parallel import apply_tensor_parallel
+from .zero import attach_data_parallel
 
 
 def label_pieces(model: GPT) -> None:
@@ -41,7 +42,7 @@ def label_pieces(model: GPT) -> None:
 
 
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
-                virtual_stages: int = 1, bucket_bytes: int = 1 << 20
+                virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0
                 ) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
@@ -50,14 +51,21 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     (Megatron's round-robin) — a `PipelineGPT`; without a pipeline, the single
     stage is a `ParallelGPT`. dp: every stage gets a bucketed gradient
     all-reduce (`minitp.data_parallel.GradSync`, buckets of `bucket_bytes`) that
-    `train_step` arms for the last microbatch; `zero1_optimizer` replaces it
-    with a reduce-scatter.
+    `train_step` arms for the last microbatch.
+
+    zero_stage (ZeRO, over dp): 0 none; 1 the optimizer state sharded (the
+    optimizer reduce-scatters the gradients at its step); 2 also the gradients
+    (reduce-scattered unit by unit during backward); 3 also the parameters
+    (gathered around each unit's forward and backward): `minitp.zero`. Make the
+    optimizer with ``mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=…)``,
+    which steps what this rank owns at that stage.
     """
     if not isinstance(ref, GPT):
         raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
     check_parallel_config(ref.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
                           sequence_parallel=sequence_parallel, recompute=recompute,
-                          virtual_stages=virtual_stages, world_size=mesh.world_size)
+                          virtual_stages=virtual_stages, world_size=mesh.world_size,
+                          zero_stage=zero_stage)
     model = copy.deepcopy(ref)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel)
     apply_recompute(model, recompute)
@@ -65,7 +73,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
-    attach_grad_sync(stages, mesh.dp, bucket_bytes)
+    attach_data_parallel(stages, mesh.dp, zero_stage, bucket_bytes)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline
     dense = {name: (tuple(p.shape), p.dtype) for name, p in ref.named_parameters()}

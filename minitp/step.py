@@ -9,13 +9,15 @@ from .config import IGNORE_INDEX, check_parallel_config, check_token_ids, defaul
 from .mesh import Mesh
 from .pipeline import run_schedule
 from .schedules import SCHEDULES
+from .zero import finish_sharded_grads, zero_stage_of
 
 
 def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1) -> float:
     """Forward and backward over `microbatches` slices of this data-parallel rank's
     part of the global batch, in the pipeline `schedule`'s order; gradients summed
-    over dp (bucketed, overlapped with backward — or reduce-scattered by a ZeRO-1
-    optimizer), over tp where sequence parallelism left them partial, and between
+    over dp (bucketed, overlapped with backward — or reduce-scattered: by a ZeRO-1
+    optimizer at its step, unit by unit during backward at ZeRO stages 2 and 3), over
+    tp where sequence parallelism left them partial, and between
     the two copies of the tied embedding; then one optimizer step. Returns the loss
     of the whole batch — the mean over its (non-ignored) target tokens, exactly as
     one device computes it — the same float on every rank.
@@ -53,9 +55,12 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     for sync in syncs:
         if sync is not None:
             sync.finish()
-    model.sync_partial_grads()
-    if hasattr(model, "sync_embedding_grads"):
-        model.sync_embedding_grads()
+    if zero_stage_of(model) >= 2:  # the gradients live in dp shards: sum those
+        finish_sharded_grads(model, mesh)
+    else:
+        model.sync_partial_grads()
+        if hasattr(model, "sync_embedding_grads"):
+            model.sync_embedding_grads()
     optimizer.step()
     return _batch_loss(loss, mesh)
 

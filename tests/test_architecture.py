@@ -26,7 +26,7 @@ FLOORS = [
     (3, ["launch", "mappings", "dropout", "partial_grads", "dense"]),
     (4, ["layers", "loss", "model"]),
     (5, ["tensor_parallel", "recompute", "schedules", "stage", "data_parallel"]),
-    (6, ["pipeline"]),
+    (6, ["pipeline", "zero"]),
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory"]),
     (9, ["viz"]),

@@ -1,0 +1,395 @@
+"""ZeRO stages 2 and 3 (Rajbhandari et al. 2020): gradients, then parameters, sharded
+over the data-parallel axis. (Stage 1, sharded optimizer state only, is
+`minitp.data_parallel.Zero1Optimizer`.)
+
+Everything is cut into *units*, one per piece of a stage: the token embedding
+(always alone — the pipeline's two copies of the tied embedding must be laid out
+alike, so their gradients can be summed elementwise), the positions, each
+transformer layer, the final LayerNorm. A unit's parameters are flattened into
+one vector of Ψ_u values, padded to a multiple of N_d (the dp size), and dp rank
+d owns the d-th slice: its *shard*, an ``nn.Parameter`` that the optimizer steps
+(`ShardedOptimizer`). Adam is elementwise, so stepping shards equals stepping
+the whole.
+
+* Stage 2: the model keeps its whole parameters; each unit's gradient is
+  reduce-scattered as soon as backward has produced it (hooks on the
+  parameters, as the data-parallel all-reduce's buckets — here a bucket is a
+  unit), and the whole-size gradient is dropped at once: only the shard's
+  gradient survives. After the step, each unit's updated shards are
+  all-gathered back into the parameters.
+* Stage 3 (FSDP's design): the parameters are gone from the model; only the
+  shards stay. Just before a unit's forward its parameters are all-gathered
+  (`_GatherParams`, fwd: all-gather · bwd: reduce-scatter), the module runs on
+  views of the gathered vector, and the vector's memory is freed right after.
+  When backward reaches the unit (a hook on its output's gradient) the vector
+  is gathered again, into the same storage, so the tensors autograd saved see
+  their values; the gather's backward reduce-scatters the gradient and frees
+  the vector. A unit under full recomputation needs no second gather: the
+  recomputation runs the forward, and its gather, again.
+
+Gradients are reduce-scattered for every microbatch (as DeepSpeed and FSDP do),
+so no whole-size gradient outlives its unit's backward; shards accumulate the
+microbatches. Sequence parallelism leaves some gradients partial over tp: after
+the dp reduce-scatter those shard elements are summed over tp (one all-reduce
+for the step, as `minitp.partial_grads` does for whole gradients); the tied
+embedding's two pipeline copies sum their shards over the embedding group.
+
+Not overlapped yet: `minitp.comm` has no non-blocking reduce-scatter or
+all-gather, so each collective runs at once, inside backward, unit by unit;
+nor is the next unit prefetched.
+
+Why one file: the units, the hooks that gather and free them, the gradient
+reduction they feed and the optimizer that steps them are one mechanism; apart,
+each piece would only make sense with the others open beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+import torch.nn as nn
+
+from . import comm, trace
+from .config import check_zero_stage
+from .data_parallel import ShardOptimizer, Zero1Optimizer, attach_grad_sync
+from .mesh import Axis, Mesh
+from .recompute import Recomputed
+from .tags import tag
+
+
+# --------------------------------------------------------------------------- units
+class Unit:
+    """A group of parameters flattened, padded to a multiple of dp, and sharded.
+
+    layout: (owning module, attribute, parameter, offset) per parameter; the
+    parameter objects are kept (with their tags) even when stage 3 frees them."""
+
+    def __init__(self, name: str, params: list[tuple[nn.Module, str, nn.Parameter]], dp: Axis,
+                 tied: bool = False):
+        self.name, self.dp, self.tied = name, dp, tied
+        self.layout, self.shapes, offset = [], [], 0
+        for module, attr, p in params:
+            self.layout.append((module, attr, p, offset))
+            self.shapes.append(p.shape)  # kept: stage 3 empties the parameters
+            offset += p.numel()
+        self.numel = offset
+        self.padded = -(-offset // dp.size) * dp.size
+        self.shard_size = self.padded // dp.size
+        lo = dp.rank * self.shard_size
+        flat = self.flatten([p.detach() for _, _, p, _ in self.layout])
+        self.shard = nn.Parameter(flat[lo:lo + self.shard_size].clone())
+        # which shard elements hold a sequence-parallel partial gradient (summed over tp)
+        mask = self.flatten([torch.full_like(p, bool(tag(p, "grad_partial_over_tp")),
+                                             dtype=torch.bool) for _, _, p, _ in self.layout])
+        self.partial = mask[lo:lo + self.shard_size].clone() if mask.any() else None
+        self.pending: list = []
+        self.triggers: list[nn.Module] = []
+        self.recomputed = False
+
+    def flatten(self, tensors) -> torch.Tensor:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.nn.functional.pad(flat, (0, self.padded - flat.numel()))
+
+    def gather(self) -> torch.Tensor:
+        """The whole padded vector, all-gathered from every dp rank's shard."""
+        with trace.label(f"zero params {self.name}"):
+            return comm.all_gather(self.shard.detach(), self.dp)
+
+    def views(self, full: torch.Tensor):
+        for (module, attr, p, offset), shape in zip(self.layout, self.shapes, strict=True):
+            yield module, attr, p, full[offset:offset + shape.numel()].view(shape)
+
+    # -- gradients ----------------------------------------------------------------------
+    def start_reduce(self, flat_grad: torch.Tensor) -> None:
+        """Sum this unit's whole gradient over dp; this rank keeps its slice."""
+        with trace.label(f"zero grads {self.name}"), trace.phase("bwd"):
+            self.pending.append(comm.reduce_scatter(flat_grad, self.dp))
+
+    def finish_reduce(self) -> None:
+        """Add every reduced slice (one per microbatch) into the shard's gradient."""
+        for part in self.pending:
+            self.shard.grad = part if self.shard.grad is None else self.shard.grad + part
+        self.pending = []
+        if self.shard.grad is None:  # a unit no microbatch reached: still take part below
+            self.shard.grad = torch.zeros_like(self.shard)
+
+
+def _piece_of(name: str) -> str:
+    """The unit a stage's parameter belongs to: "wte", "wpe", "ln_f" or "blocks.<i>"."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+def make_units(stage: nn.Module, dp: Axis) -> list[Unit]:
+    """One `Unit` per piece of a pipeline stage (a `ParallelGPT`), in forward order."""
+    groups: dict[str, list] = {}
+    for name, p in stage.named_parameters():
+        owner, _, attr = name.rpartition(".")
+        groups.setdefault(_piece_of(name), []).append((stage.get_submodule(owner), attr, p))
+    return [Unit(piece, params, dp, tied=piece == "wte") for piece, params in groups.items()]
+
+
+def _piece_module(stage: nn.Module, piece: str) -> nn.Module:
+    return stage.get_submodule(piece)
+
+
+# --------------------------------------------------------------------------- stage 2
+class ShardedGradSync:
+    """ZeRO-2's gradient reduction for one stage: when every parameter of a unit has
+    its gradient, the unit's flat gradient is reduce-scattered and the whole-size
+    gradients are dropped. Every microbatch (``arm`` is accepted and ignored)."""
+
+    def __init__(self, units: list[Unit]):
+        self.units = units
+        self._unit_of = {id(p): u for u in units for _, _, p, _ in u.layout}
+        self._arrived = {id(u): 0 for u in units}
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready)
+                        for u in units for _, _, p, _ in u.layout]
+
+    def arm(self, armed: bool = True) -> None:
+        pass  # every microbatch's gradient is reduced and dropped at once
+
+    def _ready(self, p: nn.Parameter) -> None:
+        unit = self._unit_of[id(p)]
+        self._arrived[id(unit)] += 1
+        if self._arrived[id(unit)] == len(unit.layout):
+            self._arrived[id(unit)] = 0
+            params = [q for _, _, q, _ in unit.layout]
+            flat = unit.flatten([q.grad if q.grad is not None else torch.zeros_like(q)
+                                 for q in params])
+            for q in params:
+                q.grad = None  # only the shard's gradient outlives this unit's backward
+            unit.start_reduce(flat)
+
+    def finish(self) -> None:
+        for unit in self.units:
+            unit.finish_reduce()
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+# --------------------------------------------------------------------------- stage 3
+class _GatherParams(torch.autograd.Function):
+    """fwd: all-gather a unit's shards over dp · bwd: reduce-scatter its gradient
+    (the conjugate pair of `minitp.mappings`, applied to parameters)."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        full = unit.gather()
+        ctx.full = None
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.unit.start_reduce(grad)
+        full = ctx.full() if ctx.full is not None else None
+        if full is not None:  # the values gathered again for backward: used, freed
+            full.untyped_storage().resize_(0)
+        return None, None
+
+
+def _free(full: torch.Tensor) -> None:
+    full.untyped_storage().resize_(0)
+
+
+def _refill(unit: Unit, full: torch.Tensor) -> None:
+    """Gather the unit again into `full`'s (freed) storage, for its backward. Through
+    ``.data``: autograd's saved views must not see a version bump (no value changed)."""
+    storage = full.untyped_storage()
+    if storage.nbytes() == 0:
+        with trace.phase("bwd"):
+            values = unit.gather()
+        storage.resize_(full.numel() * full.element_size())
+        full.data.copy_(values)
+
+
+class Zero3Unit:
+    """Stage 3's hooks on a unit's modules: gather before forward, free after; gather
+    again when backward reaches it."""
+
+    def __init__(self, unit: Unit):
+        self.unit, self.current = unit, None
+        for module, attr, p, _ in unit.layout:
+            del module._parameters[attr]  # the module reads the gathered view instead
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)  # the shard holds it now
+        for module in unit.triggers:
+            module.register_forward_pre_hook(self.before)
+            module.register_forward_hook(self.after, always_call=True)
+
+    def before(self, module, args) -> None:
+        unit = self.unit
+        recomputing = trace._in_backward()
+        if recomputing:  # the forward runs again in backward: views that require grad,
+            # as the first time (autograd saves the same tensors), but no gather node
+            full = unit.gather().requires_grad_()
+        elif torch.is_grad_enabled():
+            full = _GatherParams.apply(unit.shard, unit)
+        else:
+            full = unit.gather()
+        for mod, attr, _, view in unit.views(full):
+            object.__setattr__(mod, attr, view)
+        self.current = full
+
+    def after(self, module, args, output) -> None:
+        full, self.current = self.current, None
+        for mod, attr, _, _ in self.unit.layout:
+            mod.__dict__.pop(attr, None)
+        if full is None or trace._in_backward():
+            return  # a recomputation's values are about to be used: keep them
+        _free(full)
+        if (full.grad_fn is not None and not self.unit.recomputed
+                and isinstance(output, torch.Tensor) and output.requires_grad):
+            full.grad_fn.full = weakref.ref(full)  # ctx: so backward can free the refill
+            unit = self.unit
+            output.register_hook(lambda grad: _refill(unit, full))
+
+
+def shard_parameters(stage: nn.Module, units: list[Unit]) -> None:
+    """Stage 3: each unit's parameters replaced by its shard, gathered around use."""
+    for unit in units:
+        if unit.tied:  # the embedding's lookup and, on the last stage, the output head
+            unit.triggers = ([stage.wte] if stage.first else []) + ([stage.head]
+                                                                    if stage.last else [])
+        else:
+            module = _piece_module(stage, unit.name)
+            unit.recomputed = isinstance(module, Recomputed)
+            unit.triggers = [module.module if unit.recomputed else module]
+        Zero3Unit(unit)
+    # the shards are the stage's parameters now (its device, its dtype, the optimizer's)
+    stage.zero_shards = nn.ParameterList([u.shard for u in units])
+
+
+# --------------------------------------------------------------------------- attaching
+def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: int = 1 << 20
+                         ) -> None:
+    """Step 5 of `minitp.parallelize`: what every stage does over the dp axis.
+
+    0: a bucketed all-reduce of the gradients (`GradSync`); 1: nothing here (the
+    ZeRO-1 optimizer reduce-scatters at its step); 2: units whose gradients are
+    reduce-scattered during backward; 3: also the parameters sharded."""
+    check_zero_stage(zero_stage)
+    if zero_stage == 0:
+        attach_grad_sync(stages, dp, bucket_bytes)
+        return
+    for stage in stages:
+        stage.zero_stage, stage.grad_sync, stage.zero_units = zero_stage, None, []
+        if zero_stage >= 2:
+            stage.zero_units = make_units(stage, dp)
+            stage.grad_sync = ShardedGradSync(stage.zero_units) if zero_stage == 2 else None
+            if zero_stage == 3:
+                shard_parameters(stage, stage.zero_units)
+
+
+def zero_stage_of(model) -> int:
+    return getattr(getattr(model, "chunks", [model])[0], "zero_stage", 0)
+
+
+def _units(model) -> list[Unit]:
+    return [u for c in getattr(model, "chunks", [model]) for u in getattr(c, "zero_units", [])]
+
+
+def finish_sharded_grads(model, mesh: Mesh) -> None:
+    """After the last backward of a ZeRO-2/3 step: every unit's reduced slices into its
+    shard's gradient; the partial (sequence-parallel) elements summed over tp; the
+    tied embedding's two pipeline copies summed over the embedding group."""
+    chunks = getattr(model, "chunks", [model])
+    units = _units(model)
+    for unit in units:
+        unit.finish_reduce()
+    partial = [u for u in units if u.partial is not None]
+    if partial and mesh.tp.size > 1:
+        flat = torch.cat([u.shard.grad[u.partial] for u in partial])
+        with trace.label("sequence-parallel grads"), trace.phase("bwd"):
+            flat = comm.all_reduce(flat, mesh.tp)
+        for u, part in zip(partial, flat.split([int(u.partial.sum()) for u in partial]),
+                           strict=True):
+            u.shard.grad[u.partial] = part
+    embedding = getattr(model, "embedding", None)
+    if embedding is not None:
+        chunk = chunks[0] if chunks[0].first else chunks[-1]
+        (tied,) = [u for u in chunk.zero_units if u.tied]
+        with trace.label("embedding grads"), trace.phase("bwd"):
+            tied.shard.grad = comm.all_reduce(tied.shard.grad, embedding)
+
+
+@contextlib.contextmanager
+def gathered(model):
+    """Inside: a ZeRO-3 model's parameters are whole again, registered under their
+    names (e.g. for ``model.full_state_dict()``); detached copies, untraced. Any
+    other model is left as it is."""
+    units = _units(model) if zero_stage_of(model) == 3 else []
+    chunks = getattr(model, "chunks", [model])
+    shards = [c._modules.pop("zero_shards") for c in chunks] if units else []
+    with trace.paused():
+        fulls = [u.gather() for u in units]
+    try:
+        for unit, full in zip(units, fulls, strict=True):
+            for mod, attr, p, view in unit.views(full):
+                p.data = view
+                mod._parameters[attr] = p
+        yield model
+    finally:
+        for unit in units:
+            for mod, attr, p, _ in unit.layout:
+                del mod._parameters[attr]
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        for chunk, shard_list in zip(chunks, shards, strict=False):
+            chunk._modules["zero_shards"] = shard_list
+
+
+# --------------------------------------------------------------------------- optimizer
+class ShardedOptimizer(ShardOptimizer):
+    """ZeRO-2/3's optimizer: ``optimizer_class`` over the units' shards only. Their
+    gradients are ready when `train_step` calls ``step()``; at stage 2 the updated
+    shards are then all-gathered into the model's parameters (stage 3 gathers
+    them at the next forward)."""
+
+    def __init__(self, model, units: list[Unit], zero_stage: int, optimizer_class, **kwargs):
+        self.model, self.units, self.zero_stage = model, units, zero_stage
+        self.inner = optimizer_class([u.shard for u in units], **kwargs)
+        self.param_groups, self.state = self.inner.param_groups, self.inner.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for unit in self.units:
+            unit.shard.grad = None
+            for _, _, p, _ in unit.layout:
+                p.grad = None
+
+    def step(self) -> None:
+        self.inner.step()
+        if self.zero_stage != 2:
+            return
+        with torch.no_grad():
+            for unit in self.units:
+                for _, _, p, view in unit.views(unit.gather()):
+                    p.copy_(view)
+
+
+def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwargs):
+    """The optimizer for a model from ``mt.parallelize(ref, mesh, zero_stage=s)``,
+    ``optimizer_class(..., **kwargs)`` over what this rank steps: the model's
+    parameters (s = 0), this rank's 1/dp slice of them (s = 1: `Zero1Optimizer`),
+    or its units' shards (s = 2, 3: `ShardedOptimizer`)."""
+    stage = zero_stage_of(model)
+    if stage == 0:
+        return optimizer_class(model.parameters(), **kwargs)
+    if stage == 1:
+        return Zero1Optimizer(list(model.parameters()), mesh.dp, optimizer_class, **kwargs)
+    return ShardedOptimizer(model, _units(model), stage, optimizer_class, **kwargs)
+
+
+def check_checkpointable(model, optimizer=None) -> None:
+    """Raise NotImplementedError, naming the stage, where `minitp.checkpoint` cannot
+    save densely yet: sharded parameters (stage 3) or a sharded optimizer (1-3)."""
+    stage = zero_stage_of(model)
+    if stage == 3 or isinstance(optimizer, ShardOptimizer):
+        raise NotImplementedError(
+            f"checkpoint.save does not handle ZeRO stage {stage or 1} yet: the "
+            f"{'parameters and the ' if stage == 3 else ''}optimizer state are sharded over "
+            "the data-parallel ranks")

@@ -1,0 +1,172 @@
+"""ZeRO stages 1, 2 and 3 over the data-parallel axis (`minitp.zero`): equal to the
+plain GPT, mixed with tensor and pipeline parallelism; the model-state bytes each
+rank keeps, measured, beside the ZeRO paper's formulas; stage 3's parameters
+gathered before each unit's forward and again before its backward.
+
+Budget: two launches of 4 ranks (a sample of the matrix, several cases per
+launch); the whole (dp, pp, tp) matrix is tests/test_3d.py's job at stage 0-1.
+"""
+
+import gc
+
+import pytest
+import torch
+from test_3d import CFG, TOLERANCE, _batches
+from test_memory import _live_bytes
+
+import minitp as mt
+import minitp.calc as calc
+from minitp.memory import model_state_bytes
+from minitp.zero import gathered
+
+# (dp, pp, tp, zero_stage, microbatches, sequence_parallel, recompute, schedule, virtual)
+CASES = [
+    (2, 1, 2, 3, 2, True, None, None, 1),
+    (2, 1, 2, 2, 1, True, "selective", None, 1),
+    (2, 2, 1, 2, 2, False, None, "1f1b", 1),
+    (2, 2, 1, 3, 4, False, "full", "interleaved", 2),
+    (4, 1, 1, 3, 1, False, None, None, 1),
+    (4, 1, 1, 1, 2, False, "full", None, 1),
+]
+
+
+def _compare(cases, steps=3):
+    """Each case: the plain GPT and the ZeRO one trained side by side in float64."""
+    results = {}
+    for case in cases:
+        dp, pp, tp, zero, m, sp, recompute, schedule, v = case
+        mesh = mt.Mesh(dp=dp, pp=pp, tp=tp)
+        cfg = mt.GPTConfig(**CFG)
+        torch.manual_seed(0)
+        ref = mt.GPT(cfg).double()
+        model = mt.parallelize(ref, mesh, sequence_parallel=sp, recompute=recompute,
+                               virtual_stages=v, zero_stage=zero)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
+        loss_error = 0.0
+        for x, y in _batches(steps, cfg, batch=dp * 2 * pp):
+            ref_opt.zero_grad()
+            _, ref_loss = ref(x, y)
+            ref_loss.backward()
+            ref_opt.step()
+            loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule, microbatches=m)
+            loss_error = max(loss_error, abs(loss - ref_loss.item()))
+        with torch.no_grad():
+            _, ref_loss = ref(x, y)
+        eval_loss = mt.step.eval_loss(model, (x, y), mesh, microbatches=m)
+        loss_error = max(loss_error, abs(eval_loss - ref_loss.item()))
+        with gathered(model):  # stage 3 holds shards only: the whole parameters, for once
+            dense = model.full_state_dict()
+        assert set(dense) == {name for name, _ in ref.named_parameters()}
+        worst = max(((dense[n] - p.detach()).abs().max().item(), n)
+                    for n, p in ref.named_parameters())
+        results[case] = (loss_error, worst)
+    return results
+
+
+def test_every_stage_equals_plain_gpt_float64():
+    run = mt.launch(_compare, 4, CASES, timeout=300)
+    for rank, results in enumerate(run):
+        assert set(results) == set(CASES)
+        for case, (loss_error, (param_error, name)) in results.items():
+            assert loss_error < TOLERANCE, f"rank {rank}, {case}: loss differs by {loss_error:.3g}"
+            assert param_error < TOLERANCE, f"rank {rank}, {case}: {name} by {param_error:.3g}"
+
+
+# --------------------------------------------------------------------------- bytes
+MEMORY_CFG = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=6)
+
+
+def _state_bytes(dp):
+    """Per stage: model_state_bytes and the live bytes after two steps, Ψ (this
+    rank's parameters), Ψ padded as the stage shards it, and the trace of a step."""
+    mesh = mt.Mesh(dp=dp)
+    cfg = mt.GPTConfig(**MEMORY_CFG)
+    x = torch.randint(0, 16, (2 * dp, 8), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for stage in range(4):
+        torch.manual_seed(0)
+        ref = mt.GPT(cfg).double()
+        model = mt.parallelize(ref, mesh, zero_stage=stage)
+        optimizer = mt.make_optimizer(model, mesh, torch.optim.Adam, lr=1e-3)
+        for _ in range(2):
+            mt.trace.clear()
+            mt.train_step(model, (x, x.roll(-1, 1)), mesh, optimizer)
+        events = mt.trace.events()
+        gc.collect()
+        units = [(u.name, u.padded) for u in getattr(model, "zero_units", [])]
+        padded = (optimizer.padded if stage == 1
+                  else sum(p for _, p in units) or ref.num_parameters())
+        out[stage] = (model_state_bytes(model, optimizer), _live_bytes(model, optimizer),
+                      ref.num_parameters(), padded, units, events)
+    return out
+
+
+def _dtype_formula(psi, padded, n, stage, e):
+    """What a rank keeps in one dtype of e bytes with Adam (two moments): the paper's
+    (2 + 2 + K)Ψ becomes (e + e + 2e)Ψ, each term divided by N once its stage
+    shards it (over Ψ padded to N equal slices), plus the shard a sharded optimizer
+    steps — its own copy of this rank's 1/N of the parameters (the paper counts
+    that "master" copy inside K): the model's only copy at stage 3, one more at
+    stages 1 and 2, where stage 1 also keeps the shard's reduce-scattered gradient."""
+    shard = e * padded // n
+    if stage == 0:
+        return {"parameters": e * psi, "gradients": e * psi, "optimizer": 2 * e * psi}
+    return {"parameters": (e * psi if stage < 3 else 0) + shard,
+            "gradients": (e * psi + shard if stage == 1 else shard),
+            "optimizer": 2 * shard}
+
+
+def _paper(psi, padded, n, stage, e):
+    """Rajbhandari et al. 2020, §5: (2+2+K)Ψ, (2+2+K/N)Ψ, (2+(2+K)/N)Ψ, (2+2+K)Ψ/N,
+    from `minitp.calc` (fp32 Adam: 4 + 4 + 8, scaled to e bytes), its 1/N terms
+    over the padded Ψ that the shards really split."""
+    whole = calc.model_state_bytes(psi, n, 0, "adam-fp32")
+    split = calc.model_state_bytes(padded, n, stage, "adam-fp32")
+    sharded = {"optimizer": stage >= 1, "gradients": stage >= 2, "parameters": stage >= 3}
+    return sum((split if sharded[k] else whole)[k] for k in sharded) * e // 4
+
+
+N = 4  # dp
+
+
+@pytest.fixture(scope="module")
+def state_run():
+    return mt.launch(_state_bytes, N, N, timeout=120)
+
+
+def test_model_state_bytes_per_stage_beside_the_paper(state_run):
+    """Measured (model_state_bytes, and independently every storage reachable from
+    the model and optimizer between steps) equals the dtype's formula exactly, and
+    the paper's formula plus the named gap: 2eΨ/N at stage 1 (shard copy and its
+    gradient), eΨ/N at stage 2 (shard copy), nothing at stages 0 and 3."""
+    n, e = N, 8  # float64
+    for rank, by_stage in enumerate(state_run):
+        for stage, (states, live, psi, padded, units, _) in by_stage.items():
+            expected = _dtype_formula(psi, padded, n, stage, e)
+            where = f"rank {rank}, stage {stage}"
+            assert states["total"] == live, where  # nothing else alive: no gathered leftovers
+            assert states["parameters"] == expected["parameters"], where
+            assert states["gradients"] == expected["gradients"], where
+            moments = sum(v for k, v in states["optimizer_state"].items() if k != "step")
+            assert moments == expected["optimizer"], where
+            assert padded - psi < n * max(1, len(units)), where  # padding: < N per unit
+            measured = states["total"] - states["optimizer_state"].get("step", 0)
+            gap = {0: 0, 1: 2 * e * padded // n, 2: e * padded // n, 3: 0}[stage]
+            assert measured == _paper(psi, padded, n, stage, e) + gap, where
+
+
+def test_stage3_gathers_each_unit_before_forward_and_again_before_backward(state_run):
+    for by_stage in state_run:
+        _, _, _, _, units, events = by_stage[3]
+        zero = [e for e in events if "zero " in e.label]
+        for name, padded in units:
+            mine = [e for e in zero if e.label.endswith(f" {name}")]
+            uses = 2 if name == "wte" else 1  # the tied embedding: lookup and output head
+            gathers = [e.phase for e in mine if e.op == "all_gather"]
+            assert gathers.count("fwd") == uses and gathers.count("bwd") == uses, (name, gathers)
+            scatters = [e for e in mine if e.op == "reduce_scatter"]
+            assert len(scatters) == uses and all(e.phase == "bwd" for e in scatters), name
+            assert all(e.nbytes == padded * 8 for e in mine), name
+        assert not [e for e in events if e.axis == "dp" and e.op == "all_reduce"
+                    and e.label != "batch loss"]
