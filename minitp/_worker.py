@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ctypes
 import io
+import linecache
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -27,6 +29,7 @@ from minitp import _device, trace
 from minitp.errors import RankTimedOut
 
 STATUS_SLOT_BYTES = 512  # per rank: "<since>|<op description>" while inside a collective
+_LAUNCHER_GONE_EXIT_CODE = 75  # what a rank exits with when its launcher went away
 
 
 class _ResultPickler(cloudpickle.Pickler):
@@ -37,13 +40,25 @@ class _ResultPickler(cloudpickle.Pickler):
     """
 
     def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor) and (obj.requires_grad or obj.device.type != "cpu"):
-            return _rebuild_tensor, (obj.detach().cpu(),)
+        if isinstance(obj, torch.Tensor):
+            plain = obj.detach().cpu() if obj.requires_grad or obj.device.type != "cpu" else obj
+            if _is_view_of_more(plain):
+                # A tensor pickles its whole storage: 4 elements viewed out of 100 MiB
+                # would ship 100 MiB. Send a copy of just the elements it shows.
+                plain = plain.clone()
+            if plain is not obj:
+                return _rebuild_tensor, (plain,)
         return super().reducer_override(obj)
 
 
 def _rebuild_tensor(t):
     return t
+
+
+def _is_view_of_more(t: torch.Tensor) -> bool:
+    if t.layout != torch.strided:
+        return False
+    return t.untyped_storage().nbytes() > t.numel() * t.element_size()
 
 
 def dumps(obj) -> bytes:
@@ -52,13 +67,42 @@ def dumps(obj) -> bytes:
     return buffer.getvalue()
 
 
-def _die_with_parent() -> None:
-    # Linux: if the forkserver (and so the parent) dies, take this rank down too.
+def _die_with_launcher(lifeline) -> None:
+    """End this rank the moment the launching process is gone, however it went.
+
+    A rank's parent is the forkserver, not the launching process (a Jupyter kernel),
+    so the parent-death signal alone would tie it to the wrong process; and the
+    forkserver outlives a SIGKILLed kernel as long as any rank holds its "alive"
+    pipe, which every rank inherits. So the launcher hands each rank the read end
+    of a pipe whose only write end it keeps and never writes to: end of file on it
+    means the launcher closed it (the launch is over) or died (SIGKILL, OOM, a
+    kernel restart). A thread waits for that and ends the process. With the ranks
+    gone, nothing holds the forkserver's alive pipe but the (gone) launcher, so it
+    exits too.
+    """
+    def wait_for_end_of_file():
+        try:
+            lifeline.poll(None)  # never written to: returns only at end of file
+        except (OSError, EOFError):
+            pass
+        os._exit(_LAUNCHER_GONE_EXIT_CODE)
+
+    threading.Thread(target=wait_for_end_of_file, name="minitp-lifeline", daemon=True).start()
+    # Belt and braces: if the forkserver dies, so does this rank (Linux).
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
         except OSError:
             pass
+
+
+def _capture_native_stderr(path: str) -> None:
+    """Point file descriptor 2 at `path`, so what torch's and gloo's C++ code prints
+    (an abort's reason, say) reaches the launcher's error instead of the terminal
+    the forkserver was started from (in Jupyter: the server's log, out of sight)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class _StatusSlot:
@@ -81,8 +125,12 @@ class _StatusSlot:
         self._raw.value = data[: STATUS_SLOT_BYTES - 1]
 
 
-def main(rank, world_size, payload, store_path, backend, timeout, threads, conn, status, t0, env):
-    _die_with_parent()
+def main(rank, world_size, payload, store_path, backend, timeout, threads, conn, status, t0, env,
+         lifeline, native_stderr_path, sources):
+    _die_with_launcher(lifeline)
+    _capture_native_stderr(native_stderr_path)
+    # Source lines of code defined in notebook cells, so this rank's tracebacks show them.
+    linecache.cache.update(sources)
     os.environ.update(env)
     torch.set_num_threads(threads)
     out, err = io.StringIO(), io.StringIO()
@@ -98,6 +146,7 @@ def main(rank, world_size, payload, store_path, backend, timeout, threads, conn,
         _device.set_current(device)
         recorder.enter(lambda: "the rendezvous (joining the process group)")
         store = dist.FileStore(store_path, world_size)
+        store.set_timeout(timedelta(seconds=timeout))  # not FileStore's default 300 s
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size,
             timeout=timedelta(seconds=timeout),

@@ -34,14 +34,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import linecache
+import math
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.forkserver as mp_forkserver
 import multiprocessing.spawn as mp_spawn
 import os
 import pickle
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -64,6 +69,8 @@ _PRELOAD = ["minitp", "minitp._worker", "torch._dynamo"]  # the whole package, t
 _FAILURE_GRACE_S = 0.15  # after a first failure, how long to listen for its root cause
 _EXIT_WAIT_S = 5.0  # how long a rank may take to leave before it is killed
 _CASCADE_PATTERN = ("Connection closed by peer", "Connection reset", "Broken pipe", "EOF")
+DEBUG_ENV = "MINITP_DEBUG"  # set it (to anything) to keep minitp's frames in launch errors
+_NATIVE_STDERR_LINES = 20  # how much of a rank's C++ stderr a failure report quotes
 
 
 class Run(Sequence):
@@ -120,13 +127,21 @@ def launch(
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     if _under_torchrun():
         return _run_in_place(fn, world_size, args, kwargs, backend, timeout)
     backend = _choose_backend(backend, world_size)
     payload = cloudpickle.dumps((fn, args, kwargs))
-    return _Launch(payload, world_size, backend, float(timeout)).run()
+    try:
+        return _Launch(payload, world_size, backend, float(timeout)).run()
+    except LaunchError as error:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        # The rank's traceback (in the message) is what the learner needs; the
+        # launcher's own frames above it would only push it off the screen.
+        raise error.with_traceback(None) from None
 
 
 def _choose_backend(backend: str, world_size: int) -> str:
@@ -160,6 +175,103 @@ def _context():
             ctx = mp.get_context("spawn")
         _context_cache = ctx
     return _context_cache
+
+
+_warm_forkserver_pid = None
+
+
+def _warm_up(ctx) -> None:
+    """Make sure the forkserver is running and has imported torch, *interruptibly*.
+
+    Its first child waits for those imports (seconds, cold). Starting ranks happens
+    with interrupts deferred (so no rank is ever half-started and lost), which is
+    only acceptable if starting one takes milliseconds: so a throwaway child pays
+    the cold start first, where an interrupt costs nothing (it exits at once).
+    """
+    global _warm_forkserver_pid
+    if ctx.get_start_method() != "forkserver":
+        return
+    with _interrupts_deferred():
+        mp_forkserver.ensure_running()
+    # The server's pid is private to multiprocessing; without it, warm up every time.
+    pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None and pid == _warm_forkserver_pid:
+        return
+    probe = ctx.Process(target=int, name="minitp-warm-up", daemon=True)
+    with _without_main_module():
+        probe.start()
+    probe.join()
+    probe.close()
+    _warm_forkserver_pid = pid
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Inside: Ctrl-C (SIGINT) and, during a launch, SIGTERM are held until the block
+    ends, then acted on.
+
+    For the short stretches that must not be cut in half: starting a rank (a rank
+    forked but never recorded would be lost) and tearing a launch down (a second
+    Ctrl-C would leave the rendezvous directory and pipes behind). Only the main
+    thread can handle signals, and only Python's own handlers are replaced: a
+    shell that ignores SIGINT keeps ignoring it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    replaced = {}
+    for signum, ours in ((signal.SIGINT, signal.default_int_handler),
+                         (signal.SIGTERM, _terminate)):
+        if signal.getsignal(signum) is ours:
+            replaced[signum] = ours
+            signal.signal(signum, lambda received, _frame: held.append(received))
+
+    def restore():
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+
+    try:
+        yield
+    except BaseException:
+        restore()
+        if signal.SIGTERM in held:
+            raise _Terminated from None
+        raise  # already on its way out; a held Ctrl-C adds nothing
+    restore()
+    if signal.SIGTERM in held:
+        raise _Terminated
+    if held:
+        raise KeyboardInterrupt
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during a launch: tear it down, then die of SIGTERM as asked."""
+
+
+def _terminate(_signum, _frame):
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _cleaned_up_on_sigterm():
+    """SIGTERM's default action ends the process on the spot, with no `finally`: the
+    rendezvous directory would stay behind. During a launch, SIGTERM raises instead,
+    the launch tears down, and then the signal is delivered again with its default
+    action, so the process still dies of SIGTERM, as whoever sent it expects."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -197,6 +309,14 @@ def _loopback_interface() -> str | None:
     return None
 
 
+def _cell_sources() -> dict:
+    """linecache entries for code that has no file (IPython registers each cell's
+    source this way, with no modification time), so a rank's traceback through a
+    function defined in a notebook cell shows its lines, as a local one would."""
+    return {name: entry for name, entry in list(linecache.cache.items())
+            if len(entry) == 4 and entry[1] is None}
+
+
 def _threads_per_rank(world_size: int) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // world_size)
@@ -212,45 +332,87 @@ class _Launch:
         self.messages: dict[int, dict] = {}
 
     def run(self) -> Run:
+        with _cleaned_up_on_sigterm():
+            return self._run()
+
+    def _run(self) -> Run:
         ctx = _context()
         started = time.perf_counter()
-        rendezvous_dir = tempfile.mkdtemp(prefix="minitp-")
-        store_path = os.path.join(rendezvous_dir, "store")
+        _warm_up(ctx)
         self.status = ctx.RawArray(ctypes.c_char, STATUS_SLOT_BYTES * self.world_size)
         env = {"OMP_NUM_THREADS": str(_threads_per_rank(self.world_size))}
         interface = _loopback_interface()
         if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = interface
+        sources = _cell_sources()
+        self.directory, lifeline_in, self.lifeline = None, None, None
         try:
+            with _interrupts_deferred():
+                self.directory = tempfile.mkdtemp(prefix="minitp-")
+                # Never written to: when its one write end closes (the launch is over,
+                # or this process died), every rank still running ends. See _worker.
+                lifeline_in, self.lifeline = ctx.Pipe(duplex=False)
+            store_path = os.path.join(self.directory, "store")
             for rank in range(self.world_size):
-                parent_end, child_end = ctx.Pipe(duplex=True)
-                process = ctx.Process(
-                    target=_rank_main,
-                    name=f"minitp-rank{rank}",
-                    args=(rank, self.world_size, self.payload, store_path, self.backend,
-                          self.timeout, _threads_per_rank(self.world_size), child_end,
-                          self.status, started, env),
-                    daemon=True,
-                )
-                with _without_main_module():
-                    process.start()
-                child_end.close()
-                self.processes.append(process)
-                self.conns[rank] = parent_end
+                with _interrupts_deferred():
+                    parent_end, child_end = ctx.Pipe(duplex=True)
+                    self.conns[rank] = parent_end
+                    process = ctx.Process(
+                        target=_rank_main,
+                        name=f"minitp-rank{rank}",
+                        args=(rank, self.world_size, self.payload, store_path, self.backend,
+                              self.timeout, _threads_per_rank(self.world_size), child_end,
+                              self.status, started, env, lifeline_in,
+                              self._native_stderr_path(rank), sources),
+                        daemon=True,
+                    )
+                    with _without_main_module():
+                        process.start()
+                    self.processes.append(process)
+                    child_end.close()
+            lifeline_in.close()
             self._collect()
             self._release()
+            results = [self._result(rank) for rank in range(self.world_size)]
+            native = [self._native_stderr(rank) for rank in range(self.world_size)]
         finally:
-            self._stop_all()
-            shutil.rmtree(rendezvous_dir, ignore_errors=True)
-        results = [pickle.loads(self.messages[r]["result"]) for r in range(self.world_size)]
+            with _interrupts_deferred():
+                self._stop_all()
+                for end in (lifeline_in, self.lifeline):
+                    if end is not None:
+                        end.close()
+                if self.directory is not None:
+                    shutil.rmtree(self.directory, ignore_errors=True)
         return Run(
             results,
             [self.messages[r]["events"] for r in range(self.world_size)],
             [self.messages[r]["stdout"] for r in range(self.world_size)],
-            [self.messages[r]["stderr"] for r in range(self.world_size)],
+            [self.messages[r]["stderr"] + native[r] for r in range(self.world_size)],
             self.backend,
             time.perf_counter() - started,
         )
+
+    def _result(self, rank: int):
+        try:
+            return pickle.loads(self.messages[rank]["result"])
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling raised, name the rank
+            raise LaunchError(
+                f"rank {rank} of {self.world_size} returned a value that cannot be rebuilt "
+                f"in this process: {type(exc).__name__}: {exc}\n(it pickled there but not "
+                "here: a class or module the launching process lacks?)",
+                rank=rank,
+            ) from None
+
+    def _native_stderr_path(self, rank: int) -> str:
+        return os.path.join(self.directory, f"rank{rank}.stderr")
+
+    def _native_stderr(self, rank: int) -> str:
+        """What rank `rank`'s native (C++) side wrote to file descriptor 2."""
+        try:
+            with open(self._native_stderr_path(rank), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
 
     # -- waiting ---------------------------------------------------------------
     def _collect(self) -> None:
@@ -339,10 +501,14 @@ class _Launch:
             rank = min(deaths)
             code = deaths[rank]
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            native = self._native_stderr(rank).rstrip()
+            if native:
+                said = f", after printing:\n{_tail(native, _NATIVE_STDERR_LINES)}"
+            else:
+                said = " (os._exit, a crash, or out of memory?)"
             raise LaunchError(
-                f"rank {rank} of {self.world_size} {how} before reporting back "
-                "(os._exit, a crash, or out of memory?)",
-                rank=rank,
+                f"rank {rank} of {self.world_size} {how} before reporting back{said}",
+                rank=rank, remote_traceback=native,
             )
         rank = min(errors)
         raise LaunchError(

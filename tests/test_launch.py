@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -262,9 +261,13 @@ def test_result_that_cannot_be_sent_back_is_a_launch_error():
 
 # --------------------------------------------------------------------------- Ctrl-C
 _INTERRUPT_SCRIPT = textwrap.dedent("""
-    import os, pathlib, sys, time
+    import os, pathlib, signal, sys, time
     import torch.distributed as dist
     import minitp as mt
+
+    # Ctrl-C must raise KeyboardInterrupt here even when the shell running the tests
+    # started them in the background (which makes the script inherit SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def sleeper(marker_dir):
         pathlib.Path(marker_dir, f"rank{dist.get_rank()}").write_text(str(os.getpid()))
@@ -358,26 +361,7 @@ def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path):
     assert len(log.read_text().splitlines()) == 1
 
 
-# --------------------------------------------------------------------------- leaks
-def _fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def _thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def test_a_hundred_launches_leak_no_process_fd_thread_or_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where rendezvous dirs go
-    assert list(mt.launch(lambda i: dist.get_rank() + i, 2, 0, timeout=30)) == [0, 1]  # warm-up
-    fds, threads, kids = _fd_count(), _thread_count(), worker_processes()
-    for i in range(100):
-        assert list(mt.launch(lambda i: dist.get_rank() + i, 2, i, timeout=30)) == [i, i + 1]
-    assert _fd_count() <= fds, f"file descriptors: {fds} before, {_fd_count()} after"
-    assert _thread_count() <= threads
-    left = wait_until_gone(worker_processes() - kids, seconds=2.0)
-    assert not left, "processes left after 100 launches:\n" + describe(left)
-    assert list(tmp_path.iterdir()) == []  # every rendezvous directory removed
+# (leaks over many launches: the soak in test_reliability.py)
 
 
 # --------------------------------------------------------------------------- bad arguments
@@ -392,6 +376,10 @@ def test_a_hundred_launches_leak_no_process_fd_thread_or_directory(tmp_path, mon
         (None, 2, {}, TypeError, "function"),
         (lambda: 0, 2, {"timeout": 0}, ValueError, "timeout"),
         (lambda: 0, 2, {"timeout": -1.0}, ValueError, "timeout"),
+        (lambda: 0, 2, {"timeout": "5"}, ValueError, "timeout"),
+        (lambda: 0, 2, {"timeout": float("inf")}, ValueError, "timeout"),
+        (lambda: 0, 2, {"timeout": float("nan")}, ValueError, "timeout"),
+        (lambda: 0, 2, {"timeout": True}, ValueError, "timeout"),
         (lambda: 0, 2, {"backend": "nccl"}, ValueError, "GPU"),
         (lambda: 0, 2, {"backend": "mpi"}, ValueError, "backend"),
     ],
