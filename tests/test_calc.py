@@ -480,3 +480,38 @@ def test_plan_says_when_nothing_fits():
     assert result.candidates == []
     with pytest.raises(ValueError, match="none of the .* fits in 80 GiB"):
         _ = result.best
+
+
+# --------------------------------------------------------------------------- ZeRO stages 2, 3
+def test_step_time_counts_zero_communication():
+    """Stage 1 communicates as plain data parallelism; stage 2 reduce-scatters every
+    microbatch; stage 3 also gathers the parameters before each microbatch's forward
+    and backward: for m = 1 one more all-gather (1.5× the bytes, ZeRO §7)."""
+    cfg, c = gpt(1024, 16, 4), calc.H100_80GB
+    psi = calc.params_per_rank(cfg, 1, 1)
+    gather = c.collective_seconds("all_gather", psi * 2, 8, span=8)
+    scatter = c.collective_seconds("reduce_scatter", psi * 2, 8, span=8)
+    dp = {(s, m): calc.step_time(cfg, c, dp=8, global_batch=8 * m, zero_stage=s).dp
+          for s in range(4) for m in (1, 4)}
+    assert dp[(1, 1)] == dp[(2, 1)] == dp[(0, 1)] == dp[(0, 4)]
+    assert dp[(3, 1)] == pytest.approx(dp[(0, 1)] + gather)
+    assert dp[(2, 4)] == pytest.approx(dp[(0, 1)] + 3 * scatter)
+    assert dp[(3, 4)] == pytest.approx(dp[(0, 1)] + 3 * scatter + 7 * gather)
+    with pytest.raises(ValueError, match="zero_stage"):
+        calc.step_time(cfg, c, dp=8, zero_stage=4)
+
+
+def test_plan_searches_zero_stages():
+    """A model whose states overflow one GPU fits with ZeRO-3 over 8 ranks; searching
+    every stage finds stage 3 among the fits and never tries a stage on dp = 1."""
+    cfg = gpt(4096, 32, 32)  # ~6.7B parameters: 16 bytes each is more than 80 GiB
+    only_dp = dict(global_batch=8, n_gpus=8, micro_batches=(1,), recompute=("full",))
+    none = calc.plan(cfg, calc.A100_80GB, **only_dp, optimizer="adam-mixed")
+    every = calc.plan(cfg, calc.A100_80GB, **only_dp, optimizer="adam-mixed",
+                      zero_stage=(0, 1, 2, 3))
+    assert {c.zero_stage for c in none.candidates} == {0}
+    zero3 = [c for c in every.candidates if c.zero_stage == 3]
+    assert zero3 and all(c.dp > 1 for c in every.candidates if c.zero_stage)
+    assert (8, 1, 1) in {(c.dp, c.pp, c.tp) for c in zero3}
+    assert (8, 1, 1) not in {(c.dp, c.pp, c.tp) for c in none.candidates}
+    assert "zero=3" in str(zero3[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..config import check_recompute, interleaving_fits
+from ..config import check_recompute, check_zero_stage, interleaving_fits
 from ._util import number
 from .params import params_per_rank
 
@@ -33,12 +33,12 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
     stage 1 the optimizer state (4Ψ + 12Ψ/d for "adam-mixed"), stage 2 also the
     gradients (2Ψ + 14Ψ/d), stage 3 also the parameters (16Ψ/d). Megatron-LM's
     distributed optimizer is stage 1 of its 18-byte layout: 6 + 12/d bytes per
-    parameter (``optimizer="megatron", zero_stage=1``).
+    parameter (``optimizer="megatron", zero_stage=1``). minitp runs all four stages
+    (`minitp.zero`); tests/test_zero.py measures them beside this.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    check_zero_stage(zero_stage)
     sharded = {"optimizer": zero_stage >= 1, "gradients": zero_stage >= 2,
                "parameters": zero_stage >= 3}
     result = {}

@@ -1,8 +1,11 @@
-"""Plan a run: every (dp, pp, tp, sp, recompute, micro-batch) that fits, fastest first.
+"""Plan a run: every (dp, pp, tp, sp, recompute, micro-batch, ZeRO stage) that fits,
+fastest first.
 
 `plan` enumerates the splits of ``n_gpus`` GPUs that `check_parallel_config`
 accepts, keeps those whose busiest GPU fits in memory (`memory_per_gpu`), and
-ranks them by `step_time`. Everything it knows is in those two functions.
+ranks them by `step_time`. Everything it knows is in those two functions: a
+higher ZeRO stage fits more (model states / N_d) and costs more data-parallel
+communication (stage 3: 1.5× per microbatch).
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ class Candidate:
     virtual: int
     memory: dict = field(compare=False)
     time: StepTime = field(compare=False)
+    zero_stage: int = 0
 
     def __str__(self) -> str:
+        zero = f" zero={self.zero_stage}" if self.zero_stage else ""
         return (f"dp={self.dp} pp={self.pp} tp={self.tp} b={self.micro_batch} "
                 f"m={self.microbatches} v={self.virtual} sp={self.sp} "
-                f"recompute={self.recompute}: {self.memory['total'] / GiB:.1f} GiB, "
+                f"recompute={self.recompute}{zero}: {self.memory['total'] / GiB:.1f} GiB, "
                 f"{self.time.total:.3f} s")
 
 
@@ -79,29 +84,36 @@ def _divisors(n: int) -> list[int]:
 
 def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
          recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
-         zero_stage: int = 0, usable: float = 0.9, efficiency: float = 0.5) -> Plan:
+         zero_stage=0, usable: float = 0.9, efficiency: float = 0.5) -> Plan:
     """Every split of ``n_gpus`` (dp·pp·tp) that fits in ``usable`` × the GPU's memory,
     ranked by predicted step time. Sequence parallelism is tried wherever tp > 1;
-    the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM."""
+    the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM.
+    zero_stage: one stage, or several to search, e.g. ``(0, 1, 2, 3)`` (a stage
+    above 0 is tried only where dp > 1: with one replica there is nothing to shard)."""
+    stages = (zero_stage,) if isinstance(zero_stage, int) else tuple(zero_stage)
     fits, tried = [], 0
-    for tp, pp, b, rc, v, sp in product(_divisors(n_gpus), _divisors(n_gpus), micro_batches,
-                                        recompute, virtual, (False, True)):
+    for tp, pp, b, rc, v, sp, zero in product(_divisors(n_gpus), _divisors(n_gpus),
+                                              micro_batches, recompute, virtual, (False, True),
+                                              stages):
         dp = n_gpus // (tp * pp)
         if n_gpus % (tp * pp) or (sp and tp == 1) or global_batch % (dp * b):
+            continue
+        if zero and dp == 1 and len(stages) > 1:
             continue
         m = global_batch // (dp * b)
         if v > 1 and (pp == 1 or not interleaving_fits(pp, m)):
             continue
         try:
             check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp, recompute=rc,
-                                  virtual_stages=v)
+                                  virtual_stages=v, zero_stage=zero)
         except ValueError:
             continue
         tried += 1
-        memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero_stage, optimizer, v, m)
+        memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m)
         if memory["total"] > usable * cluster.memory:
             continue
-        time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v, efficiency)
-        fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time))
+        time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v, efficiency,
+                         zero_stage=zero)
+        fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

@@ -52,7 +52,7 @@ def microbatch_count(global_batch: int, dp: int, micro_batch: int) -> int:
 def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
               micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
               recompute=None, virtual: int = 1, efficiency: float = 0.5,
-              bytes_per_value: int = 2, grad_bytes: int = 2) -> StepTime:
+              bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0) -> StepTime:
     """Predicted seconds per iteration on ``cluster`` for a (dp, pp, tp) run.
 
     * compute: FLOPs executed (`flops_per_iteration`, recomputation included),
@@ -62,12 +62,17 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       all-gather: the same α–β time);
     * pp: per microbatch, one send of bsh values (bsh/t with sp) forward and
       one backward, v times with v virtual stages (Narayanan et al. 2021, §2.2.2);
-    * dp: one all-reduce of the largest stage's gradients;
+    * dp: one all-reduce of the largest stage's gradients (ZeRO-1: the same time,
+      as a reduce-scatter and an all-gather). Stages 2 and 3 reduce-scatter every
+      microbatch's gradient (as minitp, DeepSpeed and FSDP do): m − 1 more;
+      stage 3 also gathers the parameters before each microbatch's forward and
+      backward: 2m gathers in all, where the all-reduce counted one — for m = 1,
+      1.5× (Rajbhandari et al. 2019, §7);
     * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp).
     ``global_batch`` defaults to one microbatch per data-parallel rank.
     """
     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
-                          recompute=recompute, virtual_stages=virtual)
+                          recompute=recompute, virtual_stages=virtual, zero_stage=zero_stage)
     global_batch = global_batch or dp * micro_batch
     m = microbatch_count(global_batch, dp, micro_batch)
     n_gpus = dp * pp * tp
@@ -84,6 +89,11 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
         pp_time = 2 * m * virtual * send
     gradients = params_per_rank(cfg, tp, pp) * grad_bytes
     dp_time = cluster.collective_seconds("all_reduce", gradients, dp, span=tp * dp)
+    if zero_stage >= 2:  # the all-reduce above counts one reduce-scatter and one gather
+        params = params_per_rank(cfg, tp, pp) * bytes_per_value
+        gather = cluster.collective_seconds("all_gather", params, dp, span=tp * dp)
+        scatter = cluster.collective_seconds("reduce_scatter", gradients, dp, span=tp * dp)
+        dp_time += (m - 1) * scatter + (2 * m - 1) * gather * (zero_stage == 3)
     busy = compute + tp_time + pp_time
     return StepTime(compute, tp_time, pp_time, dp_time,
                     busy * bubble_fraction(pp, m, virtual))
