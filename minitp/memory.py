@@ -61,11 +61,13 @@ def model_state_bytes(model: nn.Module, optimizer=None) -> dict:
     So a ZeRO-1 rank holding Ψ parameters of e bytes shows e·Ψ/N_d more
     parameters and gradients each (Ψ padded to a multiple of N_d) than the model
     alone; plain optimizers, which step the model's own tensors, add nothing
-    there. Each storage is counted once, so tied parameters (GPT's input and
-    output embedding) count once. Compare Rajbhandari et al. 2019 (ZeRO): 2 + 2 +
-    12 bytes per parameter for mixed-precision Adam; here, in one dtype of e bytes,
-    Adam keeps exp_avg and exp_avg_sq (2e per parameter) and a 4-byte step per
-    parameter tensor it steps.
+    there. At ZeRO-2 the model's gradients are gone (only the shards' remain); at
+    ZeRO-3 the model's parameters are its shards (`minitp.zero`; the counts per
+    stage beside the paper's: tests/test_zero.py). Each storage is counted once,
+    so tied parameters (GPT's input and output embedding) count once. Compare
+    Rajbhandari et al. 2019 (ZeRO): 2 + 2 + 12 bytes per parameter for
+    mixed-precision Adam; here, in one dtype of e bytes, Adam keeps exp_avg and
+    exp_avg_sq (2e per parameter) and a 4-byte step per parameter tensor it steps.
     """
     params = {id(p): p for p in model.parameters()}
     if optimizer is not None:  # what the optimizer steps: the model's tensors, or its own
@@ -251,7 +253,8 @@ class ActivationLedger:
     def _record(self, tensor: torch.Tensor, op: str, only_if_new: bool = False) -> None:
         key = _storage_key(tensor)
         base = tensor._base if tensor._base is not None else tensor
-        if key in self._excluded or isinstance(base, nn.Parameter):
+        if (key in self._excluded or isinstance(base, nn.Parameter)
+                or getattr(base, "zero_gathered", False)):  # ZeRO-3's gathered parameters
             return  # model state, not an activation
         first = self._first.get(key)
         if first is not None and first[1].expired():

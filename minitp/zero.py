@@ -232,6 +232,7 @@ class Zero3Unit:
             full = _GatherParams.apply(unit.shard, unit)
         else:
             full = unit.gather()
+        full.zero_gathered = True  # model state, not an activation (`minitp.memory`'s ledger)
         for mod, attr, _, view in unit.views(full):
             object.__setattr__(mod, attr, view)
         self.current = full

@@ -16,7 +16,7 @@ from test_memory import _live_bytes
 
 import minitp as mt
 import minitp.calc as calc
-from minitp.memory import model_state_bytes
+from minitp.memory import ActivationLedger, model_state_bytes
 from minitp.zero import gathered
 
 # (dp, pp, tp, zero_stage, microbatches, sequence_parallel, recompute, schedule, virtual)
@@ -83,7 +83,7 @@ def _state_bytes(dp):
     mesh = mt.Mesh(dp=dp)
     cfg = mt.GPTConfig(**MEMORY_CFG)
     x = torch.randint(0, 16, (2 * dp, 8), generator=torch.Generator().manual_seed(1))
-    out = {}
+    out, activations = {}, {}
     for stage in range(4):
         torch.manual_seed(0)
         ref = mt.GPT(cfg).double()
@@ -99,6 +99,10 @@ def _state_bytes(dp):
                   else sum(p for _, p in units) or ref.num_parameters())
         out[stage] = (model_state_bytes(model, optimizer), _live_bytes(model, optimizer),
                       ref.num_parameters(), padded, units, events)
+        with ActivationLedger(model) as ledger:  # stage 3's gathered weights are not activations
+            model(x[:2], x[:2])
+        activations[stage] = ledger.total_bytes
+    assert len(set(activations.values())) == 1, activations
     return out
 
 
