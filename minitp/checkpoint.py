@@ -17,7 +17,16 @@ Files in the directory (one rank writes, every rank reads)::
 
     model.pt      dense parameters        torch.save of {name: tensor}
     optimizer.pt  dense Adam state        {"step": tensor, "exp_avg": {name: tensor}, ...}
-    meta.json     config, step, topology that wrote it, anything in `extra`
+    meta.json     config, step, topology that wrote it, anything in `extra`, and the
+                  size and SHA-256 of every other file (the manifest)
+
+A checkpoint is complete or absent, never half-written, and a save never destroys
+the previous one before the new one is whole: everything is written into a hidden
+sibling directory and fsynced, then the sibling takes the directory's place by
+rename (the old directory is moved aside first and removed last). If a kill lands
+between those two renames, the next `read_meta`/`load` finds the directory missing
+and the previous checkpoint aside, and puts it back. Reading checks the manifest,
+so a damaged checkpoint is named as such before any process starts.
 
 Everything is read with ``torch.load(weights_only=True)``: a checkpoint is data,
 and loading one must not run code. For exact resume, the batches and random
@@ -28,9 +37,13 @@ numbers of step k must be functions of (seed, k) alone (`minitp.data` and
 from __future__ import annotations
 
 import contextlib
+import glob
+import hashlib
 import json
 import os
-from dataclasses import asdict
+import shutil
+import tempfile
+from dataclasses import asdict, fields
 
 import torch
 
@@ -40,7 +53,9 @@ from .model import GPT, GPTConfig
 from .parallelize import parallelize
 
 ADAM_STATE = ("exp_avg", "exp_avg_sq")
-FORMAT = "minitp-checkpoint-1"
+FORMAT = "minitp-checkpoint-2"  # 2: meta.json carries a manifest; saved atomically
+_READABLE_FORMATS = ("minitp-checkpoint-1", FORMAT)
+_META_KEYS = {"format", "config", "step", "dtype", "topology", "has_optimizer", "extra", "files"}
 
 
 @contextlib.contextmanager
@@ -91,10 +106,6 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
         weights = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
         optim = dense_optimizer_state(model, optimizer) if optimizer is not None else None
         if mesh.rank == 0:
-            os.makedirs(directory, exist_ok=True)
-            torch.save(weights, os.path.join(directory, "model.pt"))
-            if optim is not None:
-                torch.save(optim, os.path.join(directory, "optimizer.pt"))
             meta = {
                 "format": FORMAT, "config": asdict(model.cfg), "step": int(step),
                 "dtype": str(next(iter(weights.values())).dtype).removeprefix("torch."),
@@ -104,22 +115,141 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
                 "has_optimizer": optim is not None,
                 "extra": extra or {},
             }
-            # Written last: a directory with meta.json is a complete checkpoint.
-            with open(os.path.join(directory, "meta.json"), "w") as f:
-                json.dump(meta, f, indent=1)
+            _write_checkpoint(directory, weights, optim, meta)
         comm.barrier(world())
 
 
+def check_save_target(directory: str) -> None:
+    """Raise at once (not after training) if a checkpoint cannot be written there."""
+    path = os.path.abspath(directory)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"{directory!r} exists and is not a directory")
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise NotADirectoryError(f"cannot create {directory!r}: {parent!r} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write a checkpoint under {parent!r}")
+
+
+def _write_checkpoint(directory: str, weights: dict, optim: dict | None, meta: dict) -> None:
+    """Write the files into a hidden sibling, then swap it in (see the module's docstring)."""
+    check_save_target(directory)
+    path = os.path.abspath(directory)
+    parent, base = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    _recover(path)
+    for stale in glob.glob(os.path.join(parent, f".{base}.partial-*")) + glob.glob(
+            os.path.join(parent, f".{base}.previous-*")):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a save that was killed
+    staging = tempfile.mkdtemp(prefix=f".{base}.partial-", dir=parent)
+    files = {"model.pt": weights} | ({"optimizer.pt": optim} if optim is not None else {})
+    manifest = {}
+    for name, obj in files.items():
+        _write(os.path.join(staging, name), lambda f, obj=obj: torch.save(obj, f))
+        manifest[name] = _fingerprint(os.path.join(staging, name))
+    text = json.dumps(meta | {"files": manifest}, indent=1).encode()
+    _write(os.path.join(staging, "meta.json"), lambda f: f.write(text))  # last: the seal
+    _fsync_directory(staging)
+    if os.path.exists(path):
+        aside = os.path.join(parent, f".{base}.previous-{os.getpid()}")
+        os.rename(path, aside)      # a kill from here ...
+        os.rename(staging, path)    # ... to here leaves `aside`, which _recover puts back
+        _fsync_directory(parent)
+        shutil.rmtree(aside, ignore_errors=True)  # a leftover is removed by the next save
+    else:
+        os.rename(staging, path)
+        _fsync_directory(parent)
+
+
+def _write(path: str, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fingerprint(path: str) -> dict:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def _recover(path: str) -> None:
+    """A save killed between its two renames left no `path` but the previous
+    checkpoint aside: put it back."""
+    if os.path.exists(path):
+        return
+    parent, base = os.path.split(path)
+    aside = sorted(glob.glob(os.path.join(parent, f".{base}.previous-*")))
+    for candidate in aside:
+        if os.path.isfile(os.path.join(candidate, "meta.json")):
+            with contextlib.suppress(OSError):  # another rank may be putting it back too
+                os.rename(candidate, path)
+            return
+
+
 def read_meta(directory: str) -> dict:
-    """meta.json of a checkpoint, with a clear error if the directory is not one."""
+    """meta.json of a checkpoint, once every file it lists is there, whole and
+    unchanged; a clear error naming what is wrong otherwise."""
+    _recover(os.path.abspath(directory))
     path = os.path.join(directory, "meta.json")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{directory!r}: no such checkpoint directory")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{directory!r} is not a minitp checkpoint (no meta.json)")
-    with open(path) as f:
-        meta = json.load(f)
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is damaged (not JSON: {exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") not in _READABLE_FORMATS:
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise ValueError(f"{path}: unknown checkpoint format {found!r}")
+    _check_meta(path, meta)
+    for name, expected in _listed_files(meta).items():
+        file = os.path.join(directory, name)
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"checkpoint {directory!r} is incomplete: {name} is missing")
+        if expected is None:  # format 1 kept no manifest: at least refuse an empty file
+            if os.path.getsize(file) == 0:
+                raise ValueError(f"checkpoint {directory!r} is damaged: {name} is empty")
+        elif _fingerprint(file) != expected:
+            raise ValueError(
+                f"checkpoint {directory!r} is damaged: {name} is {os.path.getsize(file):,} "
+                f"bytes, not the {expected['bytes']:,} it was saved with, or its contents "
+                "changed since (SHA-256 differs)")
     return meta
+
+
+def _check_meta(path: str, meta: dict) -> None:
+    unknown = set(meta) - _META_KEYS
+    missing = {"config", "step", "dtype", "has_optimizer"} - set(meta)
+    if unknown or missing:
+        raise ValueError(f"{path}: " + "; ".join(
+            ([f"unknown keys {sorted(unknown)}"] if unknown else [])
+            + ([f"missing keys {sorted(missing)}"] if missing else [])))
+    known = {f.name for f in fields(GPTConfig)}
+    if not isinstance(meta["config"], dict) or set(meta["config"]) - known:
+        odd = sorted(set(meta["config"]) - known) if isinstance(meta["config"], dict) else "?"
+        raise ValueError(f"{path}: config has fields a GPTConfig does not: {odd}")
+
+
+def _listed_files(meta: dict) -> dict:
+    if "files" in meta:
+        return meta["files"]
+    return {"model.pt": None} | ({"optimizer.pt": None} if meta["has_optimizer"] else {})
 
 
 def load_dense(directory: str) -> tuple[GPT, dict, dict | None]:

@@ -124,3 +124,97 @@ def test_single_process_resume_matches_the_parallel_run(tmp_path):
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a minitp checkpoint"):
         checkpoint.read_meta(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- atomic saves
+def _save_and_die(directory, step, die_at):
+    """Train one step at world 1 and save as `step`; with `die_at` = (what, k), the
+    rank dies (os._exit: no finally, no cleanup, as SIGKILL) at the k-th `what`."""
+    import os
+    import shutil
+
+    mesh = mt.Mesh(dp=1, pp=1, tp=1)
+    torch.manual_seed(step)
+    model = mt.parallelize(mt.GPT(mt.GPTConfig(**CFG)).double(), mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    mt.train_step(model, data.get_batch(_tokens(), 0, BATCH, CFG["seq_len"]), mesh, optimizer)
+    calls = []
+
+    def dying(original, partial, counts=lambda args: True):
+        def replacement(*args, **kwargs):
+            if counts(args):
+                calls.append(args)
+            if die_at is not None and len(calls) == die_at[1] and counts(args):
+                if partial:  # a file cut off mid-write
+                    with open(args[0], "wb") as f:
+                        f.write(b"partial")
+                os._exit(9)
+            return original(*args, **kwargs)
+        return replacement
+
+    what = die_at[0] if die_at else None
+    if what == "file":
+        checkpoint._write = dying(checkpoint._write, partial=True)
+    elif what == "rename":
+        os.rename = dying(os.rename, partial=False)
+    elif what == "cleanup":  # removing the previous checkpoint, moved aside by this save
+        shutil.rmtree = dying(shutil.rmtree, partial=False,
+                              counts=lambda args: f".previous-{os.getpid()}" in str(args[0]))
+    checkpoint.save(model, directory, step, optimizer)
+    return {k: v.clone() for k, v in model.full_state_dict().items()}
+
+
+KILL_POINTS = [  # (where the save dies, which checkpoint must be there afterwards)
+    (("file", 1), 1), (("file", 2), 1), (("file", 3), 1),  # model.pt, optimizer.pt, meta.json
+    (("rename", 1), 1),   # everything written, nothing moved
+    (("rename", 2), 1),   # the old one moved aside, the new one not yet in place
+    (("cleanup", 1), 2),  # the new one in place, the old one not yet removed
+]
+
+
+def test_a_save_killed_at_any_point_leaves_a_whole_checkpoint(tmp_path):
+    """Kill a save while it writes each file and between its renames: what the
+    directory holds afterwards is the previous checkpoint or the new one, whole."""
+    directory = str(tmp_path / "ckpt")
+    first = mt.launch(_save_and_die, 1, directory, 1, None, timeout=60)[0]
+    for die_at, expected_step in KILL_POINTS:
+        with pytest.raises(mt.LaunchError, match="exited with code 9"):
+            mt.launch(_save_and_die, 1, directory, 2, die_at, timeout=60)
+        meta = checkpoint.read_meta(directory)
+        assert meta["step"] == expected_step, die_at
+        ref, _, optim = checkpoint.load_dense(directory)
+        if expected_step == 1:
+            assert _max_diff(ref.state_dict(), first) == 0, die_at
+        assert optim is not None
+        if expected_step == 2:  # start the next kill from the first checkpoint again
+            mt.launch(_save_and_die, 1, directory, 1, None, timeout=60)
+    # and a later save tidies what the killed ones left beside the directory
+    mt.launch(_save_and_die, 1, directory, 3, None, timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert checkpoint.read_meta(directory)["step"] == 3
+
+
+def test_a_damaged_checkpoint_is_named_before_anything_starts(tmp_path):
+    import json
+
+    directory = tmp_path / "ckpt"
+    mt.launch(_save_and_die, 1, str(directory), 1, None, timeout=60)
+    meta = json.loads((directory / "meta.json").read_text())
+
+    (directory / "optimizer.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="damaged: optimizer.pt is 0 bytes"):
+        checkpoint.read_meta(str(directory))
+    (directory / "model.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="incomplete: model.pt is missing"):
+        checkpoint.read_meta(str(directory))
+    (directory / "meta.json").write_text(json.dumps(meta | {"surprise": 1}))
+    with pytest.raises(ValueError, match=r"unknown keys \['surprise'\]"):
+        checkpoint.read_meta(str(directory))
+    (directory / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="damaged"):
+        checkpoint.read_meta(str(directory))
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+        checkpoint.read_meta(str(tmp_path / "nowhere"))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        checkpoint.check_save_target(str(tmp_path / "a-file" / "ckpt"))
