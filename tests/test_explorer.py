@@ -159,12 +159,13 @@ def test_figure_draws_the_numbers():
 
 # --------------------------------------------------------------------------- the widget
 def _child(w, name):
-    return w.children[CONTROLS.index(name)]
+    return w.controls[name]
 
 
 def test_widget_starts_at_the_defaults():
     w = explorer_widget()
-    assert len(w.children) == len(CONTROLS) + 1 and w.children[-1] is w.output
+    controls, output = w.children
+    assert list(controls.children) == [w.controls[k] for k in CONTROLS] and output is w.output
     assert w.values() == DEFAULTS
     assert isinstance(w.result, Exploration) and w.error is None
     assert w.result.memory == explore(**DEFAULTS).memory
@@ -214,3 +215,44 @@ def test_widget_set_updates_once():
     assert w.result.name == "GPT 22B" and w.result.global_batch == 4
     with pytest.raises(ValueError, match="no control named colour"):
         w.set(colour="red")
+
+
+def test_widget_layout_wraps_the_controls_above_a_full_width_output():
+    """No CSS-grid placement (JupyterLab ignored the output's grid_column and squeezed
+    it into one 236-px column): a wrapping row of fixed-width controls, then an output
+    as wide as the notebook."""
+    import ipywidgets as widgets
+
+    w = explorer_widget(draw=False)
+    controls, output = w.children
+    assert isinstance(w, widgets.VBox) and not isinstance(controls, widgets.GridBox)
+    assert controls.layout.flex_flow == "row wrap" and controls.layout.width == "100%"
+    assert output.layout.width == "100%" and output.layout.grid_column is None
+    assert {c.layout.width for c in controls.children} == {"230px"}
+
+
+def test_dropdowns_show_labels_and_start_at_the_defaults():
+    w = explorer_widget(draw=False)
+    dp, recompute = w.controls["dp"], w.controls["recompute"]
+    assert dp.label == "auto: GPUs/(pp·tp)" and recompute.label == "none"  # not blank
+    labels = [label for label, _ in dp.options]  # what the dropdown shows
+    assert labels[0] == "auto: GPUs/(pp·tp)" and "16" in labels and "(" not in labels[1]
+    dp.value = 16
+    assert w.result is None and "but n_gpus=1024" in w.error
+    dp.value = "auto"  # what choosing the "auto" entry sets
+    assert w.error is None and w.result.dp == 8 and w.values()["dp"] is None
+    recompute.value = "selective"
+    assert w.result.recompute == "selective"
+    w.set(recompute=None, dp=None)
+    assert recompute.label == "none" and dp.label.startswith("auto")
+
+
+def test_displayed_widget_carries_a_static_picture():
+    w = explorer_widget()
+    bundle = w._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert base64.b64decode(bundle["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert bundle["text/plain"] == "Explorer: " + w.result.summary()
+    w.controls["tp"].value = 64  # invalid: 96 heads
+    bundle = w._repr_mimebundle_()
+    assert "image/png" not in bundle and "n_head=96 is not divisible" in bundle["text/plain"]

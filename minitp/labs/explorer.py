@@ -13,8 +13,13 @@ formulas), none measured: `explore` checks the configuration, calls
 `calc.memory_per_gpu` and `calc.step_time`, and keeps their answers; the
 widget only turns its controls into `explore`'s arguments. So the tests (and
 lesson 10) check the numbers by calling `calc` directly, and drive the widget
-in code: ``w.controls["tp"].value = 16`` (or ``w.children[CONTROLS.index("tp")]``),
-then read ``w.result``.
+in code: ``w.controls["tp"].value = 16``, then read ``w.result``.
+
+Layout: the controls wrap in a row (each 230 px) above an output area as wide
+as the notebook, a plain VBox/HBox, since a CSS grid's per-child placement
+(``grid_column``) is not applied by every front end. Displayed, the widget also
+carries a PNG of its figure and its summary as text, so a notebook opened
+without running it (or on GitHub) shows the picture rather than a repr.
 
 (Why one file: the widget is only a view of `explore`: kept in one
 file, its controls and `explore`'s arguments are read side by side.)
@@ -282,10 +287,18 @@ _COUNTS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512
            1536, 2048, 3072, 4096]
 
 
+# Dropdown values that stand for None: ipywidgets treats a value of None as "nothing
+# selected" and shows a blank box, so "auto" and "none" are values of their own.
+_AUTO, _NONE = "auto", "none"
+
+
 def _controls() -> dict:
     style, wide = {"description_width": "initial"}, widgets.Layout(width="230px")
 
     def dropdown(description, options):
+        # (label, value) pairs throughout: a bare list mixing pairs and numbers is
+        # read by ipywidgets as labels, and a pair would show as its repr.
+        options = [o if isinstance(o, tuple) else (str(o), o) for o in options]
         return widgets.Dropdown(options=options, description=description, style=style,
                                 layout=wide)
 
@@ -295,12 +308,12 @@ def _controls() -> dict:
         "gpu_memory": widgets.IntSlider(min=8, max=192, step=1, description="GiB per GPU",
                                         style=style, layout=wide),
         "n_gpus": dropdown("GPUs", _COUNTS),
-        "dp": dropdown("dp", [("auto: GPUs/(pp·tp)", None)] + _COUNTS),
+        "dp": dropdown("dp", [("auto: GPUs/(pp·tp)", _AUTO)] + _COUNTS),
         "pp": dropdown("pp", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 35, 48, 64, 96, 128]),
         "tp": dropdown("tp", [1, 2, 4, 8, 16, 32, 64]),
         "sp": widgets.Checkbox(description="sequence parallel", style=style, layout=wide,
                                indent=False),
-        "recompute": dropdown("recompute", [("none", None), ("selective", "selective"),
+        "recompute": dropdown("recompute", [("none", _NONE), ("selective", "selective"),
                                             ("full", "full")]),
         "micro_batch": dropdown("micro-batch b", [1, 2, 4, 8, 16]),
         "microbatches": widgets.IntSlider(min=1, max=1024, step=1, description="microbatches m",
@@ -308,8 +321,14 @@ def _controls() -> dict:
     }
 
 
-class Explorer(widgets.GridBox):
-    """The explorer: one control per `CONTROLS` entry, then the output area.
+# A control's value <-> explore's argument: only dp and recompute differ (None).
+_TO_WIDGET = {"dp": {None: _AUTO}, "recompute": {None: _NONE}}
+_FROM_WIDGET = {"dp": {_AUTO: None}, "recompute": {_NONE: None}}
+
+
+class Explorer(widgets.VBox):
+    """The explorer: the controls (``controls``, one per `CONTROLS` entry, in that
+    order, wrapping in a row) above the output area (``output``).
 
     ``result``: the latest `Exploration` (None while the controls make no valid
     run; ``error`` then says why). ``figure``: the latest figure. ``controls``:
@@ -318,15 +337,17 @@ class Explorer(widgets.GridBox):
 
     def __init__(self, draw: bool = True, **values):
         self.controls = _controls()
-        self.output = widgets.Output(layout=widgets.Layout(grid_column="1 / -1"))
+        self.output = widgets.Output(layout=widgets.Layout(width="100%"))
         self.result: Exploration | None = None
         self.error: str | None = None
         self.figure = None
+        self._png: str | None = None
         self.draw = draw
         self._holding = False
-        super().__init__(children=[*(self.controls[k] for k in CONTROLS), self.output],
-                         layout=widgets.Layout(grid_template_columns="repeat(4, 240px)",
-                                               grid_gap="4px 8px"))
+        box = widgets.HBox([self.controls[k] for k in CONTROLS],
+                           layout=widgets.Layout(flex_flow="row wrap", width="100%",
+                                                 grid_gap="4px 8px"))
+        super().__init__(children=[box, self.output], layout=widgets.Layout(width="100%"))
         if "gpu" in values and "gpu_memory" not in values and values["gpu"] in GPUS:
             values["gpu_memory"] = round(GPUS[values["gpu"]].memory / GiB)
         self.set(**{**DEFAULTS, **values})
@@ -335,7 +356,9 @@ class Explorer(widgets.GridBox):
 
     def values(self) -> dict:
         """The controls' values, as `explore`'s keyword arguments."""
-        return {key: self.controls[key].value for key in CONTROLS}
+        return {key: _FROM_WIDGET.get(key, {}).get(self.controls[key].value,
+                                                   self.controls[key].value)
+                for key in CONTROLS}
 
     @contextlib.contextmanager
     def hold(self):
@@ -356,7 +379,8 @@ class Explorer(widgets.GridBox):
         with self.hold():
             for key in CONTROLS:  # in this order: a new GPU first, then a memory given with it
                 if key in values:
-                    self.controls[key].value = values[key]
+                    value = values[key]
+                    self.controls[key].value = _TO_WIDGET.get(key, {}).get(value, value)
         return self
 
     def _changed(self, change) -> None:
@@ -373,7 +397,7 @@ class Explorer(widgets.GridBox):
         except ValueError as exc:
             self.result, self.error = None, str(exc)
         if self.result is None:
-            self.figure = None
+            self.figure = self._png = None
             self.output.outputs = ({"output_type": "stream", "name": "stderr",
                                     "text": f"Not a valid run: {self.error}\n"},)
             return
@@ -383,10 +407,24 @@ class Explorer(widgets.GridBox):
             self.figure = figure(self.result)
             buffer = io.BytesIO()
             self.figure.savefig(buffer, format="png", dpi=80)
+            self._png = base64.b64encode(buffer.getvalue()).decode()
             outputs.append({"output_type": "display_data", "metadata": {},
-                            "data": {"image/png": base64.b64encode(buffer.getvalue()).decode(),
+                            "data": {"image/png": self._png,
                                      "text/plain": repr(self.figure)}})
         self.output.outputs = tuple(outputs)
+
+    def __repr__(self) -> str:
+        return f"Explorer: {self.result.summary() if self.result else self.error}"
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The live widget, plus a PNG of its figure and its summary as text: a front
+        end with no widget manager (GitHub, a notebook opened before it is run)
+        shows the picture of the state the widget was displayed in."""
+        data = super()._repr_mimebundle_(**kwargs)
+        data["text/plain"] = repr(self)
+        if self._png is not None:
+            data["image/png"] = self._png
+        return data
 
 
 def explorer_widget(draw: bool = True, **values) -> Explorer:
