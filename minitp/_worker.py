@@ -106,10 +106,16 @@ def _capture_native_stderr(path: str) -> None:
 
 
 class _StatusSlot:
-    """A view of this rank's slot in the shared status array, stamped with the time."""
+    """A view of this rank's slot in the shared status array, stamped with the time.
+
+    It also remembers the last collective entered: when a collective fails because a
+    peer's connection went away (an echo of the peer's timeout), the slot has been
+    cleared, but the report still has to say which collective this rank was in.
+    """
 
     def __init__(self, array, rank):
         self._raw = (ctypes.c_char * STATUS_SLOT_BYTES).from_buffer(array, rank * STATUS_SLOT_BYTES)
+        self.last_entered = ""
 
     def __len__(self):
         return STATUS_SLOT_BYTES
@@ -121,6 +127,7 @@ class _StatusSlot:
     @value.setter
     def value(self, data: bytes):
         if data:
+            self.last_entered = data.decode(errors="replace")
             data = f"{time.time():.3f}|".encode() + data
         self._raw.value = data[: STATUS_SLOT_BYTES - 1]
 
@@ -166,7 +173,8 @@ def main(rank, world_size, payload, store_path, backend, timeout, threads, conn,
         text = _user_traceback(exc)
         status_ = "timeout" if _looks_like_timeout(exc) else "error"
         message.update(status=status_, op="a collective outside minitp.comm", error=text)
-    message.update(events=trace.events(), stdout=out.getvalue(), stderr=err.getvalue())
+    message.update(events=trace.events(), stdout=out.getvalue(), stderr=err.getvalue(),
+                   last_collective=recorder.status_slot.last_entered)
     try:
         conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         conn.recv_bytes()  # the parent's word: everyone is done (or EOF: the parent is gone)

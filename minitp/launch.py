@@ -496,6 +496,11 @@ class _Launch:
         if timeouts:
             waiting = {r: m["op"] for r, m in timeouts.items()}
             waiting.update({r: what for r, (_, what) in self._slots().items() if r not in waiting})
+            # A peer whose collective failed because a timed-out rank's connection went
+            # away was waiting too: in the collective it entered last.
+            waiting.update({r: m["last_collective"] for r, m in errors.items()
+                            if r not in waiting and m.get("last_collective")
+                            and _is_cascade(m["error"])})
             self._raise_timeout(waiting)
         if deaths:
             rank = min(deaths)

@@ -349,3 +349,23 @@ def _frames(tb):
     import traceback
 
     return traceback.extract_tb(tb)
+
+
+def _different_collectives():
+    axis = mt.Mesh(dp=2, pp=1, tp=1).dp
+    if dist.get_rank() == 0:
+        mt.comm.all_reduce(torch.ones(4), axis)
+    else:
+        mt.comm.all_gather(torch.ones(2), axis)
+
+
+def test_a_timeout_names_every_waiting_rank_and_its_collective():
+    """When gloo times one rank out it closes that rank's connections, and the peer's
+    collective fails with 'connection closed' instead: that peer was waiting too, and
+    must not be reported as 'busy outside any collective' (half the runs, before)."""
+    for _ in range(4):
+        with pytest.raises(mt.CollectiveTimeout) as info:
+            mt.launch(_different_collectives, 2, timeout=1)
+        assert sorted(info.value.waiting) == [0, 1], str(info.value)
+        assert info.value.waiting[0].startswith("all_reduce on axis dp")
+        assert info.value.waiting[1].startswith("all_gather on axis dp")
