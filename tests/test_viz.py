@@ -86,7 +86,7 @@ def test_timeline_labels_say_op_and_bytes():
     fig = viz.timeline(synthetic_trace(), width=14)
     labels = texts(fig, "label-rank0")
     assert "attn" in labels
-    assert "all-reduce 4 KiB" in labels
+    assert "all-reduce tp 4 KiB" in labels  # op, axis and size (these events have no layer)
     assert any(t.startswith("send→0") for t in texts(fig, "label-rank2"))
     assert any(t.startswith("recv←1") for t in texts(fig, "label-rank2"))
 
@@ -100,9 +100,9 @@ def test_timeline_colours_by_phase_with_compute_neutral():
     assert colour[30.0] == viz.PHASE_COLORS["bwd"].lower()
 
 
-def test_timeline_neither_phase_and_colour_by_op():
+def test_timeline_outside_either_pass_and_colour_by_op():
     trace = [ev(0, "broadcast", 0.0, 0.001, phase=""), ev(1, "broadcast", 0.0, 0.001, phase="")]
-    assert "neither" in legend_labels(viz.timeline(trace, color_by="phase"))
+    assert "outside forward/backward" in legend_labels(viz.timeline(trace, color_by="phase"))
     by_op = viz.timeline(synthetic_trace(), color_by="op")
     assert set(legend_labels(by_op)) == {"compute", "all-reduce", "send", "recv"}
     with pytest.raises(ValueError, match="color_by"):
