@@ -340,3 +340,22 @@ def test_train_step_refuses_a_target_outside_the_vocabulary_on_every_rank(pp):
         for message in messages:
             assert message == (f"target id {bad} is outside the vocabulary: it must be in "
                                f"[0, 10) or the ignore index {IGNORE_INDEX}")
+
+
+def _too_long_input(pp, tp, sequence_parallel):
+    cfg = mt.GPTConfig(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=8)
+    mesh = mt.Mesh(pp=pp, tp=tp)
+    model = mt.parallelize(mt.GPT(cfg).to(mt.device()), mesh,
+                           sequence_parallel=sequence_parallel)
+    tokens = torch.randint(0, 16, (2, 12), device=mt.device())  # 12 > seq_len 8
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mt.train_step(model, (tokens, tokens), mesh, optimizer)
+
+
+@pytest.mark.parametrize("pp,tp,sequence_parallel", [(1, 2, True), (2, 1, False)],
+                         ids=["tp2-sp", "pp2"])
+def test_a_parallel_model_refuses_an_input_longer_than_seq_len(pp, tp, sequence_parallel):
+    """As the plain GPT does: a ValueError naming both lengths, not an IndexError."""
+    with pytest.raises(mt.LaunchError, match=r"ValueError: (a )?sequence of 12 tokens is "
+                                             r"longer than seq_len=8"):
+        mt.launch(_too_long_input, pp * tp, pp, tp, sequence_parallel, timeout=60)
