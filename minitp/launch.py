@@ -40,6 +40,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import multiprocessing.forkserver as mp_forkserver
 import multiprocessing.spawn as mp_spawn
+import multiprocessing.util as mp_util
 import os
 import pickle
 import shutil
@@ -268,6 +269,9 @@ def _cleaned_up_on_sigterm():
         yield
     except _Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # What multiprocessing's exit handler would remove (the forkserver's socket
+        # lives there); dying of the signal, this process runs no exit handlers.
+        shutil.rmtree(mp_util.get_temp_dir(), ignore_errors=True)
         os.kill(os.getpid(), signal.SIGTERM)
         raise
     finally:
