@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -40,8 +42,15 @@ from .model import GPT, GPTConfig
 SIZE_FLAGS = ("n_layer", "d_model", "n_head", "seq_len")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake costs one line: its ~20-line usage block is for --help."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m minitp.train",
         description="Train a GPT with data, pipeline and tensor parallelism on real processes "
                     "(gloo on CPU, NCCL on GPUs), on the Python standard library's source.")
@@ -56,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--microbatches", type=int, default=4, help="per data-parallel rank (default 4)")
     a("--virtual-stages", type=int, default=1, help="per pipeline rank, for --schedule "
                                                     "interleaved (default 1)")
-    a("--steps", type=int, default=240, help="optimizer steps in all (default 240)")
+    a("--steps", type=int, default=200, help="optimizer steps in all (default 200)")
     a("--seed", type=int, default=0)
     a("--data", metavar="FILE", help="train on this text file instead of the embedded corpus")
     a("--out", metavar="DIR", help="run directory (default runs/<timestamp>)")
@@ -71,11 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--n-head", type=int, default=4)
     a("--seq-len", type=int, default=64)
     a("--batch-size", type=int, default=16, help="global batch, in sequences (default 16)")
-    a("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    a("--lr", type=float, default=3e-3, help="Adam's peak learning rate (default 3e-3)")
+    a("--warmup", type=int, default=0, help="steps of linear warm-up to --lr (default 0)")
+    a("--lr-schedule", choices=("cosine", "constant"), default="constant",
+      help="after warm-up: cosine decay to a tenth of --lr at --lr-decay-steps, or "
+           "constant (default constant: over 240 steps a cosine measured no better)")
+    a("--lr-decay-steps", type=int, default=None, metavar="N",
+      help="the step where the cosine ends (default --steps; give the same N to a run "
+           "and to its resumed continuation so both follow one schedule)")
     a("--dtype", choices=("float32", "float64"), default="float32")
     a("--eval-every", type=int, default=40, help="steps between evaluations (default 40)")
     a("--eval-batches", type=int, default=8)
     a("--sample-tokens", type=int, default=200, help="bytes of text sampled at the end")
+    a("--temperature", type=float, default=0.6,
+      help="sampling temperature: lower is more repetitive, higher more random (default 0.6)")
     a("--prompt", default="def ")
     a("--timeout", type=float, default=300.0, help="seconds a rank may wait in a collective")
     a("--no-progress", action="store_true", help="no progress bar")
@@ -98,6 +116,13 @@ def validate(args, parser):
                  "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("lr", "temperature"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    if args.lr_decay_steps is not None and args.lr_decay_steps < 1:
+        parser.error(f"--lr-decay-steps must be at least 1, got {args.lr_decay_steps}")
     start_step = 0
     if args.load:
         try:
@@ -126,6 +151,14 @@ def validate(args, parser):
                               batch_size=args.batch_size)
     except ValueError as exc:
         parser.error(str(exc))
+    need, have = memory_needed(args, cfg), available_memory()
+    if have is not None and need["machine"] > have:
+        parser.error(
+            f"this run needs about {_gib(need['per_rank'])} per rank, "
+            f"{_gib(need['machine'])} for its {need['ranks']} processes on this machine "
+            f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
+            f"each rank's dense copy), but only {_gib(have)} is available: try a smaller "
+            f"--d-model, --n-layer, --seq-len or --batch-size")
     if args.data and not os.path.isfile(args.data):
         parser.error(f"--data {args.data}: no such file")
     tokens = data.load_tokens(args.data)
@@ -136,6 +169,79 @@ def validate(args, parser):
     except ValueError as exc:
         parser.error(f"{args.data or 'the corpus'}: {exc}")
     return cfg, train_tokens, eval_tokens, start_step
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def memory_needed(args, cfg) -> dict:
+    """Bytes this run will hold, as `minitp.calc` models them (not measured):
+    ``{"per_rank", "ranks", "machine"}``.
+
+    Per rank: `calc.memory_per_gpu` with fp32 Adam (4 + 4 + 8 bytes per
+    parameter; twice that in float64) and the paper's 2-byte activations scaled
+    to --dtype, plus the dense CPU model every rank keeps for evaluation and
+    sampling and the full state dict it copies into it (two copies of every
+    parameter). On the CPU every rank shares this machine's memory, so "machine"
+    is all of them plus, with --check, the single-process reference; under
+    torchrun it counts this node's ranks; on GPUs only the dense copies and the
+    reference stay on the host. Python's and torch's own ~0.3 GB per process
+    are left out: the check is for runs that cannot fit, not a close call.
+    """
+    from . import calc
+
+    scale = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 4
+    world = args.dp * args.pp * args.tp
+    micro = max(1, args.batch_size // (args.dp * args.microbatches))
+    on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
+                                  args.recompute, 0, "adam-fp32", args.virtual_stages,
+                                  args.microbatches)
+    states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
+    per_rank = scale * (states + 2 * on_rank["activations"])
+    dense = scale * 4 * 2 * calc.exact_param_count(cfg)
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if _under_torchrun() else world
+    on_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= ranks
+    host = ranks * (dense + (0 if on_gpus else per_rank))
+    if args.check:
+        ref = calc.memory_per_gpu(cfg, args.batch_size, optimizer="adam-fp32")
+        host += scale * (sum(ref[k] for k in ("parameters", "gradients", "optimizer"))
+                         + 2 * ref["activations"])
+    return {"per_rank": per_rank + dense, "ranks": ranks, "machine": host}
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can give without swapping: Linux's MemAvailable (free
+    plus reclaimable cache), else free physical pages; None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def lr_at(args, step: int) -> float:
+    """The learning rate of `step` (0-based): linear warm-up over --warmup steps to
+    --lr, then constant or a cosine down to --lr/10 at --lr-decay-steps. A
+    function of the step alone, so a resumed run continues the same schedule."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    if args.lr_schedule == "constant":
+        return args.lr
+    end = args.lr_decay_steps or args.steps
+    progress = min(1.0, (step - args.warmup) / max(1, end - args.warmup))
+    return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def _set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -198,6 +304,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
         torch.manual_seed(step_seed(args.seed, step))
         batch = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
         batch = tuple(t.to(device) for t in batch)
+        _set_lr(optimizer, lr_at(args, step))
         started = time.perf_counter()
         with contextlib.ExitStack() as stack:
             # The trace keeps one step (the last), for its timeline and bytes: every
@@ -229,20 +336,56 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
     if lead:
         result.update(losses=losses, evals=evals, seconds=seconds,
                       tokens_per_s=tokens_per_step * len(losses) / seconds,
-                      sample=sample(dense, args.prompt, args.sample_tokens, args.seed))
+                      sample=sample(dense, args.prompt, args.sample_tokens, args.seed,
+                                    args.temperature))
     return result
 
 
-def sample(model: GPT, prompt: str, n: int, seed: int, temperature: float = 0.8) -> str:
-    """`n` bytes continuing `prompt`, drawn at `temperature` from a seeded generator."""
+def sample(model: GPT, prompt: str, n: int, seed: int, temperature: float = 0.6) -> str:
+    """About `n` bytes continuing `prompt`, drawn at `temperature` from a seeded generator.
+
+    Tokens are bytes, so the model could draw bytes that are not UTF-8 (a
+    continuation byte with no lead, a character cut off at the end): each draw
+    is restricted to the bytes that keep the text valid UTF-8 (`_utf8_allowed`),
+    and sampling goes on past `n` until the last character is whole. The result
+    always decodes, with no replacement characters."""
     generator = torch.Generator().manual_seed(seed)
     idx = data.encode(prompt or "\n")[None]  # (1, T)
+    pending: list[int] = []  # the bytes of a character begun but not finished
     with torch.no_grad():
-        for _ in range(n):
+        for i in itertools.count():
+            if i >= n and not pending:
+                break
             logits, _ = model(idx[:, -model.cfg.seq_len:])
-            probs = torch.softmax(logits[0, -1].double() / temperature, dim=-1)
-            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)[None]], dim=1)
-    return data.decode(idx[0])
+            logits = logits[0, -1].double() / temperature
+            logits[~_utf8_allowed(pending)] = -math.inf
+            token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
+            pending = _utf8_after(pending, token)
+            idx = torch.cat([idx, torch.tensor([[token]])], dim=1)
+    return bytes(idx[0].tolist()).decode("utf-8")
+
+
+def _utf8_allowed(pending: list[int]) -> torch.Tensor:
+    """(256,) bool: the bytes that may come next in valid UTF-8 after `pending`,
+    the unfinished character so far (RFC 3629, Table 3-7 of the Unicode standard)."""
+    ok = torch.zeros(256, dtype=torch.bool)
+    if not pending:
+        ok[0x00:0x80] = ok[0xC2:0xF5] = True  # ASCII, or the lead byte of 2-4 bytes
+        return ok
+    low, high = 0x80, 0xBF  # a continuation byte; the second byte of some leads is narrower
+    if len(pending) == 1:
+        low, high = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF),
+                     0xF4: (0x80, 0x8F)}.get(pending[0], (low, high))
+    ok[low:high + 1] = True
+    return ok
+
+
+def _utf8_after(pending: list[int], token: int) -> list[int]:
+    """The unfinished character after `token`: [] once it is complete."""
+    pending = [*pending, token]
+    lead = pending[0]
+    length = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return [] if len(pending) == length else pending
 
 
 # --------------------------------------------------------------------------- parent
@@ -262,6 +405,7 @@ def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
     for step in range(start_step, args.steps):
         torch.manual_seed(step_seed(args.seed, step))
         x, y = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
+        _set_lr(optimizer, lr_at(args, step))
         optimizer.zero_grad(set_to_none=True)
         _, loss = ref(x, y)
         loss.backward()
@@ -271,13 +415,23 @@ def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
 
 
 def main(argv=None) -> dict:
-    from .launch import launch
-
     parser = build_parser()
     args = parser.parse_args(argv)
     cfg, train_tokens, eval_tokens, start_step = validate(args, parser)
     if args.load:
         args.dtype = checkpoint.read_meta(args.load)["dtype"]
+    try:
+        return _train(args, cfg, train_tokens, eval_tokens, start_step)
+    except KeyboardInterrupt:
+        # The launcher has already stopped every rank; a traceback here would only
+        # show where the parent happened to be waiting.
+        sys.stderr.write(f"{parser.prog}: stopped by Ctrl-C (every rank stopped)\n")
+        raise SystemExit(130) from None
+
+
+def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
+    from .launch import launch
+
     printer = not _under_torchrun() or os.environ["RANK"] == "0"
     world = args.dp * args.pp * args.tp
     wall = time.perf_counter()
@@ -286,6 +440,7 @@ def main(argv=None) -> dict:
     lead = run[0]
     summary = {"steps": args.steps, "train_loss": lead["losses"][-1],
                "eval_loss": lead["evals"][-1][1], "tokens_per_s": round(lead["tokens_per_s"], 1)}
+    ref = None
     if args.check and printer:
         ref = reference_losses(args, cfg, train_tokens, start_step)
         summary["max_loss_diff"] = max(abs(a - b) for a, b in zip(lead["losses"], ref,
@@ -293,15 +448,16 @@ def main(argv=None) -> dict:
     if printer:
         out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
         write_run_dir(out, args, cfg, run, summary, start_step,
-                      seconds=time.perf_counter() - wall)
-        print(f"sampled text (prompt {args.prompt!r}):\n{lead['sample']}\n")
+                      seconds=time.perf_counter() - wall, reference=ref)
+        print(f"sampled text (prompt {args.prompt!r}, temperature {args.temperature}):\n"
+              f"{lead['sample']}\n")
         print(f"run directory: {out}")
         print(json.dumps(summary), flush=True)
     return summary
 
 
 # --------------------------------------------------------------------------- run directory
-def write_run_dir(out, args, cfg, run, summary, start_step, seconds) -> None:
+def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=None) -> None:
     """metrics.json and four pictures: loss.png, memory.png, comm.png, timeline.png
     (drawn by `minitp.viz.run` from the same numbers metrics.json holds)."""
     import matplotlib
@@ -314,25 +470,34 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds) -> None:
     lead = run[0]
     steps = list(range(start_step + 1, args.steps + 1))
     comm_bytes: dict[str, int] = {}
+    sent: dict[str, int | None] = {}  # measured; None once one op of the axis was not
     for e in run.trace:
         if e.is_comm:
             comm_bytes[e.axis] = comm_bytes.get(e.axis, 0) + e.model_bytes
+            measured = getattr(e, "sent_bytes", None)
+            sent[e.axis] = (None if measured is None or sent.get(e.axis, 0) is None
+                            else sent.get(e.axis, 0) + measured)
     metrics = {
         "summary": summary, "args": vars(args), "config": vars(cfg), "seconds": seconds,
         "train_loss": dict(zip(steps, lead["losses"], strict=True)),
         "eval_loss": dict(lead["evals"]), "sample": lead["sample"],
+        "reference_train_loss": (dict(zip(steps, reference, strict=True))
+                                 if reference is not None else None),
         "memory_per_rank": [r["memory"] for r in run],
         "wire_bytes_per_axis_one_step": comm_bytes,
+        "sent_bytes_per_axis_one_step": sent,
     }
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
 
     figures = {
-        "loss": viz.run_losses(steps, lead["losses"], lead["evals"],
+        "loss": viz.run_losses(steps, lead["losses"], lead["evals"], reference=reference,
                                title=f"dp={args.dp} pp={args.pp} tp={args.tp}"),
         "memory": viz.run_memory(metrics["memory_per_rank"]),
-        "comm": viz.run_wire_bytes(comm_bytes),
-        "timeline": viz.timeline(run, title=f"step {args.steps}: every rank"),
+        "comm": viz.run_wire_bytes(comm_bytes, measured=sent if any(
+            v is not None for v in sent.values()) else None),
+        "timeline": viz.timeline(run, title=f"step {args.steps}, every rank (F0/B0: forward/"
+                                            f"backward of microbatch 0)"),
     }
     for name, fig in figures.items():
         fig.savefig(os.path.join(out, f"{name}.png"), dpi=100, bbox_inches="tight")

@@ -41,6 +41,8 @@ def test_tiny_run_with_check(tmp_path):
     assert len(metrics["memory_per_rank"]) == 2
     assert all(m["activations"] > 0 and m["optimizer"] > 0 for m in metrics["memory_per_rank"])
     assert metrics["wire_bytes_per_axis_one_step"]["tp"] > 0
+    reference = list(metrics["reference_train_loss"].values())  # drawn in loss.png
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-10
     for picture in ("loss", "memory", "comm", "timeline"):
         assert (out / f"{picture}.png").stat().st_size > 1000
 
@@ -100,23 +102,36 @@ BAD = [
     (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--microbatches", "3",
       "--batch-size", "6"], "needs microbatches (3) divisible by pp (2)"),
     (["--data", "/no/such/file.txt"], "no such file"),
-    (["--load", "/no/such/checkpoint"], "not a minitp checkpoint"),
+    (["--load", "/no/such/checkpoint"], "no such checkpoint"),
     (["--schedule", "zigzag"], "invalid choice"),
     (["--seq-len", "5", "--tp", "2", "--sp"], "seq_len=5 is not divisible by tp=2"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--temperature", "-1"], "--temperature must be positive"),
+    (["--warmup", "-2"], "--warmup must be at least 0"),
+    (["--lr-schedule", "linear"], "invalid choice"),
+    (["--steps", "ten"], "invalid int value"),
 ]
 
 
 @pytest.mark.parametrize("flags,message", BAD, ids=[b[1][:24] for b in BAD])
 def test_bad_flags_one_clear_message(flags, message, capsys, monkeypatch):
-    def no_launch(*args, **kwargs):
-        raise AssertionError("a process was started for a bad flag")
-
-    monkeypatch.setattr(mt, "launch", no_launch)
+    _no_launch(monkeypatch)
     with pytest.raises(SystemExit) as exit_:
         train.main(["--dp", "1", "--pp", "1", "--tp", "2", "--n-head", "4", *flags])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("python -m minitp.train: error: ")  # one line
+    assert "usage:" not in err  # argparse's usage block is for --help
+
+
+def _no_launch(monkeypatch):
+    """train.main imports `launch` from the module minitp.launch (the package's
+    `mt.launch` is the same function under another name): patch the module's."""
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started for a bad flag")
+
+    monkeypatch.setattr(sys.modules["minitp.launch"], "launch", no_launch)
 
 
 REFUSED = [
@@ -143,13 +158,80 @@ def test_schedule_that_cannot_run_is_refused_before_any_rank(flags, message):
 
 
 def test_world_size_must_match_torchrun(capsys, monkeypatch):
-    monkeypatch.setattr(mt, "launch", None)
+    _no_launch(monkeypatch)
     for key, value in dict(RANK="0", WORLD_SIZE="3", MASTER_ADDR="x", MASTER_PORT="1").items():
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as exit_:
         train.main(["--dp", "1", "--pp", "1", "--tp", "2"])
     assert exit_.value.code == 2
     assert "torchrun started 3 processes but dp*pp*tp = 2" in capsys.readouterr().err
+
+
+def test_too_big_for_this_machine_is_refused_before_launch(capsys, monkeypatch):
+    """--d-model 100000 once started 8 ranks that each died allocating 120 GB. The
+    parent's memory estimate (minitp.calc, a model) refuses it in one line."""
+    _no_launch(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--d-model", "100000"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "this run needs about" in err and "per rank" in err and "available" in err
+    assert "for its 8 processes" in err
+
+
+def test_memory_estimate_is_calcs_and_scales_with_the_run(monkeypatch):
+    args = train.build_parser().parse_args(["--dp", "1", "--pp", "1", "--tp", "2"])
+    cfg = mt.GPTConfig(n_layer=4, d_model=64, n_head=4, seq_len=64)
+    small = train.memory_needed(args, cfg)
+    assert small["ranks"] == 2 and small["machine"] == pytest.approx(2 * small["per_rank"])
+    args.dtype = "float64"
+    assert train.memory_needed(args, cfg)["per_rank"] == pytest.approx(2 * small["per_rank"])
+    args.check = True  # the single-process reference lives in the parent
+    assert train.memory_needed(args, cfg)["machine"] > 4 * small["per_rank"]
+    assert train.available_memory() is None or train.available_memory() > 0
+    # a fake machine with 1 MiB refuses even the tiny default-sized run
+    monkeypatch.setattr(train, "available_memory", lambda: 2**20)
+    _no_launch(monkeypatch)
+    with pytest.raises(SystemExit):
+        train.main(["--dp", "1", "--pp", "1", "--tp", "2"])
+
+
+def test_ctrl_c_is_one_line(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys.modules["minitp.launch"], "launch", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--dp", "1", "--pp", "1", "--tp", "2", "--no-progress"])
+    assert exit_.value.code == 130
+    err = capsys.readouterr().err
+    assert err == "python -m minitp.train: stopped by Ctrl-C (every rank stopped)\n"
+
+
+def test_learning_rate_schedule():
+    args = train.build_parser().parse_args(["--steps", "110", "--warmup", "10",
+                                            "--lr-schedule", "cosine", "--lr", "1e-3"])
+    lrs = [train.lr_at(args, s) for s in range(110)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert lrs[10] == pytest.approx(1e-3) and train.lr_at(args, 110) == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    args.lr_schedule = "constant"
+    assert {train.lr_at(args, s) for s in range(10, 110)} == {1e-3}
+
+
+def test_sample_is_always_whole_utf8():
+    """A byte-level model can draw a continuation byte with no lead, or stop in the
+    middle of a character: every draw is restricted to valid UTF-8, and sampling
+    ends on a whole character. An untrained model at a high temperature draws
+    from all 256 bytes, so it would produce both."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = mt.GPT(mt.GPTConfig(n_layer=1, n_head=2, d_model=8, seq_len=8))
+    for seed in range(5):
+        text = train.sample(model, "é", 60, seed=seed, temperature=5.0)
+        assert "\ufffd" not in text and len(text.encode()) >= 60
+        assert any(ord(c) > 127 for c in text[1:])  # multi-byte characters were drawn
 
 
 def test_sample_is_deterministic_text():
@@ -168,12 +250,27 @@ def test_run_pictures_draw_the_numbers():
     heights = {p.get_gid(): (p.get_y(), p.get_height()) for p in ax.patches}
     assert heights["memory-0-gradients"] == (1, 2) and heights["memory-1-optimizer"] == (2, 4)
     assert heights["memory-0-activations"] == (3, 3)
-    ax = viz.run_wire_bytes({"tp": 3 * 2**20, "dp": 2**19}).axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["dp", "tp"]
-    assert {p.get_gid(): p.get_height() for p in ax.patches} == {"wire-dp": 0.5, "wire-tp": 3}
+    fig = viz.run_memory(memory * 4)  # eight ranks: the legend must not cover any bar
+    fig.canvas.draw()
+    legend = fig.axes[0].get_legend().get_window_extent()
+    assert all(not legend.overlaps(p.get_window_extent()) for p in fig.axes[0].patches)
+    ax = viz.run_wire_bytes({"tp": 3 * 2**20, "dp": 2**19, "pp": 64, "embedding": 2**15}).axes[0]
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert [t.split(":")[0] for t in ticks] == ["dp", "embedding", "pp", "tp"]
+    assert "the loss" in ticks[2] and "tied embedding" in ticks[1]  # each axis explained
+    assert {p.get_gid(): p.get_width() for p in ax.patches} == {
+        "wire-dp": 0.5, "wire-tp": 3, "wire-pp": 64 / 2**20, "wire-embedding": 1 / 32}
+    assert {"64 B", "3 MiB", "32 KiB", "512 KiB"} <= {t.get_text() for t in ax.texts}
+    assert "ring model" in ax.get_xlabel()
+    ax = viz.run_wire_bytes({"tp": 2**20}, measured={"tp": 2**21}).axes[0]
+    assert {p.get_gid(): p.get_width() for p in ax.patches} == {"wire-tp": 1, "measured-tp": 2}
     ax = viz.run_losses([1, 2, 3], [4.0, 3.5, 3.0], [(3, 3.2)], title="dp=1").axes[0]
     lines = {line.get_gid(): list(line.get_ydata()) for line in ax.lines}
     assert lines == {"line-train": [4.0, 3.5, 3.0], "line-held-out": [3.2]}
     assert ax.get_title() == "dp=1"
+    ax = viz.run_losses([1, 2, 3], [4.0, 3.5, 3.0], [], reference=[4.0, 3.5, 3.25]).axes[0]
+    lines = {line.get_gid(): list(line.get_ydata()) for line in ax.lines}
+    assert lines["line-reference"] == [4.0, 3.5, 3.25]
+    assert any("0.25" in t.get_text() for t in ax.get_legend().get_texts())
     with pytest.raises(ValueError, match="3 steps but 2 losses"):
         viz.run_losses([1, 2, 3], [4.0, 3.5], [])
