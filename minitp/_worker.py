@@ -155,7 +155,8 @@ def main(rank, world_size, payload, store_path, backend, timeout, threads, conn,
         store = dist.FileStore(store_path, world_size)
         store.set_timeout(timedelta(seconds=timeout))  # not FileStore's default 300 s
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size,
+            _device.process_group_backend(backend), store=store, rank=rank,
+            world_size=world_size,
             timeout=timedelta(seconds=timeout),
         )
         recorder.leave()

@@ -46,6 +46,7 @@ import pickle
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -145,19 +146,22 @@ def launch(
         raise error.with_traceback(None) from None
 
 
-def _choose_backend(backend: str, world_size: int) -> str:
+def _choose_backend(backend: str, local_ranks: int) -> str:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        return "nccl" if gpus >= world_size and dist.is_nccl_available() else "gloo"
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(
-            f"backend='nccl' puts one rank on each GPU, so world_size={world_size} needs "
-            f"{world_size} GPUs; this machine has {gpus}. Use backend='gloo' (CPU), or "
-            "torchrun across nodes"
-        )
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
-    return backend
+    chosen, why = _device.choose_backend(backend, local_ranks, gpus, dist.is_nccl_available())
+    if backend == "auto" and chosen == "gloo" and gpus > 0:
+        _say_once(why)
+    return chosen
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """One line on stderr the first time a launch falls back from the GPUs it sees."""
+    if line not in _said:
+        _said.add(line)
+        print(f"minitp: {line}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- processes
@@ -601,16 +605,18 @@ def _run_in_place(fn, world_size, args, kwargs, backend, timeout) -> Run:
             f"pass world_size={env_world} (or use --nproc-per-node/--nnodes to match)"
         )
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", env_world))
     if not dist.is_initialized():
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = _choose_backend(backend, local_ranks)
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(_device.process_group_backend(backend),
+                                timeout=timedelta(seconds=timeout))
         # We opened it, so we close it: a gloo group left open at interpreter exit
         # sometimes aborts the process ("terminate called without an active exception").
         atexit.register(_destroy_if_initialized)
-    backend = dist.get_backend()
+    else:  # torchrun's script made the group itself: follow what it chose
+        backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     _device.set_current(device)
     started = time.perf_counter()
