@@ -17,6 +17,14 @@ Bytes: each Event carries ``model_bytes`` (the ring formula) and ``sent_bytes``,
 what this process measurably wrote while the op ran (`minitp._io_counters`;
 ``None`` where that cannot be told apart or counted). An op on an axis of one
 rank moves nothing and is not traced: it returns its (copied) input.
+
+Non-blocking forms (``*_start``, ``isend``/``irecv``) return a `Pending`: the op
+runs in gloo's (or NCCL's) own thread while this one computes, and its Event
+spans from posting to the completed wait.
+
+Why one file: every collective, blocking or not, shares the same few rules (the
+tensor variants, sum-then-divide, the traced window that counts bytes, the
+timeout translation); apart, each would have to repeat them.
 """
 
 from __future__ import annotations
@@ -59,15 +67,26 @@ def all_reduce(x: torch.Tensor, axis: Axis, op: str = "sum") -> torch.Tensor:
 
 def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's `x` along `dim` (equal shapes on all ranks), on every rank."""
-    n = axis.size
-    dim = dim % x.dim()
-    local = x.detach().contiguous()
-    # the backends want the output as (n*d0, ...): rank r's tensor is its r-th block
-    if n == 1:
+    local, out, dim = _gather_buffers(x, axis, dim)
+    if out is None:
         return local.clone()
-    out = torch.empty((n * local.shape[0], *local.shape[1:]), dtype=x.dtype, device=x.device)
     with _traced("all_gather", axis, x, out.numel() * out.element_size()):
         dist.all_gather_into_tensor(out, local, group=axis.group)
+    return _gathered_along(out, local, axis.size, dim)
+
+
+def _gather_buffers(x, axis: Axis, dim: int):
+    """The contiguous input, the (n*d0, ...) output the backends want (rank r's
+    tensor is its r-th block; None on an axis of one rank), and `dim` made positive."""
+    local = x.detach().contiguous()
+    if axis.size == 1:
+        return local, None, dim % x.dim()
+    out = torch.empty((axis.size * local.shape[0], *local.shape[1:]), dtype=x.dtype,
+                      device=x.device)
+    return local, out, dim % x.dim()
+
+
+def _gathered_along(out, local, n: int, dim: int) -> torch.Tensor:
     if dim == 0:
         return out  # already in place
     # (n, ..., d, ...) -> (..., n, d, ...) -> (..., n*d, ...): rank r's block lands r-th
@@ -78,6 +97,17 @@ def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
 
 def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     """Sum `x` over the ranks of `axis`; rank i keeps the i-th of n equal chunks along `dim`."""
+    flat, out = _scatter_buffers(x, axis, dim)
+    if out is None:
+        return x.detach().clone()
+    with _traced("reduce_scatter", axis, x, flat.numel() * flat.element_size()):
+        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
+    return out
+
+
+def _scatter_buffers(x, axis: Axis, dim: int):
+    """The input laid out chunk-first as the backends want it, (n*c0, ...), and the
+    output chunk (both None on an axis of one rank)."""
     n = axis.size
     dim = dim % x.dim()
     if x.shape[dim] % n:
@@ -85,18 +115,15 @@ def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
             f"reduce_scatter: dimension {dim} of shape {tuple(x.shape)} is not divisible "
             f"by the {axis.name} size {n}"
         )
+    if n == 1:
+        return None, None
     # (..., n*c, ...) -> (..., n, c, ...) -> (n, ..., c, ...): chunk i first, for rank i.
     # Its rank-i slice is then exactly the output's layout, so no copy afterwards.
-    if n == 1:
-        return x.detach().clone()
     shape = list(x.shape)
     split = shape[:dim] + [n, shape[dim] // n] + shape[dim + 1:]
     chunks_first = x.detach().reshape(split).movedim(dim, 0).contiguous()
     out = torch.empty(chunks_first.shape[1:], dtype=x.dtype, device=x.device)
-    with _traced("reduce_scatter", axis, x, chunks_first.numel() * chunks_first.element_size()):
-        flat = chunks_first.view(n * out.shape[0], *out.shape[1:])  # (n*c0, ...) as wanted
-        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
-    return out
+    return chunks_first.view(n * out.shape[0], *out.shape[1:]), out
 
 
 def broadcast(x: torch.Tensor, axis: Axis, src: int = 0) -> torch.Tensor:
@@ -162,11 +189,13 @@ class Pending:
     Its bytes are counted from just before it is posted to the end of its wait,
     in every thread of the process; if any other op was in flight meanwhile,
     ``sent_bytes`` is None (see `minitp._io_counters.Window`).
-    `post` starts the work (None: nothing to do, no event: an axis of one rank).
+    `post` starts the work (None: nothing to do, no event: an axis of one rank);
+    `then`, if given, makes the returned result from the filled buffer.
     """
 
-    def __init__(self, post, op, axis: Axis | None, tensor, nbytes, peer=None, result=None):
-        self.result = result
+    def __init__(self, post, op, axis: Axis | None, tensor, nbytes, peer=None, result=None,
+                 then=None):
+        self.result, self.then = result, then
         self.done = post is None
         if self.done:
             return
@@ -189,6 +218,9 @@ class Pending:
                 t.start = self.posted
                 self.work.wait()
         self.done = True
+        if self.then is not None:  # e.g. a gather along dim > 0: blocks moved into place
+            self.result = self.then(self.result)
+        self.work = self.traced = None  # let the input go: the result is all that is left
         return self.result
 
 
@@ -217,6 +249,29 @@ def all_reduce_start(x: torch.Tensor, axis: Axis) -> Pending:
     post = None if axis.size == 1 else (
         lambda: dist.all_reduce(out, group=axis.group, async_op=True))
     return Pending(post, "all_reduce", axis, out, out.numel() * out.element_size(), result=out)
+
+
+def all_gather_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
+    """Start `all_gather` in the background; ``wait()`` returns what it returns. How
+    ZeRO-3 fetches the next unit's parameters while this one computes."""
+    local, out, dim = _gather_buffers(x, axis, dim)
+    if out is None:
+        return Pending(None, "all_gather", axis, x, 0, result=local.clone())
+    return Pending(lambda: dist.all_gather_into_tensor(out, local, group=axis.group,
+                                                       async_op=True),
+                   "all_gather", axis, x, out.numel() * out.element_size(), result=out,
+                   then=lambda o: _gathered_along(o, local, axis.size, dim))
+
+
+def reduce_scatter_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
+    """Start `reduce_scatter` (sum) in the background; ``wait()`` returns this rank's
+    chunk. How ZeRO-2/3 reduce a unit's gradient while backward goes on."""
+    flat, out = _scatter_buffers(x, axis, dim)
+    if out is None:
+        return Pending(None, "reduce_scatter", axis, x, 0, result=x.detach().clone())
+    return Pending(lambda: dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM,
+                                                      group=axis.group, async_op=True),
+                   "reduce_scatter", axis, x, flat.numel() * flat.element_size(), result=out)
 
 
 def _record_p2p(op, tensor, peer, start) -> None:

@@ -68,6 +68,17 @@ def _comm_worker():
     record("reduce_scatter_1",
            lambda: comm.reduce_scatter(ints(rank, (2, 3 * n, 2), 8), world, dim=1))
     record("broadcast_last", lambda: comm.broadcast(ints(rank, (5,), 9), world, src=n - 1))
+    # the non-blocking forms: same inputs, same results, one event each
+    record("all_gather_start_mid",
+           lambda: comm.all_gather_start(ints(rank, (2, 3, 2), 6), world, dim=1).wait())
+    record("reduce_scatter_start_1",
+           lambda: comm.reduce_scatter_start(ints(rank, (2, 3 * n, 2), 8), world, dim=1).wait())
+    # posted, then computing for a while: the event spans from the post to the wait
+    pending = comm.reduce_scatter_start(ints(rank, (2 * n, 3), 7), world)
+    posted = mt.trace.recorder().now()
+    time.sleep(0.05)
+    record("reduce_scatter_start_0", pending.wait)
+    out["posted"] = posted
 
     if sub is not None:  # src is an index within the axis: index 0 is global rank 1
         record("broadcast_sub", lambda: comm.broadcast(ints(rank, (5,), 10), sub, src=0))
@@ -188,6 +199,7 @@ def test_all_reduce_of_a_non_contiguous_tensor(comm_run):
     ("all_gather_0", (2, 3), 4, 0),
     ("all_gather_last", (2, 3), 5, -1),
     ("all_gather_mid", (2, 3, 2), 6, 1),
+    ("all_gather_start_mid", (2, 3, 2), 6, 1),
 ])
 def test_all_gather(comm_run, name, shape, salt, dim):
     n, run = comm_run
@@ -202,6 +214,8 @@ def test_all_gather(comm_run, name, shape, salt, dim):
 @pytest.mark.parametrize("name,shape,salt,dim", [
     ("reduce_scatter_0", (2, 3), 7, 0),
     ("reduce_scatter_1", (2, 3, 2), 8, 1),
+    ("reduce_scatter_start_0", (2, 3), 7, 0),
+    ("reduce_scatter_start_1", (2, 3, 2), 8, 1),
 ])
 def test_reduce_scatter(comm_run, name, shape, salt, dim):
     n, run = comm_run
@@ -212,6 +226,13 @@ def test_reduce_scatter(comm_run, name, shape, salt, dim):
         result, e = _one_event(run, r, name, "reduce_scatter", "world", shape, full_bytes)
         assert torch.equal(result, total.chunk(n, dim=dim)[r])
         assert e.model_bytes == _ring("reduce_scatter", n, full_bytes)
+
+
+def test_a_posted_collective_spans_from_its_post_to_its_wait(comm_run):
+    n, run = comm_run
+    for r in range(n):
+        (e,) = run[r]["reduce_scatter_start_0"][1]
+        assert e.start <= run[r]["posted"] and e.duration >= 0.05
 
 
 def test_broadcast_src_is_an_index_within_the_axis(comm_run):
