@@ -39,7 +39,7 @@ from . import checkpoint, data
 from .config import SCHEDULE_NAMES, check_parallel_config
 from .model import GPT, GPTConfig
 
-SIZE_FLAGS = ("n_layer", "d_model", "n_head", "seq_len")
+MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--save", metavar="DIR", help="write a checkpoint here at the end")
     a("--load", metavar="DIR", help="resume from this checkpoint (its sizes win; --steps is "
                                     "the total, counting the steps already done)")
-    a("--n-layer", type=int, default=4)
-    a("--d-model", type=int, default=64)
-    a("--n-head", type=int, default=4)
-    a("--seq-len", type=int, default=64)
+    # The model's sizes default to None so that --load can tell a size given on the
+    # command line (and refuse one the checkpoint contradicts) from one left out.
+    for flag, default in MODEL_SIZES.items():
+        a(f"--{flag}", type=int, default=None, help=f"(default {default}; with --load, the "
+                                                    "checkpoint's)")
     a("--batch-size", type=int, default=16, help="global batch, in sequences (default 16)")
     a("--lr", type=float, default=3e-3, help="Adam's peak learning rate (default 3e-3)")
     a("--warmup", type=int, default=0, help="steps of linear warm-up to --lr (default 0)")
@@ -133,7 +134,16 @@ def validate(args, parser):
         start_step = meta["step"]
         if args.steps <= start_step:
             parser.error(f"--steps {args.steps}: the checkpoint is already at step {start_step}")
+        for flag in MODEL_SIZES:
+            given, saved = getattr(args, flag.replace("-", "_")), getattr(cfg, flag.replace(
+                "-", "_"))
+            if given is not None and given != saved:
+                parser.error(f"--{flag} {given}: the checkpoint's model has {saved} (its sizes "
+                             f"are the run's; leave --{flag} out)")
     else:
+        for flag, default in MODEL_SIZES.items():
+            if getattr(args, flag.replace("-", "_")) is None:
+                setattr(args, flag.replace("-", "_"), default)
         try:
             cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=args.n_layer,
                             d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len)
@@ -159,6 +169,11 @@ def validate(args, parser):
             f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
             f"each rank's dense copy), but only {_gib(have)} is available: try a smaller "
             f"--d-model, --n-layer, --seq-len or --batch-size")
+    if args.save:
+        try:  # now, not after the whole run has trained
+            checkpoint.check_save_target(args.save)
+        except OSError as exc:
+            parser.error(f"--save: {exc}")
     if args.data and not os.path.isfile(args.data):
         parser.error(f"--data {args.data}: no such file")
     tokens = data.load_tokens(args.data)

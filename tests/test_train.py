@@ -125,6 +125,53 @@ def test_bad_flags_one_clear_message(flags, message, capsys, monkeypatch):
     assert "usage:" not in err  # argparse's usage block is for --help
 
 
+def _fake_checkpoint(directory, **damage):
+    """A checkpoint directory whose files hold placeholder bytes but whose manifest
+    matches them: enough for every check that runs before a process starts."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from minitp import checkpoint, data
+
+    directory.mkdir()
+    files = {}
+    for name in ("model.pt", "optimizer.pt"):
+        content = b"placeholder " + name.encode()
+        (directory / name).write_bytes(content)
+        files[name] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    cfg = mt.GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=2, d_model=32, n_head=4, seq_len=32)
+    meta = {"format": checkpoint.FORMAT, "config": asdict(cfg), "step": 3, "dtype": "float32",
+            "topology": {"dp": 1, "pp": 1, "tp": 2, "sequence_parallel": True},
+            "has_optimizer": True, "extra": {}, "files": files}
+    (directory / "meta.json").write_text(json.dumps(meta | damage))
+    return directory
+
+
+def test_checkpoint_problems_are_one_line_before_any_process(tmp_path, capsys, monkeypatch):
+    """A damaged checkpoint, sizes that contradict it, or --save where no directory can
+    be: each is one line and exit 2 before a rank starts, not a traceback after training."""
+    _no_launch(monkeypatch)
+    good = _fake_checkpoint(tmp_path / "good")
+    damaged = _fake_checkpoint(tmp_path / "damaged")
+    (damaged / "optimizer.pt").write_bytes(b"")
+    odd = _fake_checkpoint(tmp_path / "odd", surprise=1)
+    (tmp_path / "a-file").write_text("")
+    cases = [
+        (["--load", str(damaged)], "damaged: optimizer.pt is 0 bytes"),
+        (["--load", str(odd)], "unknown keys ['surprise']"),
+        (["--load", str(good), "--d-model", "64"], "--d-model 64: the checkpoint's model has 32"),
+        (["--load", str(good), "--n-layer", "3"], "--n-layer 3: the checkpoint's model has 2"),
+        (["--save", str(tmp_path / "a-file" / "ckpt")], "is a file"),
+    ]
+    for flags, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            train.main(["--dp", "1", "--pp", "1", "--tp", "2", "--steps", "5", *flags])
+        assert exit_.value.code == 2, flags
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (flags, err)
+
+
 def _no_launch(monkeypatch):
     """train.main imports `launch` from the module minitp.launch (the package's
     `mt.launch` is the same function under another name): patch the module's."""
