@@ -14,8 +14,9 @@ the whole.
 * Stage 2: the model keeps its whole parameters; each unit's gradient is
   reduce-scattered as soon as backward has produced it (hooks on the
   parameters, as the data-parallel all-reduce's buckets — here a bucket is a
-  unit), and the whole-size gradient is dropped at once: only the shard's
-  gradient survives. After the step, each unit's updated shards are
+  unit), and the parameters' whole-size gradients are dropped at once: only
+  the shard's gradient survives (and the flat copy being sent, until it is
+  sent). After the step, each unit's updated shards are
   all-gathered back into the parameters.
 * Stage 3 (FSDP's design): the parameters are gone from the model; only the
   shards stay. Just before a unit's forward its parameters are all-gathered
@@ -27,16 +28,23 @@ the whole.
   the vector. A unit under full recomputation needs no second gather: the
   recomputation runs the forward, and its gather, again.
 
-Gradients are reduce-scattered for every microbatch (as DeepSpeed and FSDP do),
-so no whole-size gradient outlives its unit's backward; shards accumulate the
-microbatches. Sequence parallelism leaves some gradients partial over tp: after
-the dp reduce-scatter those shard elements are summed over tp (one all-reduce
-for the step, as `minitp.partial_grads` does for whole gradients); the tied
-embedding's two pipeline copies sum their shards over the embedding group.
+Overlap: a unit's gradient reduce-scatter is *posted* (`minitp.comm`'s
+``reduce_scatter_start``) and backward goes on with earlier units while gloo's
+thread sends it; at most `IN_FLIGHT` of them are in flight at once (posting one
+more first waits the oldest), so the whole-size gradients alive are bounded
+by a few units', not the model's; `train_step` waits the rest before the
+optimizer step. Stage 3 prefetches: each unit's forward posts the gather of the
+next unit in forward order before it waits its own, and each unit's backward
+(its refill, or its recomputation) posts the gather of the one before it, so a
+unit's parameters travel while its neighbour computes (FSDP's forward and
+backward prefetch). The price is two units' gathered parameters alive at once.
 
-Not overlapped yet: `minitp.comm` has no non-blocking reduce-scatter or
-all-gather, so each collective runs at once, inside backward, unit by unit;
-nor is the next unit prefetched.
+Gradients are reduce-scattered for every microbatch (as DeepSpeed and FSDP do);
+shards accumulate the microbatches. Sequence parallelism leaves some gradients
+partial over tp: after the dp reduce-scatter those shard elements are summed
+over tp (one all-reduce for the step, as `minitp.partial_grads` does for whole
+gradients); the tied embedding's two pipeline copies sum their shards over the
+embedding group.
 
 Why one file: the units, the hooks that gather and free them, the gradient
 reduction they feed and the optimizer that steps them are one mechanism; apart,
@@ -47,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections import deque
 
 import torch
 import torch.nn as nn
@@ -58,8 +67,31 @@ from .mesh import Axis, Mesh
 from .recompute import Recomputed
 from .tags import tag
 
+IN_FLIGHT = 2  # gradient reduce-scatters posted and not yet waited, at most
+
 
 # --------------------------------------------------------------------------- units
+class InFlight:
+    """The gradient reduce-scatters a rank has posted and not yet waited, oldest
+    first (one queue per rank, shared by its units: the bound is on memory)."""
+
+    def __init__(self, limit: int = IN_FLIGHT):
+        self.limit, self.queue = limit, deque()
+
+    def add(self, unit: Unit, pending: comm.Pending) -> None:
+        self.queue.append((unit, pending))
+        while len(self.queue) > self.limit:
+            self._wait_oldest()
+
+    def drain(self) -> None:
+        while self.queue:
+            self._wait_oldest()
+
+    def _wait_oldest(self) -> None:
+        unit, pending = self.queue.popleft()
+        unit.accumulate(pending.wait())
+
+
 class Unit:
     """A group of parameters flattened, padded to a multiple of dp, and sharded.
 
@@ -67,8 +99,9 @@ class Unit:
     parameter objects are kept (with their tags) even when stage 3 frees them."""
 
     def __init__(self, name: str, params: list[tuple[nn.Module, str, nn.Parameter]], dp: Axis,
-                 tied: bool = False):
+                 tied: bool = False, inflight: InFlight | None = None):
         self.name, self.dp, self.tied = name, dp, tied
+        self.inflight = InFlight() if inflight is None else inflight
         self.layout, self.shapes, offset = [], [], 0
         for module, attr, p in params:
             self.layout.append((module, attr, p, offset))
@@ -84,7 +117,7 @@ class Unit:
         mask = self.flatten([torch.full_like(p, bool(tag(p, "grad_partial_over_tp")),
                                              dtype=torch.bool) for _, _, p, _ in self.layout])
         self.partial = mask[lo:lo + self.shard_size].clone() if mask.any() else None
-        self.pending: list = []
+        self.prefetched: comm.Pending | None = None  # stage 3: a gather posted ahead
         self.triggers: list[nn.Module] = []
         self.recomputed = False
 
@@ -94,8 +127,32 @@ class Unit:
 
     def gather(self) -> torch.Tensor:
         """The whole padded vector, all-gathered from every dp rank's shard."""
-        with trace.label(f"zero params {self.name}"):
-            return comm.all_gather(self.shard.detach(), self.dp)
+        return self.post_gather().wait()
+
+    def post_gather(self) -> comm.Pending:
+        """Start gathering the whole vector (once: a gather already posted is kept).
+        Labelled by the unit, not by the module whose hook posted it ahead."""
+        if self.prefetched is None:
+            with trace.relabel(f"zero params {self.name}"):
+                self.prefetched = comm.all_gather_start(self.shard.detach(), self.dp)
+        return self.prefetched
+
+    def take_gathered(self, then_post: Unit | None = None) -> torch.Tensor:
+        """The whole vector: the gather posted ahead, or one posted now. `then_post`:
+        the unit to prefetch, posted before this one's wait, so it travels while
+        this unit computes."""
+        pending = self.post_gather()
+        if then_post is not None and then_post is not self:
+            then_post.post_gather()
+        self.prefetched = None
+        return pending.wait()
+
+    def drop_prefetched(self) -> None:
+        """Wait and discard a gather posted ahead and never used (every rank posted
+        it, so every rank must finish it); its values would be stale after a step."""
+        if self.prefetched is not None:
+            self.prefetched, pending = None, self.prefetched
+            pending.wait()
 
     def views(self, full: torch.Tensor):
         for (module, attr, p, offset), shape in zip(self.layout, self.shapes, strict=True):
@@ -103,15 +160,19 @@ class Unit:
 
     # -- gradients ----------------------------------------------------------------------
     def start_reduce(self, flat_grad: torch.Tensor) -> None:
-        """Sum this unit's whole gradient over dp; this rank keeps its slice."""
+        """Start summing this unit's whole gradient over dp (this rank keeps its
+        slice); backward goes on meanwhile."""
         with trace.label(f"zero grads {self.name}"), trace.phase("bwd"):
-            self.pending.append(comm.reduce_scatter(flat_grad, self.dp))
+            self.inflight.add(self, comm.reduce_scatter_start(flat_grad, self.dp))
+
+    def accumulate(self, part: torch.Tensor) -> None:
+        self.shard.grad = part if self.shard.grad is None else self.shard.grad + part
 
     def finish_reduce(self) -> None:
-        """Add every reduced slice (one per microbatch) into the shard's gradient."""
-        for part in self.pending:
-            self.shard.grad = part if self.shard.grad is None else self.shard.grad + part
-        self.pending = []
+        """Wait every reduction still in flight; each reduced slice (one per
+        microbatch) is then in its shard's gradient."""
+        self.inflight.drain()
+        self.drop_prefetched()
         if self.shard.grad is None:  # a unit no microbatch reached: still take part below
             self.shard.grad = torch.zeros_like(self.shard)
 
@@ -122,13 +183,15 @@ def _piece_of(name: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
 
 
-def make_units(stage: nn.Module, dp: Axis) -> list[Unit]:
+def make_units(stage: nn.Module, dp: Axis, inflight: InFlight | None = None) -> list[Unit]:
     """One `Unit` per piece of a pipeline stage (a `ParallelGPT`), in forward order."""
     groups: dict[str, list] = {}
     for name, p in stage.named_parameters():
         owner, _, attr = name.rpartition(".")
         groups.setdefault(_piece_of(name), []).append((stage.get_submodule(owner), attr, p))
-    return [Unit(piece, params, dp, tied=piece == "wte") for piece, params in groups.items()]
+    inflight = InFlight() if inflight is None else inflight
+    return [Unit(piece, params, dp, tied=piece == "wte", inflight=inflight)
+            for piece, params in groups.items()]
 
 
 def _piece_module(stage: nn.Module, piece: str) -> nn.Module:
@@ -179,9 +242,9 @@ class _GatherParams(torch.autograd.Function):
     (the conjugate pair of `minitp.mappings`, applied to parameters)."""
 
     @staticmethod
-    def forward(ctx, shard, unit):
+    def forward(ctx, shard, unit, then_post):
         ctx.unit = unit
-        full = unit.gather()
+        full = unit.take_gathered(then_post)
         ctx.full = None
         return full
 
@@ -191,30 +254,35 @@ class _GatherParams(torch.autograd.Function):
         full = ctx.full() if ctx.full is not None else None
         if full is not None:  # the values gathered again for backward: used, freed
             full.untyped_storage().resize_(0)
-        return None, None
+        return None, None, None
 
 
 def _free(full: torch.Tensor) -> None:
     full.untyped_storage().resize_(0)
 
 
-def _refill(unit: Unit, full: torch.Tensor) -> None:
-    """Gather the unit again into `full`'s (freed) storage, for its backward. Through
-    ``.data``: autograd's saved views must not see a version bump (no value changed)."""
+def _refill(unit: Unit, full: torch.Tensor, then_post: Unit | None) -> None:
+    """Gather the unit again into `full`'s (freed) storage, for its backward, and post
+    the gather of `then_post` (the unit backward reaches next). Through ``.data``:
+    autograd's saved views must not see a version bump (no value changed)."""
     storage = full.untyped_storage()
     if storage.nbytes() == 0:
         with trace.phase("bwd"):
-            values = unit.gather()
+            values = unit.take_gathered(then_post)
         storage.resize_(full.numel() * full.element_size())
         full.data.copy_(values)
 
 
 class Zero3Unit:
     """Stage 3's hooks on a unit's modules: gather before forward, free after; gather
-    again when backward reaches it."""
+    again when backward reaches it. `order`: the stage's (unit, trigger module) uses in
+    forward order, to know which unit to prefetch next (forward) or before (backward)."""
 
-    def __init__(self, unit: Unit):
+    def __init__(self, unit: Unit, order: list[tuple[Unit, nn.Module]]):
         self.unit, self.current = unit, None
+        self.neighbours = {id(module): (order[i - 1][0] if i > 0 else None,
+                                        order[i + 1][0] if i + 1 < len(order) else None)
+                           for i, (u, module) in enumerate(order) if u is unit}
         for module, attr, p, _ in unit.layout:
             del module._parameters[attr]  # the module reads the gathered view instead
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)  # the shard holds it now
@@ -224,14 +292,16 @@ class Zero3Unit:
 
     def before(self, module, args) -> None:
         unit = self.unit
+        previous, following = self.neighbours[id(module)]
         recomputing = trace._in_backward()
         if recomputing:  # the forward runs again in backward: views that require grad,
-            # as the first time (autograd saves the same tensors), but no gather node
-            full = unit.gather().requires_grad_()
+            # as the first time (autograd saves the same tensors), but no gather node;
+            # backward goes on to the unit before this one: fetch it meanwhile
+            full = unit.take_gathered(previous).requires_grad_()
         elif torch.is_grad_enabled():
-            full = _GatherParams.apply(unit.shard, unit)
+            full = _GatherParams.apply(unit.shard, unit, following)
         else:
-            full = unit.gather()
+            full = unit.take_gathered(following)
         full.zero_gathered = True  # model state, not an activation (`minitp.memory`'s ledger)
         for mod, attr, _, view in unit.views(full):
             object.__setattr__(mod, attr, view)
@@ -247,21 +317,26 @@ class Zero3Unit:
         if (full.grad_fn is not None and not self.unit.recomputed
                 and isinstance(output, torch.Tensor) and output.requires_grad):
             full.grad_fn.full = weakref.ref(full)  # ctx: so backward can free the refill
-            unit = self.unit
-            output.register_hook(lambda grad: _refill(unit, full))
+            unit, previous = self.unit, self.neighbours[id(module)][0]
+            output.register_hook(lambda grad: _refill(unit, full, previous))
 
 
 def shard_parameters(stage: nn.Module, units: list[Unit]) -> None:
     """Stage 3: each unit's parameters replaced by its shard, gathered around use."""
+    order = []  # (unit, trigger) in forward order: the lookup first, the head last
     for unit in units:
         if unit.tied:  # the embedding's lookup and, on the last stage, the output head
             unit.triggers = ([stage.wte] if stage.first else []) + ([stage.head]
                                                                     if stage.last else [])
+            order += [(unit, stage.wte)] if stage.first else []
         else:
             module = _piece_module(stage, unit.name)
             unit.recomputed = isinstance(module, Recomputed)
             unit.triggers = [module.module if unit.recomputed else module]
-        Zero3Unit(unit)
+            order.append((unit, unit.triggers[0]))
+    order += [(u, stage.head) for u in units if u.tied and stage.last]
+    for unit in units:
+        Zero3Unit(unit, order)
     # the shards are the stage's parameters now (its device, its dtype, the optimizer's)
     stage.zero_shards = nn.ParameterList([u.shard for u in units])
 
@@ -278,10 +353,11 @@ def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: in
     if zero_stage == 0:
         attach_grad_sync(stages, dp, bucket_bytes)
         return
+    inflight = InFlight()  # one bound for the rank, whichever stage's units post
     for stage in stages:
         stage.zero_stage, stage.grad_sync, stage.zero_units = zero_stage, None, []
         if zero_stage >= 2:
-            stage.zero_units = make_units(stage, dp)
+            stage.zero_units = make_units(stage, dp, inflight)
             stage.grad_sync = ShardedGradSync(stage.zero_units) if zero_stage == 2 else None
             if zero_stage == 3:
                 shard_parameters(stage, stage.zero_units)
@@ -366,9 +442,11 @@ class ShardedOptimizer(ShardOptimizer):
         self.inner.step()
         if self.zero_stage != 2:
             return
+        for unit in self.units:  # all posted at once: they travel together
+            unit.post_gather()
         with torch.no_grad():
             for unit in self.units:
-                for _, _, p, view in unit.views(unit.gather()):
+                for _, _, p, view in unit.views(unit.take_gathered()):
                     p.copy_(view)
 
 

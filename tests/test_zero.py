@@ -1,7 +1,8 @@
 """ZeRO stages 1, 2 and 3 over the data-parallel axis (`minitp.zero`): equal to the
 plain GPT, mixed with tensor and pipeline parallelism; the model-state bytes each
 rank keeps, measured, beside the ZeRO paper's formulas; stage 3's parameters
-gathered before each unit's forward and again before its backward.
+gathered before each unit's forward and again before its backward; the
+gradients' reduce-scatters overlapping backward, stage 3's gathers prefetched.
 
 Budget: two launches of 4 ranks (a sample of the matrix, several cases per
 launch); the whole (dp, pp, tp) matrix is tests/test_3d.py's job at stage 0-1.
@@ -16,6 +17,7 @@ from test_memory import _live_bytes
 
 import minitp as mt
 import minitp.calc as calc
+from minitp.config import parse_layer_label
 from minitp.memory import ActivationLedger, model_state_bytes
 from minitp.zero import gathered
 
@@ -49,10 +51,12 @@ def _compare(cases, steps=3):
             _, ref_loss = ref(x, y)
             ref_loss.backward()
             ref_opt.step()
+            mt.trace.clear()  # the last step's events are kept
             loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule, microbatches=m)
             loss_error = max(loss_error, abs(loss - ref_loss.item()))
         with torch.no_grad():
             _, ref_loss = ref(x, y)
+        events = mt.trace.events()
         eval_loss = mt.step.eval_loss(model, (x, y), mesh, microbatches=m)
         loss_error = max(loss_error, abs(eval_loss - ref_loss.item()))
         with gathered(model):  # stage 3 holds shards only: the whole parameters, for once
@@ -60,17 +64,78 @@ def _compare(cases, steps=3):
         assert set(dense) == {name for name, _ in ref.named_parameters()}
         worst = max(((dense[n] - p.detach()).abs().max().item(), n)
                     for n, p in ref.named_parameters())
-        results[case] = (loss_error, worst)
+        results[case] = (loss_error, worst, events if zero >= 2 and pp == 1 else None)
     return results
 
 
-def test_every_stage_equals_plain_gpt_float64():
-    run = mt.launch(_compare, 4, CASES, timeout=300)
-    for rank, results in enumerate(run):
+@pytest.fixture(scope="module")
+def compare_run():
+    return mt.launch(_compare, 4, CASES, timeout=300)
+
+
+def test_every_stage_equals_plain_gpt_float64(compare_run):
+    for rank, results in enumerate(compare_run):
         assert set(results) == set(CASES)
-        for case, (loss_error, (param_error, name)) in results.items():
+        for case, (loss_error, (param_error, name), _) in results.items():
             assert loss_error < TOLERANCE, f"rank {rank}, {case}: loss differs by {loss_error:.3g}"
             assert param_error < TOLERANCE, f"rank {rank}, {case}: {name} by {param_error:.3g}"
+
+
+def _inside(outer, inner) -> bool:
+    return outer.start < inner.start and inner.end < outer.end
+
+
+def test_reduce_scatters_overlap_backward_and_stage3_prefetches(compare_run):
+    """In the last step's trace (pp = 1 cases): each layer's gradient reduce-scatter
+    is still in flight while the layer before it runs its backward, and at stage 3
+    the next layer's gather is in flight while this one computes — forward (next
+    layer) and backward (previous layer). With tp > 1 the proof is the layer's own
+    tensor-parallel collectives, inside the dp op's span; with tp = 1 it is the
+    next gather posted before this one is waited."""
+    checked = 0
+    for rank, results in enumerate(compare_run):
+        for case, (_, _, events) in results.items():
+            if events is None:
+                continue
+            dp, _, tp, zero, m = case[:5]
+            where = f"rank {rank}, {case}"
+            last_b = max((e for e in events if e.op == "compute" and e.phase == "bwd"),
+                         key=lambda e: e.end)
+            mine = [e for e in events if e.start >= last_b.start]  # the last backward on
+
+            def dp_op(op, unit, phase, pool=mine):
+                return [e for e in pool if e.axis == "dp" and e.op == op and e.phase == phase
+                        and e.label.endswith(f" {unit}")]
+
+            def tp_in(layer, phase, pool=mine):
+                return [e for e in pool if e.axis == "tp" and e.phase == phase
+                        and parse_layer_label(e.label) == layer]
+
+            layers = CFG["n_layer"]
+            for k in range(1, layers):  # reduce-scatter of layer k spans layer k-1's backward
+                (rs,) = dp_op("reduce_scatter", f"blocks.{k}", "bwd")
+                assert rs.start < last_b.end, where
+                if tp > 1:
+                    assert any(_inside(rs, e) for e in tp_in(k - 1, "bwd")), (where, k)
+                else:
+                    (earlier,) = dp_op("reduce_scatter", f"blocks.{k - 1}", "bwd")
+                    assert earlier.start < rs.end, (where, k)  # both in flight at once
+            if zero < 3:
+                continue  # stage 2 gathers only after the optimizer step: nothing to prefetch
+            for k in range(layers - 1):
+                # forward: layer k+1's gather travels while layer k computes
+                fwd = dp_op("all_gather", f"blocks.{k + 1}", "fwd", events)[-1]
+                ahead = dp_op("all_gather", f"blocks.{k}", "fwd", events)[-1]
+                assert fwd.start < ahead.end, (where, k)  # posted before this one's wait
+                # backward: layer k's gather travels while layer k+1 computes
+                (bwd,) = dp_op("all_gather", f"blocks.{k}", "bwd")
+                (later,) = dp_op("all_gather", f"blocks.{k + 1}", "bwd")
+                assert bwd.start < later.end, (where, k)
+                if tp > 1:
+                    assert any(_inside(fwd, e) for e in tp_in(k, "fwd", events)), (where, k)
+                    assert any(_inside(bwd, e) for e in tp_in(k + 1, "bwd")), (where, k)
+        checked += sum(events is not None for _, _, events in results.values())
+    assert checked == 3 * 4  # the three pp = 1 cases at stages 2-3, on every rank
 
 
 # --------------------------------------------------------------------------- bytes
