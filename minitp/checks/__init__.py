@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08
+from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,8 @@ class Exercise:
 
 
 EXERCISES = {
+    "ex00": Exercise("ex00_mesh_coordinates.py", "a rank's place in the (dp, pp, tp) mesh",
+                     ex00.run),
     "ex01": Exercise("ex01_ring_allreduce.py", "ring all-reduce from send/recv", ex01.run),
     "ex02": Exercise("ex02_column_row_parallel.py", "f, g and the column- and row-parallel "
                      "layers", ex02.run),
@@ -30,4 +32,6 @@ EXERCISES = {
     "ex07": Exercise("ex07_one_f_one_b.py", "the 1F1B pipeline schedule", ex07.run),
     "ex08": Exercise("ex08_bucketed_sync.py", "bucketed gradient sync for data parallelism",
                      ex08.run),
+    "ex09": Exercise("ex09_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex09.run),
 }
