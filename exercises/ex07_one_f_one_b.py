@@ -1,36 +1,55 @@
 # Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex07
 # Generated from solutions/ex07_one_f_one_b.py by `python -m minitp.make_exercises`.
-"""Exercise 07: the 1F1B pipeline schedule (PipeDream-Flush), for one rank.
+"""Exercise 07: run one 1F1B training step on one pipeline stage.
 
-With p stages and m microbatches, rank r (stage r, 0 first) runs its forwards
-"F" and backwards "B" of the microbatches 0 … m−1 in this order:
+A pipeline of p stages trains on m microbatches; this process is stage r (rank
+r of p). The grader hands you `stage`, which computes; everything between the
+stages is yours: what to receive and from whom, what to send on, what to keep
+until a microbatch's backward, and when to let it go.
 
-* warm-up: p − r − 1 forwards (but never more than m), which fill the stages
-  below this one — the last stage (r = p − 1) has no warm-up at all;
-* steady state: one forward of the next microbatch, then one backward of the
-  oldest microbatch still waiting for its backward, until every forward is done;
-* cool-down: the backwards that are left, oldest first.
+    stage.r, stage.p            this stage's index (0 first) and the number of stages
+    stage.prev, stage.next      the global ranks of the neighbouring stages (None at the ends)
+    stage.activation_buffer()   a new, empty tensor shaped like one microbatch's activation
+    stage.forward(i, x)         runs this stage's layers on microbatch i and returns `out`:
+                                the activation for the next stage, or, on the last stage,
+                                the microbatch's share of the loss. x: the activation from
+                                the previous stage (None on the first stage); it must
+                                require grad, so that backward leaves its gradient in x.grad
+    stage.backward(i, out, g)   backpropagates microbatch i from its `out`; g is the gradient
+                                of `out` from the next stage (None on the last stage)
 
-So stage r never holds more than p − r microbatches' activations at once,
-whatever m (GPipe, all forwards then all backwards, holds m).
+Messages: ``mt.comm.irecv(buffer, rank)`` and ``mt.comm.isend(tensor, rank)`` post
+a message and return a `Pending` at once; its ``wait()`` finishes it (an irecv's
+returns the filled buffer). Wait for every send you posted before you return.
 
-Return the order as a list of ("F" or "B", microbatch). For example p = 4, m = 6:
-
-    rank 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5
-    rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5
+The schedule is 1F1B (PipeDream-Flush; lesson 07 prints its order): microbatches
+in order, forward and backward alike; each stage starts a microbatch's
+backward as early as the pipeline lets it, and from then on runs one forward
+and one backward in turn, so that it never holds more than p − r microbatches'
+activations, whatever m. A stage holds a microbatch from its forward until its
+backward, and not a moment longer: keep nothing after the step.
 
 Grade it with `mt.grade("ex07")` in a notebook or `python -m minitp.grade ex07`:
-the order is compared with the reference for several (p, m), and a real
-4-stage pipeline is run with it (the loss must equal the plain GPT's, and no
-rank may wait forever).
+four real processes run your function at m = 5 and m = 2 in float64; a deadlock
+is reported as the ranks that never met.
 """
 
+import torch
 
-def one_f_one_b(p: int, r: int, m: int) -> list[tuple[str, int]]:
-    """The order in which rank r of p runs the forwards and backwards of m microbatches."""
-    # hint: warmup = min(p - r - 1, m) forwards; then for each remaining microbatch a
-    # hint: forward of it and a backward of the oldest; then the backwards left.
+import minitp as mt
+
+
+def one_f_one_b_step(stage, m: int) -> None:
+    """Run the forwards and backwards of microbatches 0 … m−1 on this stage, in 1F1B order."""
+    # hint: Start with the last stage, which can run each backward right after its
+    # hint: forward. How many forwards must stage r run before microbatch 0's gradient
+    # hint: can come back to it? Write one function for a forward (receive, compute, send,
+    # hint: keep) and one for a backward (take back what you kept, receive, compute, send),
+    # hint: then call them in 1F1B's order.
     raise NotImplementedError(
-        'warmup = min(p - r - 1, m) forwards; then for each remaining microbatch a forward of'
-        ' it and a backward of the oldest; then the backwards left.'
+        'Start with the last stage, which can run each backward right after its forward. How '
+        "many forwards must stage r run before microbatch 0's gradient can come back to it? "
+        'Write one function for a forward (receive, compute, send, keep) and one for a '
+        "backward (take back what you kept, receive, compute, send), then call them in 1F1B's"
+        ' order.'
     )

@@ -1,121 +1,288 @@
-"""Checks for ex07: the 1F1B order of one pipeline rank.
+"""Checks for ex07: the learner's 1F1B executor, run on a real pipeline.
 
-The learner's ``one_f_one_b(p, r, m)`` is compared with the library's schedule
-(`minitp.schedules.one_f_one_b`) on every rank for several (p, m), including
-fewer microbatches than stages; then it is run for real: a 4-stage pipeline of
-a float64 GPT takes one training step in the learner's order (passed to
-`train_step` as its schedule), and its loss must equal the plain model's.
+On 4 processes, a float64 GPT cut into 4 stages (`parallelize` with pp = 4)
+takes one training step at m = 5 and one at m = 2 (fewer microbatches than
+stages: a warm-up cut short), each stage run by the learner's
+``one_f_one_b_step(stage, m)``. `Stage` hands the learner the computing
+(forward, backward, a receive buffer) and records, on the way, which units
+ran in which order and what the learner still holds. Per m:
+
+* the step ends (a deadlock is a `CollectiveTimeout`, reported as the ranks
+  that never met), and the loss and every gradient equal the plain GPT's;
+* every stage ran its forwards and backwards in 1F1B's order;
+* one activation went forward and one gradient back per microbatch and
+  boundary, every send waited for;
+* no stage held more than p − r microbatches' activations at once — a
+  microbatch counts from its forward until its backward, and after that for
+  as long as the learner still references its input or output — and none
+  once the step returned (a leak).
 """
 
 from __future__ import annotations
 
+import gc
+import re
+import weakref
+
 import torch
 
-from minitp import schedules
-from minitp.errors import LaunchError
+from minitp import schedules, trace
+from minitp.config import unit_label
+from minitp.errors import CollectiveTimeout, LaunchError
 from minitp.launch import launch
 from minitp.mesh import Mesh
 from minitp.model import GPT, GPTConfig
 from minitp.parallelize import parallelize
-from minitp.step import train_step
 
 from .base import Check, failure_check
 
-CASES = ((2, 4), (4, 4), (4, 8), (4, 2), (3, 5))  # (p, m); m = 2 < p = 4: a short warm-up
-CFG = dict(vocab_size=32, seq_len=8, n_layer=4, n_head=2, d_model=16)
-PP, MICROBATCHES = 4, 8
-TOLERANCE = 1e-10  # float64; a schedule only reorders work
+PP, MS = 4, (5, 2)  # m = 2 < p: rank 0's warm-up is cut short by the microbatches
+ROWS = 2  # rows per microbatch
+CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
+TOLERANCE = 1e-12  # float64; the pipeline sums the microbatches' gradients in another order
+TIMEOUT = 10.0  # seconds a rank may wait for a message before the run counts as a deadlock
 
 
-def _reference(p, r, m):
-    return [(kind, i) for kind, _, i in schedules.one_f_one_b(p, r, m)]
+class Stage:
+    """One pipeline stage as the learner sees it: it computes; the learner moves
+    and keeps. It also watches: the order of the units, and which microbatches'
+    activations (the learner's x and out) are still alive at each unit."""
+
+    def __init__(self, chunk, mesh: Mesh, x, y, m: int):
+        self.chunk, self.m = chunk, m
+        self.r, self.p = mesh.pp.rank, mesh.pp.size
+        self.prev = None if mesh.pp.is_first else mesh.pp.prev
+        self.next = None if mesh.pp.is_last else mesh.pp.next
+        self.param = next(chunk.parameters())
+        self.x = x.to(self.param.device).chunk(m)
+        self.y = y.to(self.param.device).chunk(m)
+        self.loss = 0.0
+        self.order: list[str] = []
+        self.refs: dict[int, list[weakref.ref]] = {}  # microbatch -> its x and out
+        self.backward_at: dict[int, int] = {}  # microbatch -> index of its backward unit
+        self.peak, self.kept_after = 0, []  # kept_after: (microbatch, unit) alive too long
+
+    def activation_buffer(self) -> torch.Tensor:
+        return torch.empty((ROWS, CFG["seq_len"], CFG["d_model"]), dtype=self.param.dtype,
+                           device=self.param.device)
+
+    def forward(self, i: int, x):
+        i = self._unit("F", i)
+        if self.prev is None:
+            if x is not None:
+                raise ValueError("the first stage reads the tokens itself: pass x=None")
+            x = self.x[i]
+        elif not isinstance(x, torch.Tensor):
+            raise ValueError(f"stage {self.r} needs the activation from stage {self.r - 1} "
+                             f"as x, got {type(x).__name__}")
+        elif not x.requires_grad:
+            raise ValueError("x must require grad (x.requires_grad_()), so that backward "
+                             "leaves in x.grad the gradient to send back")
+        with trace.region(unit_label("F", i), "fwd"):
+            out, loss = self.chunk(x, self.y[i] if self.next is None else None)
+            if self.next is None:
+                out = loss / self.m  # equal microbatches: the batch mean is their mean
+                self.loss += out.item()
+        self.refs[i] = [weakref.ref(t) for t in (x, out) if t.requires_grad]
+        return out
+
+    def backward(self, i: int, out, grad) -> None:
+        i = self._unit("B", i)
+        if (grad is None) != (self.next is None):
+            raise ValueError("pass the gradient received from the next stage as g "
+                             "(None only on the last stage)")
+        with trace.region(unit_label("B", i), "bwd"):
+            torch.autograd.backward(out, grad)
+        self.backward_at[i] = len(self.order) - 1
+
+    def _unit(self, kind: str, i) -> int:
+        """Record one unit; count the microbatches held as it starts."""
+        i = int(i)
+        if not 0 <= i < self.m:
+            raise ValueError(f"microbatch {i} is not one of 0 … {self.m - 1}")
+        if i in (self.refs if kind == "F" else self.backward_at):
+            raise ValueError(f"{kind}{i} runs twice")
+        if kind == "B" and i not in self.refs:
+            raise ValueError(f"B{i} before F{i}")
+        unit = len(self.order)
+        self.order.append(f"{kind}{i}")
+        held = {i} if kind == "F" else set()
+        for j, refs in self.refs.items():
+            if j not in self.backward_at:
+                held.add(j)  # its graph, the saved activations, lives until its backward
+            elif self.backward_at[j] < unit - 1 and any(ref() is not None for ref in refs):
+                # A name that still points at the last backward's tensors is fine (a
+                # loop variable); two units later, something is keeping them.
+                held.add(j)
+                self.kept_after.append((j, self.order[-1]))
+        self.peak = max(self.peak, len(held))
+        return i
+
+    def left_behind(self) -> list[int]:
+        """Microbatches whose activations are still alive: never backpropagated, or
+        referenced by something that outlived the step."""
+        gc.collect()
+        return sorted(j for j, refs in self.refs.items()
+                      if j not in self.backward_at or any(ref() is not None for ref in refs))
 
 
-def _show(order):
-    return " ".join(f"{kind}{i}" for kind, i in order)
-
-
-def _order_check(module, p, m) -> Check:
-    name = f"p={p}, m={m}: every rank's order is 1F1B's"
-    for r in range(p):
-        try:
-            got = module.one_f_one_b(p, r, m)
-        except NotImplementedError as error:
-            return Check(name, False, "one_f_one_b is not written yet",
-                         hint=str(error) or "replace the NotImplementedError with your code")
-        except Exception as error:  # the learner's bug, reported rather than raised
-            return Check(name, False, f"rank {r} raised {type(error).__name__}: {error}", rank=r)
-        want = _reference(p, r, m)
-        try:
-            got = [(str(kind), int(i)) for kind, i in got]
-        except (TypeError, ValueError):
-            return Check(name, False, f"rank {r}: returned {got!r}", rank=r,
-                         hint='return a list of ("F" or "B", microbatch) pairs')
-        if got != want:
-            return Check(name, False, f"rank {r}: got {_show(got)}; expected {_show(want)}",
-                         rank=r, hint=f"warm-up: min(p - r - 1, m) = {min(p - r - 1, m)} "
-                         "forwards; then F of the next, B of the oldest; then the Bs left")
-    return Check(name, True, "")
-
-
-def _valid(order, m) -> str:
-    """Why an order cannot run (empty when it can): each unit once, B after its F."""
-    try:
-        units = [(str(kind), int(i)) for kind, i in order]
-    except (TypeError, ValueError):
-        return 'it is not a list of ("F" or "B", microbatch) pairs'
-    if sorted(units) != sorted((kind, i) for kind in "FB" for i in range(m)):
-        return "it does not run each forward and each backward exactly once"
-    seen = set()
-    for kind, i in units:
-        if kind == "B" and ("F", i) not in seen:
-            return f"B{i} comes before F{i}"
-        seen.add((kind, i))
-    return ""
-
-
-def _in_rank(one_f_one_b, x, y):
-    """One float64 training step of a 4-stage pipeline in the learner's order."""
-
-    def schedule(p, r, m, v=1):  # the built-in schedules' signature: units (kind, chunk, i)
-        return [(kind, 0, i) for kind, i in one_f_one_b(p, r, m)]
-
-    mesh = Mesh(pp=PP)
+def _reference(x, y):
     torch.manual_seed(0)
-    model = parallelize(GPT(GPTConfig(**CFG)).double(), mesh)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return train_step(model, (x, y), mesh, optimizer, schedule=schedule,
-                      microbatches=MICROBATCHES)
+    ref = GPT(GPTConfig(**CFG)).double()
+    _, loss = ref(x, y)
+    loss.backward()
+    return loss.item(), {name: p.grad for name, p in ref.named_parameters()}
+
+
+def _in_rank(step, x, y):
+    """Every rank: one pipeline step per m, run by the learner's executor."""
+    mesh = Mesh(pp=PP)
+    found = []
+    for m in MS:
+        torch.manual_seed(0)
+        model = parallelize(GPT(GPTConfig(**CFG)).double(), mesh)
+        stage = Stage(model.chunks[0], mesh, x[:ROWS * m], y[:ROWS * m], m)
+        first = len(trace.events())
+        step(stage, m)
+        events = trace.events()[first:]
+        left = stage.left_behind()
+        model.sync_embedding_grads()  # the tied embedding's two uses, summed (lesson 07)
+        grads = model.full_grad_dict()
+        ref_loss, ref_grads = _reference(x[:ROWS * m], y[:ROWS * m])
+        worst = max(((grads[n] - g).abs().max().item(), n) for n, g in ref_grads.items())
+        found.append({
+            "loss": (stage.loss, ref_loss), "grad": worst, "order": stage.order,
+            "messages": [(e.op, e.peer) for e in events if e.op in ("send", "recv")],
+            "peak": stage.peak, "kept_after": stage.kept_after[:1], "left": left,
+        })
+    return found
 
 
 def run(module) -> list[Check]:
-    checks = [_order_check(module, p, m) for p, m in CASES]
-    name = f"a real {PP}-stage pipeline, m={MICROBATCHES}: loss equals the plain GPT, no deadlock"
-    blank = next((c for c in checks if "not written yet" in c.detail), None)
-    if blank is not None:
-        return checks + [Check(name, False, "not run: one_f_one_b is not written yet",
-                               hint=blank.hint)]
-    for r in range(PP):
-        try:
-            why = _valid(module.one_f_one_b(PP, r, MICROBATCHES), MICROBATCHES)
-        except Exception as error:
-            why = f"it raised {type(error).__name__}: {error}"
-        if why:
-            return checks + [Check(name, False, f"not run: rank {r}'s order cannot run: {why}",
-                                   rank=r, hint="every unit once, a backward after its forward")]
+    names = [name for m in MS for name in _names(m)]
+    if not hasattr(module, "one_f_one_b_step"):
+        return [Check(name, False, "the file has no one_f_one_b_step",
+                      hint="keep the names of the exercise file") for name in names]
     generator = torch.Generator().manual_seed(7)
-    x = torch.randint(0, CFG["vocab_size"], (2 * MICROBATCHES, CFG["seq_len"]),
+    x = torch.randint(0, CFG["vocab_size"], (ROWS * max(MS), CFG["seq_len"]),
                       generator=generator)
     y = torch.randint(0, CFG["vocab_size"], x.shape, generator=generator)
-    torch.manual_seed(0)
-    _, expected = GPT(GPTConfig(**CFG)).double()(x, y)
     try:
-        losses = launch(_in_rank, PP, module.one_f_one_b, x, y, timeout=10.0)
+        per_rank = launch(_in_rank, PP, module.one_f_one_b_step, x, y, timeout=TIMEOUT)
     except LaunchError as error:
-        return checks + [failure_check(name, error, "one_f_one_b")]
-    error = max(abs(loss - expected.item()) for loss in losses)
+        failed = failure_check(names[0], error, "one_f_one_b_step")
+        why = "the run above failed"
+        if isinstance(error, CollectiveTimeout):
+            failed.detail, why = _deadlock(error), "the step deadlocked (see above)"
+            failed.hint = ("a stage waited for a message its neighbour never sent: each stage "
+                           "must receive in the order its neighbours send (how many forwards "
+                           "does a stage run before its first backward?)")
+        elif "not written yet" in failed.detail:
+            why = failed.detail
+        return [failed] + [Check(name, False, f"not run: {why}") for name in names[1:]]
+    checks = []
+    for k, m in enumerate(MS):
+        these = _names(m)
+        found = [rank_found[k] for rank_found in per_rank]
+        checks += [_numbers(these[0], found), _order(these[1], found, m),
+                   _messages(these[2], found, m), _held(these[3], found)]
+    return checks
+
+
+def _deadlock(error: CollectiveTimeout) -> str:
+    """Who waited for what, in the pipeline's words: from rank r−1 comes an activation,
+    from rank r+1 a gradient."""
+    waits = []
+    for r, op in sorted(error.waiting.items()):
+        peer = re.search(r"recv on peer rank (\d+)", op)
+        if peer:
+            src = int(peer[1])
+            what = "an activation" if src < r else "a gradient"
+            waits.append(f"rank {r} waits for {what} from rank {src}")
+        else:
+            waits.append(f"rank {r} waits in {op}")
+    done = f"; ranks {error.finished} had returned" if error.finished else ""
+    return f"deadlock after {TIMEOUT:g} s: " + "; ".join(waits) + done
+
+
+def _names(m) -> list[str]:
+    head = f"p={PP}, m={m}"
+    return [f"{head}: the step ends, loss and every gradient equal the plain GPT's",
+            f"{head}: every stage runs 1F1B's order",
+            f"{head}: one message per microbatch each way, every send waited for",
+            f"{head}: at most p − r microbatches held, none after the step"]
+
+
+def _numbers(name, found) -> Check:
+    got, want = found[-1]["loss"]  # the last stage computes the loss
+    loss_error = abs(got - want)
+    error, rank, tensor = max((f["grad"][0], r, f["grad"][1]) for r, f in enumerate(found))
+    if loss_error > TOLERANCE:
+        return Check(name, False, f"loss {got:.12f}, plain GPT {want:.12f}", rank=PP - 1,
+                     max_error=loss_error, hint="every microbatch runs forward exactly once, "
+                     "on the activation the previous stage sent for it")
     if error <= TOLERANCE:
-        return checks + [Check(name, True, f"largest loss difference {error:.1e}",
-                               max_error=error)]
-    return checks + [Check(name, False, f"largest loss difference {error:.3g}", max_error=error,
-                           hint="each microbatch must run exactly once forward and backward")]
+        return Check(name, True, f"largest gradient error {error:.1e}", max_error=error)
+    return Check(name, False, f"rank {rank}, {tensor}.grad: largest error {error:.3g}",
+                 rank=rank, tensor=tensor, max_error=error,
+                 hint="backward each microbatch from its own out, with the gradient the next "
+                      "stage sent for that microbatch, and send back its x.grad")
+
+
+def _order(name, found, m) -> Check:
+    for r, f in enumerate(found):
+        want = [f"{kind}{i}" for kind, _, i in schedules.one_f_one_b(PP, r, m)]
+        if f["order"] != want:
+            pairs = zip(f["order"], want, strict=False)  # unequal lengths: the shorter one
+            at = next((k for k, (a, b) in enumerate(pairs) if a != b),
+                      min(len(f["order"]), len(want)))
+            ran = " ".join(f["order"][:at + 1])
+            return Check(name, False, f"rank {r} ran {ran} …, where 1F1B runs "
+                         f"{want[at] if at < len(want) else 'nothing more'}",
+                         rank=r, hint="a stage runs forwards until the stages after it are "
+                         "busy and its first gradient can come back; then one forward, one "
+                         "backward; then the backwards left")
+    return Check(name, True, "")
+
+
+def _messages(name, found, m) -> Check:
+    for r, f in enumerate(found):
+        want = []
+        if r > 0:
+            want += [("recv", r - 1), ("send", r - 1)]
+        if r < PP - 1:
+            want += [("send", r + 1), ("recv", r + 1)]
+        for op, peer in want:
+            count = f["messages"].count((op, peer))
+            if count != m:
+                what = "activations" if (op == "send") == (peer > r) else "gradients"
+                verb = "sent to" if op == "send" else "received from"
+                hint = ("wait() for every isend before returning: a send never waited for "
+                        "may not have been delivered" if op == "send" and count < m else
+                        "one activation forward and one gradient back, per microbatch")
+                return Check(name, False, f"rank {r} {verb} rank {peer} {count} {what} "
+                             f"(waited for); expected {m}", rank=r, hint=hint)
+        extra = sorted(set(f["messages"]) - set(want))
+        if extra:
+            return Check(name, False, f"rank {r} exchanged messages with rank {extra[0][1]}",
+                         rank=r, hint="a stage talks only to stage.prev and stage.next")
+    return Check(name, True, f"{m} per neighbour each way")
+
+
+def _held(name, found) -> Check:
+    for r, f in enumerate(found):
+        if f["left"]:
+            return Check(name, False, f"rank {r} still holds microbatches {f['left']} after "
+                         "the step (a leak)", rank=r, hint="every forward needs its backward, "
+                         "and nothing may keep a microbatch's x or out once the step returns")
+        if f["kept_after"]:
+            j, unit = f["kept_after"][0]
+            return Check(name, False, f"rank {r} still held microbatch {j}'s x or out at {unit}, "
+                         "after its backward", rank=r, hint="once its backward has run, drop "
+                         "what you kept for it")
+        if f["peak"] > PP - r:
+            return Check(name, False, f"rank {r} held {f['peak']} microbatches at once; 1F1B "
+                         f"needs at most p − r = {PP - r}", rank=r,
+                         hint="start each backward as soon as the schedule allows")
+    peaks = [f["peak"] for f in found]
+    return Check(name, True, f"at most {peaks} on ranks 0 … {PP - 1}")
