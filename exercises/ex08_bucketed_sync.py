@@ -1,27 +1,37 @@
 # Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex08
 # Generated from solutions/ex08_bucketed_sync.py by `python -m minitp.make_exercises`.
-"""Exercise 08: bucketed gradient sync for data parallelism.
+"""Exercise 08: bucketed gradient sync, overlapped with backward.
 
-Every data-parallel rank of `axis` has run backward on its own slice of the
-global batch, its loss weighted by its share of the batch's counted tokens
-(as `mt.train_step` does), so each ``p.grad`` holds one term of the sum
-∇L = Σ_d (n_d / N) ∇L_d. Replace every ``p.grad`` by that sum over the ranks,
-in buckets:
+Every data-parallel rank of `axis` runs backward on its own slice of the
+global batch, its loss weighted by its share of the batch's counted tokens (as
+`mt.train_step` does), so each ``p.grad`` holds one term of the sum
+∇L = Σ_d (n_d / N) ∇L_d. `OverlappedGradSync` must turn every ``p.grad`` into
+that sum over the ranks — and send while backward is still running, not after.
 
-1. walk the parameters in *reverse* order (backward reaches the last layers
-   first) and fill buckets: start a new bucket when the current one is not
-   empty and adding this parameter's gradient would take it over
-   `bucket_bytes` (``p.numel() * p.element_size()`` bytes);
-2. for each bucket, in order: flatten its gradients into one tensor
-   (``torch.cat`` of ``g.reshape(-1)``), sum it over the ranks with ONE
-   ``mt.comm.all_reduce(flat, axis)`` (a sum: the weighting already made the
-   division, and gloo mishandles AVG), and copy the slices back into each
-   ``p.grad`` (``flat.split(sizes)``, ``view_as(p)``).
+The buckets (the grader counts them): walk the parameters in *reverse* order
+(backward reaches the last layers first); a parameter joins the current bucket
+unless the bucket is not empty and its gradient (``p.numel() * p.element_size()``
+bytes) would take the bucket over `bucket_bytes`, in which case it opens the
+next bucket. Each bucket is summed with ONE all-reduce of its gradients
+flattened into one tensor (a sum: the weighting already made the division).
 
-Return the buckets, a list of lists of parameters. (The library does the same
-from backward hooks, so that each bucket starts while backward goes on:
-`minitp.data_parallel.GradSync`.)
-Grade it with `mt.grade("ex08")` in a notebook or `python -m minitp.grade ex08`.
+What you need:
+
+* ``p.register_post_accumulate_grad_hook(hook)``: autograd calls ``hook(p)``
+  during backward, as soon as ``p.grad`` holds this backward's gradient;
+* ``mt.comm.all_reduce_start(flat, axis)`` starts a sum over the ranks and
+  returns a `Pending` at once; its ``wait()`` returns the sum (a new tensor).
+  The trace records it from the start to the end of the wait.
+
+``__init__`` builds the buckets and hooks the parameters; during each backward
+a bucket's all-reduce starts as soon as its gradients are all there; ``finish()``,
+called after backward and before the optimizer step, waits for them and puts the
+sums into the ``.grad`` s. The object serves step after step.
+
+Grade it with `mt.grade("ex08")` in a notebook or `python -m minitp.grade ex08`:
+two steps at dp = 2 and 4 in float64, checked against the plain model's
+gradients, bucket by bucket, and on the trace: each all-reduce must start
+inside the backward and be waited for after it.
 """
 
 import torch
@@ -29,15 +39,29 @@ import torch
 import minitp as mt
 
 
-def bucketed_sync(params: list[torch.nn.Parameter], axis: mt.Axis,
-                  bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
-    # hint: buckets = [[]]; for p in reversed(params): open a new bucket when the current
-    # hint: one is non-empty and would exceed bucket_bytes; then per bucket one
-    # hint: mt.comm.all_reduce of torch.cat([p.grad.reshape(-1) ...]) and copy the
-    # hint: pieces (flat.split([p.numel() ...])) back with p.grad.copy_(piece.view_as(p))
-    raise NotImplementedError(
-        'buckets = [[]]; for p in reversed(params): open a new bucket when the current one is'
-        ' non-empty and would exceed bucket_bytes; then per bucket one mt.comm.all_reduce of '
-        'torch.cat([p.grad.reshape(-1) ...]) and copy the pieces (flat.split([p.numel() '
-        '...])) back with p.grad.copy_(piece.view_as(p))'
-    )
+class OverlappedGradSync:
+    """Sum the gradients of `params` over `axis` in buckets, during backward."""
+
+    def __init__(self, params: list[torch.nn.Parameter], axis: mt.Axis, bucket_bytes: int):
+        # hint: Besides the buckets, keep what a hook needs to know when its bucket is
+        # hint: complete, and what finish() needs to find the sums.
+        raise NotImplementedError(
+            'Besides the buckets, keep what a hook needs to know when its bucket is complete,'
+            ' and what finish() needs to find the sums.'
+        )
+
+    def _ready(self, p: torch.nn.Parameter) -> None:
+        """Called by autograd during backward, once ``p.grad`` is final."""
+        # hint: Is p the last of its bucket to arrive? Then its all-reduce can start now.
+        raise NotImplementedError(
+            'Is p the last of its bucket to arrive? Then its all-reduce can start now.'
+        )
+
+    def finish(self) -> None:
+        """After backward, before the optimizer step: every ``p.grad`` becomes the sum."""
+        # hint: Wait in bucket order, the same on every rank, and leave everything ready
+        # hint: for the next step's backward.
+        raise NotImplementedError(
+            'Wait in bucket order, the same on every rank, and leave everything ready for the'
+            " next step's backward."
+        )
