@@ -155,3 +155,64 @@ def test_command_line_exit_codes():
     check = subprocess.run([sys.executable, "-m", "minitp.make_exercises", "--check"],
                            cwd=root, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout
+
+
+def _variant(tmp_path, exercise, *edits):
+    """The reference solution of `exercise` with `edits` (old, new) made: a learner's mistake."""
+    source = mt.grading.exercise_path(exercise, solutions=True).read_text()
+    for old, new in edits:
+        assert old in source, f"the solution no longer contains {old!r}: update this test"
+        source = source.replace(old, new)
+    path = tmp_path / f"{exercise}_variant.py"
+    path.write_text(source)
+    return path
+
+
+def test_ex07_reports_a_deadlock_by_who_waits_for_what(tmp_path, monkeypatch):
+    # Fewer forwards ahead on the early stages than on the late ones: stage 0 waits for
+    # a gradient while stage 1 waits for the activation stage 0 has not sent.
+    from minitp.checks import ex07
+
+    monkeypatch.setattr(ex07, "TIMEOUT", 1.0)
+    wrong = _variant(tmp_path, "ex07", ("warmup = min(stage.p - stage.r - 1, m)",
+                                        "warmup = min(stage.r, m)"))
+    report = mt.grade("ex07", path=wrong)
+    first = report.checks[0]
+    assert not any(c.passed for c in report.checks), str(report)
+    assert first.detail.startswith("deadlock"), str(report)
+    assert "rank 0 waits for a gradient from rank 1" in first.detail
+    assert "rank 1 waits for an activation from rank 0" in first.detail
+    assert all("deadlocked" in c.detail for c in report.checks[1:])
+
+
+def test_ex07_reports_activations_kept_past_their_backward_and_after_the_step(tmp_path):
+    # The 1F1B order and the numbers are right; only the keeping is wrong.
+    kept = _variant(tmp_path, "ex07", ("x, out = held.pop(i)", "x, out = held[i]"))
+    report = mt.grade("ex07", path=kept)
+    failed = [c for c in report.checks if not c.passed]
+    assert [c.name for c in failed] == [n for n in ex07_names() if "held" in n], str(report)
+    assert "after its backward" in failed[0].detail and failed[0].rank is not None
+    leak = _variant(tmp_path, "ex07", ("x, out = held.pop(i)", "x, out = held[i]"),
+                    ("    held = {}", "    held = stage.saved = {}"))
+    report = mt.grade("ex07", path=leak)
+    failed = [c for c in report.checks if not c.passed]
+    assert len(failed) == 2 and all("a leak" in c.detail for c in failed), str(report)
+
+
+def ex07_names():
+    from minitp.checks import ex07
+
+    return [name for m in ex07.MS for name in ex07._names(m)]
+
+
+def test_ex08_fails_a_sync_that_waits_for_backward_to_end(tmp_path):
+    # Correct sums, the right buckets, but every all-reduce after backward: no overlap.
+    late = _variant(
+        tmp_path, "ex08",
+        ("        if self.arrived[k] == len(self.buckets[k]):", "        if False:"),
+        ("            flat = self.pending.pop(k).wait()",
+         "            flat = mt.comm.all_reduce(torch.cat([q.grad.reshape(-1) for q in bucket]), "
+         "self.axis)"))
+    report = mt.grade("ex08", path=late)
+    assert [c.passed for c in report.checks] == [True, True, False] * 2, str(report)
+    assert "started after backward ended" in report.checks[2].detail
