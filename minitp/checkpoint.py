@@ -13,6 +13,15 @@ put the state tensors where the parameters are, gather them with
 parallelize that. The model's own plan does the slicing, so there is no second
 copy of the sharding rules to keep in step.
 
+ZeRO (`minitp.zero`) changes only the first and last step of that. Saving: its
+optimizer keeps flat shards of the parameters' state, so each shard's state is
+all-gathered over dp and cut back into per-parameter tensors
+(`zero.per_parameter_state`); at stage 3 the parameters themselves are gathered
+for the save (`zero.gathered`). Loading at stage s: the GPT made of the dense
+state is parallelized *at stage s* too, and the shards its optimizer would step
+are this rank's state. So the file is the same at every stage, and a checkpoint
+saved at (dp 4, ZeRO-3) resumes at (dp 2, tp 2) or at any stage elsewhere.
+
 Files in the directory (one rank writes, every rank reads)::
 
     model.pt      dense parameters        torch.save of {name: tensor}
@@ -32,6 +41,10 @@ Everything is read with ``torch.load(weights_only=True)``: a checkpoint is data,
 and loading one must not run code. For exact resume, the batches and random
 numbers of step k must be functions of (seed, k) alone (`minitp.data` and
 `minitp.train` make them so): `step` in meta.json is the whole data position.
+
+Why one file: the dense format, the atomic write that produces it and the
+verified read that accepts it are one contract; each half is only checkable
+against the other, and the resharding on either side is a few lines over them.
 """
 
 from __future__ import annotations
@@ -47,7 +60,7 @@ from dataclasses import asdict, fields
 
 import torch
 
-from . import _device, comm, trace
+from . import _device, comm, trace, zero
 from .mesh import Mesh, world
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
@@ -74,9 +87,11 @@ def _parameters_replaced_by(model, values: dict):
 
 def dense_optimizer_state(model, optimizer) -> dict:
     """Adam's state gathered to dense tensors under the plain GPT's names (collective:
-    every rank calls it). Returns {"step": tensor, "exp_avg": {...}, "exp_avg_sq": {...}}."""
+    every rank calls it). Returns {"step": tensor, "exp_avg": {...}, "exp_avg_sq": {...}}.
+    At ZeRO stage 3 call it inside `zero.gathered(model)` (the parameters whole)."""
     params = list(model.parameters())
-    states = [optimizer.state.get(p, {}) for p in params]
+    by_param = zero.per_parameter_state(model, optimizer)
+    states = [by_param.get(p, {}) for p in params]
     if not all(all(k in s for k in ADAM_STATE) for s in states):
         raise ValueError("the optimizer has no Adam state for every parameter yet: take at "
                          "least one step with torch.optim.Adam / AdamW before saving it")
@@ -97,12 +112,15 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
     """Write `model` (and `optimizer`'s Adam state) densely to `directory`.
 
     Collective: call it on every rank (the shards are gathered); global rank 0
-    writes; every rank returns once the files are complete.
+    writes; every rank returns once the files are complete. Any ZeRO stage: the
+    file is the same dense one (`zero.check_checkpointable` first: an optimizer
+    that is not the model's stage's is refused before anything is gathered).
     """
     mesh: Mesh = model.mesh
     if not hasattr(model, "full_state_dict"):
         raise TypeError("checkpoint.save expects a parallel model (from mt.parallelize)")
-    with trace.paused():  # bookkeeping, not part of the run the trace shows
+    zero.check_checkpointable(model, optimizer)
+    with trace.paused(), zero.gathered(model):  # bookkeeping, not part of the run traced
         weights = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
         optim = dense_optimizer_state(model, optimizer) if optimizer is not None else None
         if mesh.rank == 0:
@@ -111,7 +129,8 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
                 "dtype": str(next(iter(weights.values())).dtype).removeprefix("torch."),
                 "topology": {"dp": mesh.dp_size, "pp": mesh.pp_size, "tp": mesh.tp_size,
                              "sequence_parallel": bool(getattr(model, "sequence_parallel",
-                                                               False))},
+                                                               False)),
+                             "zero_stage": zero.zero_stage_of(model)},
                 "has_optimizer": optim is not None,
                 "extra": extra or {},
             }
@@ -272,40 +291,44 @@ def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
 
 
 def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
-         virtual_stages: int = 1, optimizer_factory=None, device=None):
+         virtual_stages: int = 1, optimizer_factory=None, device=None, zero_stage: int = 0):
     """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
 
     device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
+    zero_stage: the ZeRO stage to resume at, whatever stage wrote the file.
 
-    optimizer_factory: called with the parallel model's parameters (e.g.
-    ``lambda params: torch.optim.Adam(params, lr=1e-3)``); the saved Adam state
-    is resharded into it. None: no optimizer (returned as None).
+    optimizer_factory: called with the tensors this rank steps (e.g.
+    ``lambda params: torch.optim.Adam(params, lr=1e-3)``): the parallel model's
+    parameters, or at a ZeRO stage its shards (through `mt.make_optimizer`);
+    the saved Adam state is resharded into it. None: no optimizer (returned as None).
     """
     ref, meta, dense_optim = load_dense(directory)
     device = _device.device() if device is None else device
     ref = ref.to(device)
-    model = parallelize(ref, mesh, sequence_parallel=sequence_parallel, recompute=recompute,
-                        virtual_stages=virtual_stages)
+    plan = dict(sequence_parallel=sequence_parallel, recompute=recompute,
+                virtual_stages=virtual_stages, zero_stage=zero_stage)
+    model = parallelize(ref, mesh, **plan)
     optimizer = None
     if optimizer_factory is not None:
-        optimizer = optimizer_factory(model.parameters())
+        optimizer = zero.make_optimizer(model, mesh, optimizer_factory)
         if dense_optim is not None:
-            shards = {key: _shard_like(ref, dense_optim[key], mesh, sequence_parallel,
-                                       recompute, virtual_stages, device) for key in ADAM_STATE}
-            for index, p in enumerate(model.parameters()):
-                optimizer.state[p] = {"step": dense_optim["step"].clone(),
+            shards = {key: _shard_like(ref, dense_optim[key], mesh, plan, device)
+                      for key in ADAM_STATE}
+            for index, t in enumerate(zero.stepped_tensors(optimizer)):
+                optimizer.state[t] = {"step": dense_optim["step"].clone(),
                                       **{k: shards[k][index] for k in ADAM_STATE}}
     return model, optimizer, meta
 
 
-def _shard_like(ref: GPT, dense: dict, mesh, sequence_parallel, recompute, virtual_stages,
-                device):
+def _shard_like(ref: GPT, dense: dict, mesh, plan: dict, device):
     """This rank's shards of the dense tensors `dense` (named like ref's parameters), in
-    the order of the parallel model's parameters: parallelize a GPT made of them."""
+    the order the model's optimizer steps them: parallelize a GPT made of them with
+    the same `plan` and take what its optimizer would step (at a ZeRO stage: its
+    flat shards). The optimizer made for it is a placeholder, never stepped."""
     holder = _gpt_from(ref.cfg, dense).to(device)
-    sharded = parallelize(holder, mesh, sequence_parallel=sequence_parallel,
-                          recompute=recompute, virtual_stages=virtual_stages)
-    return [p.detach().clone() for p in sharded.parameters()]
+    sharded = parallelize(holder, mesh, **plan)
+    placeholder = zero.make_optimizer(sharded, mesh, lambda ts: torch.optim.SGD(ts, lr=0.0))
+    return [t.detach().clone() for t in zero.stepped_tensors(placeholder)]
 
 
 def _gpt_from(cfg: GPTConfig, tensors: dict) -> GPT:

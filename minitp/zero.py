@@ -463,12 +463,64 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
     return ShardedOptimizer(model, _units(model), stage, optimizer_class, **kwargs)
 
 
+def stepped_tensors(optimizer) -> list[torch.Tensor]:
+    """The tensors `optimizer` steps, in its order: a model's parameters (stage 0),
+    or the flat shards a ZeRO optimizer keeps (stages 1-3)."""
+    inner = optimizer.inner if isinstance(optimizer, ShardOptimizer) else optimizer
+    return [p for group in inner.param_groups for p in group["params"]]
+
+
+def _flat_layouts(optimizer):
+    """(shard, dp axis, [(parameter, offset, shape)]) for each flat vector a ZeRO
+    optimizer steps a slice of."""
+    if isinstance(optimizer, Zero1Optimizer):
+        offsets = [0]
+        for p in optimizer.params:
+            offsets.append(offsets[-1] + p.numel())
+        return [(optimizer.shard, optimizer.axis,
+                 [(p, o, p.shape) for p, o in zip(optimizer.params, offsets, strict=False)])]
+    return [(u.shard, u.dp, [(p, offset, shape) for (_, _, p, offset), shape
+                             in zip(u.layout, u.shapes, strict=True)]) for u in optimizer.units]
+
+
+def per_parameter_state(model, optimizer) -> dict[nn.Parameter, dict]:
+    """Each of the model's parameters' optimizer state, shaped like the parameter:
+    the state as it is (stage 0), or each flat shard's state all-gathered over dp
+    and cut back into parameters (stages 1-3; collective over dp, untraced).
+    Scalars (Adam's ``step``) are shared by a shard's parameters. A parameter
+    without state maps to {}."""
+    if not isinstance(optimizer, ShardOptimizer):
+        return {p: optimizer.state.get(p, {}) for p in model.parameters()}
+    out = {}
+    with trace.paused():
+        for shard, axis, params in _flat_layouts(optimizer):
+            state = optimizer.state.get(shard, {})
+            whole = {k: comm.all_gather(v, axis) if torch.is_tensor(v) and v.shape == shard.shape
+                     else v for k, v in state.items()}
+            for p, offset, shape in params:
+                out[p] = {k: v[offset:offset + shape.numel()].view(shape)
+                          if torch.is_tensor(v) and state[k].shape == shard.shape else v
+                          for k, v in whole.items()}
+    return out
+
+
 def check_checkpointable(model, optimizer=None) -> None:
-    """Raise NotImplementedError, naming the stage, where `minitp.checkpoint` cannot
-    save densely yet: sharded parameters (stage 3) or a sharded optimizer (1-3)."""
+    """Raise TypeError, naming what is wrong, where `minitp.checkpoint` cannot write
+    the optimizer's state in its dense per-parameter form: an optimizer that is not
+    the one `make_optimizer` gives a model at its ZeRO stage (a plain optimizer over
+    stage 3's shards steps tensors no dense parameter name stands for). Call it
+    before training; `checkpoint.save` calls it before any collective."""
+    if optimizer is None:
+        return
     stage = zero_stage_of(model)
-    if stage == 3 or isinstance(optimizer, ShardOptimizer):
-        raise NotImplementedError(
-            f"checkpoint.save does not handle ZeRO stage {stage or 1} yet: the "
-            f"{'parameters and the ' if stage == 3 else ''}optimizer state are sharded over "
-            "the data-parallel ranks")
+    expected = {1: Zero1Optimizer, 2: ShardedOptimizer, 3: ShardedOptimizer}.get(stage)
+    if expected is None:  # stage 0: a plain optimizer, or ZeRO-1 made by zero1_optimizer
+        if isinstance(optimizer, ShardOptimizer) and not isinstance(optimizer, Zero1Optimizer):
+            raise TypeError(f"checkpoint: a {type(optimizer).__name__} over a model without "
+                            "ZeRO stages 2-3 (make it with mt.make_optimizer(model, mesh, ...))")
+        return
+    if not isinstance(optimizer, expected):
+        raise TypeError(
+            f"checkpoint: a model at ZeRO stage {stage} is stepped by a {expected.__name__}, "
+            f"not a {type(optimizer).__name__}: make it with mt.make_optimizer(model, mesh, "
+            "torch.optim.AdamW, ...), so the saved state can be gathered and resharded")

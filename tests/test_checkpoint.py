@@ -1,5 +1,5 @@
-"""Checkpoints reshard: saved at one (dp, pp, tp), loaded at another, the same model;
-and resuming gives the uninterrupted run's loss curve (float64, to 1e-10).
+"""Checkpoints reshard: saved at one (dp, pp, tp, ZeRO stage), loaded at another, the
+same model; and resuming gives the uninterrupted run's loss curve (float64, to 1e-10).
 """
 
 
@@ -8,6 +8,7 @@ import torch
 
 import minitp as mt
 from minitp import checkpoint, data
+from minitp.zero import gathered
 
 TOLERANCE = 1e-10
 CFG = dict(vocab_size=10, seq_len=8, n_layer=4, n_head=12, d_model=24)  # 12 heads: tp 1..4
@@ -19,7 +20,7 @@ def _tokens():
 
 
 def _train(mesh_sizes, steps, directory, save_at=None, load=False, restore_optimizer=True,
-           sequence_parallel=False):
+           sequence_parallel=False, zero_stage=0):
     """On every rank: train from scratch (or from `directory`) and return the losses of
     steps [start, steps) and the final dense weights; save at step `save_at`."""
     dp, pp, tp = mesh_sizes
@@ -32,15 +33,17 @@ def _train(mesh_sizes, steps, directory, save_at=None, load=False, restore_optim
     if load:
         model, optimizer, meta = checkpoint.load(
             directory, mesh, sequence_parallel=sequence_parallel,
-            optimizer_factory=new_optimizer if restore_optimizer else None)
+            optimizer_factory=new_optimizer if restore_optimizer else None,
+            zero_stage=zero_stage)
         if optimizer is None:
-            optimizer = new_optimizer(model.parameters())
+            optimizer = mt.make_optimizer(model, mesh, new_optimizer)
         start = meta["step"]
     else:
         torch.manual_seed(0)
         ref = mt.GPT(mt.GPTConfig(**CFG)).double()
-        model = mt.parallelize(ref, mesh, sequence_parallel=sequence_parallel)
-        optimizer = new_optimizer(model.parameters())
+        model = mt.parallelize(ref, mesh, sequence_parallel=sequence_parallel,
+                               zero_stage=zero_stage)
+        optimizer = mt.make_optimizer(model, mesh, new_optimizer)
         start = 0
     losses = []
     for step in range(start, steps):
@@ -49,7 +52,8 @@ def _train(mesh_sizes, steps, directory, save_at=None, load=False, restore_optim
                                     microbatches=MICRO))
         if step + 1 == save_at:
             checkpoint.save(model, directory, step + 1, optimizer, extra={"note": "test"})
-    return losses, model.full_state_dict()
+    with gathered(model):  # ZeRO-3 keeps shards only
+        return losses, model.full_state_dict()
 
 
 def _launch(sizes, *args, **kwargs):
@@ -78,6 +82,49 @@ def test_resume_elsewhere_continues_the_same_curve(before, after, tmp_path):
     # The same resume without Adam's state drifts: the check above can tell.
     forgetful = _launch(after, 4, directory, load=True, restore_optimizer=False)[0]
     assert _max_diff(forgetful[1], whole[1]) > 1e-6
+
+
+# (dp, pp, tp), ZeRO stage: the issue's (dp 4, ZeRO-3) -> (dp 2, tp 2) -> back, then
+# through stages 1 and 2 elsewhere; two steps each, one launch of 4 ranks
+ZERO_CHAIN = [((4, 1, 1), 3), ((2, 1, 2), 0), ((4, 1, 1), 3), ((2, 2, 1), 1), ((2, 1, 2), 2)]
+
+
+def _zero_chain(directory):
+    steps = 2 * len(ZERO_CHAIN)
+    whole = _train((4, 1, 1), steps, None, zero_stage=3)
+    losses = []
+    for leg, (sizes, stage) in enumerate(ZERO_CHAIN):
+        end = 2 * (leg + 1)
+        curve, dense = _train(sizes, end, directory, save_at=end if end < steps else None,
+                              load=leg > 0, zero_stage=stage)
+        losses += curve
+    # the same last leg without Adam's state drifts: the comparison can tell
+    forgetful = _train(*ZERO_CHAIN[-1][:1], 2 * len(ZERO_CHAIN), directory, load=True,
+                       restore_optimizer=False, zero_stage=ZERO_CHAIN[-1][1])[1]
+    # an optimizer that is not the one its stage needs is refused before any collective
+    mesh = mt.Mesh(dp=4)
+    model = mt.parallelize(mt.GPT(mt.GPTConfig(**CFG)).double(), mesh, zero_stage=3)
+    try:
+        checkpoint.save(model, directory + "-refused", 1,
+                        torch.optim.Adam(model.parameters(), lr=LR))
+        refused = None
+    except TypeError as exc:
+        refused = str(exc)
+    return whole, losses, dense, forgetful, refused
+
+
+def test_zero_checkpoints_reshard_across_stages_and_resume_exactly(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    run = mt.launch(_zero_chain, 4, directory, backend="gloo", timeout=180)
+    for rank, ((whole_losses, whole), losses, dense, forgetful, refused) in enumerate(run):
+        assert len(losses) == len(whole_losses) == 2 * len(ZERO_CHAIN)
+        assert max(abs(a - b) for a, b in zip(losses, whole_losses, strict=True)) < TOLERANCE
+        assert _max_diff(dense, whole) < TOLERANCE, rank
+        assert _max_diff(forgetful, whole) > 1e-6, rank
+        assert "ZeRO stage 3" in refused and "make_optimizer" in refused, refused
+    meta = checkpoint.read_meta(directory)
+    assert meta["step"] == 8 and meta["topology"] == {
+        "dp": 2, "pp": 2, "tp": 1, "sequence_parallel": False, "zero_stage": 1}
 
 
 def test_reshard_gives_the_same_model_and_files_are_plain_tensors(tmp_path):
