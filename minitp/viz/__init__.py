@@ -39,6 +39,7 @@ from .memory import (  # noqa: F401
     masks,
     memory_vs_t,
     tradeoff,
+    tradeoff_panels,
     wire_bytes,
 )
 from .mesh import (  # noqa: F401
@@ -107,5 +108,6 @@ __all__ = [
     "timeline",
     "tp_dataflow",
     "tradeoff",
+    "tradeoff_panels",
     "wire_bytes",
 ]

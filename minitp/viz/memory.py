@@ -249,3 +249,39 @@ def tradeoff(points, *, title: str | None = None, baseline: str | None = None):
     return fig
 
 
+
+
+def tradeoff_panels(panels, *, title: str | None = None):
+    """Memory against time, one panel per source, so that numbers of different kinds
+    (a paper's GPU times, FLOPs counted here, CPU times measured here) never share an axis.
+
+    panels: {panel title: {"points": {setting: (memory, time)}, "x": x label, "y": y label}},
+    each panel's points relative to its own baseline. A setting has one colour and one
+    marker in every panel, named once in a legend below them all (labels beside the
+    points would overlap where settings cost alike). Returns the Figure.
+    """
+    if not panels or not all(p.get("points") for p in panels.values()):
+        raise ValueError("tradeoff_panels needs at least one panel, each with points")
+    settings = list(dict.fromkeys(s for p in panels.values() for s in p["points"]))
+    color_of = {s: OKABE_ITO[k % len(OKABE_ITO)] for k, s in enumerate(settings)}
+    marker_of = {s: "osD^vP"[k % 6] for k, s in enumerate(settings)}
+    fig = _new_figure((4.0 * len(panels) + 0.6, 4.8))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, panel) in zip(axes, panels.items(), strict=True):
+        for setting, (mem, time_) in panel["points"].items():
+            ax.scatter([mem], [time_], s=70, marker=marker_of[setting], color=color_of[setting],
+                       edgecolor="black", linewidth=0.6, zorder=3, gid=f"point-{name}-{setting}")
+        ax.set_xlabel(panel.get("x", "memory (relative)"), fontsize=9)
+        ax.set_ylabel(panel.get("y", "time (relative)"), fontsize=9)
+        ax.set_xlim(0, 1.1 * max(m for m, _ in panel["points"].values()))
+        ax.grid(color="#DDDDDD", linewidth=0.6)
+        ax.set_title(name, fontsize=9.5, loc="left")
+    handles = [matplotlib.lines.Line2D([], [], marker=marker_of[s], linestyle="",
+                                       color=color_of[s], markeredgecolor="black",
+                                       markersize=8, label=s) for s in settings]
+    # "outside": the layout engine makes room for it below the axis labels, never over them
+    fig.legend(handles=handles, fontsize=9, frameon=False, loc="outside lower center",
+               ncol=len(settings))
+    if title:
+        fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    return fig
