@@ -36,7 +36,7 @@ def test_gantt_draws_one_box_per_unit_and_prints_the_bubble():
     ax = fig.axes[0]
     boxes = [p for p in ax.patches if p.get_gid()]
     assert sorted(b.get_gid() for b in boxes) == sorted(e.label for e in events)
-    assert "bubble 50.0%" in ax.get_title(loc="left")
+    assert "measured bubble 50.0%" in ax.get_title(loc="left")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
 
 

@@ -36,6 +36,9 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
     over time, numbered by microbatch; a chunk k > 0 of an interleaved schedule in a
     lighter shade, its box labelled "3:1". Idle time within the step is shaded
     grey, and the measured bubble (idle / busy, mean over ranks) is in the title.
+    Every box is where and how long the trace says the unit ran: measured. What made
+    a unit last that long (its compute, or a cost set by the caller, as lesson 07
+    does with sleep) the trace cannot tell; the caller's title should say.
 
     run_or_events: a `Run` or a list of `Event`. ranks: which ranks to draw (default
     all that ran units; with tensor parallelism pass one rank per stage, e.g. tp rank 0).
@@ -79,7 +82,7 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
         ax.spines[side].set_visible(False)
     bubble = pipeline_bubble(units)
     head = title if title is not None else "Pipeline schedule"
-    ax.set_title(f"{head}: bubble {bubble:.1%} (idle / busy)", fontsize=11, loc="left")
+    ax.set_title(f"{head}: measured bubble {bubble:.1%} (idle / busy)", fontsize=11, loc="left")
     handles = [Patch(facecolor=PHASE_COLORS["fwd"], label="forward"),
                Patch(facecolor=PHASE_COLORS["bwd"], label="backward")]
     if any(parse_unit_label(e.label)[2] != 0 for e in units):
