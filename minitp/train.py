@@ -36,7 +36,7 @@ import time
 import torch
 
 from . import checkpoint, data
-from .config import SCHEDULE_NAMES, check_parallel_config
+from .config import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
 from .model import GPT, GPTConfig
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="sequence parallelism (default on)")
     a("--recompute", choices=("selective", "full"), default=None)
     a("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
+    a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
+      help="ZeRO over the data-parallel axis: 1 shards Adam's state, 2 also the gradients, "
+           "3 also the parameters (default 0: none)")
     a("--microbatches", type=int, default=4, help="per data-parallel rank (default 4)")
     a("--virtual-stages", type=int, default=1, help="per pipeline rank, for --schedule "
                                                     "interleaved (default 1)")
@@ -158,7 +161,7 @@ def validate(args, parser):
                               sequence_parallel=args.sp, recompute=args.recompute,
                               virtual_stages=args.virtual_stages, world_size=world,
                               schedule=args.schedule, microbatches=args.microbatches,
-                              batch_size=args.batch_size)
+                              batch_size=args.batch_size, zero_stage=args.zero_stage)
     except ValueError as exc:
         parser.error(str(exc))
     need, have = memory_needed(args, cfg), available_memory()
@@ -210,7 +213,8 @@ def memory_needed(args, cfg) -> dict:
     world = args.dp * args.pp * args.tp
     micro = max(1, args.batch_size // (args.dp * args.microbatches))
     on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
-                                  args.recompute, 0, "adam-fp32", args.virtual_stages,
+                                  args.recompute, args.zero_stage, "adam-fp32",
+                                  args.virtual_stages,
                                   args.microbatches)
     states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
     per_rank = scale * (states + 2 * on_rank["activations"])
@@ -267,7 +271,7 @@ def step_seed(seed: int, step: int) -> int:
 # --------------------------------------------------------------------------- ranks
 def _rank(args, cfg, train_tokens, eval_tokens, start_step):
     """What every rank runs: build (or load) the model, train, evaluate, sample."""
-    from . import comm, memory, trace
+    from . import comm, memory, trace, zero
     from ._device import device as rank_device
     from .mesh import Mesh, world
     from .parallelize import parallelize
@@ -277,18 +281,18 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
     mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp)
     lead = mesh.rank == 0
 
-    def new_optimizer(params):
-        return torch.optim.Adam(params, lr=args.lr)
+    def new_optimizer(tensors):  # what this rank steps: parameters, or ZeRO's shards of them
+        return torch.optim.Adam(tensors, lr=args.lr)
 
+    plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
+                virtual_stages=args.virtual_stages, zero_stage=args.zero_stage)
     if args.load:
-        model, optimizer, _ = checkpoint.load(
-            args.load, mesh, sequence_parallel=args.sp, recompute=args.recompute,
-            virtual_stages=args.virtual_stages, optimizer_factory=new_optimizer)
+        model, optimizer, _ = checkpoint.load(args.load, mesh, optimizer_factory=new_optimizer,
+                                              **plan)
     else:
         torch.manual_seed(args.seed)
-        model = parallelize(GPT(cfg).to(device, dtype), mesh, sequence_parallel=args.sp,
-                               recompute=args.recompute, virtual_stages=args.virtual_stages)
-        optimizer = new_optimizer(model.parameters())
+        model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
+        optimizer = zero.make_optimizer(model, mesh, new_optimizer)
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
     eval_set = data.eval_batches(eval_tokens, args.eval_batches, args.batch_size, cfg.seq_len,
                                  args.seed)
@@ -297,7 +301,8 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
         # Every rank scores its share of the held-out batches with the dense model,
         # then one all-reduce sums them: it works the same at any (dp, pp, tp).
         with trace.paused():
-            dense.load_state_dict(model.full_state_dict())
+            with zero.gathered(model):  # stage 3 keeps only shards between steps
+                dense.load_state_dict(model.full_state_dict())
             total = torch.zeros(2, dtype=torch.float64)
             with torch.no_grad():
                 for x, y in eval_set[mesh.rank::mesh.world_size]:

@@ -63,9 +63,12 @@ def test_save_then_load_at_another_tp_continues_the_curve(tmp_path):
     assert max(abs(after[k] - whole[k]) for k in after) < 1e-10
 
 
-def test_default_topology_matches_one_process(tmp_path):
-    """The default topology (dp=2 pp=2 tp=2) at a tiny size, float64: parity with one process."""
-    done = _cli("--steps", "4", "--check", "--out", str(tmp_path / "run"), *TINY)
+def test_default_topology_with_zero_3_matches_one_process(tmp_path):
+    """The default topology (dp=2 pp=2 tp=2) at a tiny size, float64, with ZeRO-3 over
+    dp (the default run itself, without ZeRO, is test_default_run_learns): parity
+    with one process."""
+    done = _cli("--steps", "4", "--check", "--zero-stage", "3", "--out", str(tmp_path / "run"),
+                *TINY)
     summary = _summary(done)
     assert summary["max_loss_diff"] < 1e-10
 
@@ -110,6 +113,7 @@ BAD = [
     (["--warmup", "-2"], "--warmup must be at least 0"),
     (["--lr-schedule", "linear"], "invalid choice"),
     (["--steps", "ten"], "invalid int value"),
+    (["--zero-stage", "4"], "invalid choice: 4"),
 ]
 
 
