@@ -121,9 +121,16 @@ class Stage:
     def left_behind(self) -> list[int]:
         """Microbatches whose activations are still alive: never backpropagated, or
         referenced by something that outlived the step."""
-        gc.collect()
-        return sorted(j for j, refs in self.refs.items()
-                      if j not in self.backward_at or any(ref() is not None for ref in refs))
+
+        def alive():
+            return sorted(j for j, refs in self.refs.items()
+                          if j not in self.backward_at or any(ref() is not None for ref in refs))
+
+        # A reference cycle may keep them until the collector runs: collect before
+        # calling it a leak (only then: with torch loaded, a collection takes seconds).
+        if alive():
+            gc.collect()
+        return alive()
 
 
 def _reference(x, y):
