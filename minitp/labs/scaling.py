@@ -17,11 +17,17 @@ trace: every collective of `minitp.comm` records when it started and ended, so
 the time a rank spends inside collectives is the sum of their durations; the
 rest of its step (the step's window minus that) is compute, with the optimizer
 and Python overhead in it.
+
+Why one file: the family, the measurement and the laws are one experiment.
+Lesson 09 builds the family, measures it and reads the result through the laws
+in that order, and each part is short; split, every file would need the others
+to make sense.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +108,11 @@ class StepSplit:
     kernel's count, `minitp._io_counters`; None where any collective of the
     layer could not be measured). ``layer_collectives[i]`` the collectives it
     ran there, as "op:phase" ("all_reduce:fwd"); at tp=1 there are none.
+    ``rank_cpu_seconds[r]`` is the CPU time rank r's process used in that step
+    (`time.process_time`: every thread of it, gloo's included; measured by the
+    kernel): against the step's wall time it says how much of the step the rank
+    was running on a core, and the sum over ranks how many core-seconds the step
+    cost.
     """
 
     cfg: GPTConfig
@@ -116,6 +127,12 @@ class StepSplit:
     layer_model_bytes: tuple[int, ...]
     layer_sent_bytes: tuple[int | None, ...]
     layer_collectives: tuple[tuple[str, ...], ...]
+    rank_cpu_seconds: tuple[float, ...] = ()
+
+    @property
+    def cpu_seconds(self) -> float:
+        """Core-seconds the step cost: every rank's CPU time, summed."""
+        return sum(self.rank_cpu_seconds)
 
     @property
     def compute_seconds(self) -> float:
@@ -162,14 +179,15 @@ def _time_steps(configs, batch, steps, warmup, seed, threads, lr):
         with trace.paused():
             for _ in range(warmup):
                 train_step(model, (x, y), mesh, optimizer)
-        windows, losses = [], []
+        windows, losses, cpu = [], [], []
         for _ in range(steps):
             with trace.paused():
                 comm.barrier(mesh.tp)  # start every step together
-            start = rec.now()
+            start, cpu_start = rec.now(), time.process_time()
             losses.append(train_step(model, (x, y), mesh, optimizer))
             windows.append((start, rec.now()))
-        results.append({"windows": windows, "losses": losses})
+            cpu.append(time.process_time() - cpu_start)
+        results.append({"windows": windows, "losses": losses, "cpu": cpu})
     return results
 
 
@@ -236,6 +254,7 @@ def split_run(run: Run, configs, batch: int, index: int) -> StepSplit:
         layer_sent_bytes=tuple(sent_bytes(events) for events in layers),
         layer_collectives=tuple(tuple(f"{e.op}:{e.phase}" for e in events)
                                 for events in layers),
+        rank_cpu_seconds=tuple(run[r][index]["cpu"][best] for r in range(tp)),
     )
 
 
