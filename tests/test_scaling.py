@@ -126,6 +126,9 @@ def test_measure_tp_reads_what_must_hold_from_the_trace(measured):
         assert 0 <= r.wait_seconds <= r.comm_seconds < r.seconds
         assert r.compute_seconds + r.comm_seconds == pytest.approx(r.seconds)
         assert len(r.rank_comm_seconds) == t
+        # each rank's CPU time in that step, from the kernel: a process that trained ran
+        assert len(r.rank_cpu_seconds) == t and all(cpu > 0 for cpu in r.rank_cpu_seconds)
+        assert r.cpu_seconds == sum(r.rank_cpu_seconds)
         assert r.flops == calc.flops_per_iteration(cfg, 2)
         assert "ms per step" in str(r)
     assert runs[1].layer_model_bytes == runs[1].layer_sent_bytes == (0, 0)  # one rank sends nothing
