@@ -13,7 +13,7 @@ from minitp.mesh import Mesh, world
 
 from .base import Check, run_per_size
 
-MESHES = ((2, 2, 2), (1, 2, 4), (4, 2, 1), (2, 3, 1))  # (dp, pp, tp): every size once not 1
+MESHES = ((2, 2, 2), (1, 2, 4), (2, 3, 1))  # (dp, pp, tp): each size 1 somewhere, pp = 3 once
 AXES = ("dp", "pp", "tp")
 
 
