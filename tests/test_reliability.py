@@ -161,12 +161,14 @@ _INTERRUPT_TRIALS = textwrap.dedent("""
             mt.launch(time.sleep, 4, 60, timeout=5)
         except KeyboardInterrupt:
             outcome = "interrupted"
-        while sender.is_alive():  # a second interrupt may land after the launch ended
+        # A second interrupt may land after the launch ended, and a signal sent by a
+        # thread is handled by the main thread a moment later: absorb both here.
+        settled = time.monotonic() + 0.2
+        while sender.is_alive() or time.monotonic() < settled:
             try:
-                sender.join()
                 time.sleep(0.01)
             except KeyboardInterrupt:
-                pass
+                settled = time.monotonic() + 0.2
         deadline = time.monotonic() + 5
         while (children() or state()[1]) and time.monotonic() < deadline:
             time.sleep(0.05)
