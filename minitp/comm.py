@@ -203,6 +203,9 @@ class Pending:
         # what the event belongs to is decided where it was posted, not where it is waited on
         self.posted, self.phase, self.label = rec.now(), trace.current_phase(), rec.label
         window = Window(measurable=tensor.device.type == "cpu")
+        # `post` closes over the buffers the backend reads and writes: kept (with them)
+        # until the wait, whatever the backend's Work itself holds on to
+        self.post = post
         try:
             self.work = post()
         except BaseException:
@@ -220,7 +223,7 @@ class Pending:
         self.done = True
         if self.then is not None:  # e.g. a gather along dim > 0: blocks moved into place
             self.result = self.then(self.result)
-        self.work = self.traced = None  # let the input go: the result is all that is left
+        self.work = self.traced = self.post = None  # the result is all that is left
         return self.result
 
 
