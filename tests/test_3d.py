@@ -1,11 +1,12 @@
 """The 3D-parallel GPT equals the plain GPT.
 
-For every (dp, pp, tp) with dp·pp·tp ≤ 8 that the model admits (tp must divide
-the 12 heads, pp the 4 layers: 28 meshes, worlds 1 to 8, a world of 6 among
-them), a few settings that between them cover every schedule (gpipe, 1f1b,
-interleaved), sequence parallelism on and off, ZeRO-1 on and off,
-recomputation, and microbatches 1 and more than pp: after 3 AdamW steps in
-float64 the loss of every step and every parameter (gathered back to the plain
+For (dp, pp, tp) with dp·pp·tp ≤ 8 that the model admits (tp must divide the
+12 heads, pp the 4 layers: 28 meshes, worlds 1 to 8, a world of 6 among them;
+the suite runs a sample that covers every axis size and every combination of
+parallel axes, MINITP_FULL_MATRIX=1 all 28), a few settings that between them
+cover every schedule (gpipe, 1f1b, interleaved), sequence parallelism on and
+off, ZeRO-1 on and off, recomputation, and microbatches 1 and more than pp:
+after 3 AdamW steps in float64 the loss of every step and every parameter (gathered back to the plain
 names with ``full_state_dict``) equal the single-device model's to 1e-10.
 One launch per world size runs all of that world's meshes and settings.
 
@@ -14,6 +15,7 @@ another: a step that averaged per-slice or per-microbatch means would differ.
 """
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -39,6 +41,38 @@ def _admitted(dp, pp, tp, n_layer=CFG["n_layer"], virtual_stages=1):
 SHAPES = [s for s in itertools.product(range(1, 9), repeat=3)
           if s[0] * s[1] * s[2] <= 8 and _admitted(*s)]  # (dp, pp, tp)
 WORLDS = sorted({dp * pp * tp for dp, pp, tp in SHAPES})
+FULL_MATRIX_ENV = "MINITP_FULL_MATRIX"  # set it to run every mesh, not the sample
+
+
+def _pattern(shape) -> tuple[bool, ...]:
+    return tuple(n > 1 for n in shape)  # which axes are parallel
+
+
+def _sample() -> set[tuple[int, int, int]]:
+    """Per world, the most-parallel mesh (most axes above 1, then the most balanced)
+    and the ones that push dp, pp and tp each to its largest size; then, for any
+    combination of parallel axes still missing, its mesh in the smallest world."""
+    picks = set()
+    for world in WORLDS:
+        meshes = [s for s in SHAPES if s[0] * s[1] * s[2] == world]
+        picks.add(max(meshes, key=lambda s: (sum(_pattern(s)), -max(s))))
+        for axis in range(3):
+            picks.add(max(meshes, key=lambda s, a=axis: (s[a], sum(_pattern(s)))))
+    for pattern in {_pattern(s) for s in SHAPES} - {_pattern(s) for s in picks}:
+        picks.add(min((s for s in SHAPES if _pattern(s) == pattern),
+                      key=lambda s: (s[0] * s[1] * s[2], max(s))))
+    return picks
+
+
+SAMPLE = _sample()
+
+
+def sampled(world: int) -> list[tuple[int, int, int]]:
+    """The meshes of `world` the suite runs (CI has two cores and fifteen minutes):
+    `SAMPLE` covers every axis size and every combination of parallel axes that
+    the model admits; with MINITP_FULL_MATRIX set, every mesh is run."""
+    meshes = [s for s in SHAPES if s[0] * s[1] * s[2] == world]
+    return meshes if os.environ.get(FULL_MATRIX_ENV) else sorted(set(meshes) & SAMPLE)
 
 
 def _settings(dp, pp, tp):
@@ -73,7 +107,7 @@ def _compare(world, dtype, shapes=None, steps=3):
     """On every rank: for each mesh of this world and each setting, train the plain
     GPT and the parallel one side by side; the worst loss and parameter errors."""
     results = {}
-    for dp, pp, tp in shapes or [s for s in SHAPES if s[0] * s[1] * s[2] == world]:
+    for dp, pp, tp in shapes or sampled(world):
         mesh = mt.Mesh(dp=dp, pp=pp, tp=tp)
         for setting in _settings(dp, pp, tp):
             schedule, v, m, sp, zero, recompute, n_layer = setting
@@ -123,6 +157,15 @@ def test_the_meshes_enumerated():
     assert len(SHAPES) == 28
     assert 6 in WORLDS and (1, 1, 6) in SHAPES and (3, 2, 1) in SHAPES
     assert all(pp in (1, 2, 4) and tp in (1, 2, 3, 4, 6) for _, pp, tp in SHAPES)
+
+
+def test_the_sample_covers_every_axis_size_and_every_combination_of_axes(monkeypatch):
+    monkeypatch.delenv(FULL_MATRIX_ENV, raising=False)
+    run = [s for world in WORLDS for s in sampled(world)]
+    for axis in range(3):
+        assert {s[axis] for s in run} == {s[axis] for s in SHAPES}
+    assert {_pattern(s) for s in run} == {_pattern(s) for s in SHAPES}
+    assert len(run) < len(SHAPES)
 
 
 @pytest.mark.parametrize("world", WORLDS)
