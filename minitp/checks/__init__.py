@@ -29,8 +29,8 @@ EXERCISES = {
                      "sequence parallelism: the all-gather / reduce-scatter pair", ex05.run),
     "ex06": Exercise("ex06_selective_recompute.py",
                      "selective recomputation of the attention core", ex06.run),
-    "ex07": Exercise("ex07_one_f_one_b.py", "the 1F1B pipeline schedule", ex07.run),
-    "ex08": Exercise("ex08_bucketed_sync.py", "bucketed gradient sync for data parallelism",
+    "ex07": Exercise("ex07_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex07.run),
+    "ex08": Exercise("ex08_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
                      ex08.run),
     "ex09": Exercise("ex09_tp_step_time.py", "a tensor-parallel step's compute and "
                      "communication, predicted", ex09.run),
