@@ -6,8 +6,9 @@ the suite runs a sample that covers every axis size and every combination of
 parallel axes, MINITP_FULL_MATRIX=1 all 28), a few settings that between them
 cover every schedule (gpipe, 1f1b, interleaved), sequence parallelism on and
 off, ZeRO-1 on and off, recomputation, and microbatches 1 and more than pp:
-after 3 AdamW steps in float64 the loss of every step and every parameter (gathered back to the plain
-names with ``full_state_dict``) equal the single-device model's to 1e-10.
+after 3 AdamW steps in float64 the loss of every step and every parameter
+(gathered back to the plain names with ``full_state_dict``) equal the
+single-device model's to 1e-10.
 One launch per world size runs all of that world's meshes and settings.
 
 The batch has ignored targets, more of them in one data-parallel slice than in
