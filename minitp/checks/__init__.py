@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09
+from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10
 
 
 @dataclass(frozen=True)
@@ -34,4 +34,6 @@ EXERCISES = {
                      ex08.run),
     "ex09": Exercise("ex09_tp_step_time.py", "a tensor-parallel step's compute and "
                      "communication, predicted", ex09.run),
+    "ex10": Exercise("ex10_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, graded by the calculator", ex10.run),
 }

@@ -1,4 +1,5 @@
-"""What every grader shares: the result types, and the run at each world size.
+"""What every grader shares: the result types, the run at each world size, and what
+an in-process grader (ex09, ex10) reports for a blank, a crash or a shortcut taken.
 
 The bottom of the grader: the checks of each exercise (``checks/exNN.py``) build
 on this module, the registry (``checks/__init__.py``) on them, and
@@ -60,6 +61,30 @@ class Report:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def not_written(names: Sequence[str], function: str, hint: str) -> list[Check]:
+    """The checks of an exercise whose ``function`` is still a blank, for a grader that
+    calls the learner's code in this process: the first says so, with the blank's hint."""
+    return ([Check(names[0], False, f"{function} is not written yet", hint=hint)]
+            + [Check(n, False, f"not checked: {function} is not written yet")
+               for n in names[1:]])
+
+
+def crashed(names: Sequence[str], label: str, error: Exception, hint: str) -> list[Check]:
+    """The checks of an exercise whose code raised in this process on case ``label``."""
+    detail = f"{label}: raised {type(error).__name__}: {error}"
+    return ([Check(names[0], False, detail, hint=hint)]
+            + [Check(n, False, "not checked: the call above failed") for n in names[1:]])
+
+
+def no_shortcut(name: str, calls: Sequence[str], hint: str) -> Check:
+    """Whether the learner's code called none of the functions that give the answer away
+    (``calls``: the names a watch recorded while it ran)."""
+    if calls:
+        return Check(name, False, f"your code called {', '.join(sorted(set(calls)))}",
+                     hint=hint)
+    return Check(name, True, "no shortcut taken")
 
 
 def failure_check(name: str, error: LaunchError, what: str) -> Check:

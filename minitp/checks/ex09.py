@@ -22,7 +22,7 @@ from minitp import calc
 from minitp.calc import cluster as cluster_module
 from minitp.labs.scaling import megatron_family
 
-from .base import Check
+from .base import Check, crashed, no_shortcut, not_written
 
 TS = (1, 2, 4, 8)
 CLUSTERS = {"8xV100": calc.DGX2H_V100, "8xH100": calc.H100_80GB}
@@ -32,6 +32,8 @@ RELATIVE = 1e-9
 NAMES = ["compute seconds equal calc.step_time's (family t = 1..8, V100 and H100)",
          "communication seconds equal calc.step_time's (all-reduces of every layer)",
          "built from the pieces: calc.step_time and collective_seconds not called"]
+SHORTCUT = ("the point is to see where the time goes: write the FLOPs share and the ring's "
+            "steps yourself")
 
 
 def _cases():
@@ -75,25 +77,14 @@ def run(module) -> list[Check]:
             try:
                 answers.append(module.tp_step_seconds(cfg, t, batch, cluster, eff))
             except NotImplementedError as exc:
-                return _blank(str(exc))
+                return not_written(NAMES, "tp_step_seconds", str(exc))
             except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
-                return _crashed(label, exc)
+                return crashed(NAMES, label, exc, "return a pair: (compute, communication)")
     results = [(label, cfg, t, got, calc.step_time(cfg, cluster, tp=t, micro_batch=batch,
                                                    efficiency=eff))
                for (label, cfg, t, batch, cluster, eff), got in zip(cases, answers, strict=True)]
-    return [_compute(results), _communication(results), _pieces(watch.calls)]
-
-
-def _blank(hint: str) -> list[Check]:
-    return ([Check(NAMES[0], False, "tp_step_seconds is not written yet", hint=hint)]
-            + [Check(n, False, "not checked: tp_step_seconds is not written yet")
-               for n in NAMES[1:]])
-
-
-def _crashed(label, exc) -> list[Check]:
-    detail = f"{label}: raised {type(exc).__name__}: {exc}"
-    return ([Check(NAMES[0], False, detail, hint="return a pair: (compute, communication)")]
-            + [Check(n, False, "not checked: the call above failed") for n in NAMES[1:]])
+    return [_compute(results), _communication(results),
+            no_shortcut(NAMES[2], watch.calls, SHORTCUT)]
 
 
 def _relative(got, expected) -> float:
@@ -128,11 +119,3 @@ def _communication(results) -> Check:
         return Check(NAMES[1], False, f"{label}: {got[1]:.4g} s, expected {expected.tp:.4g} s",
                      tensor="communication", max_error=error, hint=hint)
     return Check(NAMES[1], True, f"{len(results)} cases")
-
-
-def _pieces(calls) -> Check:
-    if calls:
-        return Check(NAMES[2], False, f"your code called {', '.join(sorted(set(calls)))}",
-                     hint="the point is to see where the time goes: write the FLOPs share and "
-                          "the ring's steps yourself")
-    return Check(NAMES[2], True, "no shortcut taken")
