@@ -96,3 +96,13 @@ def no_leftover_processes():
     yield
     left = wait_until_gone(worker_processes() - before)
     assert not left, "processes left behind by this test:\n" + describe(left)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without torchrun's variables (a script started from a test must
+    launch its own ranks, not think it runs under torchrun), plus `extra`."""
+    env = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    return env | extra

@@ -20,7 +20,14 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import descendants, describe, process_table, wait_until_gone, worker_processes
+from conftest import (
+    clean_env,
+    descendants,
+    describe,
+    process_table,
+    wait_until_gone,
+    worker_processes,
+)
 
 import minitp as mt
 
@@ -292,7 +299,7 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path, target):
     markers = tmp_path / "markers"
     markers.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(markers)], cwd=tmp_path, env=_clean_env(),
+        [sys.executable, str(script), str(markers)], cwd=tmp_path, env=clean_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     family: set[int] = set()
@@ -355,7 +362,7 @@ def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path):
     script.write_text(_UNGUARDED_SCRIPT)
     log = tmp_path / "ran.txt"
     proc = subprocess.run([sys.executable, str(script), str(log)], cwd=tmp_path,
-                          env=_clean_env(), capture_output=True, text=True, timeout=120)
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "results [10, 11]" in proc.stdout
     assert len(log.read_text().splitlines()) == 1
@@ -447,14 +454,6 @@ _TORCHRUN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
-        env.pop(name, None)
-    return env
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -475,7 +474,7 @@ def torchrun_result(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)],
-        cwd=folder, env=_clean_env(), capture_output=True, text=True, timeout=180,
+        cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=180,
     )
     return proc, _reports(folder)
 
@@ -551,7 +550,7 @@ def test_under_torchrun_an_exception_on_one_rank_is_a_launch_error_at_once(tmp_p
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)],
-        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
     )
     reports = _reports(tmp_path)
     assert proc.returncode != 0  # the job failed, as it should

@@ -18,7 +18,13 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import descendants, describe, is_multiprocessing_helper, wait_until_gone
+from conftest import (
+    clean_env,
+    descendants,
+    describe,
+    is_multiprocessing_helper,
+    wait_until_gone,
+)
 
 import minitp as mt
 
@@ -29,13 +35,8 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
 def _clean_env(tmp_path) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
-        env.pop(name, None)
-    env["TMPDIR"] = str(tmp_path / "tmp")  # where the launch's directories go
     (tmp_path / "tmp").mkdir()
-    return env
+    return clean_env(TMPDIR=str(tmp_path / "tmp"))  # where the launch's directories go
 
 
 def _kill_all(pids) -> None:

@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from minitp import schedules, trace
+from minitp._device import device
 from minitp.config import unit_label
 from minitp.errors import CollectiveTimeout, LaunchError
 from minitp.launch import launch
@@ -145,8 +146,9 @@ def _in_rank(step, x, y):
     try:
         for m in MS:
             torch.manual_seed(0)
-            model = parallelize(GPT(GPTConfig(**CFG)).double(), mesh)
-            stage = Stage(model.chunks[0], mesh, x[:ROWS * m], y[:ROWS * m], m)
+            model = parallelize(GPT(GPTConfig(**CFG)).double().to(device()), mesh)
+            stage = Stage(model.chunks[0], mesh, x[:ROWS * m].to(device()),
+                          y[:ROWS * m].to(device()), m)
             first = len(trace.events())
             step(stage, m)
             events = trace.events()[first:]

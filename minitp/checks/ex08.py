@@ -22,6 +22,7 @@ import copy
 import torch
 
 from minitp import trace
+from minitp._device import device
 from minitp.launch import launch
 from minitp.mesh import world
 from minitp.model import GPT, GPTConfig
@@ -52,7 +53,7 @@ def _in_rank(sync_class):
     axis = world()
     cfg = GPTConfig(**CFG)
     torch.manual_seed(0)
-    ref = GPT(cfg).double()
+    ref = GPT(cfg).double().to(device())
     model = copy.deepcopy(ref)
     params = list(model.parameters())
     sync = sync_class(params, axis, BUCKET_BYTES)
@@ -61,6 +62,7 @@ def _in_rank(sync_class):
     for step in range(STEPS):
         x = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
         y = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        x, y = x.to(device()), y.to(device())  # drawn on the CPU: the same on every device
         y[step, :5] = -100  # more ignored targets in dp rank 0's slice
         ref.zero_grad()
         model.zero_grad()
