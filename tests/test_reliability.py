@@ -135,8 +135,12 @@ _INTERRUPT_TRIALS = textwrap.dedent("""
         while frontier:
             frontier = {p for p, (ppid, _) in table.items() if ppid in frontier} - kids
             kids |= frontier
-        return {p for p in kids if "forkserver" not in table[p][1]
-                and "resource_tracker" not in table[p][1]}
+        # The forkserver and resource tracker live as long as this interpreter; the
+        # ranks are the forkserver's children and carry its command line, so only
+        # this process's own children are told apart by it.
+        helpers = {p for p in kids if table[p][0] == me
+                   and ("forkserver" in table[p][1] or "resource_tracker" in table[p][1])}
+        return kids - helpers
 
     def state():
         return (len(os.listdir("/proc/self/fd")),
