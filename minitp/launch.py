@@ -363,21 +363,7 @@ class _Launch:
             store_path = os.path.join(self.directory, "store")
             for rank in range(self.world_size):
                 with _interrupts_deferred():
-                    parent_end, child_end = ctx.Pipe(duplex=True)
-                    self.conns[rank] = parent_end
-                    process = ctx.Process(
-                        target=_rank_main,
-                        name=f"minitp-rank{rank}",
-                        args=(rank, self.world_size, self.payload, store_path, self.backend,
-                              self.timeout, _threads_per_rank(self.world_size), child_end,
-                              self.status, started, env, lifeline_in,
-                              self._native_stderr_path(rank), sources),
-                        daemon=True,
-                    )
-                    with _without_main_module():
-                        process.start()
-                    self.processes.append(process)
-                    child_end.close()
+                    self._start_rank(ctx, rank, store_path, started, env, lifeline_in, sources)
             lifeline_in.close()
             self._collect()
             self._release()
@@ -399,6 +385,26 @@ class _Launch:
             self.backend,
             time.perf_counter() - started,
         )
+
+    def _start_rank(self, ctx, rank, store_path, started, env, lifeline_in, sources) -> None:
+        # A method of its own so that no frame of `_run` holds a process or pipe end:
+        # an interrupt's traceback (kept by Jupyter as sys.last_traceback) keeps every
+        # frame's locals alive, and with them descriptors the launch has finished with.
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        self.conns[rank] = parent_end
+        process = ctx.Process(
+            target=_rank_main,
+            name=f"minitp-rank{rank}",
+            args=(rank, self.world_size, self.payload, store_path, self.backend,
+                  self.timeout, _threads_per_rank(self.world_size), child_end,
+                  self.status, started, env, lifeline_in,
+                  self._native_stderr_path(rank), sources),
+            daemon=True,
+        )
+        with _without_main_module():
+            process.start()
+        self.processes.append(process)
+        child_end.close()
 
     def _result(self, rank: int):
         try:
@@ -557,7 +563,14 @@ class _Launch:
             process.join(max(0.0, deadline - time.perf_counter()))
 
     def _stop_all(self) -> None:
-        """Kill whatever is still running and free every pipe and process handle."""
+        """Kill whatever is still running, free every pipe and process handle, and
+        drop every reference to them and to the shared status array.
+
+        Dropping matters as much as closing: the status array lives in a
+        multiprocessing heap arena (a file in /dev/shm, two descriptors) that is
+        only released when the last reference goes, and an interrupted launch's
+        traceback keeps `self` alive until the garbage collector next runs.
+        """
         for process in self.processes:
             if process.is_alive():
                 process.kill()
@@ -567,6 +580,7 @@ class _Launch:
                 process.close()
         for conn in self.conns.values():
             conn.close()
+        self.processes, self.conns, self.status = [], {}, None
 
 
 def _is_cascade(error_text: str) -> bool:
