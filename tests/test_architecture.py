@@ -32,7 +32,7 @@ FLOORS = [
     (9, ["viz"]),
     (10, ["labs"]),
     (11, ["checks", "make_exercises"]),
-    (12, ["grading", "grade", "train"]),
+    (12, ["grading", "grade", "train", "doctor"]),
 ]
 ROOF = "minitp"
 
