@@ -4,7 +4,9 @@ Nothing here imports the rest of minitp, and nothing here needs torch: the
 calculator (`minitp.calc`, pure arithmetic) may import this module and no other.
 Each rule is written once, here, and every file that needs it imports it:
 
-* what must divide what for a (dp, pp, tp) split — `check_parallel_config`;
+* what must divide what for a (dp, pp, cp, tp) split — `check_parallel_config`;
+* context parallelism's load-balanced chunks: which two of a sequence's 2·cp
+  chunks each cp rank holds — `cp_chunks`, `check_context_split`;
 * the pipeline schedule names and the interleaved schedule's constraint;
 * the recompute modes and the ZeRO stages;
 * the ignore index of the loss, and what a valid token id is;
@@ -66,7 +68,32 @@ def interleaving_fits(pp: int, microbatches: int) -> bool:
     return microbatches % pp == 0
 
 
-def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
+def cp_chunks(cp_rank: int, cp: int) -> tuple[int, int]:
+    """The two of a sequence's 2·cp equal chunks that context-parallel rank `cp_rank`
+    holds: chunk i and chunk 2cp−1−i, one early and one late, so that under the
+    causal mask every rank does the same attention work (rank 0 of cp=2 holds
+    chunks 0 and 3, rank 1 chunks 1 and 2)."""
+    if not 0 <= cp_rank < cp:
+        raise ValueError(f"cp rank {cp_rank} is not in 0..{cp - 1}")
+    return cp_rank, 2 * cp - 1 - cp_rank
+
+
+def check_context_split(seq_len: int, cp: int, tp: int = 1,
+                        sequence_parallel: bool = False) -> None:
+    """A sequence of `seq_len` tokens can be split over cp ranks (2·cp equal chunks)
+    and, with sequence parallelism, each rank's seq_len/cp tokens over tp."""
+    if cp > 1 and seq_len % (2 * cp):
+        raise ValueError(
+            f"seq_len={seq_len} is not divisible by 2*cp={2 * cp}: context parallelism cuts "
+            "the sequence into 2·cp equal chunks, two per rank (one early, one late), so "
+            "that every rank does the same causal-attention work")
+    if sequence_parallel and (seq_len // cp) % tp:
+        raise ValueError(
+            f"seq_len={seq_len} is not divisible by cp*tp={cp * tp}: sequence parallelism "
+            f"gives every tp rank an equal slice of this cp rank's {seq_len // cp} tokens")
+
+
+def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1,
                           sequence_parallel: bool = False, recompute=None,
                           virtual_stages: int = 1, world_size: int | None = None,
                           schedule=None, microbatches: int | None = None,
@@ -75,7 +102,8 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
     this way. Call it in the parent, before any process starts; `parallelize`
     calls it again on every rank, and `train_step` with the schedule,
     microbatches and batch size it was given."""
-    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("virtual_stages", virtual_stages)):
+    for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp),
+                        ("virtual_stages", virtual_stages)):
         _positive_int(name, value)
     if cfg.n_head % tp:
         raise ValueError(
@@ -84,11 +112,19 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
         )
     if cfg.d_model % tp:
         raise ValueError(f"d_model={cfg.d_model} (the hidden size) is not divisible by tp={tp}")
-    if sequence_parallel and cfg.seq_len % tp:
+    if sequence_parallel and cp == 1 and cfg.seq_len % tp:
         raise ValueError(
             f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "
             "every rank an equal slice of the sequence"
         )
+    if cp > 1:
+        check_context_split(cfg.seq_len, cp, tp, sequence_parallel)
+        if cfg.dropout > 0:
+            raise ValueError(
+                f"dropout={cfg.dropout} with cp={cp}: context parallelism does not draw "
+                "dropout masks that match one device's (each rank's attention probabilities "
+                "are a block of the whole), so it refuses rather than train a different "
+                "model; use dropout=0.0 with cp > 1")
     if cfg.n_layer % (pp * virtual_stages):
         raise ValueError(
             f"n_layer={cfg.n_layer} is not divisible by pp*virtual_stages={pp * virtual_stages}"
@@ -98,9 +134,12 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1,
                          "splits each pipeline rank's layers into several chunks")
     check_recompute(recompute)
     check_zero_stage(zero_stage)
-    if world_size is not None and dp * pp * tp != world_size:
-        raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "
-                         f"{world_size}")
+    if world_size is not None and dp * pp * cp * tp != world_size:
+        if cp == 1:
+            raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "
+                             f"{world_size}")
+        raise ValueError(f"dp*pp*cp*tp = {dp}*{pp}*{cp}*{tp} = {dp * pp * cp * tp}, but world "
+                         f"size is {world_size}")
     check_schedule(schedule, virtual_stages)
     if microbatches is not None:
         _positive_int("microbatches", microbatches)

@@ -79,7 +79,7 @@ def embedding_axis(mesh: Mesh) -> Axis | None:
     if mesh.pp.size == 1:
         return None
     mine = None
-    for ranks in layout(mesh.dp_size, mesh.pp_size, mesh.tp_size)["pp"]:
+    for ranks in layout(mesh.dp_size, mesh.pp_size, mesh.tp_size, cp=mesh.cp_size)["pp"]:
         pair = [ranks[0], ranks[-1]]
         group = dist.new_group(pair)
         if mesh.rank in pair:
