@@ -8,6 +8,9 @@ nothing in the library imports it. Each lab is one module:
 * `activations`: activation bytes per layer, measured by the ledger, beside
   Korthikanti et al. 2022, Table 2, with every byte of the gap named (lessons
   05 and 06);
+* `pipedream`: PipeDream's asynchronous 1F1B with weight stashing beside
+  PipeDream-Flush, on real processes: stashed versions counted, loss curves
+  (lesson 07);
 * `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
   and split into compute and communication from the trace (lesson 09);
 * `explorer`: memory per GPU and step time of runs too large to launch, from
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 
-LABS = ("activations", "explorer", "scaling")
+LABS = ("activations", "explorer", "pipedream", "scaling")
 
 __all__ = list(LABS)
 
