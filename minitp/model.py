@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from .config import IGNORE_INDEX, check_token_ids
 
+ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
+
 
 @dataclass
 class GPTConfig:
@@ -40,6 +42,7 @@ class GPTConfig:
     d_model: int = 64  # hidden size h; the MLP is 4h wide, as in GPT-2 and Megatron-LM
     dropout: float = 0.0  # on embeddings, attention probabilities and both residual branches
     bias: bool = True  # biases in Linear layers and LayerNorms, as GPT-2
+    attention: str = "math"  # "math": written out; "sdpa": one fused kernel (AttentionCore)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
@@ -53,6 +56,13 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.attention == "sdpa" and self.dropout > 0:
+            raise ValueError(
+                "attention='sdpa' draws its dropout masks inside the fused kernel, where "
+                "minitp's dropout (each rank the masks one device would draw) cannot reach; "
+                f"use attention='math' with dropout={self.dropout}, or dropout=0")
 
     @property
     def head_dim(self) -> int:
@@ -60,13 +70,22 @@ class GPTConfig:
 
 
 class AttentionCore(nn.Module):
-    """softmax(QKᵀ/√d + causal mask) · V, with dropout on the probabilities."""
+    """softmax(QKᵀ/√d + causal mask) · V, with dropout on the probabilities.
 
-    def __init__(self, dropout: float):
+    attention="math" writes it out: the scores and probabilities are tensors that
+    autograd keeps for backward (the 5as/h term of Korthikanti et al.'s activation
+    formula). "sdpa" calls `F.scaled_dot_product_attention`, one fused kernel (flash
+    attention on a GPU) that keeps neither and recomputes them in its backward.
+    """
+
+    def __init__(self, dropout: float, attention: str = "math"):
         super().__init__()
+        self.attention = attention
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, q, k, v):  # each (B, nh, T, hs)
+        if self.attention == "sdpa":  # GPTConfig refuses sdpa with dropout
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         T = q.shape[-2]
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -81,7 +100,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         # Output features ordered (head, q/k/v, head_dim): see the module docstring.
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.core = AttentionCore(cfg.dropout)
+        self.core = AttentionCore(cfg.dropout, cfg.attention)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 

@@ -5,7 +5,9 @@ For (dp, pp, tp) with dp·pp·tp ≤ 8 that the model admits (tp must divide the
 the suite runs a sample that covers every axis size and every combination of
 parallel axes, MINITP_FULL_MATRIX=1 all 28), a few settings that between them
 cover every schedule (gpipe, 1f1b, interleaved), sequence parallelism on and
-off, ZeRO-1 on and off, recomputation, and microbatches 1 and more than pp:
+off, ZeRO-1 on and off, recomputation, microbatches 1 and more than pp, and
+the attention core written out or fused (``attention="sdpa"``, the parallel model
+only: the reference stays "math", so the two paths are checked against each other):
 after 3 AdamW steps in float64 the loss of every step and every parameter
 (gathered back to the plain names with ``full_state_dict``) equal the
 single-device model's to 1e-10.
@@ -77,19 +79,20 @@ def sampled(world: int) -> list[tuple[int, int, int]]:
 
 
 def _settings(dp, pp, tp):
-    """(schedule, virtual_stages, microbatches, sequence_parallel, zero1, recompute, n_layer)."""
+    """(schedule, virtual_stages, microbatches, sequence_parallel, zero1, recompute, n_layer,
+    attention)."""
     many = 2 * pp  # more than pp, and a multiple of it (interleaving needs that)
     sp = tp > 1
     if pp == 1:
-        return [("1f1b", 1, 1, False, False, None, 4),
-                ("gpipe", 1, many, sp, True, "selective", 4),
-                ("1f1b", 1, many, sp, False, "full", 4)]
+        return [("1f1b", 1, 1, False, False, None, 4, "math"),
+                ("gpipe", 1, many, sp, True, "selective", 4, "sdpa"),
+                ("1f1b", 1, many, sp, False, "full", 4, "math")]
     interleaved_layers = 4 if _admitted(dp, pp, tp, 4, 2) else 8
-    return [("gpipe", 1, 1, False, False, None, 4),
-            ("gpipe", 1, many, sp, True, None, 4),
-            ("1f1b", 1, many, sp, False, "selective", 4),
-            ("1f1b", 1, many, False, dp > 1, "full", 4),
-            ("interleaved", 2, many, sp, dp > 1, None, interleaved_layers)]
+    return [("gpipe", 1, 1, False, False, None, 4, "math"),
+            ("gpipe", 1, many, sp, True, None, 4, "math"),
+            ("1f1b", 1, many, sp, False, "selective", 4, "sdpa"),
+            ("1f1b", 1, many, False, dp > 1, "full", 4, "math"),
+            ("interleaved", 2, many, sp, dp > 1, None, interleaved_layers, "sdpa")]
 
 
 def _batches(steps, cfg, batch):
@@ -111,11 +114,13 @@ def _compare(world, dtype, shapes=None, steps=3):
     for dp, pp, tp in shapes or sampled(world):
         mesh = mt.Mesh(dp=dp, pp=pp, tp=tp)
         for setting in _settings(dp, pp, tp):
-            schedule, v, m, sp, zero, recompute, n_layer = setting
+            schedule, v, m, sp, zero, recompute, n_layer, attention = setting
             cfg = mt.GPTConfig(**{**CFG, "n_layer": n_layer})
             torch.manual_seed(0)
             ref = mt.GPT(cfg).to(dtype)
-            model = mt.parallelize(ref, mesh, sequence_parallel=sp, recompute=recompute,
+            source = mt.GPT(mt.GPTConfig(**{**CFG, "n_layer": n_layer, "attention": attention}))
+            source.to(dtype).load_state_dict(ref.state_dict())
+            model = mt.parallelize(source, mesh, sequence_parallel=sp, recompute=recompute,
                                    virtual_stages=v)
             ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
             opt = (zero1_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2) if zero
