@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10
+from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex12
 
 
 @dataclass(frozen=True)
@@ -36,4 +36,6 @@ EXERCISES = {
                      "communication, predicted", ex09.run),
     "ex10": Exercise("ex10_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
                      "memory cap, graded by the calculator", ex10.run),
+    "ex12": Exercise("ex12_zero3_unit.py", "a ZeRO-3 unit: gather, free, gather again, "
+                     "reduce-scatter", ex12.run),
 }
