@@ -178,4 +178,4 @@ def zero1_optimizer(model: nn.Module, mesh: Mesh, optimizer_class=torch.optim.Ad
         if sync is not None:
             sync.remove()
             chunk.grad_sync = None
-    return Zero1Optimizer(list(model.parameters()), mesh.dp, optimizer_class, **kwargs)
+    return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class, **kwargs)

@@ -5,12 +5,16 @@ axis's module, and a new axis is one more step:
 
 1. tensor (+ sequence) parallelism — `minitp.tensor_parallel`: swap the plain
    layers for sharded ones, by a plan table;
-2. activation recomputation — `minitp.recompute`;
-3. trace labels — name the pieces ("embedding", "layer3", "head", "loss") so
+2. context parallelism (cp > 1) — `minitp.context_parallel`: ring attention,
+   each rank's global positions, the loss over the cp group;
+3. activation recomputation — `minitp.recompute`;
+4. trace labels — name the pieces ("embedding", "layer3", "head", "loss") so
    every collective says what it belongs to;
-4. pipeline stages — `minitp.pipeline`: this rank's runs of layers;
-5. data parallelism — `minitp.data_parallel` (the gradient all-reduce), or
-   `minitp.zero` (ZeRO: gradients, and at stage 3 parameters, sharded over dp).
+5. pipeline stages — `minitp.pipeline`: this rank's runs of layers;
+6. data parallelism — `minitp.data_parallel` (the gradient all-reduce), or
+   `minitp.zero` (ZeRO: gradients, and at stage 3 parameters, sharded over dp)
+   — over dp×cp (`Mesh.dp_cp`) with context parallelism, whose ranks also hold
+   partial gradients of the same replicated parameters.
 
 The model's forward is the plain GPT's own (`minitp.model`); the shard takes
 its weights from the plain model, so the two compute the same function — which
@@ -23,6 +27,7 @@ import copy
 
 from . import trace
 from .config import check_parallel_config, layer_label
+from .context_parallel import apply_context_parallel
 from .mesh import Mesh
 from .model import GPT
 from .pipeline import PipelineGPT, embedding_axis, split_into_stages
@@ -49,9 +54,11 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     tp: every layer is sharded by the plan table. pp: the layers are cut into
     pp·virtual_stages equal stages; this rank holds stages r, r+pp, r+2pp, …
     (Megatron's round-robin) — a `PipelineGPT`; without a pipeline, the single
-    stage is a `ParallelGPT`. dp: every stage gets a bucketed gradient
-    all-reduce (`minitp.data_parallel.GradSync`, buckets of `bucket_bytes`) that
-    `train_step` arms for the last microbatch.
+    stage is a `ParallelGPT`. cp: each rank runs two chunks of every sequence
+    (`train_step` splits them), attention by a ring over cp. dp: every stage gets
+    a bucketed gradient all-reduce (`minitp.data_parallel.GradSync`, buckets of
+    `bucket_bytes`; over dp×cp with cp > 1) that `train_step` arms for the last
+    microbatch.
 
     zero_stage (ZeRO, over dp): 0 none; 1 the optimizer state sharded (the
     optimizer reduce-scatters the gradients at its step); 2 also the gradients
@@ -63,17 +70,18 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     if not isinstance(ref, GPT):
         raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
     check_parallel_config(ref.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
-                          sequence_parallel=sequence_parallel, recompute=recompute,
+                          cp=mesh.cp.size, sequence_parallel=sequence_parallel, recompute=recompute,
                           virtual_stages=virtual_stages, world_size=mesh.world_size,
                           zero_stage=zero_stage)
     model = copy.deepcopy(ref)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel)
+    apply_context_parallel(model, mesh.cp)
     apply_recompute(model, recompute)
     label_pieces(model)
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
-    attach_data_parallel(stages, mesh.dp, zero_stage, bucket_bytes)
+    attach_data_parallel(stages, mesh.dp_cp, zero_stage, bucket_bytes)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline
     dense = {name: (tuple(p.shape), p.dtype) for name, p in ref.named_parameters()}

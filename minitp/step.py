@@ -6,6 +6,7 @@ import torch
 
 from . import comm, trace
 from .config import IGNORE_INDEX, check_parallel_config, check_token_ids, default_schedule
+from .context_parallel import split_sequence
 from .mesh import Mesh
 from .pipeline import run_schedule
 from .schedules import SCHEDULES
@@ -23,7 +24,9 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     one device computes it — the same float on every rank.
 
     batch: (x, y), LongTensors (batch, seq_len), the same global batch on every rank;
-    dp rank d takes rows [d·B/dp, (d+1)·B/dp). schedule: a name ("gpipe", "1f1b",
+    dp rank d takes rows [d·B/dp, (d+1)·B/dp), and with context parallelism cp rank i
+    takes chunks i and 2cp−1−i of each row's 2·cp (`minitp.context_parallel`); the
+    gradients are then summed over dp×cp. schedule: a name ("gpipe", "1f1b",
     "interleaved"), None for "1f1b" (or "interleaved" for a model built with
     virtual_stages > 1), or your own function with the built-in schedules'
     signature ``(p, r, m, v) -> [(kind, chunk, microbatch)]`` (`minitp.schedules`).
@@ -37,12 +40,13 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     chunks = list(getattr(model, "chunks", [model]))
     v = len(chunks)
     check_parallel_config(model.cfg, dp=dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
-                          sequence_parallel=model.sequence_parallel, virtual_stages=v,
+                          cp=mesh.cp.size, sequence_parallel=model.sequence_parallel,
+                          virtual_stages=v,
                           schedule=schedule, microbatches=microbatches, batch_size=x.shape[0])
     schedule = schedule or default_schedule(v)
     make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
-    pairs, weights = _my_microbatches(x, y, dp, microbatches)
+    pairs, weights = _my_microbatches(x, y, mesh, microbatches)
     order = make_order(mesh.pp.size, mesh.pp.rank, len(pairs), v)
     syncs = [getattr(c, "grad_sync", None) for c in chunks]
     last = len(pairs) - 1
@@ -72,10 +76,10 @@ def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     _check_ids(model, x, y)
     chunks = list(getattr(model, "chunks", [model]))
     check_parallel_config(model.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
-                          sequence_parallel=model.sequence_parallel,
+                          cp=mesh.cp.size, sequence_parallel=model.sequence_parallel,
                           virtual_stages=len(chunks), microbatches=microbatches,
                           batch_size=x.shape[0])
-    pairs, weights = _my_microbatches(x, y, mesh.dp, microbatches)
+    pairs, weights = _my_microbatches(x, y, mesh, microbatches)
     order = [("F", k, i) for k in range(len(chunks)) for i in range(len(pairs))]
     with torch.no_grad():
         return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights), mesh)
@@ -88,11 +92,15 @@ def _check_ids(model, x, y) -> None:
     check_token_ids(y, model.cfg.vocab_size, "target id", ignore_index=IGNORE_INDEX)
 
 
-def _my_microbatches(x, y, dp, microbatches):
+def _my_microbatches(x, y, mesh: Mesh, microbatches):
     """This dp rank's contiguous slice of the global batch, cut into microbatches,
     each weighted by its share of the *global* batch's target tokens: the sum over
     microbatches and dp ranks of weight · mean loss is then the batch mean (not a
-    mean of means). (Python ints: dividing two LongTensors would give float32.)"""
+    mean of means). (Python ints: dividing two LongTensors would give float32.)
+    With context parallelism each microbatch is then cut along the sequence: this
+    cp rank's two chunks; its weight stays the whole microbatch's share, since the
+    loss (`ContextParallelLoss`) is the mean over every token of the cp group."""
+    dp = mesh.dp
     total = int((y != IGNORE_INDEX).sum())
     if total == 0:
         raise ValueError("every target of the batch is ignored: its mean loss would be 0/0")
@@ -102,6 +110,7 @@ def _my_microbatches(x, y, dp, microbatches):
     # A microbatch with no targets weighs 0 (run_schedule keeps it out of the loss):
     # it still runs, so every stage and every dp replica does the same communication.
     weights = [int((ys != IGNORE_INDEX).sum()) / total for _, ys in pairs]
+    pairs = [(split_sequence(xs, mesh.cp), split_sequence(ys, mesh.cp)) for xs, ys in pairs]
     return pairs, weights
 
 

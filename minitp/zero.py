@@ -458,8 +458,8 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
     stage = zero_stage_of(model)
     if stage == 0:
         return optimizer_class(model.parameters(), **kwargs)
-    if stage == 1:
-        return Zero1Optimizer(list(model.parameters()), mesh.dp, optimizer_class, **kwargs)
+    if stage == 1:  # over dp×cp: the group the gradients are summed over (mesh.dp_cp)
+        return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class, **kwargs)
     return ShardedOptimizer(model, _units(model), stage, optimizer_class, **kwargs)
 
 
