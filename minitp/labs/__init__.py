@@ -11,6 +11,8 @@ nothing in the library imports it. Each lab is one module:
 * `pipedream`: PipeDream's asynchronous 1F1B with weight stashing beside
   PipeDream-Flush, on real processes: stashed versions counted, loss curves
   (lesson 07);
+* `planning`: the planner's model of a machine against the machine: its
+  constants profiled on real ranks, its step times measured (lesson 10);
 * `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
   and split into compute and communication from the trace (lesson 09);
 * `explorer`: memory per GPU and step time of runs too large to launch, from
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 
-LABS = ("activations", "explorer", "pipedream", "scaling")
+LABS = ("activations", "explorer", "pipedream", "planning", "scaling")
 
 __all__ = list(LABS)
 

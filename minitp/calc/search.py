@@ -1,0 +1,79 @@
+"""Every configuration, by brute force: the check on `plan`'s search.
+
+`plan` searches a space with shortcuts (ZeRO only where dp > 1, sequence
+parallelism only where tp > 1, a few micro-batch sizes) and keeps what fits.
+`every_configuration` takes none: it lists every (dp, pp, tp, ZeRO stage,
+recompute) whose product is the GPU count and that `check_parallel_config`
+accepts, fits or not, each with its MODELLED memory (`memory_per_gpu`) and step
+time (`step_time`) — the same two functions `plan` ranks with, so the two must
+agree on the best; where they do not, the difference is in the search. The rest
+is fixed, as in exercise 10: micro-batch ``micro_batch``, sequence parallelism
+wherever tp > 1, the 1F1B schedule without interleaving.
+
+    every = every_configuration(cfg, calc.A100_80GB, 1024, 1536, memory_cap=72 * GiB)
+    best = min((c for c in every if c.fits), key=lambda c: c.time.total)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import check_parallel_config
+from .cluster import Cluster
+from .memory import memory_per_gpu
+from .timing import StepTime, step_time
+
+RECOMPUTE = (None, "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One way to run, with the model's memory (bytes, busiest GPU) and step time."""
+
+    dp: int
+    pp: int
+    tp: int
+    zero_stage: int
+    recompute: str | None
+    sp: bool
+    microbatches: int
+    memory: dict = field(compare=False)
+    time: StepTime = field(compare=False)
+    fits: bool = field(compare=False)
+
+    def key(self) -> tuple:
+        return (self.dp, self.pp, self.tp, self.zero_stage, self.recompute)
+
+
+def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
+                        memory_cap: float, micro_batch: int = 1, optimizer: str = "megatron",
+                        efficiency: float = 0.5) -> list[Configuration]:
+    """Every valid (dp, pp, tp, ZeRO stage, recompute) for ``n_gpus``, fastest first
+    (by the model), each marked ``fits`` when its busiest GPU holds at most
+    ``memory_cap`` bytes. Valid: dp·pp·tp = n_gpus, `check_parallel_config` accepts
+    it, and the global batch shares out into whole microbatches of ``micro_batch``.
+    A ZeRO stage above 0 with dp = 1 is valid and changes nothing (one replica has
+    nothing to shard): it is listed, and ties with stage 0."""
+    found = []
+    for dp in range(1, n_gpus + 1):
+        for pp in range(1, n_gpus // dp + 1):
+            tp, left = divmod(n_gpus, dp * pp)
+            if left or global_batch % (dp * micro_batch):
+                continue
+            sp, m = tp > 1, global_batch // (dp * micro_batch)
+            for zero in ZERO_STAGES:
+                for recompute in RECOMPUTE:
+                    try:
+                        check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+                                              recompute=recompute, zero_stage=zero)
+                    except ValueError:
+                        continue
+                    memory = memory_per_gpu(cfg, micro_batch, dp, pp, tp, sp, recompute, zero,
+                                            optimizer, microbatches=m)
+                    time = step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
+                                     recompute, efficiency=efficiency, zero_stage=zero)
+                    found.append(Configuration(dp, pp, tp, zero, recompute, sp, m, memory, time,
+                                               memory["total"] <= memory_cap))
+    found.sort(key=lambda c: c.time.total)
+    return found
