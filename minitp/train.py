@@ -2,6 +2,7 @@
 
     python -m minitp.train                          # 8 CPU processes, dp=2 pp=2 tp=2, SP, 1F1B
     python -m minitp.train --dp 1 --pp 1 --tp 4 --check --steps 50
+    python -m minitp.train --cp 2 --tp 2 --dp 2 --pp 1 --check  # context parallelism
     torchrun --nproc-per-node 8 -m minitp.train     # the same run, one process per GPU
 
 The parent checks every flag before any process starts (argparse's error, exit
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dp", type=int, default=2, help="data-parallel size (default 2)")
     a("--pp", type=int, default=2, help="pipeline stages (default 2)")
     a("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
+    a("--cp", type=int, default=1, help="context-parallel size: each sequence split over cp "
+                                        "ranks, attention by ring (default 1)")
     a("--sp", action=argparse.BooleanOptionalAction, default=True,
       help="sequence parallelism (default on)")
     a("--recompute", choices=("selective", "full"), default=None)
@@ -116,7 +119,7 @@ def validate(args, parser):
     virtual stages and microbatches, how the batch is cut) are
     `minitp.config.check_parallel_config`'s, given every flag they involve, so a
     run that `train_step` would refuse on every rank is refused here, once."""
-    for name in ("dp", "pp", "tp", "microbatches", "virtual_stages", "steps", "batch_size",
+    for name in ("dp", "pp", "cp", "tp", "microbatches", "virtual_stages", "steps", "batch_size",
                  "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -152,12 +155,12 @@ def validate(args, parser):
                             d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len)
         except ValueError as exc:
             parser.error(str(exc))
-    world = args.dp * args.pp * args.tp
+    world = _world(args)
     if _under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
         parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but "
-                     f"dp*pp*tp = {world}")
+                     f"dp*pp*cp*tp = {world}")
     try:
-        check_parallel_config(cfg, dp=args.dp, pp=args.pp, tp=args.tp,
+        check_parallel_config(cfg, dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp,
                               sequence_parallel=args.sp, recompute=args.recompute,
                               virtual_stages=args.virtual_stages, world_size=world,
                               schedule=args.schedule, microbatches=args.microbatches,
@@ -189,6 +192,15 @@ def validate(args, parser):
     return cfg, train_tokens, eval_tokens, start_step
 
 
+def _world(args) -> int:
+    return args.dp * args.pp * args.cp * args.tp
+
+
+def _sizes(args) -> str:
+    return (f"dp={args.dp} pp={args.pp} " + (f"cp={args.cp} " if args.cp > 1 else "")
+            + f"tp={args.tp}")
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
 
@@ -210,12 +222,12 @@ def memory_needed(args, cfg) -> dict:
     from . import calc
 
     scale = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 4
-    world = args.dp * args.pp * args.tp
+    world = _world(args)
     micro = max(1, args.batch_size // (args.dp * args.microbatches))
     on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
                                   args.recompute, args.zero_stage, "adam-fp32",
                                   args.virtual_stages,
-                                  args.microbatches)
+                                  args.microbatches, cp=args.cp)
     states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
     per_rank = scale * (states + 2 * on_rank["activations"])
     dense = scale * 4 * 2 * calc.exact_param_count(cfg)
@@ -278,7 +290,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
     from .step import train_step
 
     dtype, device = getattr(torch, args.dtype), rank_device()  # cuda:local_rank under NCCL
-    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp)
+    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp)
     lead = mesh.rank == 0
 
     def new_optimizer(tensors):  # what this rank steps: parameters, or ZeRO's shards of them
@@ -453,7 +465,7 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
     from .launch import launch
 
     printer = not _under_torchrun() or os.environ["RANK"] == "0"
-    world = args.dp * args.pp * args.tp
+    world = _world(args)
     wall = time.perf_counter()
     run = launch(_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
                     timeout=args.timeout)
@@ -512,7 +524,7 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
 
     figures = {
         "loss": viz.run_losses(steps, lead["losses"], lead["evals"], reference=reference,
-                               title=f"dp={args.dp} pp={args.pp} tp={args.tp}"),
+                               title=_sizes(args)),
         "memory": viz.run_memory(metrics["memory_per_rank"]),
         "comm": viz.run_wire_bytes(comm_bytes, measured=sent if any(
             v is not None for v in sent.values()) else None),

@@ -142,7 +142,7 @@ def _compare(configs, steps=3):
         model = mt.parallelize(ref, mesh, **kwargs)
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
         opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
-        loss_error, grad_error, sends = 0.0, None, {}
+        loss_error, grad_error, sends, sent_bytes = 0.0, None, {}, 0
         for step, (x, y) in enumerate(_batches(steps, cfg, batch=2 * sizes.get("dp", 1))):
             ref_opt.zero_grad()
             _, ref_loss = ref(x, y)
@@ -155,6 +155,7 @@ def _compare(configs, steps=3):
                     if e.op == "send" and "ring" in e.label:
                         key = (e.phase, e.label)
                         sends[key] = sends.get(key, 0) + 1
+                        sent_bytes += e.nbytes
                 if kwargs.get("zero_stage", 0) < 2:  # the gradients are whole: compare them
                     grads = model.full_grad_dict()
                     grad_error = max(((grads[n] - p.grad).abs().max().item(), n)
@@ -164,13 +165,13 @@ def _compare(configs, steps=3):
             dense = model.full_state_dict()
         param_error = max(((dense[n] - p.detach()).abs().max().item(), n)
                           for n, p in ref.named_parameters())
-        results.append((loss_error, grad_error, param_error, sends))
+        results.append((loss_error, grad_error, param_error, sends, sent_bytes))
     return results
 
 
 def _check(run, configs):
     for rank, results in enumerate(run):
-        for (sizes, kwargs, m), (loss_error, grad_error, param_error, sends) in zip(
+        for (sizes, kwargs, m), (loss_error, grad_error, param_error, sends, sent) in zip(
                 configs, results, strict=True):
             where = f"rank {rank}, {sizes}, {kwargs}, microbatches={m}"
             assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
@@ -192,6 +193,11 @@ def _check(run, configs):
                 for i in layers:
                     expected[("bwd", f"layer{i}.ring K/V")] += 2 * (cp - 1) * m
             assert sends == expected, f"{where}: ring sends {sends}"
+            if not recompute:  # the calculator's model counts the same messages
+                rows = 2 // m  # each dp rank's 2 rows, in m microbatches
+                model = mt.calc.cp_comm_bytes(mt.GPTConfig(**CFG), rows, cp, sizes.get("tp", 1),
+                                              bytes_per_value=8)
+                assert sent == model * m * len(layers), (where, sent, model)
 
 
 SMALL = [({"cp": 2}, {}, 1)] + [
@@ -249,3 +255,39 @@ def test_activation_bytes_per_rank_fall_as_one_over_cp():
             layer, core = result[cp]
             assert layer * cp == layer1, (cp, layer, layer1)
             assert core * cp == core1, (cp, core, core1)
+
+
+# --------------------------------------------------------------------------- the calculator
+def test_calc_divides_the_sequence_terms_by_cp_and_shards_zero_over_dp_cp():
+    cfg = mt.GPTConfig(vocab_size=51200, seq_len=8192, n_layer=8, n_head=32, d_model=4096)
+    for recompute in (None, "selective", "full"):
+        one = mt.calc.activation_bytes_per_layer(cfg, 1, 4, True, recompute)
+        assert mt.calc.activation_bytes_per_layer(cfg, 1, 4, True, recompute, cp=4) == one / 4
+    plain = mt.calc.memory_per_gpu(cfg, 1, dp=2, tp=4, sp=True, zero_stage=1)
+    with_cp = mt.calc.memory_per_gpu(cfg, 1, dp=2, tp=4, sp=True, zero_stage=1, cp=2)
+    assert with_cp["activations"] == plain["activations"] / 2
+    assert with_cp["optimizer"] == plain["optimizer"] / 2  # sharded over dp·cp = 4
+    assert with_cp["parameters"] == plain["parameters"]
+    # the ring's bytes: 2(3c−2) messages of one rank's K or V, b·(s/c)·h/t values each
+    assert mt.calc.cp_comm_bytes(cfg, 1, 1) == 0
+    assert mt.calc.cp_comm_bytes(cfg, 2, 4, tp=2) == 2 * 10 * 2 * (8192 // 4) * 4096 // 2 * 2
+    both = mt.calc.comm_bytes(cfg, 1, dp=2, tp=4, cp=2)
+    assert both["cp"] == mt.calc.cp_comm_bytes(cfg, 1, 2, 4)
+    assert both["tp"] == mt.calc.comm_bytes(cfg, 1, dp=2, tp=4)["tp"] / 2
+    assert "cp" not in mt.calc.comm_bytes(cfg, 1, dp=2, tp=4)
+
+
+def test_step_time_and_planner_take_cp():
+    cfg = mt.GPTConfig(vocab_size=51200, seq_len=16384, n_layer=32, n_head=32, d_model=4096)
+    plain = mt.calc.step_time(cfg, mt.calc.A100_80GB, dp=2, tp=8, micro_batch=1)
+    ring = mt.calc.step_time(cfg, mt.calc.A100_80GB, dp=2, tp=8, cp=2, micro_batch=1)
+    assert "cp" not in plain.as_dict() and ring.as_dict()["cp"] > 0
+    assert ring.compute == pytest.approx(plain.compute / 2)  # twice the GPUs
+    assert ring.total == pytest.approx(sum(v for k, v in ring.as_dict().items() if k != "total"))
+    found = mt.calc.plan(cfg, mt.calc.A100_80GB, global_batch=16, n_gpus=32, cp=2,
+                         micro_batches=(1,), recompute=("selective",))
+    assert found.candidates and all(c.cp == 2 and c.dp * c.pp * c.tp * 2 == 32
+                                    for c in found.candidates)
+    assert "cp=2" in str(found.best) and "cp groups span" in found.explain()
+    with pytest.raises(ValueError, match="cp=3"):
+        mt.calc.plan(cfg, mt.calc.A100_80GB, global_batch=16, n_gpus=32, cp=3)

@@ -19,6 +19,7 @@ presets), `timing` (`step_time`), `plan` (enumerate, fit, rank).
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
 from .comm import (
     comm_bytes,
+    cp_comm_bytes,
     dp_comm_bytes,
     pp_comm_bytes,
     ring_wire_bytes,
@@ -48,7 +49,7 @@ from .timing import StepTime, microbatch_count, step_time
 __all__ = [
     "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DGX2H_V100", "H100_80GB", "OPTIMIZERS",
     "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
-    "comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
+    "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
     "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
     "param_count", "params_per_rank", "params_per_stage", "plan", "pp_comm_bytes",

@@ -10,6 +10,7 @@ TP's bytes there, and equal bytes on NCCL, whose reduce-scatter is a ring).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 from ..config import check_recompute, ring_send_fraction
@@ -76,6 +77,23 @@ def pp_comm_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False,
     return number(value)
 
 
+def cp_comm_bytes(cfg, micro_batch: int, cp: int, tp: int = 1,
+                  bytes_per_value: int = 2) -> int | float:
+    """MODEL: bytes one GPU sends for context parallelism (ring attention) per layer
+    per microbatch, as minitp's ring sends them (`minitp.context_parallel`).
+
+    Each message is one rank's K or V: b·(s/c)·h/t values (its heads only under
+    tensor parallelism). Forward: K and V passed c−1 hops, 2(c−1) messages;
+    backward: K and V again, 2(c−1), and the dK/dV accumulators c hops (the last
+    one home), 2c. In all 2(3c−2) messages, and nothing when c = 1. The trace
+    counts the same messages (tests/test_context_parallel.py).
+    """
+    if cp == 1:
+        return 0
+    message = Fraction(micro_batch * cfg.seq_len * cfg.d_model * bytes_per_value, cp * tp)
+    return number(2 * (3 * cp - 2) * message)
+
+
 def dp_comm_bytes(n_params: int, dp: int, bytes_per_value: int = 2,
                   zero_stage: int = 0) -> int | float:
     """Bytes one GPU sends for data parallelism per iteration.
@@ -92,18 +110,25 @@ def dp_comm_bytes(n_params: int, dp: int, bytes_per_value: int = 2,
 
 def comm_bytes(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1, sp: bool = False,
                recompute=None, bytes_per_value: int = 2, grad_bytes: int = 2,
-               zero_stage: int = 0) -> dict:
+               zero_stage: int = 0, cp: int = 1) -> dict:
     """Bytes one GPU sends, per axis:
 
     * ``"tp"``: per layer per microbatch (`tp_comm_bytes`);
     * ``"pp"``: per stage boundary per microbatch, each way (`pp_comm_bytes`);
-    * ``"dp"``: per iteration, for the gradients of the largest stage (`dp_comm_bytes`).
+    * ``"dp"``: per iteration, for the gradients of the largest stage (`dp_comm_bytes`);
+    * ``"cp"`` (only with cp > 1): per layer per microbatch (`cp_comm_bytes`). Each
+      rank then holds s/cp of the sequence, so the tp and pp terms are divided by
+      cp, and the gradients are summed over dp·cp.
 
-    An axis of size 1 sends nothing.
+    An axis of size 1 sends nothing. All of it a MODEL (the ring formulas).
     """
     n_params = params_per_rank(cfg, tp, pp)
-    return {
-        "tp": tp_comm_bytes(cfg, micro_batch, tp, recompute, bytes_per_value),
-        "pp": pp_comm_bytes(cfg, micro_batch, tp, sp, bytes_per_value) if pp > 1 else 0,
-        "dp": dp_comm_bytes(n_params, dp, grad_bytes, zero_stage),
+    local = cfg if cp == 1 else replace(cfg, seq_len=cfg.seq_len // cp)
+    out = {
+        "tp": tp_comm_bytes(local, micro_batch, tp, recompute, bytes_per_value),
+        "pp": pp_comm_bytes(local, micro_batch, tp, sp, bytes_per_value) if pp > 1 else 0,
+        "dp": dp_comm_bytes(n_params, dp * cp, grad_bytes, zero_stage),
     }
+    if cp > 1:
+        out["cp"] = cp_comm_bytes(cfg, micro_batch, cp, tp, bytes_per_value)
+    return out

@@ -51,7 +51,7 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
 
 
 def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = False,
-                               recompute=None) -> int | float:
+                               recompute=None, cp: int = 1) -> int | float:
     """Bytes one transformer layer keeps for backward on one rank: Korthikanti et
     al. 2022 (arXiv 2205.05198), §4, Table 2 (16-bit activations, 1-byte masks)::
 
@@ -66,16 +66,24 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     mask and output: gone under selective recomputation); t = 1 is the "none" row.
     Full recomputation keeps the layer's input, 2sbh; with sequence parallelism
     that input is a sequence shard, 2sbh/t (not a row of Table 2).
+
+    Context parallelism (cp = c > 1) is a MODEL here, not in the paper: each rank
+    holds s/c of the sequence, so every term is divided by c — the attention term
+    counted as this rank's s/c queries against all s keys, 5as²b/(tc), which a
+    ring that kept its probabilities would keep. minitp's ring keeps none (it
+    recomputes them in backward from the saved log-sum-exp, as flash attention
+    does): for it the selective row, divided by c, is the closer model; the
+    ledger measures it (tests/test_context_parallel.py: 1/c per rank).
     """
     check_recompute(recompute)
     s, b, h, a = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head
     sbh = s * b * h
     if recompute == "full":
-        return number(Fraction(2 * sbh, tp if sp else 1))
+        return number(Fraction(2 * sbh, (tp if sp else 1) * cp))
     replicated = Fraction(10 * sbh, tp if sp else 1)
     split = Fraction(24 * sbh, tp)
     attention = 0 if recompute == "selective" else Fraction(5 * a * s * s * b, tp)
-    return number(replicated + split + attention)
+    return number((replicated + split + attention) / cp)
 
 
 def microbatches_in_flight(pp: int, microbatches: int | None = None,
@@ -97,7 +105,7 @@ def microbatches_in_flight(pp: int, microbatches: int | None = None,
 
 def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recompute=None,
                      pp: int = 1, virtual: int = 1, microbatches: int | None = None,
-                     schedule: str = "1f1b") -> int | float:
+                     schedule: str = "1f1b", cp: int = 1) -> int | float:
     """Activation bytes on a rank of the first pipeline stage, the most loaded one:
     `activation_bytes_per_layer` × l/p layers × microbatches in flight.
 
@@ -109,7 +117,7 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
     in the steady state. Left out, as the paper finds them negligible (§4.3):
     the embedding's dropout mask and the output layer and loss.
     """
-    per_layer = Fraction(activation_bytes_per_layer(cfg, micro_batch, tp, sp, recompute))
+    per_layer = Fraction(activation_bytes_per_layer(cfg, micro_batch, tp, sp, recompute, cp))
     if cfg.n_layer % (pp * virtual):
         raise ValueError(f"n_layer={cfg.n_layer} is not divisible by pp*virtual={pp * virtual}")
     layers = Fraction(cfg.n_layer, pp)
@@ -124,13 +132,15 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
 def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
                    sp: bool = False, recompute=None, zero_stage: int = 0,
                    optimizer: str = "adam-mixed", virtual: int = 1,
-                   microbatches: int | None = None) -> dict:
+                   microbatches: int | None = None, cp: int = 1) -> dict:
     """Bytes on the busiest GPU: the model states of the largest pipeline stage
     (`params_per_rank`, `model_state_bytes`) and the first stage's activations.
-    ``{"parameters", "gradients", "optimizer", "activations", "total"}``."""
-    states = model_state_bytes(params_per_rank(cfg, tp, pp), dp, zero_stage, optimizer)
+    ``{"parameters", "gradients", "optimizer", "activations", "total"}``.
+    With context parallelism ZeRO shards over dp·cp (as minitp does, over
+    `Mesh.dp_cp`) and the activations are divided by cp (a model)."""
+    states = model_state_bytes(params_per_rank(cfg, tp, pp), dp * cp, zero_stage, optimizer)
     del states["total"]
     states["activations"] = activation_bytes(cfg, micro_batch, tp, sp, recompute, pp,
-                                             virtual, microbatches)
+                                             virtual, microbatches, cp=cp)
     states["total"] = number(sum(Fraction(v) for v in states.values()))
     return states

@@ -35,10 +35,12 @@ class Candidate:
     memory: dict = field(compare=False)
     time: StepTime = field(compare=False)
     zero_stage: int = 0
+    cp: int = 1
 
     def __str__(self) -> str:
         zero = f" zero={self.zero_stage}" if self.zero_stage else ""
-        return (f"dp={self.dp} pp={self.pp} tp={self.tp} b={self.micro_batch} "
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return (f"dp={self.dp} pp={self.pp}{cp} tp={self.tp} b={self.micro_batch} "
                 f"m={self.microbatches} v={self.virtual} sp={self.sp} "
                 f"recompute={self.recompute}{zero}: {self.memory['total'] / GiB:.1f} GiB, "
                 f"{self.time.total:.3f} s")
@@ -62,7 +64,8 @@ class Plan:
     def explain(self) -> str:
         """The winner: its memory by kind, its time by part, which links each axis uses."""
         c, g = self.best, self.cluster.gpus_per_node
-        spans = {"tp": c.tp, "dp": c.tp * c.dp, "pp": c.tp * c.dp * c.pp}
+        spans = {"tp": c.tp, **({"cp": c.tp * c.cp} if c.cp > 1 else {}),
+                 "dp": c.tp * c.cp * c.dp, "pp": c.tp * c.cp * c.dp * c.pp}
         lines = [f"best of {len(self.candidates)} that fit ({self.tried} tried): {c}",
                  "memory on the busiest GPU (GiB): " + ", ".join(
                      f"{k} {v / GiB:.1f}" for k, v in c.memory.items()),
@@ -84,19 +87,22 @@ def _divisors(n: int) -> list[int]:
 
 def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
          recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
-         zero_stage=0, usable: float = 0.9, efficiency: float = 0.5) -> Plan:
+         zero_stage=0, usable: float = 0.9, efficiency: float = 0.5, cp: int = 1) -> Plan:
     """Every split of ``n_gpus`` (dp·pp·tp) that fits in ``usable`` × the GPU's memory,
     ranked by predicted step time. Sequence parallelism is tried wherever tp > 1;
     the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM.
     zero_stage: one stage, or several to search, e.g. ``(0, 1, 2, 3)`` (a stage
-    above 0 is tried only where dp > 1: with one replica there is nothing to shard)."""
+    above 0 is tried only where dp > 1: with one replica there is nothing to shard).
+    cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp."""
     stages = (zero_stage,) if isinstance(zero_stage, int) else tuple(zero_stage)
+    if n_gpus % cp:
+        raise ValueError(f"n_gpus={n_gpus} is not divisible by cp={cp}")
     fits, tried = [], 0
     for tp, pp, b, rc, v, sp, zero in product(_divisors(n_gpus), _divisors(n_gpus),
                                               micro_batches, recompute, virtual, (False, True),
                                               stages):
-        dp = n_gpus // (tp * pp)
-        if n_gpus % (tp * pp) or (sp and tp == 1) or global_batch % (dp * b):
+        dp = n_gpus // (tp * pp * cp)
+        if n_gpus % (tp * pp * cp) or (sp and tp == 1) or global_batch % (dp * b):
             continue
         if zero and dp == 1 and len(stages) > 1:
             continue
@@ -104,16 +110,16 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
         if v > 1 and (pp == 1 or not interleaving_fits(pp, m)):
             continue
         try:
-            check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp, recompute=rc,
-                                  virtual_stages=v, zero_stage=zero)
+            check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
+                                  recompute=rc, virtual_stages=v, zero_stage=zero)
         except ValueError:
             continue
         tried += 1
-        memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m)
+        memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m, cp=cp)
         if memory["total"] > usable * cluster.memory:
             continue
         time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v, efficiency,
-                         zero_stage=zero)
-        fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero))
+                         zero_stage=zero, cp=cp)
+        fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero, cp))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

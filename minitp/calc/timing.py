@@ -31,7 +31,7 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp + self.pp + self.dp + self.bubble
+        return sum(asdict(self).values())
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}
@@ -39,6 +39,13 @@ class StepTime:
     def __str__(self) -> str:
         parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.as_dict().items())
         return f"StepTime(ms: {parts})"
+
+
+@dataclass(frozen=True)
+class ContextParallelStepTime(StepTime):
+    """A `StepTime` with one more part: the ring attention's K/V transfers (cp > 1)."""
+
+    cp: float = 0.0
 
 
 def microbatch_count(global_batch: int, dp: int, micro_batch: int) -> int:
@@ -52,8 +59,9 @@ def microbatch_count(global_batch: int, dp: int, micro_batch: int) -> int:
 def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
               micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
               recompute=None, virtual: int = 1, efficiency: float = 0.5,
-              bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0) -> StepTime:
-    """Predicted seconds per iteration on ``cluster`` for a (dp, pp, tp) run.
+              bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0,
+              cp: int = 1) -> StepTime:
+    """Predicted seconds per iteration on ``cluster`` for a (dp, pp, cp, tp) run.
 
     * compute: FLOPs executed (`flops_per_iteration`, recomputation included),
       shared evenly by the dp·pp·tp GPUs, at ``efficiency`` × peak;
@@ -68,32 +76,43 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       stage 3 also gathers the parameters before each microbatch's forward and
       backward: 2m gathers in all, where the all-reduce counted one — for m = 1,
       1.5× (Rajbhandari et al. 2019, §7);
+    * cp (cp > 1): per microbatch and layer, the ring's 2(3c−2) sends of one
+      rank's K or V (`minitp.calc.cp_comm_bytes`), each a point-to-point step,
+      none hidden behind compute (minitp's ring overlaps them: an upper bound);
+      each rank then holds s/c tokens, so the tp and pp messages are 1/c the
+      size and the gradients are all-reduced over dp·cp;
     * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp).
     ``global_batch`` defaults to one microbatch per data-parallel rank.
     """
-    check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+    check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
                           recompute=recompute, virtual_stages=virtual, zero_stage=zero_stage)
     global_batch = global_batch or dp * micro_batch
     m = microbatch_count(global_batch, dp, micro_batch)
-    n_gpus = dp * pp * tp
+    n_gpus = dp * pp * cp * tp
     compute = flops_per_iteration(cfg, global_batch, recompute) / n_gpus
     compute /= cluster.peak_flops * efficiency
-    activation = micro_batch * cfg.seq_len * cfg.d_model * bytes_per_value
+    activation = micro_batch * (cfg.seq_len // cp) * cfg.d_model * bytes_per_value
     per_layer = tp_collectives_per_layer(recompute) * cluster.collective_seconds(
         "all_reduce", activation, tp, span=tp)
     tp_time = m * (cfg.n_layer // pp) * per_layer
     pp_time = 0.0
     if pp > 1:
         send = cluster.collective_seconds("send", activation / (tp if sp else 1), 2,
-                                          span=tp * dp * pp)
+                                          span=tp * cp * dp * pp)
         pp_time = 2 * m * virtual * send
+    cp_time = 0.0
+    if cp > 1:
+        hop = cluster.collective_seconds("send", activation / tp, 2, span=tp * cp)
+        cp_time = m * (cfg.n_layer // pp) * 2 * (3 * cp - 2) * hop
+    grads = dp * cp  # the group the gradients are summed (and ZeRO shards) over
     gradients = params_per_rank(cfg, tp, pp) * grad_bytes
-    dp_time = cluster.collective_seconds("all_reduce", gradients, dp, span=tp * dp)
+    dp_time = cluster.collective_seconds("all_reduce", gradients, grads, span=tp * cp * dp)
     if zero_stage >= 2:  # the all-reduce above counts one reduce-scatter and one gather
         params = params_per_rank(cfg, tp, pp) * bytes_per_value
-        gather = cluster.collective_seconds("all_gather", params, dp, span=tp * dp)
-        scatter = cluster.collective_seconds("reduce_scatter", gradients, dp, span=tp * dp)
+        gather = cluster.collective_seconds("all_gather", params, grads, span=tp * cp * dp)
+        scatter = cluster.collective_seconds("reduce_scatter", gradients, grads,
+                                             span=tp * cp * dp)
         dp_time += (m - 1) * scatter + (2 * m - 1) * gather * (zero_stage == 3)
-    busy = compute + tp_time + pp_time
-    return StepTime(compute, tp_time, pp_time, dp_time,
-                    busy * bubble_fraction(pp, m, virtual))
+    busy = compute + tp_time + pp_time + cp_time
+    parts = (compute, tp_time, pp_time, dp_time, busy * bubble_fraction(pp, m, virtual))
+    return ContextParallelStepTime(*parts, cp_time) if cp > 1 else StepTime(*parts)
