@@ -7,9 +7,12 @@
   sends and 2·cp dK/dV sends (the accumulator's cp hops, the last one home);
 * the whole GPT against the plain GPT — the loss of every step, every gradient
   of the first step, every parameter after 3 AdamW steps, float64 to 1e-10 —
-  for cp 2, cp 4, cp×tp with sequence parallelism and selective recomputation,
-  dp×cp with ZeRO-3, and 8 ranks of dp×pp×cp and pp×cp×tp; the trace of a
-  GPT step shows each layer's K/V sends;
+  for cp 2 (also with ZeRO-1 over cp), cp 4 with full recomputation, cp×tp
+  with sequence parallelism and selective recomputation, dp×cp with ZeRO-3, and
+  8 ranks of dp×pp×cp and pp×cp×tp (sequence parallel, ZeRO-2 sharded over cp
+  alone); gradients compared where they are whole (without ZeRO). The trace of
+  a GPT step shows each layer's K/V sends, and their bytes are the calculator's
+  model (`calc.cp_comm_bytes`);
 * the activations each rank keeps per layer (the ledger, measured) fall as 1/cp.
 
 The batch has ignored targets spread unevenly over the sequence chunks, so a
@@ -156,11 +159,15 @@ def _compare(configs, steps=3):
                         key = (e.phase, e.label)
                         sends[key] = sends.get(key, 0) + 1
                         sent_bytes += e.nbytes
-                if kwargs.get("zero_stage", 0) < 2:  # the gradients are whole: compare them
+                if not kwargs.get("zero_stage"):  # whole gradients (ZeRO reduces them apart)
                     grads = model.full_grad_dict()
                     grad_error = max(((grads[n] - p.grad).abs().max().item(), n)
                                      for n, p in ref.named_parameters())
             ref_opt.step()
+        with torch.no_grad():  # and the trained models agree forward only (eval_loss)
+            _, ref_loss = ref(x, y)
+        loss_error = max(loss_error, abs(mt.step.eval_loss(model, (x, y), mesh, m)
+                                         - ref_loss.item()))
         with mt.zero.gathered(model):
             dense = model.full_state_dict()
         param_error = max(((dense[n] - p.detach()).abs().max().item(), n)
@@ -200,13 +207,13 @@ def _check(run, configs):
                 assert sent == model * m * len(layers), (where, sent, model)
 
 
-SMALL = [({"cp": 2}, {}, 1)] + [
-    ({"cp": 4}, {}, 2),
+SMALL = [({"cp": 2}, {}, 1), ({"cp": 2}, {"zero_stage": 1}, 2)] + [
+    ({"cp": 4}, {"recompute": "full"}, 2),
     ({"cp": 2, "tp": 2}, {"sequence_parallel": True, "recompute": "selective"}, 1),
     ({"dp": 2, "cp": 2}, {"zero_stage": 3}, 1),
 ]
 LARGE = [({"dp": 2, "pp": 2, "cp": 2}, {}, 2),
-         ({"pp": 2, "cp": 2, "tp": 2}, {"sequence_parallel": True}, 2)]
+         ({"pp": 2, "cp": 2, "tp": 2}, {"sequence_parallel": True, "zero_stage": 2}, 2)]
 
 
 @pytest.mark.parametrize("world", [2, 4])
