@@ -1,4 +1,4 @@
-"""The device mesh: Megatron's rank layout (tp fastest, then dp, then pp), the axes
+"""The device mesh: Megatron's rank layout (tp fastest, then cp, then dp, then pp), the axes
 each rank sees, and collectives that stay inside their group."""
 
 from __future__ import annotations
@@ -233,3 +233,108 @@ def test_mesh_of_size_one_everywhere_in_a_world_of_one():
     assert facts == [1, 1, 1, 0, 0, True, True]
     for t in (reduced, gathered, scattered):
         assert torch.equal(t, torch.arange(3.0))
+
+
+# --------------------------------------------------------------------------- context parallelism
+def coords_4d(rank: int, dp: int, pp: int, cp: int, tp: int) -> tuple[int, int, int, int]:
+    """(pp, dp, cp, tp) indices from rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i."""
+    return rank // (dp * cp * tp), (rank // (cp * tp)) % dp, (rank // tp) % cp, rank % tp
+
+
+def expected_groups_4d(dp: int, pp: int, cp: int, tp: int, rank: int) -> dict[str, list[int]]:
+    p, d, c, t = coords_4d(rank, dp, pp, cp, tp)
+
+    def at(p, d, c, t):
+        return ((p * dp + d) * cp + c) * tp + t
+
+    return {
+        "tp": [at(p, d, c, i) for i in range(tp)],
+        "cp": [at(p, d, i, t) for i in range(cp)],
+        "dp": [at(p, i, c, t) for i in range(dp)],
+        "pp": [at(i, d, c, t) for i in range(pp)],
+        "dp_cp": [at(p, i, j, t) for i in range(dp) for j in range(cp)],
+    }
+
+
+def test_cp_layout_is_the_16_rank_example_of_the_docstring():
+    groups = mt.layout(dp=2, pp=2, tp=2, cp=2)
+    assert groups == {
+        "tp": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]],
+        "dp": [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]],
+        "pp": [[0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]],
+        "cp": [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]],
+        "dp_cp": [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]],
+    }
+    doc = " ".join(mt.Mesh.__doc__.split("context parallelism")[1:])
+    for name, listed in groups.items():
+        assert " ".join(str(g) for g in listed) in doc, name
+    # rank 11: tp 1, cp 1, dp 0, stage 1, as the docstring says
+    assert coords_4d(11, 2, 2, 2, 2) == (1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("dp,pp,cp,tp", [(1, 1, 2, 1), (2, 1, 3, 1), (1, 2, 2, 2), (2, 3, 2, 2),
+                                         (3, 1, 4, 1)])
+def test_cp_layout_follows_megatron_order_and_cp_1_changes_nothing(dp, pp, cp, tp):
+    groups = mt.layout(dp=dp, pp=pp, tp=tp, cp=cp)
+    world = dp * pp * cp * tp
+    for rank in range(world):
+        for name, group in expected_groups_4d(dp, pp, cp, tp, rank).items():
+            assert group in groups[name], (name, rank)
+    for name in groups:
+        assert sorted(itertools.chain.from_iterable(groups[name])) == list(range(world))
+    assert mt.layout(dp=dp, pp=pp, tp=tp, cp=1) == mt.layout(dp=dp, pp=pp, tp=tp)
+    assert set(mt.layout(dp=dp, pp=pp, tp=tp)) == {"tp", "dp", "pp"}
+
+
+def test_cp_layout_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="cp"):
+        mt.layout(cp=0)
+
+
+def _cp_mesh_worker():
+    out = []
+    for sizes in ({"dp": 2, "cp": 2, "tp": 2}, {"pp": 2, "cp": 4}, {"dp": 2, "pp": 2, "tp": 2}):
+        mesh = mt.Mesh(**sizes)
+        me = torch.tensor([float(dist.get_rank())], dtype=torch.float64)
+        before = len(mt.trace.events())
+        view = {name: (list(getattr(mesh, name).ranks), getattr(mesh, name).rank,
+                       mt.comm.all_reduce(me, getattr(mesh, name)).item())
+                for name in ("tp", "cp", "dp", "pp", "dp_cp")}
+        view["ring"] = (mesh.cp.prev, mesh.cp.next)
+        view["traced"] = [list(e.group_ranks) for e in mt.trace.events()[before:]]
+        view["coords"], view["repr"] = mesh.coords, repr(mesh)
+        view["dp_cp is dp"] = mesh.dp_cp is mesh.dp
+        out.append(view)
+    try:
+        mt.Mesh(dp=2, cp=2)
+        out.append(None)
+    except ValueError as exc:
+        out.append(str(exc))
+    return out
+
+
+def test_cp_axes_of_every_rank_and_collectives_inside_their_groups():
+    run = mt.launch(_cp_mesh_worker, 8, timeout=60)
+    for which, (dp, pp, cp, tp) in enumerate([(2, 1, 2, 2), (1, 2, 4, 1), (2, 2, 1, 2)]):
+        for rank in range(8):
+            view = run[rank][which]
+            groups = expected_groups_4d(dp, pp, cp, tp, rank)
+            p, d, c, t = coords_4d(rank, dp, pp, cp, tp)
+            for name, ranks in groups.items():
+                if name == "cp" and cp == 1:
+                    ranks = [rank]  # an axis of one rank: talks to nobody
+                assert view[name][:2] == (ranks, ranks.index(rank)), (which, rank, name)
+                assert view[name][2] == float(sum(ranks)), (which, rank, name)
+            ring = groups["cp"]
+            assert view["ring"] == ((ring[(c - 1) % cp], ring[(c + 1) % cp]) if cp > 1
+                                    else (rank, rank))
+            assert view["dp_cp is dp"] == (cp == 1)
+            expected = {"dp": d, "pp": p, "tp": t} | ({"cp": c} if cp > 1 else {})
+            assert view["coords"] == expected
+            traced = [g for name, g in groups.items() if len(g) > 1 and not (
+                cp == 1 and name == "cp")]
+            assert view["traced"] == traced, (which, rank)
+    assert run[3][0]["repr"] == ("Mesh(dp=2, pp=1, cp=2, tp=2) on rank 3: tp 1/2 [2, 3], "
+                                 "cp 1/2 [1, 3], dp 0/2 [3, 7], pp stage 0/1 [3]")
+    assert "cp=" not in run[3][2]["repr"]
+    assert "dp*pp*cp*tp = 4" in run[0][3] and "cp=2" in run[0][3]
