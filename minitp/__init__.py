@@ -11,6 +11,7 @@ from . import (
     checkpoint,
     comm,
     config,
+    context_parallel,
     data,
     data_parallel,
     mappings,
@@ -39,8 +40,8 @@ __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
     "LaunchError", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
     "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "config",
-    "data", "data_parallel", "device", "explorer", "grade", "labs", "launch", "layout",
-    "make_optimizer", "mappings", "memory",
+    "context_parallel", "data", "data_parallel", "device", "explorer", "grade", "labs",
+    "launch", "layout", "make_optimizer", "mappings", "memory",
     "parallelize", "pipeline", "scaling", "trace", "train_step", "viz",
     "vocab_parallel_cross_entropy", "world", "zero",
 ]
