@@ -21,6 +21,9 @@ plain one). Per world size:
   made while a unit's forward ran, and every buffer an all-gather filled in
   backward, holds no memory once the pass is over (freed, or its storage
   resized to 0).
+
+Why one file: the run on the ranks and the four judgements read the same record,
+field by field; apart, each half would only make sense with the other open.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ kinds of colour blindness; shapes and text carry the same information as colour.
 
 One module per kind of picture: timeline, collectives (before/after,
 bandwidth), tensor_parallel, memory (lessons 04-06), pipeline (the Gantt chart),
-mesh (the 3D mesh), planning, scaling;
+mesh (the 3D mesh), planning, scaling, zero (ZeRO-3's parameter memory);
 _style holds the palette and units they share. Everything is importable from here.
 """
 
@@ -73,6 +73,9 @@ from .tensor_parallel import (  # noqa: F401
 from .timeline import (  # noqa: F401
     timeline,
 )
+from .zero import (  # noqa: F401
+    zero3_param_memory,
+)
 
 __all__ = [
     "AlphaBeta",
@@ -110,4 +113,5 @@ __all__ = [
     "tradeoff",
     "tradeoff_panels",
     "wire_bytes",
+    "zero3_param_memory",
 ]
