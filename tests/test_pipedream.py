@@ -2,7 +2,7 @@
 (`minitp.labs.pipedream`), each against a single-device reference written here, in float64.
 
 * The flush is synchronous SGD: equal to plain training of the whole stack, step by step.
-* The asynchronous run is PipeDream's update rule (Narayanan et al. 2019, §3.3): stage s
+* The asynchronous run is PipeDream's update rule (Narayanan et al. 2019, weight stashing): stage s
   of p computes microbatch i's gradient — forward *and* backward — with its weights after
   max(0, i − (p − s − 1)) updates, and applies it to its newest weights. The reference
   below computes exactly that on one device, in one autograd graph per microbatch,

@@ -7,11 +7,12 @@ forward used, though the stage has updated them since: **weight stashing** keeps
 that version until the backward. Stage s of p (from 0) runs p − s − 1 forwards
 ahead of its backwards, so at its peak it holds p − s versions: the one every
 microbatch in flight used, the newest being the current weights. The update rule
-is the paper's (§3.3), with the stage's weights delayed by p − s − 1 updates::
+is the paper's, with the stage's weights delayed by p − s − 1 updates::
 
     W_s ← W_s − η ∇_{W_s} ℓ(W_0^(t−p+1), …, W_s^(t−p+s+1), …, W_{p−1}^(t))
 
-PipeDream-Flush (Narayanan et al. 2021; minitp's "1f1b") runs the same order over
+PipeDream-Flush (Narayanan et al. 2021, "Memory-efficient pipeline-parallel DNN
+training"; Megatron-LM's and minitp's "1f1b") runs the same order over
 m microbatches, then stops (the flush), adds their gradients and takes one
 step: synchronous SGD, one version of the weights, a bubble of (p − 1)/m.
 
@@ -160,7 +161,7 @@ def _stage(mode: str, setup: Setup, start, xs, ys) -> dict:
                 out = stage_forward(current, inp, last)
                 if last:
                     out = loss_of(out, ys[i].to(dev))
-                    losses[i] = float(out)
+                    losses[i] = float(out.detach())
             if mode == "async-no-stash":  # keep nothing of the forward but its input
                 in_flight[i] = (inp.detach(), out.detach(), None)
             else:  # weight stashing: the version this forward used stays with the microbatch
@@ -197,7 +198,8 @@ def _stage(mode: str, setup: Setup, start, xs, ys) -> dict:
         made = [refs for refs in made if refs[0]() is not None]  # the versions still alive
         if len(made) > peak:
             peak = len(made)
-            peak_bytes = sum(ref().nbytes for refs in made for ref in refs)
+            peak_bytes = sum(t.nbytes for refs in made for t in (r() for r in refs)
+                             if t is not None)
     for pending in sends:
         pending.wait()
     return {"losses": losses, "versions": peak, "version_bytes": peak_bytes,

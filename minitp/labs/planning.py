@@ -6,8 +6,8 @@ bubble (p−1)/(v·m). An automatic planner is only as right as that model of th
 machine. Here we give it the best chance we can on this machine — its constants
 MEASURED here, as Alpa measures its stages — and then measure what it predicts:
 
-* `profile`: on ``world_size`` real ranks at once, a 512×512 matrix multiply's
-  FLOP/s per rank (the "peak"), and all-reduce times over a range of sizes,
+* `profile`: on ``world_size`` real ranks at once, the fastest FLOP/s of a 512×512
+  matrix multiply (the "peak"), and all-reduce times over a range of sizes,
   fitted t = a + S·c; returned as a `calc.Cluster` (for n = 2 the ring's
   2(n−1)(α + S/(nβ)) is 2α + S/β, so α = a/2 and β = 1/c);
 * `measure_steps`: real training steps of a GPT for each (dp, pp, tp), timed
@@ -45,12 +45,12 @@ def _profile_rank(sizes, repeats: int) -> tuple[float, list[float]]:
     axis, dev = world(), device()
     a, b = (torch.randn(512, 512, device=dev) for _ in range(2))
     times = []
-    for _ in range(repeats + 2):
+    for _ in range(12):
         comm.barrier(axis)  # every rank multiplies at once, as in a step
         start = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - start)
-    flops = 2 * 512 ** 3 / statistics.median(times[2:])
+    flops = 2 * 512 ** 3 / min(times[2:])  # the fastest it ran: a peak, as a GPU's is
     seconds = []
     for nbytes in sizes:
         x = torch.zeros(nbytes // 4, device=dev)
@@ -64,13 +64,14 @@ def _profile_rank(sizes, repeats: int) -> tuple[float, list[float]]:
     return flops, seconds
 
 
-def profile(world_size: int = 2, sizes=SIZES, repeats: int = 5,
+def profile(world_size: int = 2, sizes=SIZES, repeats: int = 3,
             timeout: float = 60.0) -> calc.Cluster:
-    """This machine as `calc` sees a cluster, every constant MEASURED here: FLOP/s
-    of one rank (the slowest rank's median), all-reduce latency and bandwidth."""
+    """This machine as `calc` sees a cluster, every constant MEASURED here: the peak
+    FLOP/s of one rank (the fastest matmul any rank ran, as a GPU's peak is the best
+    case), all-reduce latency and bandwidth (the slowest rank's median times)."""
     run = launch(_profile_rank, world_size, sizes, repeats, timeout=timeout)
     fit = fit_alpha_beta(sizes, [max(r[1][i] for r in run) for i in range(len(sizes))])
-    return machine(min(r[0] for r in run), fit.alpha, fit.beta, world_size)
+    return machine(max(r[0] for r in run), fit.alpha, fit.beta, world_size)
 
 
 def machine(flops: float, a: float, c: float, world_size: int = 2) -> calc.Cluster:
@@ -102,7 +103,7 @@ def _steps(cfg, dp, pp, tp, global_batch, micro_batch, steps, seed):
     return times[1:]
 
 
-def measure_steps(cfg, sizes, global_batch: int, micro_batch: int = 1, steps: int = 4,
+def measure_steps(cfg, sizes, global_batch: int, micro_batch: int = 1, steps: int = 3,
                   seed: int = 0, timeout: float = 120.0) -> list[float]:
     """MEASURED seconds per training step (AdamW, float32) of `cfg` for each
     (dp, pp, tp) in ``sizes``: the slowest rank's step, median over ``steps``."""
@@ -130,7 +131,7 @@ class Prediction:
 
 
 def compare(cfg, sizes, cluster: calc.Cluster, global_batch: int, micro_batch: int = 1,
-            steps: int = 4, timeout: float = 120.0) -> list[Prediction]:
+            steps: int = 3, timeout: float = 120.0) -> list[Prediction]:
     """`calc.step_time` on ``cluster`` (efficiency 1: its peak is this machine's
     measured matmul speed; float32: 4 bytes per value and per gradient) beside
     `measure_steps`, for each (dp, pp, tp)."""
