@@ -8,7 +8,11 @@ the gradient of the batch mean is exactly the sum over dp ranks,
     ∇L = Σ_d Σ_i (count_di / N) ∇L_di,
 
 and a plain all-reduce (sum) finishes it — no division left to do, and never
-``ReduceOp.AVG`` (gloo gets it wrong on some versions; see minitp.comm).
+``ReduceOp.AVG`` (gloo gets it wrong on some versions; see minitp.comm). With
+context parallelism each cp rank holds a partial gradient too (its tokens'
+share of the mean over the cp group), so the sum runs over dp×cp
+(`Mesh.dp_cp`, which `minitp.parallelize` passes here), as Megatron folds cp
+into its data-parallel gradient group.
 
 `GradSync`: bucketed all-reduce started from backward hooks. Each parameter's
 hook fires as soon as autograd has accumulated its gradient; when every

@@ -39,6 +39,10 @@ next unit in forward order before it waits its own, and each unit's backward
 unit's parameters travel while its neighbour computes (FSDP's forward and
 backward prefetch). The price is two units' gathered parameters alive at once.
 
+With context parallelism the axis every unit is sharded over is dp×cp
+(`Mesh.dp_cp`, given by `minitp.parallelize`): the cp ranks hold the same
+parameters and partial gradients of them, as the dp ranks do, so "N_d" is dp·cp.
+
 Gradients are reduce-scattered for every microbatch (as DeepSpeed and FSDP do);
 shards accumulate the microbatches. Sequence parallelism leaves some gradients
 partial over tp: after the dp reduce-scatter those shard elements are summed
