@@ -16,7 +16,10 @@ nothing in the library imports it. Each lab is one module:
 * `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
   and split into compute and communication from the trace (lesson 09);
 * `explorer`: memory per GPU and step time of runs too large to launch, from
-  `minitp.calc`, with an ipywidgets front end (lesson 10).
+  `minitp.calc`, with an ipywidgets front end (lesson 10);
+* `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
+  same ranks, measured side by side, and ZeRO-3's parameter bytes through a
+  step (lesson 12).
 
 The labs are imported on first use (``minitp.labs.scaling``), not with the
 package: the explorer pulls in ipywidgets, which ranks never need.
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 
-LABS = ("activations", "explorer", "pipedream", "planning", "scaling")
+LABS = ("activations", "explorer", "megatron_or_zero", "pipedream", "planning", "scaling")
 
 __all__ = list(LABS)
 
