@@ -121,10 +121,10 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int
         check_context_split(cfg.seq_len, cp, tp, sequence_parallel)
         if cfg.dropout > 0:
             raise ValueError(
-                f"dropout={cfg.dropout} with cp={cp}: context parallelism does not draw "
-                "dropout masks that match one device's (each rank's attention probabilities "
-                "are a block of the whole), so it refuses rather than train a different "
-                "model; use dropout=0.0 with cp > 1")
+                f"dropout={cfg.dropout} with cp={cp}: context parallelism refuses dropout "
+                "(its ring never forms whole rows of attention probabilities to drop, and "
+                "no rank draws the masks one device would for its tokens), rather than "
+                "train a different model; use dropout=0.0 with cp > 1")
     if cfg.n_layer % (pp * virtual_stages):
         raise ValueError(
             f"n_layer={cfg.n_layer} is not divisible by pp*virtual_stages={pp * virtual_stages}"
