@@ -92,3 +92,21 @@ def test_calling_the_planner_is_refused_however_it_was_imported(tmp_path):
     report = mt.grade("ex10", path=wrong)
     assert [c.passed for c in report.checks] == [True, True, True, False], str(report)
     assert "calc.plan" in report.checks[3].detail
+
+
+def test_reading_the_answer_off_the_brute_force_search_is_refused_too(tmp_path):
+    wrong = tmp_path / "ex10_search.py"
+    wrong.write_text(
+        "from minitp.calc.search import every_configuration\n"
+        "def choose_plan(cfg, cluster, n_gpus, global_batch, memory_cap):\n"
+        "    c = next(c for c in every_configuration(cfg, cluster, n_gpus, global_batch,\n"
+        "                                            memory_cap) if c.fits)\n"
+        "    return {'dp': c.dp, 'pp': c.pp, 'tp': c.tp, 'recompute': c.recompute,\n"
+        "            'zero_stage': c.zero_stage}\n"
+    )
+    report = mt.grade("ex10", path=wrong)
+    assert not report.checks[3].passed, str(report)
+    assert "calc.search.every_configuration" in report.checks[3].detail
+    # and the search still works afterwards: the grader put the class back
+    from minitp.calc import search
+    assert search.Configuration.__name__ == "Configuration"

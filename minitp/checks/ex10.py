@@ -13,7 +13,8 @@ states, and:
 * is fast: `calc.step_time` within `TOLERANCE` of the fastest plan `calc.plan` finds
   in the same space (micro-batch 1, any ZeRO stage) — a slow one is told which part
   of its step (compute, tp, pp, dp, bubble) exceeds the best plan's the most;
-* was chosen, not looked up: `calc.plan` is not called while the learner's code runs.
+* was chosen, not looked up: neither `calc.plan` nor `calc.search.every_configuration`
+  is called while the learner's code runs.
 
 No process is launched: the grader is the calculator (well under a second).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import sys
 
 from minitp import calc
+from minitp.calc import search
 from minitp.calc.cluster import GiB
 from minitp.config import check_parallel_config
 from minitp.model import GPTConfig
@@ -34,7 +36,7 @@ KEYS = ("dp", "pp", "tp", "recompute", "zero_stage")
 NAMES = ["every plan is a valid split of the GPUs, the model and the batch",
          "every plan fits under its memory cap (calc.memory_per_gpu)",
          f"every plan's step time within {TOLERANCE:.0%} of the best calc.plan finds",
-         "chosen, not looked up: calc.plan not called"]
+         "chosen, not looked up: no planner called"]
 SHORTCUT = ("the point is to choose: use calc.memory_per_gpu and calc.step_time to weigh the "
             "plans you consider, not the planner's answer")
 
@@ -71,28 +73,35 @@ PART_HINTS = {
 
 
 class _Watch:
-    """Records calls of `calc.plan` while the learner's code runs. It patches the name
-    `Plan` that calc.plan's module looks up to build its answer, so every call is seen
-    however the learner imported `plan` (``from minitp.calc import plan`` binds the
-    function at import time, before any patch of ``calc.plan`` could catch it)."""
+    """Records calls of the two functions that give the answer away, `calc.plan` and
+    `calc.search.every_configuration`, while the learner's code runs. It patches the
+    class each one looks up to build its answer (`Plan`, `Configuration`), so every
+    call is seen however the learner imported the function (``from minitp.calc import
+    plan`` binds it at import time, before any patch of ``calc.plan`` could catch it)."""
+
+    ANSWER_CLASSES = ((calc.Plan, "calc.plan"),
+                      (search.Configuration, "calc.search.every_configuration"))
 
     def __init__(self):
         self.calls = []
-        self._module = sys.modules[calc.Plan.__module__]
+        self._patched = []
 
     def __enter__(self):
-        original, watch = self._module.Plan, self
+        for cls, called in self.ANSWER_CLASSES:
+            module = sys.modules[cls.__module__]
 
-        def plan_result(*args, **kwargs):
-            watch.calls.append("calc.plan")
-            return original(*args, **kwargs)
+            def recorded(*args, _cls=cls, _called=called, **kwargs):
+                self.calls.append(_called)
+                return _cls(*args, **kwargs)
 
-        self._original = original
-        self._module.Plan = plan_result
+            self._patched.append((module, cls))
+            setattr(module, cls.__name__, recorded)
         return self
 
     def __exit__(self, *exc):
-        self._module.Plan = self._original
+        for module, cls in self._patched:
+            setattr(module, cls.__name__, cls)
+        self._patched = []
 
 
 def run(module) -> list[Check]:
