@@ -15,8 +15,10 @@ stream, inherited from the terminal, is still there.
 Global batches are a function of (seed, step) (`minitp.data`), and every step
 reseeds the RNG from (seed, step): so runs at different (dp, pp, tp) see the
 same batches, and a run resumed from a checkpoint at step k continues exactly.
-The last line printed is one JSON object (steps, losses, tokens/s, and with
---check the largest loss difference from the single-process reference).
+The last line printed is one JSON object (steps, losses, tokens/s, model FLOP/s
+and MFU against the peak `minitp.peak` gives — a GPU's datasheet figure, a CPU's
+measured at start — and with --check the largest loss difference from the
+single-process reference).
 
 (Why one file: it is one program read top to bottom: the flags and
 their checks, what every rank runs, the parent, and the run directory; the
@@ -36,7 +38,7 @@ import time
 
 import torch
 
-from . import checkpoint, data
+from . import checkpoint, data, peak
 from .config import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
 from .model import GPT, GPTConfig
 
@@ -232,8 +234,7 @@ def memory_needed(args, cfg) -> dict:
     per_rank = scale * (states + 2 * on_rank["activations"])
     dense = scale * 4 * 2 * calc.exact_param_count(cfg)
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if _under_torchrun() else world
-    on_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= ranks
-    host = ranks * (dense + (0 if on_gpus else per_rank))
+    host = ranks * (dense + (0 if _on_gpus(world) else per_rank))
     if args.check:
         ref = calc.memory_per_gpu(cfg, args.batch_size, optimizer="adam-fp32")
         host += scale * (sum(ref[k] for k in ("parameters", "gradients", "optimizer"))
@@ -281,9 +282,10 @@ def step_seed(seed: int, step: int) -> int:
 
 
 # --------------------------------------------------------------------------- ranks
-def _rank(args, cfg, train_tokens, eval_tokens, start_step):
-    """What every rank runs: build (or load) the model, train, evaluate, sample."""
-    from . import comm, memory, trace, zero
+def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
+    """What every rank runs: build (or load) the model, train, evaluate, sample.
+    peak_flops: the run's peak FLOP/s (`minitp.peak`), for the progress bar's MFU."""
+    from . import calc, comm, memory, trace, zero
     from ._device import device as rank_device
     from .mesh import Mesh, world
     from .parallelize import parallelize
@@ -332,6 +334,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
     losses, evals, seconds, ledger = [], [], 0.0, None
     traced_step = args.steps - 1
     tokens_per_step = args.batch_size * cfg.seq_len
+    flops_per_step = calc.model_flops(cfg, args.batch_size)
     for step in range(start_step, args.steps):
         torch.manual_seed(step_seed(args.seed, step))
         batch = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
@@ -356,7 +359,10 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step):
                 bar.write(f"step {step + 1}: train loss {loss:.4f}, eval loss {evals[-1][1]:.4f}",
                           file=sys.__stderr__)
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / elapsed:,.0f}")
+            shown = dict(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / elapsed:,.0f}")
+            if peak_flops:
+                shown["mfu"] = f"{calc.mfu(flops_per_step, elapsed, 1, peak_flops):.1%}"
+            bar.set_postfix(**shown)
             bar.update(1)
     if bar is not None:
         bar.close()
@@ -466,12 +472,16 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
 
     printer = not _under_torchrun() or os.environ["RANK"] == "0"
     world = _world(args)
+    # Measured in this process before any rank starts (on a CPU), so that the ranks'
+    # own work does not slow the measurement of what the machine can do.
+    run_peak = peak.peak(_on_gpus(world), world, getattr(torch, args.dtype))
     wall = time.perf_counter()
     run = launch(_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
-                    timeout=args.timeout)
+                    run_peak.total if run_peak else None, timeout=args.timeout)
     lead = run[0]
     summary = {"steps": args.steps, "train_loss": lead["losses"][-1],
                "eval_loss": lead["evals"][-1][1], "tokens_per_s": round(lead["tokens_per_s"], 1)}
+    summary.update(_utilisation(cfg, args, lead, run_peak))
     ref = None
     if args.check and printer:
         ref = reference_losses(args, cfg, train_tokens, start_step)
@@ -486,6 +496,27 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
         print(f"run directory: {out}")
         print(json.dumps(summary), flush=True)
     return summary
+
+
+def _on_gpus(world: int) -> bool:
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if _under_torchrun() else world
+    return torch.cuda.is_available() and torch.cuda.device_count() >= ranks
+
+
+def _utilisation(cfg, args, lead, run_peak) -> dict:
+    """Model FLOP/s (Korthikanti et al.'s model FLOPs: recomputation not counted) and
+    MFU, with where the peak came from; no MFU where the peak is not known."""
+    from . import calc
+
+    achieved = calc.model_flops(cfg, args.batch_size) * len(lead["losses"]) / lead["seconds"]
+    out = {"model_flops_per_s": float(f"{achieved:.4g}")}
+    if run_peak is None:
+        out["mfu"], out["peak_source"] = None, "no datasheet peak for this GPU and dtype"
+    else:
+        out["mfu"] = round(achieved / run_peak.total, 5)
+        out["peak_flops"] = float(f"{run_peak.total:.4g}")
+        out["peak_source"] = run_peak.source
+    return out
 
 
 # --------------------------------------------------------------------------- run directory

@@ -15,6 +15,7 @@ from minitp import train
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--batch-size", "8", "--microbatches", "2", "--eval-every", "3", "--eval-batches", "2",
         "--sample-tokens", "8", "--dtype", "float64", "--no-progress"]
+TINY_CFG = dict(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=32)  # TINY's model
 
 
 def _cli(*flags, timeout=240, env=None):
@@ -40,8 +41,17 @@ def tiny_run(tmp_path_factory):
 
 def test_tiny_run_with_check(tiny_run):
     summary, out = tiny_run
-    assert set(summary) == {"steps", "train_loss", "eval_loss", "tokens_per_s", "max_loss_diff"}
+    assert set(summary) == {"steps", "train_loss", "eval_loss", "tokens_per_s", "max_loss_diff",
+                            "model_flops_per_s", "mfu", "peak_flops", "peak_source"}
     assert summary["steps"] == 6 and summary["max_loss_diff"] < 1e-10  # float64 parity
+    # MFU: the model's FLOPs per second over this CPU's measured matmul peak
+    assert summary["peak_source"].startswith("measured here")
+    tokens_per_s_implied = summary["model_flops_per_s"] / (
+        mt.calc.model_flops(mt.GPTConfig(**TINY_CFG), 1) / TINY_CFG["seq_len"])
+    assert tokens_per_s_implied == pytest.approx(summary["tokens_per_s"], rel=1e-3)
+    assert 0 < summary["mfu"] < 1
+    assert summary["mfu"] == pytest.approx(summary["model_flops_per_s"] / summary["peak_flops"],
+                                           rel=1e-3)
     metrics = json.loads((out / "metrics.json").read_text())
     losses = list(metrics["train_loss"].values())
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.5  # learning, clearly
