@@ -159,8 +159,9 @@ def validate(args, parser):
             parser.error(str(exc))
     world = _world(args)
     if _under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
+        product = "dp*pp*cp*tp" if args.cp > 1 else "dp*pp*tp"
         parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but "
-                     f"dp*pp*cp*tp = {world}")
+                     f"{product} = {world}")
     try:
         check_parallel_config(cfg, dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp,
                               sequence_parallel=args.sp, recompute=args.recompute,

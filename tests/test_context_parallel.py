@@ -298,3 +298,12 @@ def test_step_time_and_planner_take_cp():
     assert "cp=2" in str(found.best) and "cp groups span" in found.explain()
     with pytest.raises(ValueError, match="cp=3"):
         mt.calc.plan(cfg, mt.calc.A100_80GB, global_batch=16, n_gpus=32, cp=3)
+
+
+def test_cli_refuses_a_cp_the_sequence_cannot_take(capsys):
+    from minitp import train
+
+    with pytest.raises(SystemExit) as exit_:  # refused before any process starts
+        train.main(["--cp", "3", "--dp", "1", "--pp", "1", "--tp", "1"])
+    assert exit_.value.code == 2
+    assert "seq_len=64 is not divisible by 2*cp=6" in capsys.readouterr().err
