@@ -643,6 +643,14 @@ def _run_in_place(fn, world_size, args, kwargs, backend, timeout) -> Run:
         # will never join, so gathering the error would hang (or pair with their
         # collective and fail with a gloo error instead). torchrun stops the others.
         text = traceback.format_exc()
+        if _is_cascade(text):  # the echo of another rank's end, not this rank's own fault
+            raise LaunchError(
+                f"rank {rank} of {env_world} lost a peer: a collective failed with "
+                f"{text.strip().splitlines()[-1]!r}. Another rank of this job ended first "
+                "(its process or its node died, or it failed): the error that ended it is "
+                f"in that rank's log, on its node.\n{_tail(text, 8)}",
+                rank=rank, remote_traceback=text,
+            ) from exc
         raise LaunchError(
             f"rank {rank} of {env_world} failed:\n{_tail(text)}",
             rank=rank, remote_traceback=text,

@@ -40,6 +40,7 @@ import torch
 
 from . import checkpoint, data, peak
 from .config import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
+from .errors import LaunchError
 from .model import GPT, GPTConfig
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
@@ -466,6 +467,11 @@ def main(argv=None) -> dict:
         # show where the parent happened to be waiting.
         sys.stderr.write(f"{parser.prog}: stopped by Ctrl-C (every rank stopped)\n")
         raise SystemExit(130) from None
+    except LaunchError as error:
+        # Its message names the rank and ends with that rank's own traceback; the
+        # frames of this process above it would only bury that.
+        sys.stderr.write(f"{parser.prog}: {error}\n")
+        raise SystemExit(1) from None
 
 
 def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
@@ -475,7 +481,7 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
     world = _world(args)
     # Measured in this process before any rank starts (on a CPU), so that the ranks'
     # own work does not slow the measurement of what the machine can do.
-    run_peak = peak.peak(_on_gpus(world), world, getattr(torch, args.dtype))
+    run_peak = _run_peak(world, args)
     wall = time.perf_counter()
     run = launch(_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
                     run_peak.total if run_peak else None, timeout=args.timeout)
@@ -504,6 +510,13 @@ def _on_gpus(world: int) -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() >= ranks
 
 
+def _run_peak(world: int, args):
+    on_gpus = _on_gpus(world)
+    if _under_torchrun() and not on_gpus:
+        return None  # every rank would measure the shared cores at once: a wrong peak
+    return peak.peak(on_gpus, world, getattr(torch, args.dtype))
+
+
 def _utilisation(cfg, args, lead, run_peak) -> dict:
     """Model FLOP/s (Korthikanti et al.'s model FLOPs: recomputation not counted) and
     MFU, with where the peak came from; no MFU where the peak is not known."""
@@ -512,7 +525,10 @@ def _utilisation(cfg, args, lead, run_peak) -> dict:
     achieved = calc.model_flops(cfg, args.batch_size) * len(lead["losses"]) / lead["seconds"]
     out = {"model_flops_per_s": float(f"{achieved:.4g}")}
     if run_peak is None:
-        out["mfu"], out["peak_source"] = None, "no datasheet peak for this GPU and dtype"
+        out["mfu"], out["peak_source"] = None, (
+            "not measured: under torchrun on a CPU every rank would measure at once"
+            if _under_torchrun() and not _on_gpus(_world(args))
+            else "no datasheet peak for this GPU and dtype")
     else:
         out["mfu"] = round(achieved / run_peak.total, 5)
         out["peak_flops"] = float(f"{run_peak.total:.4g}")
