@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from minitp import trace
+from minitp._device import device
 from minitp.launch import launch
 from minitp.mesh import world
 
@@ -28,7 +29,7 @@ def _in_rank(ring_all_reduce):
     found = []
     for index, shape in enumerate(SHAPES):
         generator = torch.Generator().manual_seed(1000 * index + axis.rank)
-        x = torch.randn(shape, generator=generator, dtype=torch.float64)
+        x = torch.randn(shape, generator=generator, dtype=torch.float64).to(device())
         expected = x.clone()
         dist.all_reduce(expected)  # the reference, straight from torch.distributed
         first = len(trace.events())

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from minitp import trace
+from minitp._device import device
 from minitp.launch import launch
 from minitp.mesh import world
 
@@ -62,11 +63,13 @@ def _in_rank(vocab_parallel_cross_entropy):
     found = {}
     for index, name in enumerate(CASES):
         vocab, padded, full, targets = _case(name, torch.Generator().manual_seed(400 + index))
+        full, targets = full.to(device()), targets.to(device())  # drawn on the CPU
         reference = full[:, :vocab].clone().requires_grad_()
         expected = F.cross_entropy(reference, targets, ignore_index=-100)
         expected.backward()
         expected_grad = torch.cat(
-            [reference.grad, torch.zeros(len(targets), padded - vocab, dtype=torch.float64)], 1)
+            [reference.grad, torch.zeros(len(targets), padded - vocab, dtype=torch.float64,
+                                         device=device())], 1)
         width = padded // t
         columns = slice(axis.rank * width, (axis.rank + 1) * width)
         local = full[:, columns].reshape(BATCH, SEQ, width).clone().requires_grad_()
@@ -102,7 +105,7 @@ def _in_rank(vocab_parallel_cross_entropy):
         entry["grad_error"] = difference.max().item()
         kept = (targets != -100).unsqueeze(1)
         entry["ignored_rows_error"] = difference.masked_fill(kept, 0.0).max().item()
-        padding = torch.arange(columns.start, columns.stop) >= vocab
+        padding = torch.arange(columns.start, columns.stop, device=device()) >= vocab
         entry["padding_error"] = (local.grad.reshape(-1, width)[:, padding].abs().max().item()
                                   if padding.any() else 0.0)
         found[name] = entry

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from minitp._device import device
 from minitp.launch import launch
 from minitp.memory import ActivationLedger
 from minitp.mesh import Mesh, world
@@ -43,7 +44,7 @@ def _in_rank(recompute_attention_cores):
     mesh = Mesh(tp=world().size)
     cfg = GPTConfig(**CFG)
     torch.manual_seed(0)
-    ref = GPT(cfg).double()
+    ref = GPT(cfg).double().to(device())
     plain = parallelize(ref, mesh)
     mine = recompute_attention_cores(parallelize(ref, mesh))
     calls = {"fwd": 0, "bwd": 0}
@@ -55,7 +56,7 @@ def _in_rank(recompute_attention_cores):
     found = {"loss": [], "grad": (0.0, ""), "rng": True, "square": [], "calls": []}
     params = dict(plain.named_parameters())
     for step in range(STEPS):
-        x, y = _batch(step, cfg)
+        x, y = (t.to(device()) for t in _batch(step, cfg))  # drawn on the CPU
         torch.manual_seed(100 + step)
         _, plain_loss = plain(x, y)
         plain_loss.backward()
