@@ -87,10 +87,22 @@ class ParamMemory:
         self._handles: list = []
 
     def gathered_bytes(self) -> int:
-        """Bytes the gathered vectors alive now hold (a freed one holds 0). First the
-        GIL is let go for a moment: gloo's thread drops its reference to a finished
-        collective's buffer only when it gets it."""
-        time.sleep(0.0005)
+        """Bytes the gathered vectors alive now hold (a freed one holds 0).
+
+        gloo's thread drops its reference to a finished collective's buffer only when
+        it next gets the GIL, so one reading can still count a buffer that is already
+        freed. We let go of the GIL and read again until two readings a millisecond
+        apart agree (at most 50 ms): a buffer still held then is really held."""
+        total, deadline = self._alive_bytes(), time.monotonic() + 0.05
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+            again = self._alive_bytes()
+            if again == total:
+                break
+            total = again
+        return total
+
+    def _alive_bytes(self) -> int:
         seen, total = set(), 0
         for ref in self._buffers:
             t = ref()
