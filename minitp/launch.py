@@ -203,9 +203,21 @@ def _warm_up(ctx) -> None:
     if pid is not None and pid == _warm_forkserver_pid:
         return
     probe = ctx.Process(target=int, name="minitp-warm-up", daemon=True)
-    with _without_main_module():
-        probe.start()
-    probe.join()
+    try:
+        with _without_main_module():
+            probe.start()
+        probe.join()
+    except BaseException as stopped:
+        # Cut short (Ctrl-C while the forkserver starts cold), a start leaves its
+        # half-made Popen in the traceback's frames, holding two descriptors until the
+        # garbage collector finds them; a started probe holds its sentinel. Free both now.
+        if probe.pid is not None:
+            probe.kill()
+            probe.join(_EXIT_WAIT_S)
+            if probe.exitcode is not None:
+                probe.close()
+        traceback.clear_frames(stopped.__traceback__)
+        raise
     probe.close()
     _warm_forkserver_pid = pid
 
