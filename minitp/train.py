@@ -523,15 +523,15 @@ def _utilisation(cfg, args, lead, run_peak) -> dict:
     from . import calc
 
     achieved = calc.model_flops(cfg, args.batch_size) * len(lead["losses"]) / lead["seconds"]
-    out = {"model_flops_per_s": float(f"{achieved:.4g}")}
+    out = {"model_flops_per_s": float(f"{achieved:.6g}")}
     if run_peak is None:
         out["mfu"], out["peak_source"] = None, (
             "not measured: under torchrun on a CPU every rank would measure at once"
             if _under_torchrun() and not _on_gpus(_world(args))
             else "no datasheet peak for this GPU and dtype")
     else:
-        out["mfu"] = round(achieved / run_peak.total, 5)
-        out["peak_flops"] = float(f"{run_peak.total:.4g}")
+        out["mfu"] = float(f"{achieved / run_peak.total:.6g}")
+        out["peak_flops"] = float(f"{run_peak.total:.6g}")
         out["peak_source"] = run_peak.source
     return out
 
