@@ -16,6 +16,7 @@ command line is ``minitp/grade.py``.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import sys
 import uuid
@@ -25,7 +26,7 @@ import cloudpickle
 
 from ._paths import repo_root
 from .checks import EXERCISES
-from .checks.base import Check, Report, failure_check
+from .checks.base import Check, Report, failure_check, file_lacks
 
 __all__ = ["Check", "Report", "exercise_path", "failure_check", "grade", "load", "main"]
 
@@ -69,11 +70,28 @@ def grade(exercise: str, solutions: bool = False, path: str | Path | None = None
                                    hint="fix the error above, save the file, grade again"))
         return report
     try:
-        report.checks.extend(spec.run(module))
+        missing = [name for name in _interface(exercise) if not hasattr(module, name)]
+        if missing:  # renamed or deleted: say so, rather than let a check trip over it
+            report.checks.extend(file_lacks(["the file defines the exercise's names"],
+                                            ", ".join(missing)))
+        else:
+            report.checks.extend(spec.run(module))
     finally:
         cloudpickle.unregister_pickle_by_value(module)
         sys.modules.pop(module.__name__, None)
     return report
+
+
+def _interface(exercise: str) -> list[str]:
+    """The public functions and classes the exercise's solution defines: the names
+    the learner's file must keep (exercises/ is generated from solutions/ with the
+    same names). None to check where solutions/ is not at hand."""
+    try:
+        source = exercise_path(exercise, solutions=True).read_text()
+    except FileNotFoundError:
+        return []
+    return [node.name for node in ast.parse(source).body
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_")]
 
 
 def _shown_path(file: Path) -> str:

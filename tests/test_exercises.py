@@ -216,3 +216,18 @@ def test_ex08_fails_a_sync_that_waits_for_backward_to_end(tmp_path):
     report = mt.grade("ex08", path=late)
     assert [c.passed for c in report.checks] == [True, True, False] * 2, str(report)
     assert "started after backward ended" in report.checks[2].detail
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_a_file_without_the_exercises_names_is_told_which(exercise, tmp_path):
+    """A renamed or deleted function is one failed check naming it, before any check
+    runs, for every exercise (not an AttributeError from deep inside a grader)."""
+    solution = ast.parse(mt.grading.exercise_path(exercise, solutions=True).read_text())
+    public = [n.name for n in solution.body
+              if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")]
+    empty = tmp_path / "empty.py"
+    empty.write_text("import torch\n")
+    report = mt.grade(exercise, path=empty)
+    assert [(c.name, c.passed) for c in report.checks] == [
+        ("the file defines the exercise's names", False)], str(report)
+    assert report.checks[0].detail == f"the file has no {', '.join(public)}"

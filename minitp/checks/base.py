@@ -63,6 +63,13 @@ class Report:
     __repr__ = __str__
 
 
+def file_lacks(names: Sequence[str], missing: str) -> list[Check]:
+    """Every check failed the same way: the learner's file has no ``missing`` (a name
+    renamed or deleted), so nothing could be run."""
+    return [Check(n, False, f"the file has no {missing}",
+                  hint="keep the names of the exercise file") for n in names]
+
+
 def not_written(names: Sequence[str], function: str, hint: str) -> list[Check]:
     """The checks of an exercise whose ``function`` is still a blank, for a grader that
     calls the learner's code in this process: the first says so, with the blank's hint."""
