@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -110,8 +108,8 @@ def _copy_into_peer(peer: Peer, ref: mt.GPT) -> None:
 # --------------------------------------------------------------------------- the rows
 def _world_of_one() -> None:
     if not dist.is_initialized():
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="bench-"), "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        # one rank in this process: an in-memory store, nothing left on disk
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def build(row: str, shape, device) -> nn.Module:
