@@ -13,8 +13,8 @@ for the course, 1 when a check failed (the row says which and why):
   backend and device `mt.launch` will choose here, and why;
 - a real all-reduce on every backend this node can run, checked for the right sum;
 - the α–β cost of an all-reduce per world size, *measured* here (the smallest of
-  a few timed repeats per message size, the slowest rank's, fitted by
-  `fit_alpha_beta`);
+  ten timed repeats per message size, each the slowest rank's time, the best
+  repeat kept, fitted by `fit_alpha_beta`);
 - whether every import in the course's notebooks resolves.
 
 Nothing here is modelled: every time is a measurement on this node.
@@ -41,7 +41,7 @@ from .launch import launch
 from .viz.collectives import fit_alpha_beta
 
 ALL_REDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20)  # small enough for a laptop, large enough to fit β
-REPEATS = 5
+REPEATS = 10  # the best of these is kept: a busy node disturbs some repeats, rarely all
 LAUNCH_TIMEOUT_S = 60.0
 
 
@@ -60,20 +60,27 @@ def _all_reduce_probe(sizes: tuple[int, ...], repeats: int) -> dict:
     x = torch.full((4,), float(rank + 1), device=device)
     dist.all_reduce(x)
     correct = bool((x == world * (world + 1) / 2).all())
-    seconds = []
+    seconds = []  # per size, every repeat's time on this rank
     for nbytes in sizes:
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
         dist.all_reduce(x)  # warm: buffers and connections set up outside the timing
-        best = float("inf")
+        times = []
         for _ in range(repeats):
             dist.barrier()
             _synchronize(device)
             start = time.perf_counter()
             dist.all_reduce(x)
             _synchronize(device)
-            best = min(best, time.perf_counter() - start)
-        seconds.append(best)
+            times.append(time.perf_counter() - start)
+        seconds.append(times)
     return {"correct": correct, "seconds": seconds}
+
+
+def collective_seconds(per_rank: list[list[float]]) -> float:
+    """One size's time from every rank's repeats: a collective ends when its slowest rank does,
+    so each repeat counts as its slowest rank's time; the best repeat is the one least
+    disturbed by whatever else the node was running."""
+    return min(max(repeat) for repeat in zip(*per_rank, strict=True))
 
 
 def _synchronize(device: torch.device) -> None:
@@ -135,9 +142,10 @@ def check_all_reduce(worlds: list[int]) -> tuple[list[Check], dict]:
             if not all(r["correct"] for r in run):
                 checks.append(Check(name, False, "wrong sum: the collective ran but disagreed"))
                 continue
-            slowest = [max(r["seconds"][i] for r in run) for i in range(len(ALL_REDUCE_BYTES))]
-            fit = fit_alpha_beta(ALL_REDUCE_BYTES, slowest)
-            fits[f"{backend}/{world}"] = {"bytes": list(ALL_REDUCE_BYTES), "seconds": slowest,
+            seconds = [collective_seconds([r["seconds"][i] for r in run])
+                       for i in range(len(ALL_REDUCE_BYTES))]
+            fit = fit_alpha_beta(ALL_REDUCE_BYTES, seconds)
+            fits[f"{backend}/{world}"] = {"bytes": list(ALL_REDUCE_BYTES), "seconds": seconds,
                                           "alpha_s": fit.alpha, "beta_s_per_byte": fit.beta}
             measured = (f"measured {fit}" if fit.beta > 0 else
                         f"measured α ≈ {fit.alpha * 1e6:.0f} µs; β not resolved (the time did "

@@ -22,9 +22,21 @@ def test_the_doctor_runs_a_real_all_reduce_and_says_the_node_is_ready():
     assert "world 1: " in rule and "world 2: " in rule
     fit = report["all_reduce"]["gloo/2"]
     assert fit["bytes"] == list(doctor.ALL_REDUCE_BYTES)
-    assert all(t > 0 for t in fit["seconds"]) and fit["beta_s_per_byte"] > 0
-    # measured, so the times rise with the message: 1 MiB takes longer than 4 KiB
-    assert fit["seconds"][-1] > fit["seconds"][0]
+    assert all(t > 0 for t in fit["seconds"])
+    # Times are measured, so on a busy node they need not rise with the message (CI once saw
+    # 4 KiB take 3.6 ms and 1 MiB 0.6 ms); the doctor must then say so rather than print a β.
+    detail = next(c for c in report["checks"] if c["name"] == "all-reduce, gloo, world 2")["detail"]
+    if fit["beta_s_per_byte"] > 0:
+        assert detail.startswith("correct sum; measured α")
+    else:
+        assert "β not resolved" in detail
+
+
+def test_a_collective_takes_its_slowest_rank_time_and_the_least_disturbed_repeat():
+    # two ranks, three repeats: rank 1 was descheduled in repeat 0, rank 0 in repeat 2
+    rank0 = [0.001, 0.002, 0.050]
+    rank1 = [0.040, 0.003, 0.002]
+    assert doctor.collective_seconds([rank0, rank1]) == 0.003
 
 
 def _notebook(path, *sources):
