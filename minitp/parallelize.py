@@ -47,8 +47,8 @@ def label_pieces(model: GPT) -> None:
 
 
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
-                virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0
-                ) -> ParallelGPT | PipelineGPT:
+                virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
+                tp_overlap: bool = False) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
     tp: every layer is sharded by the plan table. pp: the layers are cut into
@@ -66,7 +66,15 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     (gathered around each unit's forward and backward): `minitp.zero`. Make the
     optimizer with ``mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=…)``,
     which steps what this rank owns at that stage.
+
+    tp_overlap: each layer's GEMMs chunked along the sequence and overlapped with
+    sequence parallelism's all-gathers / reduce-scatters (`minitp.tp_overlap`);
+    needs sequence_parallel=True and tp > 1.
     """
+    if tp_overlap and not (sequence_parallel and mesh.tp.size > 1):
+        raise ValueError(f"tp_overlap=True needs sequence_parallel=True and tp > 1 (got "
+                         f"sequence_parallel={sequence_parallel}, tp={mesh.tp.size}): it "
+                         "overlaps sequence parallelism's collectives with the GEMMs")
     if not isinstance(ref, GPT):
         raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
     check_parallel_config(ref.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
@@ -74,7 +82,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
                           virtual_stages=virtual_stages, world_size=mesh.world_size,
                           zero_stage=zero_stage)
     model = copy.deepcopy(ref)
-    apply_tensor_parallel(model, mesh.tp, sequence_parallel)
+    apply_tensor_parallel(model, mesh.tp, sequence_parallel, tp_overlap)
     apply_context_parallel(model, mesh.cp)
     apply_recompute(model, recompute)
     label_pieces(model)

@@ -32,6 +32,7 @@ from .loss import vocab_parallel_cross_entropy
 from .mesh import Axis
 from .module_plan import apply_plan, matches
 from .tags import set_tags
+from .tp_overlap import OverlappedColumnParallelLinear, OverlappedRowParallelLinear
 
 
 class SequenceShardedPositions(nn.Module):
@@ -115,6 +116,14 @@ def _positions(m, tp, sp, model):
     return SequenceShardedPositions(m, tp)
 
 
+def _overlapped_column(m, tp, sp, model):
+    return OverlappedColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+
+
+def _overlapped_row(m, tp, sp, model):
+    return OverlappedRowParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+
+
 # What each module of the plain GPT becomes on a tensor-parallel rank.
 TENSOR_PARALLEL_PLAN = [
     ("wte", _vocab),  # rows split by vocabulary; also the tied output projection's weight
@@ -136,15 +145,32 @@ SEQUENCE_PARALLEL_PLAN = [
     ("blocks.*.attn.dropout", _dropout),
     ("blocks.*.mlp.dropout", _dropout),
 ]
+# With tp_overlap (sequence parallelism only), the four GEMMs of a layer whose input
+# all-gather or output reduce-scatter can be chunked and overlapped (`minitp.tp_overlap`)
+# take the place of their plain rules above.
+TP_OVERLAP_PLAN = {
+    "blocks.*.attn.qkv": _overlapped_column,
+    "blocks.*.attn.proj": _overlapped_row,
+    "blocks.*.mlp.fc": _overlapped_column,
+    "blocks.*.mlp.proj": _overlapped_row,
+}
 SEQUENCE_PARALLEL_PARTIAL_GRADS = [
     "wpe.*", "ln_f.*", "blocks.*.ln1.*", "blocks.*.ln2.*",
     # the row-parallel biases are tagged by RowParallelLinear itself
 ]
 
 
-def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool) -> None:
-    """Shard `model` (a plain GPT, changed in place) over the tensor-parallel axis."""
-    plan = TENSOR_PARALLEL_PLAN + (SEQUENCE_PARALLEL_PLAN if sequence_parallel else [])
+def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
+                          tp_overlap: bool = False) -> None:
+    """Shard `model` (a plain GPT, changed in place) over the tensor-parallel axis;
+    `tp_overlap`: the layers' GEMMs overlapped with their collectives (needs SP)."""
+    if tp_overlap and not (sequence_parallel and tp.size > 1):
+        raise ValueError("tp_overlap=True overlaps sequence parallelism's all-gathers and "
+                         "reduce-scatters: it needs sequence_parallel=True and tp > 1")
+    plan = TENSOR_PARALLEL_PLAN
+    if tp_overlap:
+        plan = [(pattern, TP_OVERLAP_PLAN.get(pattern, make)) for pattern, make in plan]
+    plan = plan + (SEQUENCE_PARALLEL_PLAN if sequence_parallel else [])
     apply_plan(model, plan, (tp, sequence_parallel, model))
     if sequence_parallel:
         for name, p in model.named_parameters():

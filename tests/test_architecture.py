@@ -21,12 +21,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitp"
 # higher ones. The package facade (minitp/__init__) is the roof: nothing imports it.
 FLOORS = [
     (0, ["config", "errors", "_paths", "tags", "module_plan", "data", "_io_counters"]),
-    (1, ["_device", "trace", "mesh", "calc", "peak"]),
+    (1, ["_device", "trace", "mesh", "calc", "peak", "mixed_precision"]),
     (2, ["comm", "_worker"]),
     (3, ["launch", "mappings", "dropout", "partial_grads", "dense"]),
     (4, ["layers", "loss", "model"]),
-    (5, ["tensor_parallel", "context_parallel", "recompute", "schedules", "stage",
-         "data_parallel"]),
+    (5, ["tensor_parallel", "tp_overlap", "context_parallel", "recompute", "schedules",
+         "stage", "data_parallel"]),
     (6, ["pipeline", "zero"]),
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory"]),
