@@ -16,23 +16,11 @@ before a chunk's GEMM and waited on after it: that is the overlap.
 
 import pytest
 import torch
+from test_tensor_parallel import CFG, TOLERANCE, _batches  # 12 heads: tp 2, 3, 4
 
 import minitp as mt
 
-TOLERANCE = 1e-10
-CFG = dict(vocab_size=10, seq_len=12, n_layer=2, n_head=12, d_model=24)  # 12: tp 2, 3, 4
-BATCH = 4
-
-
-def _batches(steps, cfg):
-    generator = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(steps):
-        x = torch.randint(0, cfg.vocab_size, (BATCH, cfg.seq_len), generator=generator)
-        y = torch.randint(0, cfg.vocab_size, (BATCH, cfg.seq_len), generator=generator)
-        y[0, :3] = -100  # ignored targets
-        out.append((x, y))
-    return out
+BATCH = 4  # what _batches draws
 
 
 def _train_three_ways(tp):
