@@ -26,7 +26,7 @@ FLOORS = [
     (3, ["launch", "mappings", "dropout", "partial_grads", "dense"]),
     (4, ["layers", "loss", "model"]),
     (5, ["tensor_parallel", "tp_overlap", "context_parallel", "recompute", "schedules",
-         "stage", "data_parallel"]),
+         "stage", "data_parallel", "tensor_parallel_2d"]),
     (6, ["pipeline", "zero"]),
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory"]),

@@ -13,7 +13,8 @@ measures.
 
 Modules: `params` (counts), `memory` (model states, activations), `comm` (bytes
 per axis), `flops` (FLOPs, MFU, bubble, training time), `cluster` (hardware
-presets), `timing` (`step_time`), `plan` (enumerate, fit, rank).
+presets), `timing` (`step_time`), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
+tensor parallelism of one linear layer: bytes, collectives, latency terms).
 """
 
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
@@ -45,6 +46,7 @@ from .params import (
 )
 from .plan import Candidate, Plan, plan
 from .timing import StepTime, microbatch_count, step_time
+from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
 
 __all__ = [
     "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DGX2H_V100", "H100_80GB", "OPTIMIZERS",
@@ -53,6 +55,7 @@ __all__ = [
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
     "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
     "param_count", "params_per_rank", "params_per_stage", "plan", "pp_comm_bytes",
-    "ring_wire_bytes", "step_time", "tp_collectives_per_layer", "tp_comm_bytes",
+    "ring_wire_bytes", "step_time", "tp1d_linear_bytes", "tp2d_linear_bytes",
+    "tp2d_linear_parts", "tp_collectives_per_layer", "tp_comm_bytes", "tp_linear_latency",
     "training_seconds",
 ]
