@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex12
+from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex12, ex13
 
 
 @dataclass(frozen=True)
@@ -38,4 +38,6 @@ EXERCISES = {
                      "memory cap, graded by the calculator", ex10.run),
     "ex12": Exercise("ex12_zero3_unit.py", "a ZeRO-3 unit: gather, free, gather again, "
                      "reduce-scatter", ex12.run),
+    "ex13": Exercise("ex13_online_softmax.py", "the online-softmax merge, then one step of "
+                     "ring attention", ex13.run),
 }
