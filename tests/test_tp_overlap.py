@@ -148,3 +148,32 @@ def _overlapped_row_without_sp():
     from minitp.tp_overlap import OverlappedRowParallelLinear
     return OverlappedRowParallelLinear(8, 4, mt.Mesh(tp=2).tp, sequence_parallel=False,
                                        device=mt.device())
+
+
+# --------------------------------------------------------------------------- the model
+def test_model_of_the_saving_by_hand():
+    from minitp.calc import A100_80GB
+    from minitp.calc.tp_overlap import tp_overlap_model
+    # GPT-3's layer on A100s (h 12288, s 2048, t 8, b 1, bf16): one hop moves 2048/8·12288·2
+    # bytes over 300 GB/s after 5 µs; 8 collectives of 7 hops, none hidden without overlap
+    m = tp_overlap_model(12288, 2048, 8, A100_80GB)
+    hop = 5e-6 + 2048 // 8 * 12288 * 2 / 300e9
+    assert m.hop == pytest.approx(hop, rel=1e-12)
+    assert m.comm_exposed_plain == pytest.approx(8 * 7 * hop, rel=1e-12)
+    # at peak the smallest chunk GEMM (2·256·h·h/8 FLOPs: 31 µs) outlasts a hop: all hidden
+    assert m.smallest_chunk_gemm == pytest.approx(2 * 256 * 12288**2 / 8 / 312e12, rel=1e-12)
+    assert m.comm_exposed_overlap == 0
+    compute = 3 * (24 * 2048 * 12288**2 + 4 * 2048**2 * 12288) / 8 / 312e12
+    assert m.saving == pytest.approx(8 * 7 * hop / (compute + 8 * 7 * hop), rel=1e-12)
+    # one hop per collective left exposed
+    late = tp_overlap_model(12288, 2048, 8, A100_80GB, first_hop_exposed=True)
+    assert late.comm_exposed_overlap == pytest.approx(8 * hop, rel=1e-12)
+    # a layer too small to hide its hops: each hop exposes c − g
+    small = tp_overlap_model(256, 64, 4, A100_80GB)
+    per = 0.0
+    for d_in, d_out in ((1, 3), (1, 1), (1, 4), (4, 1)):
+        g = 2 * 16 * (d_in * 256) * (d_out * 256) / 4 / 312e12
+        per += 2 * 3 * max(0.0, small.hop - g)
+    assert small.comm_exposed_overlap == pytest.approx(per, rel=1e-12) and per > 0
+    with pytest.raises(ValueError, match="t >= 2"):
+        tp_overlap_model(256, 64, 1, A100_80GB)
