@@ -13,7 +13,8 @@ measures.
 
 Modules: `params` (counts), `memory` (model states, activations), `comm` (bytes
 per axis), `flops` (FLOPs, MFU, bubble, training time), `cluster` (hardware
-presets), `timing` (`step_time`), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
+presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
+saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
 tensor parallelism of one linear layer: bytes, collectives, latency terms).
 """
 
@@ -46,16 +47,17 @@ from .params import (
 )
 from .plan import Candidate, Plan, plan
 from .timing import StepTime, microbatch_count, step_time
+from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
 
 __all__ = [
     "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DGX2H_V100", "H100_80GB", "OPTIMIZERS",
-    "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
+    "OverlapModel", "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
     "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
     "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
     "param_count", "params_per_rank", "params_per_stage", "plan", "pp_comm_bytes",
     "ring_wire_bytes", "step_time", "tp1d_linear_bytes", "tp2d_linear_bytes",
     "tp2d_linear_parts", "tp_collectives_per_layer", "tp_comm_bytes", "tp_linear_latency",
-    "training_seconds",
+    "tp_overlap_model", "training_seconds",
 ]
