@@ -156,3 +156,23 @@ def test_2d_sends_fewer_bytes_exactly_where_the_model_says(measured):
                  < model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64))
     assert ring_wins == (d < 2 * tokens)
     assert (two < one) == ring_wins, f"measured 1D {one}, 2D {two}"
+
+
+def test_the_grid_picture_bolds_the_row_of_x_and_the_column_of_w():
+    from minitp.viz.grid import summa_grid
+
+    fig = summa_grid(q=3, rank=5)  # (i, j) = (1, 2)
+    bold = {p.get_gid() for ax in fig.axes for p in ax.patches if p.get_linewidth() > 2}
+    assert bold == {"X10", "X11", "X12", "W02", "W12", "W22", "Y12"}
+    with pytest.raises(ValueError):
+        summa_grid(q=2, rank=4)
+
+
+def test_the_bytes_picture_marks_where_2d_starts_to_win():
+    from minitp.viz.grid import bytes_vs_n
+
+    fig = bytes_vs_n([(2048, 4096)], ns=(4, 9, 16))  # d/T = 2: 2D wins from N = 9
+    circles = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
+    assert [tuple(c.get_xdata()) for c in circles] == [(9,)]
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert all("(model)" in label for label in labels)

@@ -12,7 +12,8 @@ same layer four ways: 1D row-parallel, 1D column-parallel, 2D with all-gathers
 and 2D with SUMMA's broadcasts. For each rank and scheme it returns the bytes
 measured (each collective's ``sent_bytes``: what the kernel counted the rank
 writing to its sockets, `minitp._io_counters`), the trace's ring model of the
-same events, and the collectives counted; `minitp.calc.two_d` has the formulas.
+same events, the collectives counted and the time spent in them;
+`minitp.calc.two_d` has the formulas.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class SchemeBytes:
     collectives: tuple[str, ...]  # "op@axis" in the order the rank ran them
     model_bytes: int  # the trace's ring model of those events (a MODEL)
     sent_bytes: int | None  # measured: the kernel's count; None where not measurable
+    comm_seconds: float  # measured: wall-clock time inside those collectives
 
 
 def _one_pass(scheme: str, dense: nn.Linear, x, grad, grid: Grid):
@@ -119,7 +121,8 @@ def _measure(tokens: int, d_in: int, d_out: int) -> list[SchemeBytes]:
         sent = [e.sent_bytes for e in events]
         rows.append(SchemeBytes(scheme, rank, tuple(f"{e.op}@{e.axis}" for e in events),
                                 sum(e.model_bytes for e in events),
-                                None if None in sent else sum(sent)))
+                                None if None in sent else sum(sent),
+                                sum(e.duration for e in events)))
     return rows
 
 
