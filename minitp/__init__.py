@@ -33,12 +33,13 @@ from .parallelize import parallelize
 from .pipeline import PipelineGPT
 from .stage import ParallelGPT
 from .step import train_step
+from .tensor_parallel_2d import Linear2D
 from .trace import Event
 from .zero import make_optimizer
 
 __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
-    "LaunchError", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
+    "LaunchError", "Linear2D", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
     "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "config",
     "context_parallel", "data", "data_parallel", "device", "explorer", "grade", "labs",
     "launch", "layout", "make_optimizer", "mappings", "memory",
