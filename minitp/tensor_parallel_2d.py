@@ -76,8 +76,10 @@ class Grid:
     def __init__(self, q: int | None = None):
         _require_initialized("Grid(...)")
         world_size = dist.get_world_size()
-        if q is None:
-            q = math.isqrt(world_size)
+        if q is None and math.isqrt(world_size) ** 2 != world_size:
+            raise ValueError(f"a q x q grid needs a square number of ranks (4, 9, 16, ...), "
+                             f"but this run has world size {world_size}")
+        q = math.isqrt(world_size) if q is None else q
         if q * q != world_size:
             raise ValueError(f"a {q} x {q} grid needs {q * q} ranks, but this run has "
                              f"world size {world_size}")

@@ -75,7 +75,7 @@ def test_a_grid_needs_a_square_world_and_divisible_sizes():
     assert "d_in=3 is not divisible by the grid size q=2" in refused[0]
     assert "collective must be one of" in refused[1]
     assert grid == "Grid(2x2) on rank 3: (i, j) = (1, 1), row [2, 3], col [1, 3]"
-    with pytest.raises(mt.LaunchError, match="a 1 x 1 grid needs 1 ranks"):
+    with pytest.raises(mt.LaunchError, match="needs a square number of ranks"):
         mt.launch(Grid, 2, timeout=60)
 
 
