@@ -19,7 +19,10 @@ nothing in the library imports it. Each lab is one module:
   `minitp.calc`, with an ipywidgets front end (lesson 10);
 * `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
   same ranks, measured side by side, and ZeRO-3's parameter bytes through a
-  step (lesson 12).
+  step (lesson 12);
+* `long_sequences`: what sequence parallelism leaves whole, activation memory
+  against sequence length with and without context parallelism, the ring's
+  trace, and the causal work per rank with and without load balancing (lesson 13).
 
 The labs are imported on first use (``minitp.labs.scaling``), not with the
 package: the explorer pulls in ipywidgets, which ranks never need.
@@ -29,7 +32,8 @@ from __future__ import annotations
 
 import importlib
 
-LABS = ("activations", "explorer", "megatron_or_zero", "pipedream", "planning", "scaling")
+LABS = ("activations", "explorer", "long_sequences", "megatron_or_zero", "pipedream", "planning",
+        "scaling")
 
 __all__ = list(LABS)
 

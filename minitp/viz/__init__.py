@@ -13,7 +13,8 @@ kinds of colour blindness; shapes and text carry the same information as colour.
 
 One module per kind of picture: timeline, collectives (before/after,
 bandwidth), tensor_parallel, memory (lessons 04-06), pipeline (the Gantt chart),
-mesh (the 3D mesh), planning, scaling, zero (ZeRO-3's parameter memory);
+mesh (the 3D mesh), planning, scaling, zero (ZeRO-3's parameter memory), ring
+(context parallelism: the ring from a trace, causal work, memory vs length);
 _style holds the palette and units they share. Everything is importable from here.
 """
 
@@ -55,6 +56,11 @@ from .planning import (  # noqa: F401
     memory_and_time,
     plan_candidates,
 )
+from .ring import (  # noqa: F401
+    causal_work,
+    memory_vs_length,
+    ring,
+)
 from .run import (  # noqa: F401
     run_losses,
     run_memory,
@@ -89,11 +95,13 @@ __all__ = [
     "TIME_COLORS",
     "bandwidth",
     "before_after",
+    "causal_work",
     "fit_alpha_beta",
     "human_bytes",
     "human_seconds",
     "masks",
     "memory_and_time",
+    "memory_vs_length",
     "memory_vs_t",
     "mesh_3d",
     "op_name",
@@ -101,6 +109,7 @@ __all__ = [
     "pipeline_gantt",
     "plan_candidates",
     "rank_color",
+    "ring",
     "run_losses",
     "run_memory",
     "run_wire_bytes",
