@@ -15,6 +15,10 @@ sent to ``axis.next`` (the trace); after n steps, causal attention over the whol
 sequence computed on one process. Named: the ring turned the wrong way (the
 block of rank r+s), K/V not passed on (sent nothing, or returned its own block),
 keys later than the query attended (no causal mask, or later blocks not skipped).
+
+Why one file: the two parts grade one idea (the merge is what the ring step folds
+each block in with) and share the reference partial, `_partial`; the ring's three
+checks read the same per-step record, field by field.
 """
 
 from __future__ import annotations
