@@ -29,6 +29,9 @@ RECOMPUTE_MODES = (None, "selective", "full")
 # ZeRO (Rajbhandari et al. 2020) shards over the data-parallel axis: 0 nothing (plain
 # data parallelism), 1 the optimizer state, 2 also the gradients, 3 also the parameters.
 ZERO_STAGES = (0, 1, 2, 3)
+# Parameter dtypes `parallelize` can cast to: None keeps the reference model's dtype;
+# "bfloat16" is mixed precision (`minitp.mixed_precision`). float16 would need loss scaling.
+PARAM_DTYPES = (None, "bfloat16")
 
 
 # --------------------------------------------------------------------------- checks
@@ -46,6 +49,18 @@ def check_zero_stage(stage) -> None:
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES} (0: no ZeRO; 1 shards the "
                          f"optimizer state, 2 also gradients, 3 also parameters), got {stage!r}")
+
+
+def check_param_dtype(name, zero_stage: int = 0) -> None:
+    """`name`: a parameter dtype's name ("bfloat16") or None (keep the model's)."""
+    if name not in PARAM_DTYPES:
+        hint = (" (float16 also needs loss scaling, which minitp does not do)"
+                if name == "float16" else " (for one dtype throughout, cast the model itself)")
+        raise ValueError(f"param_dtype must be None or bfloat16, got {name!r}{hint}")
+    if name is not None and zero_stage >= 2:
+        raise ValueError(f"param_dtype={name} with zero_stage={zero_stage}: mixed precision runs "
+                         "with ZeRO stages 0 and 1 (its float32 gradients and master weights "
+                         "are not sharded by stages 2 and 3 yet)")
 
 
 def check_schedule(schedule, virtual_stages: int = 1) -> None:
@@ -97,7 +112,8 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int
                           sequence_parallel: bool = False, recompute=None,
                           virtual_stages: int = 1, world_size: int | None = None,
                           schedule=None, microbatches: int | None = None,
-                          batch_size: int | None = None, zero_stage: int = 0) -> None:
+                          batch_size: int | None = None, zero_stage: int = 0,
+                          param_dtype: str | None = None) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way. Call it in the parent, before any process starts; `parallelize`
     calls it again on every rank, and `train_step` with the schedule,
@@ -134,6 +150,7 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int
                          "splits each pipeline rank's layers into several chunks")
     check_recompute(recompute)
     check_zero_stage(zero_stage)
+    check_param_dtype(param_dtype, zero_stage)
     if world_size is not None and dp * pp * cp * tp != world_size:
         if cp == 1:
             raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "

@@ -36,6 +36,12 @@ import torch.nn as nn
 
 from . import comm, trace
 from .mesh import Axis, Mesh
+from .mixed_precision import MASTER_DTYPE, grad_of, set_grad, zero_main_grads
+
+
+def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
+    g = grad_of(p)
+    return g if g is not None else torch.zeros_like(p)
 
 
 class GradSync:
@@ -71,8 +77,7 @@ class GradSync:
 
     def _start(self, i: int) -> None:
         bucket = self.buckets[i]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in bucket])
+        flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in bucket])
         with trace.label(f"dp grads bucket{i}"), trace.phase("bwd"):
             self._pending[i] = comm.all_reduce_start(flat, self.axis)
 
@@ -88,10 +93,7 @@ class GradSync:
         for i, bucket in enumerate(self.buckets):
             flat = self._pending[i].wait()
             for p, g in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
-                if p.grad is None:
-                    p.grad = g.view_as(p).clone()
-                else:
-                    p.grad.copy_(g.view_as(p))
+                set_grad(p, g)
         self._pending.clear()
         self._arrived = [0] * len(self.buckets)
         self.armed = False
@@ -134,7 +136,11 @@ class Zero1Optimizer(ShardOptimizer):
         self.shard_size = self.padded // axis.size
         lo = axis.rank * self.shard_size
         flat = self._flatten([p.detach() for p in self.params])
-        self.shard = nn.Parameter(flat[lo:lo + self.shard_size].clone())
+        # Under mixed precision the shard is this rank's float32 master slice.
+        self.mixed = any(hasattr(p, "main_grad") for p in self.params)
+        shard = flat[lo:lo + self.shard_size]
+        self.shard = nn.Parameter(shard.to(MASTER_DTYPE) if self.mixed else shard.clone())
+        self.masters = [self.shard] if self.mixed else []
         self.inner = optimizer_class([self.shard], **kwargs)
         self.param_groups, self.state = self.inner.param_groups, self.inner.state
 
@@ -143,6 +149,9 @@ class Zero1Optimizer(ShardOptimizer):
         return torch.nn.functional.pad(flat, (0, self.padded - flat.numel()))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.mixed:
+            zero_main_grads(self.params)
+            return
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -150,12 +159,12 @@ class Zero1Optimizer(ShardOptimizer):
                 p.grad.zero_()
 
     def step(self) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [_grad_or_zeros(p) for p in self.params]
         with trace.label("zero1 grads"), trace.phase("bwd"):
             self.shard.grad = comm.reduce_scatter(self._flatten(grads), self.axis)
         self.inner.step()
-        with trace.label("zero1 params"):
-            flat = comm.all_gather(self.shard.detach(), self.axis)
+        with trace.label("zero1 params"):  # in the parameters' dtype: bf16 travels as bf16
+            flat = comm.all_gather(self.shard.detach().to(self.params[0].dtype), self.axis)
         offset = 0
         with torch.no_grad():
             for p in self.params:

@@ -26,6 +26,7 @@ import torch
 from . import comm, trace
 from .config import IGNORE_INDEX, check_token_ids
 from .mesh import Axis
+from .mixed_precision import loss_precision
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -92,7 +93,7 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
     check_token_ids(targets, true_vocab, "target id", ignore_index=ignore_index)
     with trace.forward_phase():
         return _VocabParallelCrossEntropy.apply(
-            local_logits, targets, axis, ignore_index, vocab_size
+            loss_precision(local_logits), targets, axis, ignore_index, vocab_size
         )
 
 

@@ -68,18 +68,30 @@ def model_state_bytes(model: nn.Module, optimizer=None) -> dict:
     Rajbhandari et al. 2019 (ZeRO): 2 + 2 + 12 bytes per parameter for
     mixed-precision Adam; here, in one dtype of e bytes, Adam keeps exp_avg and
     exp_avg_sq (2e per parameter) and a 4-byte step per parameter tensor it steps.
+
+    Under bf16 mixed precision (`minitp.mixed_precision`) "gradients" are the
+    float32 ``main_grad`` buffers and the optimizer's float32 master weights are
+    optimizer state ("master", as the ZeRO paper counts them in its K = 12):
+    2 + 4 + (4 + 4 + 4) = 18 bytes per parameter at stage 0.
     """
     params = {id(p): p for p in model.parameters()}
+    masters = list(getattr(optimizer, "masters", []))  # mixed precision's float32 copies
     if optimizer is not None:  # what the optimizer steps: the model's tensors, or its own
         for group in getattr(optimizer, "param_groups", ()):
             params.update((id(p), p) for p in group["params"])
+    for master in masters:
+        params.pop(id(master), None)
     params = list(params.values())
     seen: set = set()
+    grads = [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None]
+    grads += [m.grad for m in masters if m.grad is not None]  # ZeRO-1's reduce-scattered slice
     result = {
         "parameters": _unique_storage_bytes(params, seen),
-        "gradients": _unique_storage_bytes((p.grad for p in params if p.grad is not None), seen),
+        "gradients": _unique_storage_bytes(grads, seen),
     }
     per_key: dict[str, int] = {}
+    if masters:
+        per_key["master"] = _unique_storage_bytes(masters, seen)
     if optimizer is not None:
         for state in optimizer.state.values():
             for key, value in state.items():

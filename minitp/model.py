@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import IGNORE_INDEX, check_token_ids
+from .mixed_precision import loss_precision
 
 ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
 
@@ -183,6 +184,7 @@ class CrossEntropy(nn.Module):
 
     def forward(self, logits, targets):  # (B, T, V), (B, T)
         check_token_ids(targets, self.vocab_size, "target id", ignore_index=IGNORE_INDEX)
+        logits = loss_precision(logits)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                ignore_index=IGNORE_INDEX)
 

@@ -29,6 +29,7 @@ from . import trace
 from .config import check_parallel_config, layer_label
 from .context_parallel import apply_context_parallel
 from .mesh import Mesh
+from .mixed_precision import attach_main_grads, dtype_name
 from .model import GPT
 from .pipeline import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
@@ -48,7 +49,7 @@ def label_pieces(model: GPT) -> None:
 
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
-                tp_overlap: bool = False) -> ParallelGPT | PipelineGPT:
+                tp_overlap: bool = False, param_dtype=None) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
     tp: every layer is sharded by the plan table. pp: the layers are cut into
@@ -70,6 +71,11 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     tp_overlap: each layer's GEMMs chunked along the sequence and overlapped with
     sequence parallelism's all-gathers / reduce-scatters (`minitp.tp_overlap`);
     needs sequence_parallel=True and tp > 1.
+
+    param_dtype: None keeps `ref`'s dtype; ``torch.bfloat16`` is mixed precision
+    (`minitp.mixed_precision`): bf16 parameters and activations, a float32
+    ``main_grad`` per parameter that accumulates its gradients, and float32
+    master weights in the optimizer `mt.make_optimizer` gives (ZeRO stages 0, 1).
     """
     if tp_overlap and not (sequence_parallel and mesh.tp.size > 1):
         raise ValueError(f"tp_overlap=True needs sequence_parallel=True and tp > 1 (got "
@@ -80,8 +86,10 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     check_parallel_config(ref.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
                           cp=mesh.cp.size, sequence_parallel=sequence_parallel, recompute=recompute,
                           virtual_stages=virtual_stages, world_size=mesh.world_size,
-                          zero_stage=zero_stage)
+                          zero_stage=zero_stage, param_dtype=dtype_name(param_dtype))
     model = copy.deepcopy(ref)
+    if param_dtype is not None:
+        model.to(param_dtype)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel, tp_overlap)
     apply_context_parallel(model, mesh.cp)
     apply_recompute(model, recompute)
@@ -89,6 +97,8 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
+    if param_dtype is not None:  # before the dp hooks: they read what these collect
+        attach_main_grads(stages)
     attach_data_parallel(stages, mesh.dp_cp, zero_stage, bucket_bytes)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline

@@ -13,16 +13,17 @@ import torch
 
 from . import comm, trace
 from .mesh import Axis
+from .mixed_precision import grad_of, set_grad
 
 
 def sum_partial_grads(params, tp: Axis) -> None:
     """Sum `params`' gradients over `tp`: one all-reduce of all of them flattened
     together, rather than one per parameter."""
-    params = [p for p in params if p.grad is not None]
+    params = [p for p in params if grad_of(p) is not None]
     if not params or tp.size == 1:
         return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = torch.cat([grad_of(p).reshape(-1) for p in params])
     with trace.label("sequence-parallel grads"), trace.phase("bwd"):
         flat = comm.all_reduce(flat, tp)
     for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
-        p.grad.copy_(g.view_as(p.grad))
+        set_grad(p, g)

@@ -25,6 +25,7 @@ import torch.nn as nn
 from . import comm, trace
 from .config import unit_label
 from .mesh import Axis, Mesh, layout
+from .mixed_precision import grad_of, set_grad
 from .partial_grads import sum_partial_grads
 from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, simulate  # noqa: F401
 from .stage import ParallelGPT
@@ -115,9 +116,10 @@ class PipelineGPT(nn.Module):
         if self.embedding is None:
             return
         weight = self.chunks[0].wte.weight if self.chunks[0].first else self.chunks[-1].head.weight
-        grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        grad = grad_of(weight)
+        grad = grad if grad is not None else torch.zeros_like(weight)
         with trace.label("embedding grads"), trace.phase("bwd"):
-            weight.grad = comm.all_reduce(grad, self.embedding)
+            set_grad(weight, comm.all_reduce(grad, self.embedding))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The dense model's parameters under the plain names, on every rank:

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from .dense import gather_dense
 from .mesh import Mesh
+from .mixed_precision import grad_of
 from .model import GPT, GPTConfig
 from .partial_grads import sum_partial_grads
 from .tags import tag
@@ -65,5 +66,5 @@ class ParallelGPT(GPT):
     def full_grad_dict(self) -> dict[str, torch.Tensor]:
         """The dense model's gradients, gathered likewise (call after backward and,
         with sequence parallelism, after `sync_partial_grads`)."""
-        return gather_dense(((n, p, p.grad) for n, p in self.named_parameters()),
+        return gather_dense(((n, p, grad_of(p)) for n, p in self.named_parameters()),
                             self.mesh.tp, self.layer_offset)

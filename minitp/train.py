@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lr-decay-steps", type=int, default=None, metavar="N",
       help="the step where the cosine ends (default --steps; give the same N to a run "
            "and to its resumed continuation so both follow one schedule)")
-    a("--dtype", choices=("float32", "float64"), default="float32")
+    a("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
+      help="bfloat16: mixed precision (bf16 parameters and activations, float32 gradients "
+           "and master weights; --check then compares with a float64 reference)")
     a("--eval-every", type=int, default=40, help="steps between evaluations (default 40)")
     a("--eval-batches", type=int, default=8)
     a("--sample-tokens", type=int, default=200, help="bytes of text sampled at the end")
@@ -168,9 +170,13 @@ def validate(args, parser):
                               sequence_parallel=args.sp, recompute=args.recompute,
                               virtual_stages=args.virtual_stages, world_size=world,
                               schedule=args.schedule, microbatches=args.microbatches,
-                              batch_size=args.batch_size, zero_stage=args.zero_stage)
+                              batch_size=args.batch_size, zero_stage=args.zero_stage,
+                              param_dtype="bfloat16" if _mixed(args) else None)
     except ValueError as exc:
         parser.error(str(exc))
+    if _mixed(args) and (args.save or args.load):
+        parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
+                     "would lose its float32 master weights, so minitp does not write them yet")
     need, have = memory_needed(args, cfg), available_memory()
     if have is not None and need["machine"] > have:
         parser.error(
@@ -194,6 +200,10 @@ def validate(args, parser):
     except ValueError as exc:
         parser.error(f"{args.data or 'the corpus'}: {exc}")
     return cfg, train_tokens, eval_tokens, start_step
+
+
+def _mixed(args) -> bool:
+    return args.dtype == "bfloat16"
 
 
 def _world(args) -> int:
@@ -225,16 +235,17 @@ def memory_needed(args, cfg) -> dict:
     """
     from . import calc
 
-    scale = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 4
+    mixed = _mixed(args)  # bf16 with float32 gradients and masters: the 18-byte layout
+    scale = 1 if mixed else torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 4
     world = _world(args)
     micro = max(1, args.batch_size // (args.dp * args.microbatches))
     on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
-                                  args.recompute, args.zero_stage, "adam-fp32",
-                                  args.virtual_stages,
+                                  args.recompute, args.zero_stage,
+                                  "megatron" if mixed else "adam-fp32", args.virtual_stages,
                                   args.microbatches, cp=args.cp)
     states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
-    per_rank = scale * (states + 2 * on_rank["activations"])
-    dense = scale * 4 * 2 * calc.exact_param_count(cfg)
+    per_rank = scale * (states + (1 if mixed else 2) * on_rank["activations"])
+    dense = scale * 4 * 2 * calc.exact_param_count(cfg)  # float32 copies when mixed
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if _under_torchrun() else world
     host = ranks * (dense + (0 if _on_gpus(world) else per_rank))
     if args.check:
@@ -293,7 +304,10 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     from .parallelize import parallelize
     from .step import train_step
 
-    dtype, device = getattr(torch, args.dtype), rank_device()  # cuda:local_rank under NCCL
+    # Mixed precision: the float32 model is cast by parallelize (param_dtype) and
+    # the dense copy for evaluation stays float32.
+    dtype = torch.float32 if _mixed(args) else getattr(torch, args.dtype)
+    device = rank_device()  # cuda:local_rank under NCCL
     mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp)
     lead = mesh.rank == 0
 
@@ -302,6 +316,8 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
 
     plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
                 virtual_stages=args.virtual_stages, zero_stage=args.zero_stage)
+    if _mixed(args):
+        plan["param_dtype"] = torch.bfloat16
     if args.load:
         model, optimizer, _ = checkpoint.load(args.load, mesh, optimizer_factory=new_optimizer,
                                               **plan)
@@ -430,8 +446,9 @@ def _utf8_after(pending: list[int], token: int) -> list[int]:
 
 # --------------------------------------------------------------------------- parent
 def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
-    """The single-process GPT trained on the same batches (for --check)."""
-    dtype = getattr(torch, args.dtype)
+    """The single-process GPT trained on the same batches (for --check); in float64
+    for a mixed-precision run, which it then shows how closely bf16 tracks."""
+    dtype = torch.float64 if _mixed(args) else getattr(torch, args.dtype)
     if args.load:
         ref, _, dense_optim = checkpoint.load_dense(args.load)
         optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)

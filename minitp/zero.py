@@ -68,6 +68,7 @@ from . import comm, trace
 from .config import check_zero_stage
 from .data_parallel import ShardOptimizer, Zero1Optimizer, attach_grad_sync
 from .mesh import Axis, Mesh
+from .mixed_precision import MixedPrecisionOptimizer, is_mixed
 from .recompute import Recomputed
 from .tags import tag
 
@@ -461,6 +462,8 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
     or its units' shards (s = 2, 3: `ShardedOptimizer`)."""
     stage = zero_stage_of(model)
     if stage == 0:
+        if is_mixed(model):  # float32 masters of the bf16 parameters
+            return MixedPrecisionOptimizer(model.parameters(), optimizer_class, **kwargs)
         return optimizer_class(model.parameters(), **kwargs)
     if stage == 1:  # over dp×cp: the group the gradients are summed over (mesh.dp_cp)
         return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class, **kwargs)
@@ -513,7 +516,14 @@ def check_checkpointable(model, optimizer=None) -> None:
     the optimizer's state in its dense per-parameter form: an optimizer that is not
     the one `make_optimizer` gives a model at its ZeRO stage (a plain optimizer over
     stage 3's shards steps tensors no dense parameter name stands for). Call it
-    before training; `checkpoint.save` calls it before any collective."""
+    before training; `checkpoint.save` calls it before any collective. A
+    mixed-precision model is refused: its float32 master weights, which the next
+    step starts from, are not written yet (the bf16 parameters are only their
+    rounding)."""
+    if is_mixed(model):
+        raise TypeError("checkpoint: a mixed-precision (param_dtype=bfloat16) model cannot be "
+                        "saved yet: its float32 master weights would be lost; train it in "
+                        "float32 to save and resume")
     if optimizer is None:
         return
     stage = zero_stage_of(model)
