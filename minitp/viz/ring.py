@@ -58,8 +58,10 @@ def ring(events, *, title: str | None = None):
     for (src, dst), these in pairs.items():
         (x0, y0), (x1, y1) = where[src], where[dst]
         left.annotate("", (x1 * 0.8, y1 * 0.8), (x0 * 0.8, y0 * 0.8),
-                      arrowprops={"arrowstyle": "-|>", "color": rank_color(src), "lw": 2,
-                                  "connectionstyle": "arc3,rad=-0.25"}, gid=f"pair-{src}-{dst}")
+                      arrowprops={"arrowstyle": "-|>,head_width=0.4,head_length=0.8",
+                                  "color": rank_color(src), "lw": 2, "shrinkA": 16,
+                                  "shrinkB": 16, "connectionstyle": "arc3,rad=-0.25"},
+                      gid=f"pair-{src}-{dst}")
         mx, my = (x0 + x1) / 2, (y0 + y1) / 2
         norm = math.hypot(mx, my) or 1.0
         left.text(mx / norm * 0.95, my / norm * 0.95,
