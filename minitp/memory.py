@@ -263,6 +263,8 @@ class ActivationLedger:
                         self._record(raw.data, f"{name} scalar")
 
     def _record(self, tensor: torch.Tensor, op: str, only_if_new: bool = False) -> None:
+        if tensor.numel() == 0:  # keeps no bytes (a placeholder some torch builds save on
+            return               # CUDA beside checkpoint's real inputs): not an activation
         key = _storage_key(tensor)
         base = tensor._base if tensor._base is not None else tensor
         if (key in self._excluded or isinstance(base, nn.Parameter)
