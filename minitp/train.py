@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "ranks, attention by ring (default 1)")
     a("--sp", action=argparse.BooleanOptionalAction, default=True,
       help="sequence parallelism (default on)")
+    a("--tp-overlap", action="store_true",
+      help="overlap sequence parallelism's all-gathers and reduce-scatters with the GEMMs, "
+           "chunk by chunk (needs --sp and --tp > 1)")
     a("--recompute", choices=("selective", "full"), default=None)
     a("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
     a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
@@ -174,6 +177,10 @@ def validate(args, parser):
                               param_dtype="bfloat16" if _mixed(args) else None)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.tp_overlap and not (args.sp and args.tp > 1):
+        parser.error(f"--tp-overlap overlaps sequence parallelism's collectives with the GEMMs: "
+                     f"it needs --sp and --tp > 1 (got {'--sp' if args.sp else '--no-sp'}, "
+                     f"--tp {args.tp})")
     if _mixed(args) and (args.save or args.load):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")
@@ -315,7 +322,8 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         return torch.optim.Adam(tensors, lr=args.lr)
 
     plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
-                virtual_stages=args.virtual_stages, zero_stage=args.zero_stage)
+                virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
+                tp_overlap=args.tp_overlap)
     if _mixed(args):
         plan["param_dtype"] = torch.bfloat16
     if args.load:

@@ -80,12 +80,13 @@ def test_save_then_load_at_another_tp_continues_the_curve(tmp_path, tiny_run):
     assert max(abs(after[k] - whole[k]) for k in after) < 1e-10
 
 
-def test_default_topology_with_zero_3_matches_one_process(tmp_path):
-    """The default topology (dp=2 pp=2 tp=2) at a tiny size, float64, with ZeRO-3 over
-    dp (the default run itself, without ZeRO, is test_default_run_learns): parity
-    with one process."""
-    done = _cli("--steps", "4", "--check", "--zero-stage", "3", "--out", str(tmp_path / "run"),
-                *TINY)
+def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
+    """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
+    dp and the overlapped tensor-parallel GEMMs (the default run itself is
+    test_default_run_learns; each option alone: tests/test_zero.py,
+    tests/test_tp_overlap.py): parity with one process."""
+    done = _cli("--steps", "4", "--check", "--zero-stage", "3", "--tp-overlap",
+                "--out", str(tmp_path / "run"), *TINY)
     summary = _summary(done)
     assert summary["max_loss_diff"] < 1e-10
 
@@ -143,6 +144,7 @@ BAD = [
     (["--steps", "ten"], "invalid int value"),
     (["--zero-stage", "4"], "invalid choice: 4"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--tp-overlap", "--no-sp"], "--tp-overlap overlaps sequence parallelism's collectives"),
     (["--dtype", "bfloat16", "--zero-stage", "2"], "param_dtype=bfloat16 with zero_stage=2"),
     (["--dtype", "bfloat16", "--save", "ckpt"], "would lose its float32 master weights"),
 ]
