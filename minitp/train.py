@@ -589,7 +589,8 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
         "reference_train_loss": (dict(zip(steps, reference, strict=True))
                                  if reference is not None else None),
         "memory_per_rank": [r["memory"] for r in run],
-        "wire_bytes_per_axis_one_step": comm_bytes,
+        # the ring formula's bytes (a MODEL) beside what the ranks' sockets measured
+        "model_bytes_per_axis_one_step": comm_bytes,
         "sent_bytes_per_axis_one_step": sent,
     }
     with open(os.path.join(out, "metrics.json"), "w") as f:

@@ -57,7 +57,9 @@ def test_tiny_run_with_check(tiny_run):
     assert list(metrics["eval_loss"]) == ["3", "6"]
     assert len(metrics["memory_per_rank"]) == 2
     assert all(m["activations"] > 0 and m["optimizer"] > 0 for m in metrics["memory_per_rank"])
-    assert metrics["wire_bytes_per_axis_one_step"]["tp"] > 0
+    assert metrics["model_bytes_per_axis_one_step"]["tp"] > 0  # a model: named as one
+    assert "wire_bytes_per_axis_one_step" not in metrics
+    assert metrics["sent_bytes_per_axis_one_step"]["tp"] > 0  # measured
     reference = list(metrics["reference_train_loss"].values())  # drawn in loss.png
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-10
     for picture in ("loss", "memory", "comm", "timeline"):
