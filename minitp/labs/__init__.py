@@ -22,7 +22,11 @@ nothing in the library imports it. Each lab is one module:
   step (lesson 12);
 * `long_sequences`: what sequence parallelism leaves whole, activation memory
   against sequence length with and without context parallelism, the ring's
-  trace, and the causal work per rank with and without load balancing (lesson 13).
+  trace, and the causal work per rank with and without load balancing (lesson 13);
+* `step_timing`: training steps of several models timed in turn on every rank
+  (lesson 06 and `bench/gpu_figures.py`);
+* `gpu_figures`: the figures `bench/gpu_figures.py` recorded on a GPU, read back
+  for lessons 01, 06 and 09 (or a plain statement that none was recorded).
 
 The labs are imported on first use (``minitp.labs.scaling``), not with the
 package: the explorer pulls in ipywidgets, which ranks never need.
@@ -32,8 +36,8 @@ from __future__ import annotations
 
 import importlib
 
-LABS = ("activations", "explorer", "long_sequences", "megatron_or_zero", "pipedream", "planning",
-        "scaling")
+LABS = ("activations", "explorer", "gpu_figures", "long_sequences", "megatron_or_zero",
+        "pipedream", "planning", "scaling", "step_timing")
 
 __all__ = list(LABS)
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import calc, comm, trace
+from .._device import device
 from ..config import check_parallel_config, layer_label
 from ..launch import Run, launch
 from ..mesh import Mesh, world
@@ -171,11 +172,12 @@ def _time_steps(configs, batch, steps, warmup, seed, threads, lr):
     results = []
     for cfg in configs:
         torch.manual_seed(seed)  # the same plain model and batch on every rank
-        model = parallelize(GPT(cfg), mesh)
+        # on this rank's device: under NCCL, CPU tensors would go through gloo unnoticed
+        model = parallelize(GPT(cfg).to(device()), mesh)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed + 1)
-        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
-        y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
+        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator).to(device())
+        y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator).to(device())
         with trace.paused():
             for _ in range(warmup):
                 train_step(model, (x, y), mesh, optimizer)
