@@ -194,7 +194,7 @@ class Pending:
     """
 
     def __init__(self, post, op, axis: Axis | None, tensor, nbytes, peer=None, result=None,
-                 then=None):
+                 then=None, via: str = "p2p"):
         self.result, self.then = result, then
         self.done = post is None
         if self.done:
@@ -211,7 +211,7 @@ class Pending:
         except BaseException:
             window.close()
             raise
-        self.traced = _traced(op, axis, tensor, nbytes, peer=peer, window=window)
+        self.traced = _traced(op, axis, tensor, nbytes, peer=peer, window=window, via=via)
 
     def wait(self):
         if self.done:
@@ -227,22 +227,26 @@ class Pending:
         return self.result
 
 
-def isend(x: torch.Tensor, dst: int, tag: int = 0) -> Pending:
+def isend(x: torch.Tensor, dst: int, tag: int = 0, via: str = "p2p") -> Pending:
     """Start sending `x` to global rank `dst`; returns at once. Keep the `Pending`
-    and `wait()` on it before the step ends (the message holds `x` until then)."""
+    and `wait()` on it before the step ends (the message holds `x` until then).
+    `via`: the axis name its Event carries — "p2p" for the pipeline's messages, the
+    ring's axis ("cp", "tp") for a ring built from sends — so bytes are counted
+    under the parallelism that sent them."""
     payload = x.detach().contiguous()
     return Pending(lambda: dist.isend(payload, dst, tag=tag), "send", None, payload,
-                   payload.numel() * payload.element_size(), peer=dst, result=payload)
+                   payload.numel() * payload.element_size(), peer=dst, result=payload, via=via)
 
 
-def irecv(x: torch.Tensor, src: int, tag: int = 0) -> Pending:
+def irecv(x: torch.Tensor, src: int, tag: int = 0, via: str = "p2p") -> Pending:
     """Start receiving into `x` from global rank `src`; ``wait()`` returns `x` filled.
     Messages between two ranks are matched by `tag`, so several kinds of message
-    (activations, gradients, of different microbatches) may be in flight at once."""
+    (activations, gradients, of different microbatches) may be in flight at once.
+    `via`: as `isend`'s."""
     if not x.is_contiguous():
         raise ValueError("irecv needs a contiguous buffer")
     return Pending(lambda: dist.irecv(x, src, tag=tag), "recv", None, x,
-                   x.numel() * x.element_size(), peer=src, result=x)
+                   x.numel() * x.element_size(), peer=src, result=x, via=via)
 
 
 def all_reduce_start(x: torch.Tensor, axis: Axis) -> Pending:
@@ -312,9 +316,10 @@ class _traced:
     this process writes meanwhile, record the Event. `window`: one already opened
     (by `Pending`, when the op was posted)."""
 
-    def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None, src=0, window=None):
+    def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None, src=0, window=None,
+                 via: str = "p2p"):
         self.op, self.axis, self.tensor, self.nbytes, self.peer = op, axis, tensor, nbytes, peer
-        self.src, self.window = src, window
+        self.src, self.window, self.via = src, window, via  # via: a send's axis name
 
     def describe(self) -> str:
         where = f"axis {self.axis.name} ranks {list(self.axis.ranks)}" if self.axis else (
@@ -342,7 +347,7 @@ class _traced:
         self.rec.leave()
         self.rec.add(
             op=self.op,
-            axis=self.axis.name if self.axis else "p2p",
+            axis=self.axis.name if self.axis else self.via,
             shape=tuple(self.tensor.shape),
             dtype=str(self.tensor.dtype).removeprefix("torch."),
             nbytes=int(self.nbytes),

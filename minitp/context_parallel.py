@@ -161,10 +161,12 @@ def _pairs(rank: int, src: int, cp: int):
 def _post(tensors, kinds, step: int, cp: Axis):
     """Send `tensors` to the next rank of the ring and post their receives from the
     previous one; returns (sends, receives), each a list of `comm.Pending`."""
-    sends = [comm.isend(t, cp.next, _TAG + 8 * step + kind) for t, kind in zip(tensors, kinds,
-                                                                            strict=True)]
+    # traced under the cp axis's name, so the ring's bytes are counted as cp's, not the pipeline's
+    sends = [comm.isend(t, cp.next, _TAG + 8 * step + kind, via=cp.name)
+             for t, kind in zip(tensors, kinds, strict=True)]
     recvs = [comm.irecv(torch.empty(t.shape, dtype=t.dtype, device=t.device), cp.prev,
-                        _TAG + 8 * step + kind) for t, kind in zip(tensors, kinds, strict=True)]
+                        _TAG + 8 * step + kind, via=cp.name)
+             for t, kind in zip(tensors, kinds, strict=True)]
     return sends, recvs
 
 

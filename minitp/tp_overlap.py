@@ -70,7 +70,8 @@ def gather_then_apply(x: torch.Tensor, fn, axis: Axis):
         held[owner] = cur
         if k < t - 1:  # pass it on while multiplying it
             buf = torch.empty_like(cur)
-            pending = [comm.isend(cur, nxt, tag=RING_TAG), comm.irecv(buf, prv, tag=RING_TAG)]
+            pending = [comm.isend(cur, nxt, tag=RING_TAG, via=axis.name),
+                       comm.irecv(buf, prv, tag=RING_TAG, via=axis.name)]
         outs[owner] = _gemm("gemm", owner, fn, cur)
         if k < t - 1:
             for p in pending:
@@ -89,7 +90,8 @@ def apply_then_reduce_scatter(fn, axis: Axis) -> torch.Tensor:
     for k in range(1, t):
         c = (r - k - 1) % t  # the chunk whose running sum arrives now
         buf = torch.empty_like(acc)
-        pending = [comm.isend(acc, nxt, tag=RING_TAG), comm.irecv(buf, prv, tag=RING_TAG)]
+        pending = [comm.isend(acc, nxt, tag=RING_TAG, via=axis.name),
+                   comm.irecv(buf, prv, tag=RING_TAG, via=axis.name)]
         part = _gemm("gemm", c, fn, c)  # my term, while the sum so far travels
         for p in pending:
             p.wait()

@@ -103,6 +103,7 @@ def _ring_alone():
         sends = {}
         for e in mt.trace.events()[before:]:
             if e.op == "send":
+                assert e.axis == "cp", e  # the ring's bytes are cp's, not the pipeline's
                 key = (e.phase, e.label)
                 sends[key] = sends.get(key, 0) + 1
         errors = [(cpar.gather_sequence(y.detach(), cp, dim=2) - expected).abs().max().item()]

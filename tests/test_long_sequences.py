@@ -41,7 +41,7 @@ def test_the_labs_ring_is_causal_attention_and_counts_each_ranks_blocks():
 
 
 def _send(rank, peer, start, label="layer0.ring K/V", phase="fwd"):
-    return Event(rank=rank, op="send", axis="p2p", shape=(4,), dtype="float32", nbytes=16,
+    return Event(rank=rank, op="send", axis="cp", shape=(4,), dtype="float32", nbytes=16,
                  model_bytes=16, start=start, end=start + 0.001, phase=phase, label=label,
                  peer=peer)
 
@@ -55,7 +55,7 @@ def test_the_ring_picture_draws_one_arrow_per_send():
     right = fig.axes[1]
     assert sum(t.get_gid() == "send" for t in right.texts) == 6
     assert {t.get_gid() for t in fig.axes[0].texts} >= {"pair-0-1", "pair-1-2", "pair-2-0"}
-    with pytest.raises(ValueError, match="no point-to-point sends"):
+    with pytest.raises(ValueError, match="no sends of a ring over .cp."):
         viz.ring(events[-1:])
 
 

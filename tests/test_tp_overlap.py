@@ -112,6 +112,7 @@ def test_trace_shows_the_chunked_ring():
                 # the SP collectives are gone from the layer: only the ring's messages
                 assert {e.op for e in mine} == {"send", "recv", "compute"}, where
                 assert len(sends) == len(recvs) == 4 * (tp - 1), where
+                assert {e.axis for e in sends + recvs} == {"tp"}, where  # counted as tp's bytes
                 assert len(gemms) == 4 * tp, where
                 # every GEMM is cut into chunks 0..t-1 (4 GEMMs: each chunk 4 times)
                 chunks = sorted(int(e.label.rsplit("gemm", 1)[1]) for e in gemms)

@@ -151,7 +151,7 @@ def _ring_once(shape, seed: int):
 def ring_trace(shape=(1, 2, 32, 8), seed: int = 0, timeout: float = 60.0):
     """One call of ring attention at cp = 4 (q, k, v of `shape` (B, heads, T, d)),
     forward and backward, on real processes; returns the `Run` (its `.trace` holds
-    every K/V and dK/dV message, axis "p2p")."""
+    every K/V and dK/dV message, axis "cp")."""
     from ..launch import launch
 
     return launch(_ring_once, 4, shape, seed, backend="gloo", timeout=timeout)
@@ -177,8 +177,9 @@ def _ring_counted(q, k, v, cp, balanced: bool):
     for step in range(cp.size):
         pending = None
         if step < cp.size - 1:  # the next block travels while this one is computed
-            sends = [comm.isend(t, cp.next, _TAG + 2 * step + i) for i, t in enumerate(kv)]
-            recvs = [comm.irecv(torch.empty_like(t), cp.prev, _TAG + 2 * step + i)
+            sends = [comm.isend(t, cp.next, _TAG + 2 * step + i, via=cp.name)
+                     for i, t in enumerate(kv)]
+            recvs = [comm.irecv(torch.empty_like(t), cp.prev, _TAG + 2 * step + i, via=cp.name)
                      for i, t in enumerate(kv)]
             pending = (sends, recvs)
         theirs = chunks_of((cp.rank - step) % cp.size, cp.size, balanced)

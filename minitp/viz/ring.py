@@ -1,11 +1,11 @@
 """Context parallelism's pictures (lesson 13): the ring drawn from a run's trace,
 the causal work each rank did, and activation memory against sequence length.
 
-    fig = ring(run.trace)              # every point-to-point send of the run
+    fig = ring(run.trace)              # every send of the run's cp ring
     fig = causal_work(work)            # work: minitp.labs.long_sequences.ring_work(...)
     fig = memory_vs_length(rows)       # rows: minitp.labs.long_sequences.memory_vs_length(...)
 
-Plain data in: the trace's events with axis "p2p" and op "send" (the sender's
+Plain data in: the trace's events with axis "cp" and op "send" (the sender's
 record: its global rank, the peer it sent to, when it started and ended, the
 label the ring gave it). Two panels:
 
@@ -27,9 +27,10 @@ from matplotlib.ticker import NullFormatter
 from ._style import OKABE_ITO, PHASE_COLORS, _new_figure, _tint, human_bytes, rank_color
 
 
-def ring_sends(events) -> list:
-    """The point-to-point sends of a trace, in time order."""
-    sends = [e for e in events if e.axis == "p2p" and e.op == "send" and e.peer is not None]
+def ring_sends(events, axis: str = "cp") -> list:
+    """The sends a ring over `axis` made (`minitp.comm.isend(..., via=axis)`), in time
+    order; "p2p" for sends made without naming a ring (the pipeline's, or your own)."""
+    sends = [e for e in events if e.axis == axis and e.op == "send" and e.peer is not None]
     return sorted(sends, key=lambda e: (e.start, e.rank))
 
 
@@ -37,12 +38,13 @@ def _kind(label: str) -> str:
     return label.rsplit(".", 1)[-1] if label else "send"
 
 
-def ring(events, *, title: str | None = None):
+def ring(events, *, axis: str = "cp", title: str | None = None):
     """The ring's messages, from a trace (`run.trace`): who sent to whom, how much,
     and when. Returns the Figure."""
-    sends = ring_sends(events)
+    sends = ring_sends(events, axis)
     if not sends:
-        raise ValueError("no point-to-point sends in this trace (axis 'p2p', op 'send')")
+        raise ValueError(f"no sends of a ring over {axis!r} in this trace (axis {axis!r}, "
+                         "op 'send')")
     ranks = sorted({e.rank for e in sends} | {e.peer for e in sends})
     kinds = list(dict.fromkeys(_kind(e.label) for e in sends))
     colors = {k: OKABE_ITO[(i + 1) % len(OKABE_ITO)] for i, k in enumerate(kinds)}

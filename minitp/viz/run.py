@@ -92,6 +92,7 @@ AXIS_ROLES = {
     "tp": "tensor parallel: every layer's all-reduces\n(all-gathers and reduce-scatters "
           "with SP)",
     "p2p": "pipeline: activations sent forward,\ntheir gradients back (send/recv)",
+    "cp": "context parallelism: keys and values\naround the ring (send/recv)",
     "dp": "data parallel: the gradients' all-reduce\n(and the loss, one number)",
     "embedding": "tied embedding: its gradient summed\nbetween the first and last stage",
     "pp": "the loss, summed over the stages so every\nrank can print it (one number)",
