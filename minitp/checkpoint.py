@@ -127,7 +127,8 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
             meta = {
                 "format": FORMAT, "config": asdict(model.cfg), "step": int(step),
                 "dtype": str(next(iter(weights.values())).dtype).removeprefix("torch."),
-                "topology": {"dp": mesh.dp_size, "pp": mesh.pp_size, "tp": mesh.tp_size,
+                "topology": {"dp": mesh.dp_size, "pp": mesh.pp_size, "cp": mesh.cp_size,
+                             "tp": mesh.tp_size,
                              "sequence_parallel": bool(getattr(model, "sequence_parallel",
                                                                False)),
                              "zero_stage": zero.zero_stage_of(model)},

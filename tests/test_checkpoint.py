@@ -131,7 +131,7 @@ def test_zero_checkpoints_reshard_across_stages_and_resume_exactly(tmp_path):
         assert "ZeRO stage 3" in refused and "make_optimizer" in refused, refused
     meta = checkpoint.read_meta(directory)
     assert meta["step"] == 8 and meta["topology"] == {
-        "dp": 2, "pp": 2, "tp": 1, "sequence_parallel": False, "zero_stage": 1}
+        "dp": 2, "pp": 2, "cp": 1, "tp": 1, "sequence_parallel": False, "zero_stage": 1}
 
 
 def test_reshard_gives_the_same_model_and_files_are_plain_tensors(tmp_path):

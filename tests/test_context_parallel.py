@@ -308,3 +308,31 @@ def test_cli_refuses_a_cp_the_sequence_cannot_take(capsys):
         train.main(["--cp", "3", "--dp", "1", "--pp", "1", "--tp", "1"])
     assert exit_.value.code == 2
     assert "seq_len=64 is not divisible by 2*cp=6" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _save_at_cp2_then_dense(directory):
+    device = mt.device()
+    mesh = mt.Mesh(dp=1, pp=1, tp=1, cp=2)
+    torch.manual_seed(0)
+    model = mt.parallelize(mt.GPT(mt.GPTConfig(**CFG)).to(device).double(), mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, CFG["vocab_size"], (2, CFG["seq_len"]), device=device)
+    mt.train_step(model, (x, x), mesh, opt)
+    mt.checkpoint.save(model, directory, step=1, optimizer=opt)
+    return model.full_state_dict()
+
+
+def _load_at_cp1(directory):
+    mesh = mt.Mesh(dp=1, pp=1, tp=2)
+    model, _, meta = mt.checkpoint.load(directory, mesh, sequence_parallel=True)
+    return model.full_state_dict(), meta["topology"]
+
+
+def test_a_checkpoint_saved_at_cp_2_records_it_and_loads_at_cp_1(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    saved = mt.launch(_save_at_cp2_then_dense, 2, directory, timeout=60)[0]
+    loaded, topology = mt.launch(_load_at_cp1, 2, directory, timeout=60)[0]
+    assert topology["cp"] == 2 and topology["dp"] == topology["tp"] == 1
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
