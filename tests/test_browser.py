@@ -4,8 +4,10 @@ Playwright in Debian's Chromium (/usr/bin/chromium; `.ci/run` installs it with a
 Lesson 00 is run whole (Run → Run All Cells) and must end with every cell run, no
 error or stderr output, and the launches' results on the page. Lesson 10's
 explorer must come up as a live widget (not a text repr, not "Error displaying
-widget"), its output area as wide as the widget, at two window widths, and a
-new tp chosen in the browser must reach the kernel and come back as a new summary.
+widget"), laid out well at 1440, 1280 and 1024-px windows (the explorer as wide as
+the notebook cell and nothing past it, the summary's lines whole, the figure as wide
+as the explorer), and a new tp chosen in the browser must reach the kernel and come
+back as a new summary.
 
 The server works on a copy of the notebooks (the committed outputs stay as they
 are) with its own settings, runtime and workspace folders, no news or update
@@ -315,18 +317,21 @@ def test_lesson_00_runs_in_jupyterlab(lab, page, artifacts):
 
 
 def _explorer_boxes(explorer) -> dict:
-    """Widths (CSS px) and right edges of the notebook's output area, the explorer, its
-    controls and its output area; the summary's scrolled and visible width, its lines
-    of text and on screen; the figure's shown and natural width."""
+    """[width, right edge] (CSS px) of the notebook cell's output, the explorer, its
+    summary and its figure; the controls' right edge; the notebook's scrolled and
+    visible width (more scrolled: something spills sideways); the summary's the same,
+    its lines of text and on screen; the figure's height and natural shape."""
     return explorer.evaluate("""root => {
         const r = e => e.getBoundingClientRect();
+        const wr = e => [r(e).width, r(e).right];
         const cell = root.closest('.jp-OutputArea-output');
+        const notebook = root.closest('.jp-WindowedPanel-outer') || root.closest('.jp-Notebook');
         const out = root.querySelector('.widget-output');
         const pre = out && out.querySelector('pre');
-        const img = out && out.querySelector('img');
+        const img = root.querySelector('img.widget-image');
         return {
-            cell: [r(cell).width, r(cell).right], explorer: [r(root).width, r(root).right],
-            output: out ? [r(out).width, r(out).right] : null,
+            cell: wr(cell), explorer: wr(root), output: out ? wr(out) : null,
+            notebook: [notebook.scrollWidth, notebook.clientWidth],
             controls_right: Math.max(...Array.from(
                 root.querySelectorAll('.widget-dropdown, .widget-slider, .widget-checkbox'))
                 .map(c => r(c).right)),
@@ -338,9 +343,32 @@ def _explorer_boxes(explorer) -> dict:
                 return new Set(Array.from(range.getClientRects())
                     .map(q => Math.round(q.top))).size;
             })()] : null,
-            figure: img ? [r(img).width, img.naturalWidth] : null,
+            figure: img && img.naturalWidth ? [...wr(img), r(img).height,
+                                               img.naturalWidth, img.naturalHeight] : null,
         };
     }""")
+
+
+WIDTHS = (1440, 1280, 1024)  # browser windows, px; JupyterLab's file browser open
+
+
+def _check_layout(box: dict, at: str) -> None:
+    """The explorer spans the notebook cell and nothing in it goes past; the summary's
+    lines are whole (none wrapped, none cut); the figure spans the explorer, its shape
+    kept."""
+    cell_w, cell_right = box["cell"]
+    assert box["output"] is not None and box["figure"] is not None, f"no summary or figure {at}"
+    assert box["explorer"][0] >= 0.95 * cell_w, f"the explorer is narrower than the cell {at}"
+    assert box["output"][0] >= 0.98 * box["explorer"][0], f"the summary is narrower {at}"
+    # (ipywidgets' 2 px widget margin may push a child 2 px further)
+    right = max(box["explorer"][1], box["output"][1], box["figure"][1], box["controls_right"])
+    assert right <= cell_right + 4, f"the explorer spills past the notebook {at}"
+    assert box["notebook"][0] <= box["notebook"][1] + 1, f"the notebook scrolls sideways {at}"
+    assert box["summary"][0] <= box["summary"][1] + 1, f"the summary is cut off {at}"
+    assert box["lines"][1] == box["lines"][0], f"the summary's lines wrap {at}"
+    width, right, height, natural_w, natural_h = box["figure"]
+    assert width >= 0.98 * box["output"][0], f"the figure is narrower than the summary {at}"
+    assert abs(height / width - natural_h / natural_w) < 0.02, f"the figure is distorted {at}"
 
 
 @pytest.mark.timeout(STARTUP_S * 2 + STEP_S * 4)
@@ -375,36 +403,30 @@ def test_lesson_10_explorer_is_a_live_widget(lab, page, artifacts):
     summary = explorer.locator(".widget-output")
     assert "dp=8 x pp=16 x tp=8" in summary.inner_text(), f"{summary.inner_text()!r} {where}"
 
-    # The output area spans the widget, the widget the notebook, at two window widths;
-    # the summary is not cut and the figure not shrunk.
-    for width in (1400, 1024):
-        page.set_viewport_size({"width": width, "height": 900})
+    # At each common window width: one page, the viewport resized, the layout measured.
+    # (1400 px high: the whole explorer on screen, else its screenshot comes out cut)
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1400})
         page.wait_for_timeout(500)  # let Lumino lay the panels out again
         cell.screenshot(path=artifacts / f"10_explorer_{width}px.png")
         box = _explorer_boxes(explorer.element_handle())
-        at = f"at {width} px {where}: {box}"
-        assert box["output"] is not None, f"the explorer has no output area {at}"
-        assert box["explorer"][0] >= 0.95 * box["cell"][0], f"explorer narrower than cell {at}"
-        assert box["output"][0] >= 0.98 * box["explorer"][0], f"output area narrower {at}"
-        # (ipywidgets' 2 px widget margin may push the output area 2 px further)
-        assert max(box["explorer"][1], box["output"][1], box["controls_right"]) <= (
-            box["cell"][1] + 4), f"the explorer spills past the notebook {at}"
-        assert box["summary"][0] <= box["summary"][1] + 1, f"the summary is cut off {at}"
-        if width == 1400:  # the longest line (~85 characters) fits a wide window
-            assert box["lines"][1] == box["lines"][0], f"the summary's lines wrap {at}"
-        # as wide as drawn, or as the output area where that is narrower (not a thumbnail)
-        assert box["figure"] and box["figure"][0] >= 0.9 * min(box["figure"][1],
-                                                               box["output"][0]), (
-            f"the figure is shrunk {at}")
+        print(f"{width} px: {box}")
+        _check_layout(box, f"at {width} px {where}: {box}")
 
     # A new tp, chosen as a learner would, goes to the kernel and comes back as a new run:
-    # dp follows, 1024 / (16·16) = 4.
+    # dp follows, 1024 / (16·16) = 4; and a new figure (its picture's URL changes).
+    image = explorer.locator("img.widget-image")
+    drawn = image.get_attribute("src")
     explorer.locator(".widget-dropdown", has=page.locator("label", has_text=re.compile("^tp$"))
                      ).locator("select").select_option(label="16")
-    _wait_for(page, "out => out.innerText.includes('dp=4 x pp=16 x tp=16')", STEP_S,
+    _wait_for(page, """([out, img, drawn]) => out.innerText.includes('dp=4 x pp=16 x tp=16')
+                                             && img.src !== drawn && img.complete""", STEP_S,
               lambda: f"tp=16 chosen in the browser, but after {STEP_S} s the summary "
-                      f"still reads {summary.inner_text()[:400]!r} {where}",
-              cell, artifacts / "10_explorer_tp16.png", arg=summary.element_handle())
+                      f"reads {summary.inner_text()[:400]!r} and the figure is "
+                      f"{'new' if image.get_attribute('src') != drawn else 'the old one'} "
+                      f"{where}",
+              cell, artifacts / "10_explorer_tp16.png",
+              arg=[summary.element_handle(), image.element_handle(), drawn])
     assert "dp=8 x pp=16 x tp=8" not in summary.inner_text()
     assert not _stderr(page), f"lesson 10 printed errors after tp=16 {where}: {_stderr(page)}"
     print(f"lesson 10: explorer checked in {time.monotonic() - start:.0f} s")

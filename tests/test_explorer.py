@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 
 import pytest
 
@@ -15,6 +16,7 @@ from minitp.labs.explorer import (
     DEFAULTS,
     GPUS,
     MODELS,
+    SUMMARY_WIDTH,
     Exploration,
     explore,
     explorer_widget,
@@ -100,15 +102,38 @@ def test_summary_reads_well():
     e = explore("gpt3-175b", 1024, pp=16, tp=8, sp=True, microbatches=192)
     text = str(e)
     assert text == repr(e) == e.summary()
-    for part in ("GPT-3 175B: 174.6B parameters", "dp=8 x pp=16 x tp=8",
+    for part in ("GPT-3 175B: 174.6B parameters", "l=96 layers, h=12288, a=96 heads",
+                 "on 1024 GPUs: DGX A100, 8x A100 80GB", "dp=8 x pp=16 x tp=8",
                  "global batch 1536 = dp 8 x 192 microbatches x micro-batch 1",
                  f"{e.memory['total'] / GiB:.1f} GiB of 72.0 usable: fits",
-                 f"step time: {e.time.total:.3f} s", f"bubble (p-1)/(v*m) = {15 / 192:.3f}",
+                 f"activations {e.memory['activations'] / GiB:.1f} GiB",
+                 f"step time: {e.time.total:.3f} s", f"MFU {100 * e.mfu:.1f}%",
+                 f"compute {e.time.compute:.3f} + tp {e.time.tp:.3f}",
+                 f"bubble (p-1)/(v*m) = {15 / 192:.3f}",
                  "tp groups of 8 span 8 GPUs: inside a node",
                  "dp groups of 8 span 64 GPUs: across nodes"):
         assert part in text, part
     across = explore("gpt3-175b", 1024, pp=8, tp=16, sp=True, microbatches=8)
     assert "tp groups of 16 span 16 GPUs: across nodes" in str(across)
+    assert "v=2 chunks per stage" in str(explore("gpt3-175b", 512, pp=8, tp=8, virtual=2,
+                                                 microbatches=16))
+
+
+def test_summary_lines_are_short():
+    """The widget shows the summary in JupyterLab's 13-px monospace, ~7.8 px a character;
+    at SUMMARY_WIDTH characters no line wraps down to a 1024-px window (the browser test
+    measures that). Every catalogued model and GPU, small and huge runs, odd settings."""
+    longest = ""
+    for (model, gpu), (n, pp, tp), extra in itertools.product(
+            itertools.product(MODELS, GPUS), [(8, 1, 8), (1024, 16, 8), (4096, 16, 16)],
+            [dict(sp=True, microbatches=1024, micro_batch=16),
+             dict(recompute="selective", virtual=2, microbatches=64, gpu_memory=192)]):
+        try:
+            e = explore(model, n, gpu, pp=pp, tp=tp, **extra)
+        except ValueError:  # e.g. 96 layers on 16 stages of 2 chunks
+            continue
+        longest = max([longest, *str(e).splitlines()], key=len)
+    assert 60 <= len(longest) <= SUMMARY_WIDTH, longest
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -164,15 +189,19 @@ def _child(w, name):
 
 def test_widget_starts_at_the_defaults():
     w = explorer_widget()
-    controls, output = w.children
+    controls, output, image = w.children
     assert list(controls.children) == [w.controls[k] for k in CONTROLS] and output is w.output
     assert w.values() == DEFAULTS
     assert isinstance(w.result, Exploration) and w.error is None
     assert w.result.memory == explore(**DEFAULTS).memory
     assert w.result.time == explore(**DEFAULTS).time
-    text, image = w.output.outputs
+    (text,) = w.output.outputs
     assert text["text"] == w.result.summary() + "\n"
-    assert base64.b64decode(image["data"]["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert image is w.image and image.value[:8] == b"\x89PNG\r\n\x1a\n"
+    assert image.layout.display is None and w.figure.get_size_inches()[0] == 8
+    w.controls["tp"].value = 64  # invalid (96 heads): the error, and no figure
+    assert w.figure is None and w.image.layout.display == "none" and w.image.value == b""
+    assert "Not a valid run" in w.output.outputs[0]["text"]
 
 
 def test_widget_driven_in_code():
@@ -219,15 +248,16 @@ def test_widget_set_updates_once():
 
 def test_widget_layout_wraps_the_controls_above_a_full_width_output():
     """No CSS-grid placement (JupyterLab ignored the output's grid_column and squeezed
-    it into one 236-px column): a wrapping row of fixed-width controls, then an output
-    as wide as the notebook."""
+    it into one 236-px column): a wrapping row of fixed-width controls, then the summary
+    and the figure, each as wide as the notebook (the figure scaled, keeping its shape)."""
     import ipywidgets as widgets
 
     w = explorer_widget(draw=False)
-    controls, output = w.children
+    controls, output, image = w.children
     assert isinstance(w, widgets.VBox) and not isinstance(controls, widgets.GridBox)
     assert controls.layout.flex_flow == "row wrap" and controls.layout.width == "100%"
     assert output.layout.width == "100%" and output.layout.grid_column is None
+    assert (image.layout.width, image.layout.height) == ("100%", "auto")
     assert {c.layout.width for c in controls.children} == {"230px"}
 
 

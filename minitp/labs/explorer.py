@@ -15,9 +15,11 @@ widget only turns its controls into `explore`'s arguments. So the tests (and
 lesson 10) check the numbers by calling `calc` directly, and drive the widget
 in code: ``w.controls["tp"].value = 16``, then read ``w.result``.
 
-Layout: the controls wrap in a row (each 230 px) above an output area as wide
-as the notebook, a plain VBox/HBox, since a CSS grid's per-child placement
-(``grid_column``) is not applied by every front end. Displayed, the widget also
+Layout: a plain VBox, since a CSS grid's per-child placement (``grid_column``) is
+not applied by every front end: the controls wrap in a row (each 230 px), then the
+summary (an Output, its lines at most `SUMMARY_WIDTH` characters, so none wraps
+down to a 1024-px JupyterLab window), then the figure, an Image as wide as the
+notebook (drawn at 960 px, scaled to the width). Displayed, the widget also
 carries a PNG of its figure and its summary as text, so a notebook opened
 without running it (or on GitHub) shows the picture rather than a repr.
 
@@ -125,27 +127,33 @@ class Exploration:
         return {"tp": self.tp, "dp": self.tp * self.dp, "pp": self.n_gpus}
 
     def summary(self) -> str:
+        """Short lines (at most `SUMMARY_WIDTH` characters for the catalogued models), so
+        they stay whole in the widget's output area down to a 1024-px browser window."""
         c, g = self.cfg, self.cluster.gpus_per_node
         mem, t = self.memory, self.time
         lines = [
-            f"{self.name}: {self.params / 1e9:.1f}B parameters (l={c.n_layer}, h={c.d_model}, "
-            f"a={c.n_head}, s={c.seq_len}, V={c.vocab_size})",
-            f"on {self.n_gpus} GPUs of {self.cluster.name}, "
-            f"{self.cluster.memory / GiB:.0f} GiB each",
-            f"dp={self.dp} x pp={self.pp} x tp={self.tp}"
-            + (f" (v={self.virtual} chunks per stage)" if self.virtual > 1 else "")
-            + f", sequence parallel {'on' if self.sp else 'off'}"
-            + f", recompute {self.recompute or 'none'}",
+            f"{self.name}: {self.params / 1e9:.1f}B parameters",
+            f"  l={c.n_layer} layers, h={c.d_model}, a={c.n_head} heads, s={c.seq_len}, "
+            f"V={c.vocab_size}",
+            f"on {self.n_gpus} GPUs: {self.cluster.name}",
+            f"dp={self.dp} x pp={self.pp} x tp={self.tp}, sequence parallel "
+            f"{'on' if self.sp else 'off'}, recompute {self.recompute or 'none'}",
+        ]
+        if self.virtual > 1:
+            lines.append(f"  interleaved schedule: v={self.virtual} chunks per stage")
+        lines += [
             f"global batch {self.global_batch} = dp {self.dp} x {self.microbatches} microbatches"
             f" x micro-batch {self.micro_batch}",
             f"memory on the busiest GPU: {mem['total'] / GiB:.1f} GiB of {self.limit / GiB:.1f}"
             f" usable: " + ("fits" if self.fits else "DOES NOT FIT"),
-            "  " + ", ".join(f"{k} {v / GiB:.1f}" for k, v in mem.items() if k != "total")
-            + " GiB",
-            f"step time: {t.total:.3f} s = " + " + ".join(
-                f"{k} {v:.3f}" for k, v in t.as_dict().items() if k != "total"),
-            f"  bubble (p-1)/(v*m) = {self.bubble:.3f}; MFU {100 * self.mfu:.1f}% "
-            f"(efficiency assumed: {100 * self.efficiency:.0f}% of peak)",
+            "  " + ", ".join(f"{k} {mem[k] / GiB:.1f}"
+                             for k in ("parameters", "gradients", "optimizer")) + " GiB",
+            f"  activations {mem['activations'] / GiB:.1f} GiB",
+            f"step time: {_seconds(t.total)} s; MFU {100 * self.mfu:.1f}% if compute runs at "
+            f"{100 * self.efficiency:.0f}% of peak",
+            "  " + " + ".join(f"{k} {_seconds(v)}" for k, v in t.as_dict().items()
+                              if k != "total"),
+            f"  bubble (p-1)/(v*m) = {self.bubble:.3f} of the ideal time",
         ]
         for axis, span in self.spans.items():
             size = getattr(self, axis)
@@ -158,6 +166,17 @@ class Exploration:
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+# The summary's longest line for the catalogued models and GPUs (tests check it): at
+# JupyterLab's 13-px monospace, ~530 px; the output area is ~590 px wide in a 1024-px
+# window with the file browser open.
+SUMMARY_WIDTH = 68
+
+
+def _seconds(x: float) -> str:
+    """Seconds to the millisecond, fewer digits past 100 s (a huge run's line stays short)."""
+    return f"{x:.3f}" if x < 100 else f"{x:.1f}" if x < 10_000 else f"{x:,.0f}"
 
 
 def _positive_int(name: str, value) -> int:
@@ -254,9 +273,10 @@ def explore(model="gpt3-175b", n_gpus: int | None = None, gpu="a100-80gb", dp: i
                        calc.params_per_rank(cfg, tp, pp))
 
 
-def figure(explorations, *, title: str | None = None):
+def figure(explorations, *, title: str | None = None, width: float = 10.0):
     """Memory per GPU by kind and step time by part, as stacked bars: one `Exploration`,
-    or several side by side ({label: Exploration} or a list). Returns the Figure."""
+    or several side by side ({label: Exploration} or a list); `width` in inches.
+    Returns the Figure."""
     from .. import viz
 
     if isinstance(explorations, Exploration):
@@ -273,7 +293,7 @@ def figure(explorations, *, title: str | None = None):
         {k: e.time.as_dict() for k, e in explorations.items()},
         capacity=first.cluster.memory if same_gpu else None,
         limit=first.limit if same_gpu else None,
-        title=title)
+        title=title, width=width)
 
 
 # --------------------------------------------------------------------------- the widget
@@ -328,7 +348,8 @@ _FROM_WIDGET = {"dp": {_AUTO: None}, "recompute": {_NONE: None}}
 
 class Explorer(widgets.VBox):
     """The explorer: the controls (``controls``, one per `CONTROLS` entry, in that
-    order, wrapping in a row) above the output area (``output``).
+    order, wrapping in a row), then the summary or the error (``output``), then the
+    figure (``image``, hidden while there is none), each as wide as the notebook.
 
     ``result``: the latest `Exploration` (None while the controls make no valid
     run; ``error`` then says why). ``figure``: the latest figure. ``controls``:
@@ -338,6 +359,8 @@ class Explorer(widgets.VBox):
     def __init__(self, draw: bool = True, **values):
         self.controls = _controls()
         self.output = widgets.Output(layout=widgets.Layout(width="100%"))
+        self.image = widgets.Image(format="png", layout=widgets.Layout(
+            width="100%", height="auto", display="none"))
         self.result: Exploration | None = None
         self.error: str | None = None
         self.figure = None
@@ -347,7 +370,8 @@ class Explorer(widgets.VBox):
         box = widgets.HBox([self.controls[k] for k in CONTROLS],
                            layout=widgets.Layout(flex_flow="row wrap", width="100%",
                                                  grid_gap="4px 8px"))
-        super().__init__(children=[box, self.output], layout=widgets.Layout(width="100%"))
+        super().__init__(children=[box, self.output, self.image],
+                         layout=widgets.Layout(width="100%"))
         if "gpu" in values and "gpu_memory" not in values and values["gpu"] in GPUS:
             values["gpu_memory"] = round(GPUS[values["gpu"]].memory / GiB)
         self.set(**{**DEFAULTS, **values})
@@ -396,22 +420,24 @@ class Explorer(widgets.VBox):
             self.result, self.error = explore(**self.values()), None
         except ValueError as exc:
             self.result, self.error = None, str(exc)
+        self.figure = self._png = None
         if self.result is None:
-            self.figure = self._png = None
             self.output.outputs = ({"output_type": "stream", "name": "stderr",
                                     "text": f"Not a valid run: {self.error}\n"},)
-            return
-        text = self.result.summary() + "\n"
-        outputs = [{"output_type": "stream", "name": "stdout", "text": text}]
-        if self.draw:
-            self.figure = figure(self.result)
+        else:
+            self.output.outputs = ({"output_type": "stream", "name": "stdout",
+                                    "text": self.result.summary() + "\n"},)
+        if self.draw and self.result is not None:
+            # 8 inches at 120 dpi: 960 px, about the widest the notebook shows it (a
+            # 1440-px window), so it is scaled down more often than up
+            self.figure = figure(self.result, width=8.0)
             buffer = io.BytesIO()
-            self.figure.savefig(buffer, format="png", dpi=80)
-            self._png = base64.b64encode(buffer.getvalue()).decode()
-            outputs.append({"output_type": "display_data", "metadata": {},
-                            "data": {"image/png": self._png,
-                                     "text/plain": repr(self.figure)}})
-        self.output.outputs = tuple(outputs)
+            self.figure.savefig(buffer, format="png", dpi=120)
+            self.image.value = buffer.getvalue()
+            self._png = base64.b64encode(self.image.value).decode()
+        if self._png is None:
+            self.image.value = b""  # no stale picture kept (nor saved with the notebook)
+        self.image.layout.display = None if self._png else "none"
 
     def __repr__(self) -> str:
         return f"Explorer: {self.result.summary() if self.result else self.error}"
