@@ -51,16 +51,12 @@ def check_zero_stage(stage) -> None:
                          f"optimizer state, 2 also gradients, 3 also parameters), got {stage!r}")
 
 
-def check_param_dtype(name, zero_stage: int = 0) -> None:
+def check_param_dtype(name) -> None:
     """`name`: a parameter dtype's name ("bfloat16") or None (keep the model's)."""
     if name not in PARAM_DTYPES:
         hint = (" (float16 also needs loss scaling, which minitp does not do)"
                 if name == "float16" else " (for one dtype throughout, cast the model itself)")
         raise ValueError(f"param_dtype must be None or bfloat16, got {name!r}{hint}")
-    if name is not None and zero_stage >= 2:
-        raise ValueError(f"param_dtype={name} with zero_stage={zero_stage}: mixed precision runs "
-                         "with ZeRO stages 0 and 1 (its float32 gradients and master weights "
-                         "are not sharded by stages 2 and 3 yet)")
 
 
 def check_schedule(schedule, virtual_stages: int = 1) -> None:
@@ -150,7 +146,7 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int
                          "splits each pipeline rank's layers into several chunks")
     check_recompute(recompute)
     check_zero_stage(zero_stage)
-    check_param_dtype(param_dtype, zero_stage)
+    check_param_dtype(param_dtype)
     if world_size is not None and dp * pp * cp * tp != world_size:
         if cp == 1:
             raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "

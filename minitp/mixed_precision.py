@@ -22,6 +22,12 @@ parameter 2 + main_grad 4 + master 4 + Adam's two moments 4 + 4 = 18. The ZeRO
 paper's 16 accumulates gradients in 16 bits (2 + 2 + 12). `minitp.memory`
 measures the 18 (`model_state_bytes`), `minitp.calc` models both.
 
+Under ZeRO stages 2 and 3 (`minitp.zero`) there is no whole-size ``main_grad``
+(that would undo stage 2's saving): each unit's bf16 gradient is widened to
+float32 as it is reduce-scattered, and its float32 shard *is* the master — the
+optimizer steps it, and what is gathered into the bf16 parameters is its
+rounding (the gather itself moves bf16, half the bytes).
+
 What stays as it was: each microbatch's gradient is computed by autograd in
 bf16 (Megatron can fuse the weight-gradient GEMM into the float32 buffer; here
 the bf16 result is rounded once, then accumulated in float32), and the loss's
@@ -51,8 +57,11 @@ def dtype_name(dtype) -> str | None:
 
 
 def is_mixed(model: nn.Module) -> bool:
-    """Whether `model`'s parameters carry float32 ``main_grad`` buffers."""
-    return any(hasattr(p, "main_grad") for p in model.parameters())
+    """Whether `model` was made mixed precision by `mt.parallelize` (its stages are
+    marked; at ZeRO stages 0-1 its parameters also carry ``main_grad``)."""
+    chunks = getattr(model, "chunks", [model])
+    return (any(getattr(c, "mixed_precision", False) for c in chunks)
+            or any(hasattr(p, "main_grad") for p in model.parameters()))
 
 
 def grad_of(p: nn.Parameter) -> torch.Tensor | None:

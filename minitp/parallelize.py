@@ -29,7 +29,7 @@ from . import trace
 from .config import check_parallel_config, layer_label
 from .context_parallel import apply_context_parallel
 from .mesh import Mesh
-from .mixed_precision import attach_main_grads, dtype_name
+from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
 from .model import GPT
 from .pipeline import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
@@ -75,7 +75,9 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     param_dtype: None keeps `ref`'s dtype; ``torch.bfloat16`` is mixed precision
     (`minitp.mixed_precision`): bf16 parameters and activations, a float32
     ``main_grad`` per parameter that accumulates its gradients, and float32
-    master weights in the optimizer `mt.make_optimizer` gives (ZeRO stages 0, 1).
+    master weights in the optimizer `mt.make_optimizer` gives (at ZeRO stages 2 and
+    3 the float32 shards are the masters, and the gradients are widened to float32
+    as they are reduce-scattered).
     """
     if tp_overlap and not (sequence_parallel and mesh.tp.size > 1):
         raise ValueError(f"tp_overlap=True needs sequence_parallel=True and tp > 1 (got "
@@ -97,9 +99,13 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
-    if param_dtype is not None:  # before the dp hooks: they read what these collect
-        attach_main_grads(stages)
-    attach_data_parallel(stages, mesh.dp_cp, zero_stage, bucket_bytes)
+    if param_dtype is not None:
+        for stage in stages:
+            stage.mixed_precision = True
+        if zero_stage < 2:  # before the dp hooks: they read what these collect
+            attach_main_grads(stages)  # (stages 2-3 keep float32 only in the shards)
+    attach_data_parallel(stages, mesh.dp_cp, zero_stage, bucket_bytes,
+                         master_dtype=MASTER_DTYPE if param_dtype is not None else None)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline
     dense = {name: (tuple(p.shape), p.dtype) for name, p in ref.named_parameters()}

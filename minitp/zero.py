@@ -104,7 +104,8 @@ class Unit:
     parameter objects are kept (with their tags) even when stage 3 frees them."""
 
     def __init__(self, name: str, params: list[tuple[nn.Module, str, nn.Parameter]], dp: Axis,
-                 tied: bool = False, inflight: InFlight | None = None):
+                 tied: bool = False, inflight: InFlight | None = None,
+                 master_dtype: torch.dtype | None = None):
         self.name, self.dp, self.tied = name, dp, tied
         self.inflight = InFlight() if inflight is None else inflight
         self.layout, self.shapes, offset = [], [], 0
@@ -117,7 +118,12 @@ class Unit:
         self.shard_size = self.padded // dp.size
         lo = dp.rank * self.shard_size
         flat = self.flatten([p.detach() for _, _, p, _ in self.layout])
-        self.shard = nn.Parameter(flat[lo:lo + self.shard_size].clone())
+        # Mixed precision: the parameters' dtype (bf16) is what is gathered and computed
+        # with; the shard, the gradients reduced into it and its optimizer state are
+        # `master_dtype` (float32): the shard is the master weights.
+        self.param_dtype = flat.dtype
+        shard = flat[lo:lo + self.shard_size]
+        self.shard = nn.Parameter(shard.to(master_dtype) if master_dtype else shard.clone())
         # which shard elements hold a sequence-parallel partial gradient (summed over tp)
         mask = self.flatten([torch.full_like(p, bool(tag(p, "grad_partial_over_tp")),
                                              dtype=torch.bool) for _, _, p, _ in self.layout])
@@ -139,7 +145,8 @@ class Unit:
         Labelled by the unit, not by the module whose hook posted it ahead."""
         if self.prefetched is None:
             with trace.relabel(f"zero params {self.name}"):
-                self.prefetched = comm.all_gather_start(self.shard.detach(), self.dp)
+                self.prefetched = comm.all_gather_start(
+                    self.shard.detach().to(self.param_dtype), self.dp)
         return self.prefetched
 
     def take_gathered(self, then_post: Unit | None = None) -> torch.Tensor:
@@ -167,6 +174,7 @@ class Unit:
     def start_reduce(self, flat_grad: torch.Tensor) -> None:
         """Start summing this unit's whole gradient over dp (this rank keeps its
         slice); backward goes on meanwhile."""
+        flat_grad = flat_grad.to(self.shard.dtype)  # mixed precision: summed in float32
         with trace.label(f"zero grads {self.name}"), trace.phase("bwd"):
             self.inflight.add(self, comm.reduce_scatter_start(flat_grad, self.dp))
 
@@ -188,15 +196,16 @@ def _piece_of(name: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
 
 
-def make_units(stage: nn.Module, dp: Axis, inflight: InFlight | None = None) -> list[Unit]:
+def make_units(stage: nn.Module, dp: Axis, inflight: InFlight | None = None,
+               master_dtype: torch.dtype | None = None) -> list[Unit]:
     """One `Unit` per piece of a pipeline stage (a `ParallelGPT`), in forward order."""
     groups: dict[str, list] = {}
     for name, p in stage.named_parameters():
         owner, _, attr = name.rpartition(".")
         groups.setdefault(_piece_of(name), []).append((stage.get_submodule(owner), attr, p))
     inflight = InFlight() if inflight is None else inflight
-    return [Unit(piece, params, dp, tied=piece == "wte", inflight=inflight)
-            for piece, params in groups.items()]
+    return [Unit(piece, params, dp, tied=piece == "wte", inflight=inflight,
+                 master_dtype=master_dtype) for piece, params in groups.items()]
 
 
 def _piece_module(stage: nn.Module, piece: str) -> nn.Module:
@@ -347,13 +356,14 @@ def shard_parameters(stage: nn.Module, units: list[Unit]) -> None:
 
 
 # --------------------------------------------------------------------------- attaching
-def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: int = 1 << 20
-                         ) -> None:
+def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: int = 1 << 20,
+                         master_dtype: torch.dtype | None = None) -> None:
     """Step 5 of `minitp.parallelize`: what every stage does over the dp axis.
 
     0: a bucketed all-reduce of the gradients (`GradSync`); 1: nothing here (the
     ZeRO-1 optimizer reduce-scatters at its step); 2: units whose gradients are
-    reduce-scattered during backward; 3: also the parameters sharded."""
+    reduce-scattered during backward; 3: also the parameters sharded. master_dtype
+    (mixed precision, stages 2-3): the shards' dtype, float32 under bf16 parameters."""
     check_zero_stage(zero_stage)
     if zero_stage == 0:
         attach_grad_sync(stages, dp, bucket_bytes)
@@ -362,7 +372,7 @@ def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: in
     for stage in stages:
         stage.zero_stage, stage.grad_sync, stage.zero_units = zero_stage, None, []
         if zero_stage >= 2:
-            stage.zero_units = make_units(stage, dp, inflight)
+            stage.zero_units = make_units(stage, dp, inflight, master_dtype)
             stage.grad_sync = ShardedGradSync(stage.zero_units) if zero_stage == 2 else None
             if zero_stage == 3:
                 shard_parameters(stage, stage.zero_units)
@@ -435,6 +445,8 @@ class ShardedOptimizer(ShardOptimizer):
     def __init__(self, model, units: list[Unit], zero_stage: int, optimizer_class, **kwargs):
         self.model, self.units, self.zero_stage = model, units, zero_stage
         self.inner = optimizer_class([u.shard for u in units], **kwargs)
+        # mixed precision: the float32 shards are the master weights (`minitp.memory`)
+        self.masters = [u.shard for u in units if u.shard.dtype != u.param_dtype]
         self.param_groups, self.state = self.inner.param_groups, self.inner.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:

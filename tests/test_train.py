@@ -147,7 +147,6 @@ BAD = [
     (["--zero-stage", "4"], "invalid choice: 4"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
     (["--tp-overlap", "--no-sp"], "--tp-overlap overlaps sequence parallelism's collectives"),
-    (["--dtype", "bfloat16", "--zero-stage", "2"], "param_dtype=bfloat16 with zero_stage=2"),
     (["--dtype", "bfloat16", "--save", "ckpt"], "would lose its float32 master weights"),
 ]
 
