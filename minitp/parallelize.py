@@ -99,6 +99,9 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
+    for stage in stages:  # what its layers compute in, and so what the pipeline sends: read
+        # now, since ZeRO-3 leaves a stage only its shards (float32 under mixed precision)
+        stage.activation_dtype = next(stage.parameters()).dtype
     if param_dtype is not None:
         for stage in stages:
             stage.mixed_precision = True
@@ -108,5 +111,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
                          master_dtype=MASTER_DTYPE if param_dtype is not None else None)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline
-    dense = {name: (tuple(p.shape), p.dtype) for name, p in ref.named_parameters()}
+    # the dense parameters as this model holds them: in param_dtype when it cast them (the
+    # pipeline broadcasts each from its stage into buffers of this dtype on every rank)
+    dense = {name: (tuple(p.shape), param_dtype or p.dtype) for name, p in ref.named_parameters()}
     return PipelineGPT(stages, mesh, embedding_axis(mesh), dense)

@@ -165,6 +165,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     sp, tp = chunks[0].sequence_parallel, mesh.tp
     cfg = chunks[0].cfg
     param = next(chunks[0].parameters())
+    dtype = getattr(chunks[0], "activation_dtype", param.dtype)
     inputs, outputs, sends = {}, {}, []
     loss_sum = torch.zeros((), dtype=torch.float64)
 
@@ -183,7 +184,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                 inp = x
             else:
                 T = x.shape[1] // tp.size if sp else x.shape[1]
-                buf = torch.empty((x.shape[0], T, cfg.d_model), dtype=param.dtype,
+                buf = torch.empty((x.shape[0], T, cfg.d_model), dtype=dtype,
                                   device=param.device)  # (B, T or T/t, C)
                 with trace.label("pipeline"), trace.phase("fwd"):
                     inp = comm.irecv(buf, rank_of(g - 1), tag("F", g, i)).wait()
