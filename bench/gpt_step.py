@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minitp as mt
+from minitp._device import synchronize
 
 PRESETS = {  # (n_layer, n_head, d_model, seq_len, batch, vocab)
     "cpu": (4, 4, 128, 128, 4, 4096),  # about a minute on two cores
@@ -148,11 +149,6 @@ def make_step(model, device, dtype):
     return step
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def time_rows(shape, device, dtype, steps):
     x, y = batch(shape, device)
     models = {row: build(row, shape, device) for row in ROWS}
@@ -168,10 +164,10 @@ def time_rows(shape, device, dtype, steps):
     seconds = {row: [] for row in ROWS}
     for _ in range(steps):
         for row, fn in steps_of.items():
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             fn(x, y)
-            _sync(device)
+            synchronize(device)
             seconds[row].append(time.perf_counter() - start)
     return {row: statistics.median(t) for row, t in seconds.items()}
 
@@ -186,7 +182,7 @@ def peak_bytes_here(row, shape, device, dtype) -> int:
     x, y = batch(shape, device)
     for _ in range(3):
         step(x, y)
-    _sync(device)
+    synchronize(device)
     peak = torch.cuda.max_memory_allocated() - before
     del model, step
     return peak

@@ -21,6 +21,14 @@ def device() -> torch.device:
 
 
 # --------------------------------------------------------------------------- the device rule
+def synchronize(where: torch.device) -> None:
+    """Wait until `where` has finished what was queued on it: CUDA runs kernels
+    asynchronously, so a timer stopped without this measures only their launch.
+    A CPU has nothing queued."""
+    if where.type == "cuda":
+        torch.cuda.synchronize(where)
+
+
 def choose_backend(requested: str, local_ranks: int, gpus: int,
                    nccl_available: bool) -> tuple[str, str]:
     """The one rule for where ranks run: ``(backend, why)``.

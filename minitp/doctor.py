@@ -67,10 +67,10 @@ def _all_reduce_probe(sizes: tuple[int, ...], repeats: int) -> dict:
         times = []
         for _ in range(repeats):
             dist.barrier()
-            _synchronize(device)
+            _device.synchronize(device)
             start = time.perf_counter()
             dist.all_reduce(x)
-            _synchronize(device)
+            _device.synchronize(device)
             times.append(time.perf_counter() - start)
         seconds.append(times)
     return {"correct": correct, "seconds": seconds}
@@ -81,11 +81,6 @@ def collective_seconds(per_rank: list[list[float]]) -> float:
     so each repeat counts as its slowest rank's time; the best repeat is the one least
     disturbed by whatever else the node was running."""
     return min(max(repeat) for repeat in zip(*per_rank, strict=True))
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------- the checks

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from .. import comm, trace
+from .._device import synchronize
 
 
 def step_seconds(models: dict, x, y, axis, rounds: int) -> dict[str, list[float]]:
@@ -33,16 +32,11 @@ def step_seconds(models: dict, x, y, axis, rounds: int) -> dict[str, list[float]
         for _ in range(rounds):
             for name, model in models.items():
                 comm.barrier(axis)
-                _synchronize(x.device)
+                synchronize(x.device)
                 start = time.perf_counter()
                 _, loss = model(x, y)
                 loss.backward()
-                _synchronize(x.device)
+                synchronize(x.device)
                 times[name].append(time.perf_counter() - start)
                 model.zero_grad(set_to_none=True)
     return times
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
