@@ -96,16 +96,21 @@ def test_equals_plain_gpt_float32(tp):
 
 
 # --------------------------------------------------------------------------- collectives
-def _one_step_trace(tp, sequence_parallel, recompute):
+def one_step_events(tp, **plan):
+    """Every event of one training step at `tp` (`plan`: mt.parallelize's keywords)."""
     mesh = mt.Mesh(tp=tp)
     cfg = mt.GPTConfig(**CFG)
     torch.manual_seed(0)
-    model = mt.parallelize(mt.GPT(cfg).double(), mesh, sequence_parallel=sequence_parallel,
-                           recompute=recompute)
+    model = mt.parallelize(mt.GPT(cfg).double(), mesh, **plan)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mt.trace.clear()
     mt.train_step(model, _batches(1, cfg)[0], mesh, opt)
-    return [e for e in mt.trace.events() if e.is_comm]
+    return mt.trace.events()
+
+
+def _one_step_trace(tp, sequence_parallel, recompute):
+    return [e for e in one_step_events(tp, sequence_parallel=sequence_parallel,
+                                       recompute=recompute) if e.is_comm]
 
 
 def _count(events, label, phase):

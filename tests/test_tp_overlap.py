@@ -17,7 +17,12 @@ before a chunk's GEMM and waited on after it: that is the overlap.
 
 import pytest
 import torch
-from test_tensor_parallel import CFG, TOLERANCE, _batches  # 12 heads: tp 2, 3, 4
+from test_tensor_parallel import (  # 12 heads: tp 2, 3, 4
+    CFG,
+    TOLERANCE,
+    _batches,
+    one_step_events,
+)
 
 import minitp as mt
 
@@ -80,15 +85,7 @@ def test_overlapped_equals_plain_and_one_device_float64(tp, recompute):
 
 # --------------------------------------------------------------------------- the trace
 def _one_step_events(tp, tp_overlap):
-    mesh = mt.Mesh(tp=tp)
-    cfg = mt.GPTConfig(**CFG)
-    torch.manual_seed(0)
-    model = mt.parallelize(mt.GPT(cfg).double(), mesh, sequence_parallel=True,
-                           tp_overlap=tp_overlap)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mt.trace.clear()
-    mt.train_step(model, _batches(1, cfg)[0], mesh, opt)
-    return mt.trace.events()
+    return one_step_events(tp, sequence_parallel=True, tp_overlap=tp_overlap)
 
 
 def _in_layer(events, layer, phase):
