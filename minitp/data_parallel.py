@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from . import comm, trace
 from .mesh import Axis, Mesh
-from .mixed_precision import MASTER_DTYPE, grad_of, set_grad, zero_main_grads
+from .mixed_precision import MASTER_DTYPE, grad_of, has_main_grads, set_grad, zero_main_grads
 
 
 def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
@@ -137,7 +137,7 @@ class Zero1Optimizer(ShardOptimizer):
         lo = axis.rank * self.shard_size
         flat = self._flatten([p.detach() for p in self.params])
         # Under mixed precision the shard is this rank's float32 master slice.
-        self.mixed = any(hasattr(p, "main_grad") for p in self.params)
+        self.mixed = has_main_grads(self.params)
         shard = flat[lo:lo + self.shard_size]
         self.shard = nn.Parameter(shard.to(MASTER_DTYPE) if self.mixed else shard.clone())
         self.masters = [self.shard] if self.mixed else []

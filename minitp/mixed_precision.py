@@ -61,7 +61,12 @@ def is_mixed(model: nn.Module) -> bool:
     marked; at ZeRO stages 0-1 its parameters also carry ``main_grad``)."""
     chunks = getattr(model, "chunks", [model])
     return (any(getattr(c, "mixed_precision", False) for c in chunks)
-            or any(hasattr(p, "main_grad") for p in model.parameters()))
+            or has_main_grads(model.parameters()))
+
+
+def has_main_grads(params) -> bool:
+    """Whether these parameters' gradients live in float32 ``main_grad`` buffers."""
+    return any(hasattr(p, "main_grad") for p in params)
 
 
 def grad_of(p: nn.Parameter) -> torch.Tensor | None:
