@@ -74,10 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
       help="ZeRO over the data-parallel axis: 1 shards Adam's state, 2 also the gradients, "
            "3 also the parameters (default 0: none)")
-    a("--microbatches", type=int, default=4, help="per data-parallel rank (default 4)")
+    a("--microbatches", type=int, default=2, help="per data-parallel rank (default 2: the fewest "
+                                                  "that still overlap the two stages)")
     a("--virtual-stages", type=int, default=1, help="per pipeline rank, for --schedule "
                                                     "interleaved (default 1)")
-    a("--steps", type=int, default=200, help="optimizer steps in all (default 200)")
+    a("--steps", type=int, default=400, help="optimizer steps in all (default 400)")
     a("--seed", type=int, default=0)
     a("--data", metavar="FILE", help="train on this text file instead of the embedded corpus")
     a("--out", metavar="DIR", help="run directory (default runs/<timestamp>)")
@@ -92,12 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, default in MODEL_SIZES.items():
         a(f"--{flag}", type=int, default=None, help=f"(default {default}; with --load, the "
                                                     "checkpoint's)")
-    a("--batch-size", type=int, default=16, help="global batch, in sequences (default 16)")
-    a("--lr", type=float, default=3e-3, help="Adam's peak learning rate (default 3e-3)")
+    a("--batch-size", type=int, default=64, help="global batch, in sequences (default 64)")
+    a("--lr", type=float, default=2e-3, help="Adam's peak learning rate (default 2e-3)")
     a("--warmup", type=int, default=0, help="steps of linear warm-up to --lr (default 0)")
     a("--lr-schedule", choices=("cosine", "constant"), default="constant",
       help="after warm-up: cosine decay to a tenth of --lr at --lr-decay-steps, or "
-           "constant (default constant: over 240 steps a cosine measured no better)")
+           "constant (default constant: over the default 400 steps a cosine measured worse)")
     a("--lr-decay-steps", type=int, default=None, metavar="N",
       help="the step where the cosine ends (default --steps; give the same N to a run "
            "and to its resumed continuation so both follow one schedule)")
@@ -107,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval-every", type=int, default=40, help="steps between evaluations (default 40)")
     a("--eval-batches", type=int, default=8)
     a("--sample-tokens", type=int, default=200, help="bytes of text sampled at the end")
-    a("--temperature", type=float, default=0.6,
-      help="sampling temperature: lower is more repetitive, higher more random (default 0.6)")
+    a("--temperature", type=float, default=0.9,
+      help="sampling temperature: lower is more repetitive, higher more random (default 0.9)")
     a("--prompt", default="def ")
     a("--timeout", type=float, default=300.0, help="seconds a rank may wait in a collective")
     a("--no-progress", action="store_true", help="no progress bar")
@@ -405,7 +406,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     return result
 
 
-def sample(model: GPT, prompt: str, n: int, seed: int, temperature: float = 0.6) -> str:
+def sample(model: GPT, prompt: str, n: int, seed: int, temperature: float = 0.9) -> str:
     """About `n` bytes continuing `prompt`, drawn at `temperature` from a seeded generator.
 
     Tokens are bytes, so the model could draw bytes that are not UTF-8 (a
