@@ -456,7 +456,8 @@ def _utf8_after(pending: list[int], token: int) -> list[int]:
 # --------------------------------------------------------------------------- parent
 def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
     """The single-process GPT trained on the same batches (for --check); in float64
-    for a mixed-precision run, which it then shows how closely bf16 tracks."""
+    for a mixed-precision run, which it then shows how closely bf16 tracks. It runs
+    after the ranks, with a progress bar of its own (half a minute by default)."""
     dtype = torch.float64 if _mixed(args) else getattr(torch, args.dtype)
     if args.load:
         ref, _, dense_optim = checkpoint.load_dense(args.load)
@@ -468,7 +469,13 @@ def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
         ref = GPT(cfg).to(dtype)
         optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
     losses = []
-    for step in range(start_step, args.steps):
+    steps = range(start_step, args.steps)
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        steps = tqdm(steps, desc="--check, one process", unit="step", file=sys.stderr,
+                     mininterval=0.5, dynamic_ncols=True)
+    for step in steps:
         torch.manual_seed(step_seed(args.seed, step))
         x, y = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
         _set_lr(optimizer, lr_at(args, step))

@@ -362,3 +362,16 @@ def test_run_pictures_draw_the_numbers():
     assert any("0.25" in t.get_text() for t in ax.get_legend().get_texts())
     with pytest.raises(ValueError, match="3 steps but 2 losses"):
         viz.run_losses([1, 2, 3], [4.0, 3.5], [])
+
+
+def test_check_reference_shows_its_progress(capsys):
+    """--check trains the reference after the ranks (half a minute at the defaults):
+    it has a progress bar of its own, and --no-progress silences it."""
+    flags = [f for f in TINY if f != "--no-progress"]
+    tokens = mt.data.load_tokens()[:4096]
+    for extra, shown in (([], True), (["--no-progress"], False)):
+        args = train.build_parser().parse_args([*flags, *extra, "--steps", "3"])
+        losses = train.reference_losses(args, mt.GPTConfig(**TINY_CFG), tokens, 0)
+        err = capsys.readouterr().err
+        assert len(losses) == 3
+        assert ("--check, one process" in err and "3/3" in err) == shown, err
