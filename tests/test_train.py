@@ -131,7 +131,8 @@ def test_default_run_learns(tmp_path):
 
 BAD = [
     (["--tp", "3"], "n_head=4 is not divisible by tp=3"),
-    (["--batch-size", "6"], "the batch of 6 rows cannot be cut into dp=1 slices"),
+    (["--batch-size", "6", "--microbatches", "4"],
+     "the batch of 6 rows cannot be cut into dp=1 slices"),
     (["--pp", "2", "--virtual-stages", "2"], "schedule '1f1b' does not fit virtual_stages=2"),
     (["--virtual-stages", "2", "--schedule", "interleaved"], "needs a pipeline (pp > 1)"),
     (["--pp", "2", "--schedule", "interleaved"],
