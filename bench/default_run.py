@@ -1,0 +1,113 @@
+"""How the default run's settings were chosen, measured: README's table, regenerated.
+
+    python bench/default_run.py                    # about 6 minutes on 2 cores
+    python bench/default_run.py --steps 40 --no-ranks   # a quick look
+
+Part 1, what each setting learns. `python -m minitp.train`'s GPT (seed 0, its
+batches from `minitp.data.get_batch`, Adam on its schedule `minitp.train.lr_at`,
+float32) trained for `--steps` steps in this one process under each setting of
+SETTINGS; then the held-out loss on the same 8 held-out batches of 16 sequences
+for every row, so rows with different batch sizes compare (the row with 32-byte
+sequences is scored on 32-byte windows: less context, so a little higher for
+the same model). One process does the parallel run's arithmetic: the question
+here is what the settings learn, not how the work is split.
+
+Part 2, what a step costs on the default mesh. `python -m minitp.train` for 30
+steps at each (batch, microbatches) of COSTS, one after another in this run;
+seconds per step from the run's own tokens/s. Eight ranks sharing a laptop's
+cores are bound by the number of collectives (microbatches × layers), not by
+the arithmetic, which is why a batch four times larger costs little more. A
+shared machine is noisy: compare the rows of one run, not of two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from tqdm import tqdm
+
+from minitp import data, train
+from minitp.model import GPT, GPTConfig
+
+# (label, flags of python -m minitp.train): each row differs from the default in the flags
+# it names; the old default (batch 16, lr 3e-3) is the first row.
+SETTINGS = [
+    ("batch 16, lr 3e-3 (the old default)", ["--batch-size", "16", "--lr", "3e-3"]),
+    ("batch 16, lr 3e-3, 128 wide", ["--batch-size", "16", "--lr", "3e-3", "--d-model", "128"]),
+    ("batch 64, lr 3e-3", ["--lr", "3e-3"]),
+    ("batch 64, lr 2e-3 (the default)", []),
+    ("batch 64, lr 1e-3", ["--lr", "1e-3"]),
+    ("batch 64, lr 2e-3 with a cosine to 2e-4", ["--lr-schedule", "cosine"]),
+    ("batch 128 of 32 bytes, lr 2e-3", ["--batch-size", "128", "--seq-len", "32"]),
+]
+COSTS = [(16, 4), (64, 4), (64, 2), (64, 1)]  # (global batch, microbatches per dp rank)
+EVAL_BATCHES, EVAL_BATCH_SIZE = 8, 16
+
+
+def held_out_loss(flags: list[str], steps: int, bar=None) -> float:
+    """Train the CLI's GPT with `flags` for `steps` steps in this process; its held-out loss."""
+    args = train.build_parser().parse_args([*flags, "--steps", str(steps)])
+    sizes = {k.replace("-", "_"): getattr(args, k.replace("-", "_")) or v
+             for k, v in train.MODEL_SIZES.items()}
+    cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, **sizes)
+    train_tokens, eval_tokens = data.split(data.load_tokens())
+    torch.manual_seed(args.seed)
+    model = GPT(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)  # the CLI's optimizer
+    for step in range(steps):
+        torch.manual_seed(train.step_seed(args.seed, step))
+        x, y = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr_at(args, step)
+        optimizer.zero_grad(set_to_none=True)
+        model(x, y)[1].backward()
+        optimizer.step()
+        if bar is not None:
+            bar.update(1)
+    held_out = data.eval_batches(eval_tokens, EVAL_BATCHES, EVAL_BATCH_SIZE, cfg.seq_len, args.seed)
+    with torch.no_grad():
+        return sum(float(model(x, y)[1]) for x, y in held_out) / len(held_out)
+
+
+def seconds_per_step(batch: int, microbatches: int, steps: int = 30) -> float:
+    """One short run of the default mesh; seconds per step from its tokens/s."""
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "minitp.train", "--steps", str(steps), "--batch-size",
+             str(batch), "--microbatches", str(microbatches), "--eval-every", str(steps),
+             "--eval-batches", "1", "--sample-tokens", "8", "--no-progress", "--out",
+             os.path.join(out, "run")], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m minitp.train failed:\n{done.stderr[-2000:]}")
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return batch * train.MODEL_SIZES["seq-len"] / summary["tokens_per_s"]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=400, help="steps per setting (default 400)")
+    p.add_argument("--no-ranks", action="store_true", help="skip part 2 (the 8-rank step cost)")
+    args = p.parse_args(argv)
+    print(f"| {args.steps} steps of | held-out loss |\n|---|---|", flush=True)
+    with tqdm(total=args.steps * len(SETTINGS), unit="step", file=sys.stderr,
+              mininterval=0.5) as bar:
+        for label, flags in SETTINGS:  # each row as soon as it is measured
+            bar.write(f"| {label} | {held_out_loss(flags, args.steps, bar):.2f} |",
+                      file=sys.stdout)
+    if args.no_ranks:
+        return
+    print("\n| dp=2 pp=2 tp=2, batch | microbatches | seconds per step |\n|---|---|---|",
+          flush=True)
+    for batch, microbatches in tqdm(COSTS, unit="run", file=sys.stderr):
+        tqdm.write(f"| {batch} | {microbatches} | {seconds_per_step(batch, microbatches):.2f} |",
+                   file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

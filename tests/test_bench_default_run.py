@@ -1,0 +1,35 @@
+"""bench/default_run.py, the measurements README's default-run table comes from: it runs,
+prints one row per setting, and its "(the default)" row is the CLI's default."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from minitp import train
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "default_run.py"
+
+
+def test_the_table_is_printed_for_every_setting():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "3", "--no-ranks"],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = re.findall(r"^\| (.+) \| (\d+\.\d\d) \|$", proc.stdout, re.MULTILINE)
+    assert len(rows) == 7, proc.stdout
+    losses = [float(loss) for _, loss in rows]
+    assert all(4.0 < loss < 6.0 for loss in losses), losses  # 3 steps from ln(256) = 5.55
+
+
+def test_the_default_row_is_the_cli_default():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import default_run
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    (label, flags), = [s for s in default_run.SETTINGS if "(the default)" in s[0]]
+    defaults = train.build_parser().parse_args([])
+    assert flags == [] and label.startswith(f"batch {defaults.batch_size}, lr 2e-3")
+    assert defaults.lr == 2e-3 and defaults.lr_schedule == "constant"
+    assert (defaults.batch_size, defaults.microbatches) in default_run.COSTS
