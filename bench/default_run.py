@@ -3,10 +3,10 @@
     python bench/default_run.py                    # about 6 minutes on 2 cores
     python bench/default_run.py --steps 40 --no-ranks   # a quick look
 
-Part 1, what each setting learns. `python -m minitp.train`'s GPT (seed 0, its
-batches from `minitp.data.get_batch`, Adam on its schedule `minitp.train.lr_at`,
-float32) trained for `--steps` steps in this one process under each setting of
-SETTINGS; then the held-out loss on the same 8 held-out batches of 16 sequences
+Part 1, what each setting learns. `python -m minitp.train`'s GPT trained for
+`--steps` steps in this one process under each setting of SETTINGS, by the
+training its --check does (`minitp.train.train_one_process`: seed 0, the run's
+batches, Adam on its schedule, float32); then the held-out loss on the same 8 held-out batches of 16 sequences
 for every row, so rows with different batch sizes compare (the row with 32-byte
 sequences is scored on 32-byte windows: less context, so a little higher for
 the same model). One process does the parallel run's arithmetic: the question
@@ -33,7 +33,6 @@ import torch
 from tqdm import tqdm
 
 from minitp import data, train
-from minitp.model import GPT, GPTConfig
 
 # (label, flags of python -m minitp.train): each row differs from the default in the flags
 # it names; the old default (batch 16, lr 3e-3) is the first row.
@@ -50,26 +49,13 @@ COSTS = [(16, 4), (64, 4), (64, 2), (64, 1)]  # (global batch, microbatches per 
 EVAL_BATCHES, EVAL_BATCH_SIZE = 8, 16
 
 
-def held_out_loss(flags: list[str], steps: int, bar=None) -> float:
-    """Train the CLI's GPT with `flags` for `steps` steps in this process; its held-out loss."""
-    args = train.build_parser().parse_args([*flags, "--steps", str(steps)])
-    sizes = {k.replace("-", "_"): getattr(args, k.replace("-", "_")) or v
-             for k, v in train.MODEL_SIZES.items()}
-    cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, **sizes)
-    train_tokens, eval_tokens = data.split(data.load_tokens())
-    torch.manual_seed(args.seed)
-    model = GPT(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)  # the CLI's optimizer
-    for step in range(steps):
-        torch.manual_seed(train.step_seed(args.seed, step))
-        x, y = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
-        for group in optimizer.param_groups:
-            group["lr"] = train.lr_at(args, step)
-        optimizer.zero_grad(set_to_none=True)
-        model(x, y)[1].backward()
-        optimizer.step()
-        if bar is not None:
-            bar.update(1)
+def held_out_loss(flags: list[str], steps: int) -> float:
+    """The CLI's GPT trained with `flags` for `steps` steps in this process (the CLI's
+    own --check training, `minitp.train.train_one_process`); its held-out loss."""
+    parser = train.build_parser()
+    args = parser.parse_args([*flags, "--steps", str(steps), "--no-progress"])
+    cfg, train_tokens, eval_tokens, _ = train.validate(args, parser)  # the CLI's defaults
+    model, _ = train.train_one_process(args, cfg, train_tokens)
     held_out = data.eval_batches(eval_tokens, EVAL_BATCHES, EVAL_BATCH_SIZE, cfg.seq_len, args.seed)
     with torch.no_grad():
         return sum(float(model(x, y)[1]) for x, y in held_out) / len(held_out)
@@ -95,11 +81,8 @@ def main(argv=None) -> None:
     p.add_argument("--no-ranks", action="store_true", help="skip part 2 (the 8-rank step cost)")
     args = p.parse_args(argv)
     print(f"| {args.steps} steps of | held-out loss |\n|---|---|", flush=True)
-    with tqdm(total=args.steps * len(SETTINGS), unit="step", file=sys.stderr,
-              mininterval=0.5) as bar:
-        for label, flags in SETTINGS:  # each row as soon as it is measured
-            bar.write(f"| {label} | {held_out_loss(flags, args.steps, bar):.2f} |",
-                      file=sys.stdout)
+    for label, flags in tqdm(SETTINGS, unit="setting", file=sys.stderr):
+        tqdm.write(f"| {label} | {held_out_loss(flags, args.steps):.2f} |", file=sys.stdout)
     if args.no_ranks:
         return
     print("\n| dp=2 pp=2 tp=2, batch | microbatches | seconds per step |\n|---|---|---|",

@@ -44,8 +44,9 @@ from .errors import LaunchError
 from .model import GPT, GPTConfig
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
-# Measured: at 0.6 to 0.8 the default run's sample fell into a run of spaces longer
-# than the context, which it never leaves (README); at 0.9 it keeps Python's shape.
+# Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
+# longer than the context, which it never leaves; at 0.8 it leaves one after ~90 spaces;
+# at 0.9 it keeps Python's shape (README).
 TEMPERATURE = 0.9
 
 
@@ -460,9 +461,15 @@ def _utf8_after(pending: list[int], token: int) -> list[int]:
 
 # --------------------------------------------------------------------------- parent
 def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
-    """The single-process GPT trained on the same batches (for --check); in float64
-    for a mixed-precision run, which it then shows how closely bf16 tracks. It runs
+    """--check's per-step losses: `train_one_process` on the run's batches. It runs
     after the ranks, with a progress bar of its own (half a minute by default)."""
+    return train_one_process(args, cfg, train_tokens, start_step)[1]
+
+
+def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT, list[float]]:
+    """The plain GPT trained in this process on the batches, schedule and optimizer
+    the ranks use (or resumed from --load); in float64 for a mixed-precision run,
+    which it then shows how closely bf16 tracks. Returns (model, per-step losses)."""
     dtype = torch.float64 if _mixed(args) else getattr(torch, args.dtype)
     if args.load:
         ref, _, dense_optim = checkpoint.load_dense(args.load)
@@ -489,7 +496,7 @@ def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    return losses
+    return ref, losses
 
 
 def main(argv=None) -> dict:
