@@ -25,14 +25,15 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from minitp import _device, trace
+from minitp import _device, _pickling, trace
+from minitp._pickling import CodeKeepingPickler
 from minitp.errors import RankTimedOut
 
 STATUS_SLOT_BYTES = 512  # per rank: "<since>|<op description>" while inside a collective
 _LAUNCHER_GONE_EXIT_CODE = 75  # what a rank exits with when its launcher went away
 
 
-class _ResultPickler(cloudpickle.Pickler):
+class _ResultPickler(CodeKeepingPickler):
     """Sends results back as plain CPU tensors, detached from any graph.
 
     Plain pickling (not torch.multiprocessing's shared-memory handles) keeps the
@@ -62,9 +63,7 @@ def _is_view_of_more(t: torch.Tensor) -> bool:
 
 
 def dumps(obj) -> bytes:
-    buffer = io.BytesIO()
-    _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
+    return _pickling.dumps(obj, _ResultPickler)
 
 
 def _die_with_launcher(lifeline) -> None:
@@ -105,6 +104,52 @@ def _capture_native_stderr(path: str) -> None:
     os.close(fd)
 
 
+LIVE = "live"  # the status of a message that carries console text, not the rank's result
+
+
+class _Console(io.TextIOBase):
+    """A text stream whose writes reach the launcher's stderr as they happen.
+
+    What a rank prints to ``sys.stdout``/``sys.stderr`` comes back with its result, at the
+    end, kept apart per rank. A progress bar must be seen while the run goes on, so
+    it is written here instead: each write travels up the rank's pipe as a message of
+    its own, and the launcher copies it to its own stderr (a terminal, or the notebook
+    cell that launched the run). File descriptor 2 is not used: it is kept for what
+    native code prints when it aborts (see `_capture_native_stderr`).
+    """
+
+    def __init__(self, conn, isatty: bool):
+        self._conn, self._isatty = conn, isatty
+        self._lock = threading.Lock()  # one message at a time, whichever thread writes
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self._isatty
+
+    def write(self, text: str) -> int:
+        if text:
+            message = pickle.dumps({"status": LIVE, "text": text})
+            with self._lock:
+                try:
+                    self._conn.send_bytes(message)
+                except OSError:  # the launcher is gone; the lifeline ends this rank
+                    pass
+        return len(text)
+
+
+_console: io.TextIOBase | None = None
+
+
+def console():
+    """Where a rank writes what a person should see while the run goes on (a progress
+    bar, evaluation lines): in a rank of `mt.launch`, a stream that reaches the
+    launcher's terminal or notebook at once; elsewhere (under torchrun, or in the
+    launching process itself) the process's own stderr."""
+    return _console if _console is not None else sys.__stderr__
+
+
 class _StatusSlot:
     """A view of this rank's slot in the shared status array, stamped with the time.
 
@@ -133,8 +178,10 @@ class _StatusSlot:
 
 
 def main(rank, world_size, payload, store_path, backend, timeout, threads, conn, status, t0, env,
-         lifeline, native_stderr_path, sources):
+         lifeline, native_stderr_path, sources, console_isatty):
+    global _console
     _die_with_launcher(lifeline)
+    _console = _Console(conn, console_isatty)
     _capture_native_stderr(native_stderr_path)
     # Source lines of code defined in notebook cells, so this rank's tracebacks show them.
     linecache.cache.update(sources)
@@ -177,7 +224,8 @@ def main(rank, world_size, payload, store_path, backend, timeout, threads, conn,
     message.update(events=trace.events(), stdout=out.getvalue(), stderr=err.getvalue(),
                    last_collective=recorder.status_slot.last_entered)
     try:
-        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        with _console._lock:  # after any console text still being sent
+            conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         conn.recv_bytes()  # the parent's word: everyone is done (or EOF: the parent is gone)
     except (EOFError, OSError):
         pass

@@ -54,12 +54,12 @@ import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import _device, trace
-from ._worker import STATUS_SLOT_BYTES
+from . import _device, _pickling, trace
+from ._worker import LIVE, STATUS_SLOT_BYTES
+from ._worker import console as console
 from ._worker import dumps as _dump_result
 from ._worker import main as _rank_main
 from .errors import CollectiveTimeout, LaunchError
@@ -135,7 +135,7 @@ def launch(
     if _under_torchrun():
         return _run_in_place(fn, world_size, args, kwargs, backend, timeout)
     backend = _choose_backend(backend, world_size)
-    payload = cloudpickle.dumps((fn, args, kwargs))
+    payload = _pickling.dumps((fn, args, kwargs))
     try:
         return _Launch(payload, world_size, backend, float(timeout)).run()
     except LaunchError as error:
@@ -337,6 +337,22 @@ def _cell_sources() -> dict:
             if len(entry) == 4 and entry[1] is None}
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _console_size_env() -> dict:
+    """The launcher's terminal size, for ranks whose console is a pipe to it: tqdm
+    reads COLUMNS when it cannot ask the terminal itself."""
+    if "COLUMNS" in os.environ or not _isatty(sys.stderr):
+        return {}
+    size = shutil.get_terminal_size()
+    return {"COLUMNS": str(size.columns), "LINES": str(size.lines)}
+
+
 def _threads_per_rank(world_size: int) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // world_size)
@@ -347,6 +363,9 @@ class _Launch:
         self.payload, self.world_size, self.backend, self.timeout = (
             payload, world_size, backend, timeout,
         )
+        # Where ranks' console text goes (`minitp._worker.console`): this process's
+        # stderr as it is now, i.e. the terminal, or the cell that runs the launch.
+        self.console = sys.stderr
         self.processes: list = []
         self.conns: dict[int, mp.connection.Connection] = {}
         self.messages: dict[int, dict] = {}
@@ -360,7 +379,7 @@ class _Launch:
         started = time.perf_counter()
         _warm_up(ctx)
         self.status = ctx.RawArray(ctypes.c_char, STATUS_SLOT_BYTES * self.world_size)
-        env = {"OMP_NUM_THREADS": str(_threads_per_rank(self.world_size))}
+        env = {"OMP_NUM_THREADS": str(_threads_per_rank(self.world_size)), **_console_size_env()}
         interface = _loopback_interface()
         if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = interface
@@ -410,7 +429,7 @@ class _Launch:
             args=(rank, self.world_size, self.payload, store_path, self.backend,
                   self.timeout, _threads_per_rank(self.world_size), child_end,
                   self.status, started, env, lifeline_in,
-                  self._native_stderr_path(rank), sources),
+                  self._native_stderr_path(rank), sources, _isatty(self.console)),
             daemon=True,
         )
         with _without_main_module():
@@ -459,17 +478,17 @@ class _Launch:
                     continue
                 if ready is self.conns[rank]:
                     try:
-                        self.messages[rank] = pickle.loads(ready.recv_bytes())
+                        self._receive(rank)
                     except (EOFError, OSError):
                         deaths[rank] = self._exit_code(rank)
                 else:  # the process ended; a message it sent may still be in the pipe
-                    if self.conns[rank].poll():
-                        try:
-                            self.messages[rank] = pickle.loads(self.conns[rank].recv_bytes())
-                            continue
-                        except (EOFError, OSError):
-                            pass
-                    deaths[rank] = self._exit_code(rank)
+                    try:
+                        while rank not in self.messages and self.conns[rank].poll():
+                            self._receive(rank)
+                    except (EOFError, OSError):
+                        pass
+                    if rank not in self.messages:
+                        deaths[rank] = self._exit_code(rank)
             failed = deaths or any(m["status"] != "ok" for m in self.messages.values())
             overdue = self._overdue_waiters()
             if failed and failure_seen_at is None:
@@ -480,6 +499,17 @@ class _Launch:
                 self._raise_timeout(overdue)
         if deaths or any(m["status"] != "ok" for m in self.messages.values()):
             self._raise_failure(deaths)
+
+    def _receive(self, rank: int) -> None:
+        """Read one message from rank `rank`: console text is copied to this process's
+        stderr at once (a progress bar, as it advances); anything else is the rank's
+        one final message."""
+        message = pickle.loads(self.conns[rank].recv_bytes())
+        if message["status"] == LIVE:
+            self.console.write(message["text"])
+            self.console.flush()
+        else:
+            self.messages[rank] = message
 
     def _exit_code(self, rank: int) -> int:
         self.processes[rank].join(1.0)

@@ -8,9 +8,9 @@
 The parent checks every flag before any process starts (argparse's error, exit
 code 2), launches the ranks with `mt.launch` (under torchrun, `launch` runs in
 place), and afterwards writes the run directory: metrics.json and pictures.
-Rank 0 draws the progress bar on ``sys.__stderr__``: `mt.launch` captures what
-ranks write to ``sys.stderr`` and hands it back only at the end, but the real
-stream, inherited from the terminal, is still there.
+Rank 0 draws the progress bar on the launch's console (`minitp._worker.console`):
+`mt.launch` captures what ranks write to ``sys.stderr`` and hands it back only at
+the end, while console text reaches the launcher's terminal as it is written.
 
 Global batches are a function of (seed, step) (`minitp.data`), and every step
 reseeds the RNG from (seed, step): so runs at different (dp, pp, tp) see the
@@ -39,6 +39,7 @@ import time
 import torch
 
 from . import checkpoint, data, peak
+from ._worker import console
 from .config import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
 from .errors import LaunchError
 from .model import GPT, GPTConfig
@@ -361,7 +362,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     if lead and not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.steps, initial=start_step, file=sys.__stderr__, unit="step",
+        bar = tqdm(total=args.steps, initial=start_step, file=console(), unit="step",
                    mininterval=0.5, dynamic_ncols=True)
     losses, evals, seconds, ledger = [], [], 0.0, None
     traced_step = args.steps - 1
@@ -389,7 +390,7 @@ def _rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
             evals.append((step + 1, evaluate()))
             if bar is not None:
                 bar.write(f"step {step + 1}: train loss {loss:.4f}, eval loss {evals[-1][1]:.4f}",
-                          file=sys.__stderr__)
+                          file=console())
         if bar is not None:
             shown = dict(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / elapsed:,.0f}")
             if peak_flops:

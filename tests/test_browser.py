@@ -314,6 +314,16 @@ def test_lesson_00_runs_in_jupyterlab(lab, page, artifacts):
     timeline = _code_cell(page, "mt.viz.timeline(run")
     timeline.screenshot(path=artifacts / "00_timeline.png")
     assert timeline.locator(".jp-OutputArea-output img").count() == 1, where
+    # A rank's failure through a function defined in a cell names the cell's file and
+    # shows the failing line (cloudpickle 3.1 renames every pickled function's file to
+    # "<dynamic-code>"; minitp._pickling keeps it, so linecache finds the cell's lines)
+    failing = _code_cell(page, "mt.launch(unlucky, 4)")
+    failing.screenshot(path=artifacts / "00_failing_rank.png")
+    failed = failing.locator(".jp-OutputArea").inner_text()
+    assert re.search(r'File ".*ipykernel_\d+/\d+\.py", line 4, in unlucky', failed), (
+        f"{failed!r} {where}")
+    assert 'raise ValueError("rank 2 found a NaN in its shard")' in failed, f"{failed!r} {where}"
+    assert "<dynamic-code>" not in failed, f"{failed!r} {where}"
 
 
 def _explorer_boxes(explorer) -> dict:

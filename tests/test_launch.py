@@ -59,6 +59,32 @@ def test_results_come_back_per_rank():
     assert run.backend == "gloo"
 
 
+def test_a_pickled_function_keeps_its_file_name_under_every_cloudpickle():
+    """cloudpickle 3.1 made payloads deterministic by renaming every pickled code
+    object's file to "<dynamic-code>" (cloudpickle/cloudpickle.py, `_code_reduce`), and
+    with it a rank's traceback lost the notebook cell's name and lines. minitp's
+    payload keeps the name, nested code (a closure's, a comprehension's) included."""
+    import pickle as std_pickle
+
+    from minitp import _pickling
+
+    def outer():
+        def inner():
+            return [x for x in range(2)]
+        return inner
+
+    here = outer.__code__.co_filename
+    version = tuple(int(part) for part in cloudpickle.__version__.split(".")[:2])
+    plain = std_pickle.loads(cloudpickle.dumps(outer))
+    if version >= (3, 1):  # the behaviour this test exists for: named, so it cannot go unseen
+        assert plain.__code__.co_filename == "<dynamic-code>"
+    kept = std_pickle.loads(_pickling.dumps(outer))
+    assert kept.__code__.co_filename == here
+    assert kept()() == [0, 1]
+    nested = [c for c in kept.__code__.co_consts if hasattr(c, "co_filename")]
+    assert nested and all(c.co_filename == here for c in nested)
+
+
 def test_closure_and_lambda_defined_here_run_on_every_rank():
     offset = 7  # captured: only cloudpickle can carry it
     scales = {0: 10, 1: 100}
@@ -150,6 +176,46 @@ def test_stdout_is_kept_apart_per_rank():
         assert f"err {r}\n" in run.stderr[r]
         for other in set(range(3)) - {r}:
             assert f"err {other}" not in run.stderr[r]
+
+
+def _reports_progress():
+    from minitp.launch import console
+
+    console().write(f"rank {dist.get_rank()} is at step 1\n")
+    time.sleep(1.0)  # the rest of the work, during which the line is already on screen
+    return dist.get_rank()
+
+
+class _TimedStream:
+    def __init__(self):
+        self.writes: list[tuple[float, str]] = []
+
+    def write(self, text):
+        self.writes.append((time.monotonic(), text))
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def test_console_text_reaches_the_launchers_stderr_while_the_ranks_run(monkeypatch):
+    """A progress bar's channel: what a rank writes to `console()` appears on the stderr
+    of the process that launched it (a terminal; in a notebook, the cell) at once, and
+    not in `run.stderr`, which comes back at the end."""
+    stream = _TimedStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    run = mt.launch(_reports_progress, 2, timeout=30)
+    returned = time.monotonic()
+    monkeypatch.undo()
+    seen = {text: t for t, text in stream.writes}
+    for rank in range(2):
+        line = f"rank {rank} is at step 1\n"
+        assert line in seen, stream.writes
+        assert returned - seen[line] > 0.5, "console text arrived only with the results"
+        assert line not in run.stderr[rank]
 
 
 # --------------------------------------------------------------------------- failures

@@ -3,8 +3,13 @@ bad flags answered with one clear message before any process starts.
 """
 
 import json
+import os
+import pty
+import re
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -376,3 +381,54 @@ def test_check_reference_shows_its_progress(capsys):
         err = capsys.readouterr().err
         assert len(losses) == 3
         assert ("--check, one process" in err and "3/3" in err) == shown, err
+
+
+def _in_a_terminal(argv: list[str], timeout: float) -> tuple[list[tuple[float, str]], int]:
+    """Run `argv` in a pseudo-terminal, as a person at a terminal would; return what it
+    wrote, each read with the second it arrived, and its exit code."""
+    primary, secondary = pty.openpty()
+    started = time.monotonic()
+    process = subprocess.Popen(argv, stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    reads = []
+    try:
+        while time.monotonic() - started < timeout:
+            if select.select([primary], [], [], 1.0)[0]:
+                try:
+                    data = os.read(primary, 65536)
+                except OSError:  # Linux: the terminal's other side closed, the program ended
+                    break
+                if not data:
+                    break
+                reads.append((time.monotonic() - started, data.decode(errors="replace")))
+            elif process.poll() is not None:
+                break
+        else:
+            raise AssertionError(f"still running after {timeout} s: {reads[-3:]}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+        os.close(primary)
+    return reads, process.returncode
+
+
+def test_progress_reaches_a_terminal_while_the_ranks_train(tmp_path):
+    """The README's main command, in a terminal: rank 0's bar and evaluation lines must
+    show while the ranks train (its file descriptor 2 is kept for native aborts, so
+    they travel through the launch's console, not through it)."""
+    flags = [f for f in TINY if f != "--no-progress"]
+    reads, code = _in_a_terminal(
+        [sys.executable, "-m", "minitp.train", "--dp", "1", "--pp", "1", "--tp", "2",
+         "--steps", "40", *flags, "--eval-every", "20", "--out", str(tmp_path / "run")],
+        timeout=240)
+    text = "".join(chunk for _, chunk in reads)
+    assert code == 0, text[-3000:]
+    ended = next(t for t, chunk in reads if '{"steps": 40' in chunk)
+    states = {int(n) for _, chunk in reads for n in re.findall(r"\| *(\d+)/40 \[", chunk)}
+    assert {n for n in states if 0 < n < 40}, f"the bar never advanced: {text[-2000:]!r}"
+    evaluated = next((t for t, chunk in reads if "step 20: train loss" in chunk), None)
+    assert evaluated is not None, f"no evaluation line: {text[-2000:]!r}"
+    # 20 more steps, the sample and the run directory came after it: seen as it happened,
+    # the evaluation line arrived well before the run's last line, not with it
+    assert ended - evaluated > 0.5, (evaluated, ended)
