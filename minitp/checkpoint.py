@@ -54,6 +54,7 @@ import glob
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from dataclasses import asdict, fields
@@ -61,6 +62,7 @@ from dataclasses import asdict, fields
 import torch
 
 from . import _device, comm, trace, zero
+from ._processes import alive
 from .mesh import Mesh, world
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
@@ -160,10 +162,8 @@ def _write_checkpoint(directory: str, weights: dict, optim: dict | None, meta: d
     parent, base = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     _recover(path)
-    for stale in glob.glob(os.path.join(parent, f".{base}.partial-*")) + glob.glob(
-            os.path.join(parent, f".{base}.previous-*")):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a save that was killed
-    staging = tempfile.mkdtemp(prefix=f".{base}.partial-", dir=parent)
+    _remove_leftovers(path)
+    staging = tempfile.mkdtemp(prefix=f".{base}.partial-{os.getpid()}-", dir=parent)
     files = {"model.pt": weights} | ({"optimizer.pt": optim} if optim is not None else {})
     manifest = {}
     for name, obj in files.items():
@@ -220,10 +220,28 @@ def _recover(path: str) -> None:
             return
 
 
+def _remove_leftovers(path: str) -> None:
+    """Remove the hidden siblings a killed save left beside `path` (its half-written
+    `.partial-<pid>-*` directory, or the previous checkpoint it had moved aside): up to
+    the size of a whole checkpoint each. One whose process is still alive is a save in
+    progress, and is left alone."""
+    parent, base = os.path.split(path)
+    for kind in ("partial", "previous"):
+        prefix = f".{base}.{kind}-"
+        for stale in glob.glob(os.path.join(parent, glob.escape(prefix) + "*")):
+            pid = os.path.basename(stale).removeprefix(prefix).split("-")[0]
+            if pid.isdigit() and int(pid) != os.getpid() and alive(int(pid)):
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def read_meta(directory: str) -> dict:
     """meta.json of a checkpoint, once every file it lists is there, whole and
-    unchanged; a clear error naming what is wrong otherwise."""
+    unchanged; a clear error naming what is wrong otherwise. What a killed save left
+    beside it is removed first (see `_remove_leftovers`)."""
     _recover(os.path.abspath(directory))
+    if os.path.isdir(directory):
+        _remove_leftovers(os.path.abspath(directory))
     path = os.path.join(directory, "meta.json")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory!r}: no such checkpoint directory")
@@ -250,7 +268,29 @@ def read_meta(directory: str) -> dict:
                 f"checkpoint {directory!r} is damaged: {name} is {os.path.getsize(file):,} "
                 f"bytes, not the {expected['bytes']:,} it was saved with, or its contents "
                 "changed since (SHA-256 differs)")
+    for name in _listed_files(meta):
+        _check_holds_only_tensors(directory, name)
     return meta
+
+
+def _check_holds_only_tensors(directory: str, name: str) -> None:
+    """Unpickle `name` as `torch.load(weights_only=True)` would (memory-mapped: its bytes
+    are not read), so that a file holding anything but tensors (a manifest can be
+    re-sealed to match a malicious one) is refused in one line before any rank starts,
+    not by every rank with a torch traceback that suggests weights_only=False."""
+    try:
+        torch.load(os.path.join(directory, name), weights_only=True, mmap=True,
+                   map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line),
+                      "it holds objects that are not tensors")
+        raise ValueError(
+            f"checkpoint {directory!r}: {name} holds more than tensors, and minitp loads only "
+            f"tensors (torch.load(weights_only=True) refused it: {reason}); do not load it "
+            "with weights_only=False unless you trust where it came from") from None
+    except RuntimeError as exc:
+        raise ValueError(f"checkpoint {directory!r}: {name} is not a file torch.save wrote "
+                         f"({str(exc).strip().splitlines()[0]})") from None
 
 
 def _check_meta(path: str, meta: dict) -> None:

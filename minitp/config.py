@@ -167,11 +167,23 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int
                              f"of microbatches={m} equal microbatches")
 
 
+TOKEN_ID_DTYPE = "int64"  # token ids are torch.long, in the plain GPT and every parallel model
+
+
 def check_token_ids(ids, vocab_size: int, what: str = "token id", ignore_index=None) -> None:
-    """Every id in [0, vocab_size) (or equal to `ignore_index`), else a ValueError
-    naming the first bad one. An out-of-range id would otherwise index a padded
-    vocabulary row (an `inf` loss) or, on another rank, nothing at all (a silent,
-    finite, wrong loss). Works on any tensor without importing torch here."""
+    """Token ids are int64 (else a TypeError), and every id is in [0, vocab_size) (or
+    equal to `ignore_index`), else a ValueError naming the first bad one.
+
+    One dtype, refused alike everywhere: torch's own rules differ by op (an embedding
+    takes int32 ids, cross-entropy refuses int32 targets), so without this an int32
+    batch trained in a parallel model and raised in the plain GPT. An out-of-range id
+    would otherwise index a padded vocabulary row (an `inf` loss) or, on another rank,
+    nothing at all (a silent, finite, wrong loss). Works on any tensor without
+    importing torch here."""
+    dtype = str(ids.dtype).removeprefix("torch.")
+    if dtype != TOKEN_ID_DTYPE:
+        raise TypeError(f"{what}s must be {TOKEN_ID_DTYPE} (torch.long), got {dtype}: "
+                        "convert them with .long()")
     bad = (ids < 0) | (ids >= vocab_size)
     if ignore_index is not None:
         bad = bad & (ids != ignore_index)

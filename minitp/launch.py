@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from . import _device, _pickling, trace
+from ._processes import alive
 from ._worker import LIVE, STATUS_SLOT_BYTES
 from ._worker import console as console
 from ._worker import dumps as _dump_result
@@ -220,6 +221,58 @@ def _warm_up(ctx) -> None:
         raise
     probe.close()
     _warm_forkserver_pid = pid
+    _sign_multiprocessing_directory()
+
+
+# ------------------------------------------------------------------ what a SIGKILL leaves
+# A launcher killed with SIGKILL (a kernel restart, the OOM killer) runs no cleanup: its
+# ranks and forkserver follow it (see _worker._die_with_launcher), but two directories
+# stay in the temporary folder: the launch's rendezvous directory and multiprocessing's
+# own `pymp-*` directory (the forkserver's socket). Each carries the launcher's pid, so
+# the next launch, in any process, removes those whose launcher is gone.
+_RENDEZVOUS_PREFIX = "minitp-"                # + "<launcher pid>-<random>"
+_MULTIPROCESSING_MARK = "minitp-launcher-"    # + "<launcher pid>", a file in pymp-*
+
+
+def _sign_multiprocessing_directory() -> None:
+    """Mark this process's `pymp-*` directory as a minitp launcher's, with its pid."""
+    mark = os.path.join(mp_util.get_temp_dir(), f"{_MULTIPROCESSING_MARK}{os.getpid()}")
+    if not os.path.exists(mark):
+        with contextlib.suppress(OSError):
+            open(mark, "x").close()
+
+
+def _remove_what_dead_launchers_left() -> None:
+    folders = {tempfile.gettempdir(), os.path.dirname(mp_util.get_temp_dir())}
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith(_RENDEZVOUS_PREFIX):
+                pids = [entry.name.removeprefix(_RENDEZVOUS_PREFIX).split("-")[0]]
+            elif entry.name.startswith("pymp-"):
+                try:
+                    pids = [name.removeprefix(_MULTIPROCESSING_MARK)
+                            for name in os.listdir(entry.path)
+                            if name.startswith(_MULTIPROCESSING_MARK)]
+                except OSError:
+                    continue
+            else:
+                continue
+            if pids and all(_left_by_a_dead_launcher(entry, pid) for pid in pids):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _left_by_a_dead_launcher(entry: os.DirEntry, pid: str) -> bool:
+    """A directory of this user's whose launcher (pid) no longer runs."""
+    try:
+        if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+            return False
+    except OSError:
+        return False
+    return pid.isdigit() and not alive(int(pid))
 
 
 @contextlib.contextmanager
@@ -377,6 +430,7 @@ class _Launch:
     def _run(self) -> Run:
         ctx = _context()
         started = time.perf_counter()
+        _remove_what_dead_launchers_left()
         _warm_up(ctx)
         self.status = ctx.RawArray(ctypes.c_char, STATUS_SLOT_BYTES * self.world_size)
         env = {"OMP_NUM_THREADS": str(_threads_per_rank(self.world_size)), **_console_size_env()}
@@ -387,7 +441,7 @@ class _Launch:
         self.directory, lifeline_in, self.lifeline = None, None, None
         try:
             with _interrupts_deferred():
-                self.directory = tempfile.mkdtemp(prefix="minitp-")
+                self.directory = tempfile.mkdtemp(prefix=f"{_RENDEZVOUS_PREFIX}{os.getpid()}-")
                 # Never written to: when its one write end closes (the launch is over,
                 # or this process died), every rank still running ends. See _worker.
                 lifeline_in, self.lifeline = ctx.Pipe(duplex=False)
@@ -568,7 +622,8 @@ class _Launch:
             else:
                 said = " (os._exit, a crash, or out of memory?)"
             raise LaunchError(
-                f"rank {rank} of {self.world_size} {how} before reporting back{said}",
+                f"rank {rank} of {self.world_size} {how} before reporting back{said}"
+                + self._collectives_in_flight(errors),
                 rank=rank, remote_traceback=native,
             )
         rank = min(errors)
@@ -576,6 +631,20 @@ class _Launch:
             f"rank {rank} of {self.world_size} failed:\n{_tail(errors[rank]['error'])}",
             rank=rank, remote_traceback=errors[rank]["error"],
         )
+
+    def _collectives_in_flight(self, errors: dict[int, dict]) -> str:
+        """Which collective (op, axis, shape) each rank was in when the run ended: gloo
+        aborts the process on a size mismatch with only its own sizes ("8 vs 4"), and
+        the learner needs to see which call on which rank disagreed."""
+        inside = {r: what for r, (_, what) in self._slots().items()}
+        inside.update({r: m["last_collective"] for r, m in errors.items()
+                       if r not in inside and m.get("last_collective")
+                       and _is_cascade(m["error"])})
+        if not inside:
+            return ""
+        lines = [f"  rank {r}: {what}" for r, what in sorted(inside.items())]
+        return ("\nthe collective each rank was in (every rank of a group must call the same "
+                "one, with the same shape):\n" + "\n".join(lines))
 
     def _raise_timeout(self, waiting: dict[int, str]) -> None:
         finished = sorted(r for r, m in self.messages.items() if m["status"] == "ok")

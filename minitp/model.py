@@ -216,6 +216,8 @@ class GPT(nn.Module):
         """inputs: token ids (B, T) — or, on a later pipeline stage, the previous
         stage's activations, which the embedding steps (pass-throughs there) leave
         as they are. Returns (logits, loss); loss is None without targets."""
+        if not inputs.is_floating_point():  # ids, not activations: the rule every model keeps
+            check_token_ids(inputs, self.cfg.vocab_size, "input id")
         x = self.dropout(self.wpe(self.wte(inputs)))  # (B, T, C)
         for block in self.blocks:
             x = block(x)

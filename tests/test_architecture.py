@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitp"
 # Floor of each module (by dotted name or package prefix); lower floors never import
 # higher ones. The package facade (minitp/__init__) is the roof: nothing imports it.
 FLOORS = [
-    (0, ["config", "errors", "_paths", "tags", "module_plan", "data", "_io_counters"]),
+    (0, ["config", "errors", "_paths", "tags", "module_plan", "data", "_io_counters",
+         "_processes"]),
     (1, ["_device", "trace", "mesh", "calc", "peak", "mixed_precision", "_pickling"]),
     (2, ["comm", "_worker"]),
     (3, ["launch", "mappings", "dropout", "partial_grads", "dense"]),

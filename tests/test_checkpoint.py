@@ -3,6 +3,10 @@ same model; and resuming gives the uninterrupted run's loss curve (float64, to 1
 """
 
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -237,16 +241,40 @@ def test_a_save_killed_at_any_point_leaves_a_whole_checkpoint(tmp_path):
             mt.launch(_save_and_die, 1, directory, 2, die_at, timeout=60)
         meta = checkpoint.read_meta(directory)
         assert meta["step"] == expected_step, die_at
+        # reading it removed what the killed save left beside it (up to a checkpoint's size)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], die_at
         ref, _, optim = checkpoint.load_dense(directory)
         if expected_step == 1:
             assert _max_diff(ref.state_dict(), first) == 0, die_at
         assert optim is not None
         if expected_step == 2:  # start the next kill from the first checkpoint again
             mt.launch(_save_and_die, 1, directory, 1, None, timeout=60)
-    # and a later save tidies what the killed ones left beside the directory
+    # and a save, too, tidies what a killed one left beside the directory
+    with pytest.raises(mt.LaunchError, match="exited with code 9"):
+        mt.launch(_save_and_die, 1, directory, 2, ("file", 2), timeout=60)
+    assert any(p.name.startswith(".ckpt.partial-") for p in tmp_path.iterdir())
     mt.launch(_save_and_die, 1, directory, 3, None, timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert checkpoint.read_meta(directory)["step"] == 3
+
+
+def test_a_save_in_progress_elsewhere_is_not_removed(tmp_path):
+    """Leftovers are recognised by their process: a hidden directory whose save is
+    still running (its pid alive) is not a leftover, and reading leaves it alone."""
+    directory = tmp_path / "ckpt"
+    mt.launch(_save_and_die, 1, str(directory), 1, None, timeout=60)
+    alive = tmp_path / f".ckpt.partial-{os.getppid()}-x1y2"
+    gone = tmp_path / f".ckpt.partial-{_a_finished_pid()}-z3"
+    alive.mkdir()
+    gone.mkdir()
+    checkpoint.read_meta(str(directory))
+    assert alive.exists() and not gone.exists()
+
+
+def _a_finished_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return int(done.stdout)
 
 
 def test_a_damaged_checkpoint_is_named_before_anything_starts(tmp_path):

@@ -316,6 +316,56 @@ def test_the_plain_gpt_refuses_a_target_outside_the_vocabulary(bad):
     assert torch.isfinite(model(x, y)[1])
 
 
+ID_DTYPES = [torch.int32, torch.int16, torch.uint8]
+
+
+def _refusal(fn, *args, **kwargs) -> str:
+    """What `fn(*args, **kwargs)` raised, as "TypeError: message" (or "none")."""
+    try:
+        fn(*args, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "none"
+
+
+def _id_dtype_refusals(pp: int, tp: int, sequence_parallel: bool) -> dict:
+    """Every way a parallel model meets a batch of ids of another integer dtype."""
+    mesh = mt.Mesh(pp=pp, tp=tp)
+    torch.manual_seed(0)
+    model = mt.parallelize(mt.GPT(mt.GPTConfig(**TINY)).to(mt.device()), mesh,
+                           sequence_parallel=sequence_parallel)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = {}
+    for dtype in ID_DTYPES:
+        x = torch.ones(4, 8, dtype=torch.long, device=mt.device())
+        seen[str(dtype)] = tuple(
+            _refusal(mt.train_step, model, batch, mesh, optimizer, microbatches=2)
+            for batch in ((x.to(dtype), x), (x, x.to(dtype))))
+    return seen
+
+
+def test_token_ids_of_another_integer_dtype_are_refused_alike_everywhere():
+    """int32 used to train in a parallel model and raise in the plain GPT (torch's
+    cross-entropy refuses int32 targets, its embedding takes int32 ids): one rule now,
+    int64, the same TypeError in the plain GPT and in every parallel model."""
+    model = mt.GPT(mt.GPTConfig(**TINY)).to(mt.device())
+    x = torch.ones(2, 8, dtype=torch.long, device=mt.device())
+    expected = {}
+    for dtype in ID_DTYPES:
+        name = str(dtype).removeprefix("torch.")
+        inputs = _refusal(model, x.to(dtype), x)
+        targets = _refusal(model, x, x.to(dtype))
+        assert inputs == (f"TypeError: input ids must be int64 (torch.long), got {name}: "
+                          "convert them with .long()")
+        assert targets == inputs.replace("input ids", "target ids")
+        assert _refusal(model, x.to(dtype)) == inputs  # no targets: refused alike
+        expected[str(dtype)] = (inputs, targets)
+    for pp, tp, sequence_parallel in [(1, 2, True), (2, 1, False)]:
+        for rank, seen in enumerate(mt.launch(_id_dtype_refusals, pp * tp, pp, tp,
+                                              sequence_parallel, timeout=60)):
+            assert seen == expected, (pp, tp, rank)
+
+
 def _step_with_target(bad: int, pp: int):
     mesh = mt.Mesh(pp=pp, tp=2 // pp)
     torch.manual_seed(0)

@@ -172,19 +172,34 @@ def test_bad_flags_one_clear_message(flags, message, capsys, monkeypatch):
     assert "usage:" not in err  # argparse's usage block is for --help
 
 
-def _fake_checkpoint(directory, **damage):
-    """A checkpoint directory whose files hold placeholder bytes but whose manifest
-    matches them: enough for every check that runs before a process starts."""
+class _RunsAShellCommand:
+    """What a malicious checkpoint carries: unpickling it would run `echo`."""
+
+    def __reduce__(self):
+        return os.system, ("echo this ran",)
+
+
+def _fake_checkpoint(directory, malicious: bool = False, **damage):
+    """A checkpoint directory whose files hold placeholder tensors (or, `malicious`, an
+    object whose unpickling runs a command) and whose manifest is sealed to match them:
+    enough for every check that runs before a process starts."""
     import hashlib
-    import json
+    import io
     from dataclasses import asdict
+
+    import torch
 
     from minitp import checkpoint, data
 
     directory.mkdir()
     files = {}
     for name in ("model.pt", "optimizer.pt"):
-        content = b"placeholder " + name.encode()
+        buffer = io.BytesIO()
+        payload = {"placeholder": torch.zeros(1)}
+        if malicious and name == "optimizer.pt":
+            payload["step"] = _RunsAShellCommand()
+        torch.save(payload, buffer)
+        content = buffer.getvalue()
         (directory / name).write_bytes(content)
         files[name] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
     cfg = mt.GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=2, d_model=32, n_head=4, seq_len=32)
@@ -196,17 +211,21 @@ def _fake_checkpoint(directory, **damage):
 
 
 def test_checkpoint_problems_are_one_line_before_any_process(tmp_path, capsys, monkeypatch):
-    """A damaged checkpoint, sizes that contradict it, or --save where no directory can
-    be: each is one line and exit 2 before a rank starts, not a traceback after training."""
+    """A damaged checkpoint, one that holds more than tensors (its manifest re-sealed to
+    match), sizes that contradict it, or --save where no directory can be: each is one
+    line and exit 2 before a rank starts, not a traceback after training."""
     _no_launch(monkeypatch)
     good = _fake_checkpoint(tmp_path / "good")
     damaged = _fake_checkpoint(tmp_path / "damaged")
     (damaged / "optimizer.pt").write_bytes(b"")
     odd = _fake_checkpoint(tmp_path / "odd", surprise=1)
+    malicious = _fake_checkpoint(tmp_path / "malicious", malicious=True)
     (tmp_path / "a-file").write_text("")
     cases = [
         (["--load", str(damaged)], "damaged: optimizer.pt is 0 bytes"),
         (["--load", str(odd)], "unknown keys ['surprise']"),
+        (["--load", str(malicious)], "optimizer.pt holds more than tensors, and minitp loads "
+                                     "only tensors (torch.load(weights_only=True) refused it"),
         (["--load", str(good), "--d-model", "64"], "--d-model 64: the checkpoint's model has 32"),
         (["--load", str(good), "--n-layer", "3"], "--n-layer 3: the checkpoint's model has 2"),
         (["--save", str(tmp_path / "a-file" / "ckpt")], "is a file"),
