@@ -50,3 +50,11 @@ def test_environment_yml_lists_the_pyproject_packages():
 def test_environment_yml_installs_this_package_with_dev_extras():
     _, pip = _environment()
     assert pip == ["-e .[dev]"]
+
+
+def test_every_dependency_has_the_lower_bound_the_suite_passed_with():
+    """An open requirement lets a machine keep any old release it already has (an old
+    cloudpickle once hid a bug every new install had); each lower bound is a version
+    the whole suite has passed with (README, "Dependencies")."""
+    for name, spec in _pyproject().items():
+        assert re.fullmatch(r">=\d+(\.\d+)*", spec), f"{name}: {spec!r} is not a lower bound"
