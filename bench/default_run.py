@@ -1,4 +1,4 @@
-"""How the default run's settings were chosen, measured: README's table, regenerated.
+"""How the default run's settings were chosen, measured: docs/default-run.md's table, again.
 
     python bench/default_run.py                    # about 6 minutes on 2 cores
     python bench/default_run.py --steps 40 --no-ranks   # a quick look
@@ -6,11 +6,12 @@
 Part 1, what each setting learns. `python -m minitp.train`'s GPT trained for
 `--steps` steps in this one process under each setting of SETTINGS, by the
 training its --check does (`minitp.train.train_one_process`: seed 0, the run's
-batches, Adam on its schedule, float32); then the held-out loss on the same 8 held-out batches of 16 sequences
-for every row, so rows with different batch sizes compare (the row with 32-byte
-sequences is scored on 32-byte windows: less context, so a little higher for
-the same model). One process does the parallel run's arithmetic: the question
-here is what the settings learn, not how the work is split.
+batches, Adam on its schedule, float32); then the held-out loss on the same 8
+held-out batches of 16 sequences for every row, so rows with different batch
+sizes compare (the row with 32-byte sequences is scored on 32-byte windows: less
+context, so a little higher for the same model). One process does the parallel
+run's arithmetic: the question here is what the settings learn, not how the work
+is split.
 
 Part 2, what a step costs on the default mesh. `python -m minitp.train` for 30
 steps at each (batch, microbatches) of COSTS, one after another in this run;

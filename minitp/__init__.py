@@ -23,7 +23,6 @@ from . import (
 from ._device import device
 from .config import check_parallel_config
 from .errors import CollectiveTimeout, LaunchError
-from .grading import grade
 from .launch import Run, launch
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .loss import vocab_parallel_cross_entropy
@@ -52,6 +51,17 @@ __all__ = [
 # use, not in every rank. mt.explorer and mt.scaling are labs (minitp/labs/).
 _LAZY = {"viz": ".viz", "labs": ".labs", "explorer": ".labs.explorer",
          "scaling": ".labs.scaling"}
+
+
+def grade(exercise: str, solutions: bool = False, path=None):
+    """``mt.grade("ex01")``: grade an exercise on real processes and show what holds.
+
+    The grader (`minitp.grading`, with every exercise's checks) is part of the course,
+    not the library: it is imported here, on first use, so that ``import minitp`` and
+    every launched rank load none of it."""
+    from .grading import grade as run_the_grader
+
+    return run_the_grader(exercise, solutions=solutions, path=path)
 
 
 def __getattr__(name):

@@ -125,6 +125,9 @@ def launch(
     timeout: seconds a rank may wait in one collective (or the rendezvous)
         before the run fails with `CollectiveTimeout`.
     Returns a `Run`; raises `LaunchError` naming the first rank that failed.
+    What ranks print comes back in ``run.stdout``/``run.stderr`` at the end; what a
+    rank writes to `console()` (``from minitp.launch import console``: a progress bar)
+    reaches this process's stderr as it is written.
     """
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")

@@ -47,7 +47,7 @@ from .model import GPT, GPTConfig
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
 # longer than the context, which it never leaves; at 0.8 it leaves one after ~90 spaces;
-# at 0.9 it keeps Python's shape (README).
+# at 0.9 it keeps Python's shape (docs/default-run.md).
 TEMPERATURE = 0.9
 
 

@@ -22,6 +22,7 @@ import os
 
 import pytest
 import torch
+from helpers import random_batches
 
 import minitp as mt
 from minitp.data_parallel import zero1_optimizer
@@ -96,15 +97,8 @@ def _settings(dp, pp, tp):
 
 
 def _batches(steps, cfg, batch):
-    generator = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(steps):
-        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
-        y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
-        y[0, :5] = -100  # ignored targets, unevenly spread over the dp slices
-        y[-1, :2] = -100
-        out.append((x, y))
-    return out
+    # ignored targets, unevenly spread over the dp slices
+    return random_batches(steps, cfg, batch, ignored=((0, slice(0, 5)), (-1, slice(0, 2))))
 
 
 def _compare(world, dtype, shapes=None, steps=3):

@@ -3,8 +3,8 @@
 Every module of the package is parsed (no import is executed), and every import
 statement is an edge — module level and inside functions alike, since a lazy
 import is still a dependency. ``from pkg import name`` is an edge to ``pkg.name``
-when that is a module, else to ``pkg``. The floors are the map in README's
-"Repository" section; a module missing from this map fails the test, so a new
+when that is a module, else to ``pkg``. The floors are the map in
+docs/repository.md; a module missing from this map fails the test, so a new
 file must say where it stands.
 """
 
@@ -54,7 +54,7 @@ def _floor(module: str) -> int:
     for floor, names in FLOORS:
         if any(inner == n or inner.startswith(n + ".") for n in names):
             return floor
-    raise KeyError(f"{module} has no floor: add it to FLOORS (and to README's map)")
+    raise KeyError(f"{module} has no floor: add it to FLOORS (and to docs/repository.md)")
 
 
 def _imports(module: str, path: Path) -> set[str]:
@@ -155,3 +155,23 @@ def test_a_long_module_says_why(module):
         assert "Why one file:" in docstring, (
             f"{module} has {len(text.splitlines())} lines and its docstring does not say "
             "why (a paragraph starting 'Why one file:')")
+
+
+# What belongs to the course, not the library: the grader and its checks, the labs, the
+# pictures, the exercise generator, the doctor and the CLI.
+COURSE = ("checks", "grading", "grade", "labs", "viz", "make_exercises", "doctor", "train")
+
+
+def test_import_minitp_loads_no_course_module():
+    """`import minitp` (and so every launched rank: the forkserver preloads it) loads the
+    library only; `mt.grade`, `mt.viz` and `mt.labs` import the course on first use."""
+    import subprocess
+    import sys
+
+    code = "import minitp, sys; print(*sorted(m for m in sys.modules if m.startswith('minitp')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    loaded = done.stdout.split()
+    assert "minitp.launch" in loaded  # the library did load
+    course = [m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in COURSE]
+    assert course == [], f"import minitp loads the course: {course}"

@@ -1,4 +1,4 @@
-"""bench/default_run.py, the measurements README's default-run table comes from: it runs,
+"""bench/default_run.py, the measurements docs/default-run.md's table comes from: it runs,
 prints one row per setting, and its "(the default)" row is the CLI's default."""
 
 import re

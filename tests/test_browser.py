@@ -28,7 +28,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import pytest
 from conftest import descendants, describe, wait_until_gone
+from helpers import free_port
 
 CHROMIUM = Path(os.environ.get("MINITP_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -65,12 +65,6 @@ LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
 }
 STARTUP_S, RUN_00_S, STEP_S = 90, 240, 60  # seconds; a loaded 2-core machine is slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:
@@ -111,7 +105,7 @@ def lab(tmp_path_factory):
            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces")}
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = root / "jupyterlab.log"
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",

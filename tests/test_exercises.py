@@ -12,6 +12,7 @@ import pytest
 
 import minitp as mt
 import minitp.checks
+from minitp import grading
 from minitp._paths import repo_root
 from minitp.checks import EXERCISES
 from minitp.make_exercises import blank_out, expected_exercises
@@ -74,7 +75,7 @@ def test_untouched_exercise_fails_every_check_politely(exercise):
 
 
 def test_the_checks_import_neither_the_facade_nor_the_grader():
-    """checks/ sits below minitp.grading, which the facade imports: a check that imports
+    """checks/ sits below minitp.grading, which mt.grade imports: a check that imports
     `minitp` itself (``import minitp as mt``, ``from minitp import Mesh``) or the grader
     would close a cycle. Submodules (``from minitp import comm``) are fine."""
     for path in Path(minitp.checks.__file__).parent.glob("*.py"):
@@ -159,7 +160,7 @@ def test_command_line_exit_codes():
 
 def _variant(tmp_path, exercise, *edits):
     """The reference solution of `exercise` with `edits` (old, new) made: a learner's mistake."""
-    source = mt.grading.exercise_path(exercise, solutions=True).read_text()
+    source = grading.exercise_path(exercise, solutions=True).read_text()
     for old, new in edits:
         assert old in source, f"the solution no longer contains {old!r}: update this test"
         source = source.replace(old, new)
@@ -222,7 +223,7 @@ def test_ex08_fails_a_sync_that_waits_for_backward_to_end(tmp_path):
 def test_a_file_without_the_exercises_names_is_told_which(exercise, tmp_path):
     """A renamed or deleted function is one failed check naming it, before any check
     runs, for every exercise (not an AttributeError from deep inside a grader)."""
-    solution = ast.parse(mt.grading.exercise_path(exercise, solutions=True).read_text())
+    solution = ast.parse(grading.exercise_path(exercise, solutions=True).read_text())
     public = [n.name for n in solution.body
               if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")]
     empty = tmp_path / "empty.py"

@@ -5,11 +5,12 @@ wrong answer here is the reference solution with one habit built in."""
 import time
 
 import minitp as mt
+from minitp import grading
 
 
 def _variant(tmp_path, *edits):
     """The reference solution with `edits` (old, new) made: a learner's mistake."""
-    source = mt.grading.exercise_path("ex10", solutions=True).read_text()
+    source = grading.exercise_path("ex10", solutions=True).read_text()
     for old, new in edits:
         assert old in source, f"the solution no longer contains {old!r}: update this test"
         source = source.replace(old, new)

@@ -8,7 +8,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ from conftest import (
     wait_until_gone,
     worker_processes,
 )
+from helpers import free_port
 
 import minitp as mt
 
@@ -520,12 +520,6 @@ _TORCHRUN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _reports(folder: Path) -> dict[int, dict]:
     """What each rank of a torchrun script wrote to report<rank>.json."""
     reports = [json.loads(p.read_text()) for p in sorted(folder.glob("report*.json"))]
@@ -539,7 +533,7 @@ def torchrun_result(tmp_path_factory):
     script.write_text(_TORCHRUN_SCRIPT)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)],
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)],
         cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=180,
     )
     return proc, _reports(folder)
@@ -615,7 +609,7 @@ def test_under_torchrun_an_exception_on_one_rank_is_a_launch_error_at_once(tmp_p
     script.write_text(_TORCHRUN_FAILING_SCRIPT)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)],
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)],
         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
     )
     reports = _reports(tmp_path)

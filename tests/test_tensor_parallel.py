@@ -20,6 +20,7 @@ partial gradients.
 
 import pytest
 import torch
+from helpers import random_batches
 
 import minitp as mt
 
@@ -35,14 +36,7 @@ SETTINGS = [(sp, rc) for sp in (False, True) for rc in (None, "selective", "full
 
 
 def _batches(steps, cfg, batch=4):
-    generator = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(steps):
-        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
-        y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator)
-        y[0, :3] = -100  # ignored targets
-        out.append((x, y))
-    return out
+    return random_batches(steps, cfg, batch)
 
 
 def _compare_training(tp, settings, dtype, steps=3, microbatches=2):

@@ -1,4 +1,4 @@
-"""README's multi-node recipe, run for real on this one machine: two torchrun agents
+"""docs/gpu-node.md's multi-node recipe, run for real on this one machine: two torchrun agents
 (``--nnodes 2 --nproc-per-node 2``, c10d rendezvous on 127.0.0.1, node ranks 0 and 1)
 train ``-m minitp.train`` at dp 2 × tp 2 to parity with one process; the checkpoint
 the two nodes save is loaded by a one-node run; and a node that dies mid-run ends
@@ -20,16 +20,11 @@ import time
 
 import pytest
 from conftest import clean_env, descendants, describe, wait_until_gone
+from helpers import free_port
 
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--batch-size", "8", "--microbatches", "2", "--eval-batches", "2",
         "--sample-tokens", "8", "--dtype", "float64", "--no-progress"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_listener(port: int, agent: subprocess.Popen, seconds: float = 60) -> None:
@@ -47,7 +42,7 @@ class TwoNodes:
     """Two torchrun agents on this machine, each a "node" of two ranks."""
 
     def __init__(self, folder, train_flags, job):
-        port = _free_port()
+        port = free_port()
         self.logs = [folder / f"node{n}.log" for n in (0, 1)]
         self.seen: set[int] = set()
         self.agents = []
@@ -62,7 +57,7 @@ class TwoNodes:
                     env=clean_env(OMP_NUM_THREADS="1"), start_new_session=True))
             if node == 0:
                 # Both agents are on 127.0.0.1, so whichever binds the endpoint first
-                # hosts the rendezvous store: node 0, as HOST0 in README's recipe.
+                # hosts the rendezvous store: node 0, as HOST0 in docs/gpu-node.md's recipe.
                 _wait_for_listener(port, self.agents[0])
 
     def workers(self, node: int) -> set[int]:

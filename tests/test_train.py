@@ -122,7 +122,7 @@ def test_bf16_mixed_precision_tracks_the_float64_reference(tmp_path):
 def test_default_run_learns(tmp_path):
     """The default run's flags (topology, model, batch, learning rate), first 40 steps:
     the loss falls from ln(256) ≈ 5.5 to under 3.3 and the held-out loss falls too.
-    The whole 400-step default (about 2 minutes on 2 cores, README) is not rerun
+    The whole 400-step default (about 2 minutes on 2 cores, docs/default-run.md) is not rerun
     here: CI has 15 minutes for everything, and 40 steps already tell learning
     from not learning. The timeout only stops a hung run."""
     done = _cli("--steps", "40", "--eval-every", "20", "--out", str(tmp_path / "run"),

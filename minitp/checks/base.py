@@ -4,7 +4,7 @@ an in-process grader (ex09, ex10) reports for a blank, a crash or a shortcut tak
 The bottom of the grader: the checks of each exercise (``checks/exNN.py``) build
 on this module, the registry (``checks/__init__.py``) on them, and
 ``minitp.grading`` on the registry. So this module imports nothing of theirs,
-nor the ``minitp`` facade (which imports the grader): only leaf modules.
+nor the ``minitp`` facade (whose `mt.grade` imports the grader): only leaf modules.
 """
 
 from __future__ import annotations
