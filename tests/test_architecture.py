@@ -22,9 +22,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitp"
 FLOORS = [
     (0, ["config", "errors", "_paths", "tags", "module_plan", "data", "_io_counters",
          "_processes"]),
-    (1, ["_device", "trace", "mesh", "calc", "peak", "mixed_precision", "_pickling"]),
-    (2, ["comm", "_worker"]),
-    (3, ["launch", "mappings", "dropout", "partial_grads", "dense"]),
+    (1, ["_device", "trace", "mesh", "calc", "peak", "mixed_precision", "_pickling",
+         "_signals", "_run"]),
+    (2, ["comm", "_worker", "_forkserver", "_failure_report"]),
+    (3, ["_rank_set", "launch", "mappings", "dropout", "partial_grads", "dense"]),
     (4, ["layers", "loss", "model"]),
     (5, ["tensor_parallel", "tp_overlap", "context_parallel", "recompute", "schedules",
          "stage", "data_parallel", "tensor_parallel_2d"]),

@@ -466,7 +466,7 @@ def test_bad_arguments_fail_before_any_process_starts(monkeypatch, fn, world_siz
         raise AssertionError("launch started processes for a call it should refuse")
 
     monkeypatch.setattr(launch_module, "_Launch", no_processes)
-    monkeypatch.setattr(launch_module, "_context", no_processes)
+    monkeypatch.setattr(importlib.import_module("minitp._forkserver"), "context", no_processes)
     before = worker_processes()
     with pytest.raises(error, match=words):
         mt.launch(fn, world_size, **kwargs)
