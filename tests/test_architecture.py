@@ -29,7 +29,7 @@ FLOORS = [
     (4, ["layers", "loss", "model"]),
     (5, ["tensor_parallel", "tp_overlap", "context_parallel", "recompute", "schedules",
          "stage", "data_parallel", "tensor_parallel_2d"]),
-    (6, ["pipeline", "zero"]),
+    (6, ["pipeline", "zero", "zero_units", "zero_stage2", "zero_stage3"]),
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory"]),
     (9, ["viz"]),
