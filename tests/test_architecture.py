@@ -35,7 +35,7 @@ FLOORS = [
     (9, ["viz"]),
     (10, ["labs"]),
     (11, ["checks", "make_exercises"]),
-    (12, ["grading", "grade", "train", "doctor"]),
+    (12, ["grading", "grade", "train", "train_flags", "train_rank", "doctor"]),
 ]
 ROOF = "minitp"
 
@@ -160,7 +160,8 @@ def test_a_long_module_says_why(module):
 
 # What belongs to the course, not the library: the grader and its checks, the labs, the
 # pictures, the exercise generator, the doctor and the CLI.
-COURSE = ("checks", "grading", "grade", "labs", "viz", "make_exercises", "doctor", "train")
+COURSE = ("checks", "grading", "grade", "labs", "viz", "make_exercises", "doctor", "train",
+          "train_flags", "train_rank")
 
 
 def test_import_minitp_loads_no_course_module():

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import minitp as mt
-from minitp import train
+from minitp import train, train_flags
 
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--batch-size", "8", "--microbatches", "2", "--eval-every", "3", "--eval-batches", "2",
@@ -304,7 +304,7 @@ def test_memory_estimate_is_calcs_and_scales_with_the_run(monkeypatch):
     assert train.memory_needed(args, cfg)["machine"] > 4 * small["per_rank"]
     assert train.available_memory() is None or train.available_memory() > 0
     # a fake machine with 1 MiB refuses even the tiny default-sized run
-    monkeypatch.setattr(train, "available_memory", lambda: 2**20)
+    monkeypatch.setattr(train_flags, "available_memory", lambda: 2**20)
     _no_launch(monkeypatch)
     with pytest.raises(SystemExit):
         train.main(["--dp", "1", "--pp", "1", "--tp", "2"])
