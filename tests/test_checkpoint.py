@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import minitp as mt
-from minitp import checkpoint, data
+from minitp import checkpoint, checkpoint_files, data
 from minitp.zero import gathered
 
 TOLERANCE = 1e-10
@@ -213,7 +213,7 @@ def _save_and_die(directory, step, die_at):
 
     what = die_at[0] if die_at else None
     if what == "file":
-        checkpoint._write = dying(checkpoint._write, partial=True)
+        checkpoint_files._write = dying(checkpoint_files._write, partial=True)
     elif what == "rename":
         os.rename = dying(os.rename, partial=False)
     elif what == "cleanup":  # removing the previous checkpoint, moved aside by this save
