@@ -167,7 +167,7 @@ def _ring_counted(q, k, v, cp, balanced: bool):
     """Causal attention of this rank's two chunks of queries over every rank's keys,
     K/V passed around the ring (forward only), counting the work as it is done."""
     from .. import comm
-    from ..context_parallel import _block_forward, _block_kind, merge_partials
+    from ..ring_attention import block_forward, block_kind, merge_partials
 
     mine = chunks_of(cp.rank, cp.size, balanced)
     qs = q.chunk(2, dim=-2)
@@ -187,10 +187,10 @@ def _ring_counted(q, k, v, cp, balanced: bool):
         started = time.perf_counter()
         for a in range(2):
             for b in range(2):
-                kind = _block_kind(mine[a], theirs[b])
+                kind = block_kind(mine[a], theirs[b])
                 if kind is None:  # every key later than every query: nothing to do
                     continue
-                o, ell = _block_forward(qs[a], ks[b], vs[b], kind == "causal")
+                o, ell = block_forward(qs[a], ks[b], vs[b], kind == "causal")
                 work["blocks"] += 1
                 work["scores"] += ell.numel() * ks[b].shape[-2]  # query rows x keys
                 if out[a] is None:
