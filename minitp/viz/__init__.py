@@ -72,8 +72,10 @@ from .scaling import (  # noqa: F401
     speedup,
     step_split,
 )
-from .tensor_parallel import (  # noqa: F401
+from .split_matmul import (  # noqa: F401
     split_matmul,
+)
+from .tensor_parallel import (  # noqa: F401
     tp_dataflow,
 )
 from .timeline import (  # noqa: F401
