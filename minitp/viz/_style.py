@@ -56,6 +56,18 @@ def _new_figure(figsize) -> matplotlib.figure.Figure:
     return fig
 
 
+def _canvas(width: float, height: float, unit: float, left: float):
+    """A diagram drawn in box units: a `width` × `height` figure (`unit` inches a box
+    unit), one axes filling it, x from -`left`, y growing downwards, no frame."""
+    fig = _new_figure((width * unit, height * unit))
+    fig.set_layout_engine("none")
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(-left, width - left)
+    ax.set_ylim(height, 0)
+    ax.axis("off")
+    return fig, ax
+
+
 # --------------------------------------------------------------------------- units
 def human_bytes(n: float) -> str:
     """Bytes for people, in powers of 1024: 16 B, 1 KiB, 1.5 KiB, 48 KiB, 8 MiB."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
-from ._style import _new_figure, _tint, rank_color
+from ._style import _canvas, _tint, rank_color
 
 
 def split_matmul(p: int = 4, split: str = "both", *, title: str | None = None,
@@ -29,12 +29,7 @@ def split_matmul(p: int = 4, split: str = "both", *, title: str | None = None,
     panel_h = a_h + 2.1
     top = 1.2 if title else 0.55
     height = top + panel_h * len(panels)
-    fig = _new_figure((width * unit, height * unit))
-    fig.set_layout_engine("none")
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(-0.3, width - 0.3)
-    ax.set_ylim(height, 0)
-    ax.axis("off")
+    fig, ax = _canvas(width, height, unit, left=0.3)
     fs = 9.0
     if title:
         ax.text(width / 2 - 0.3, 0.45, title, ha="center", va="center", fontsize=11)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import matplotlib
 from matplotlib.patches import Patch, Rectangle
 
-from ._style import PHASE_COLORS, PHASE_NAMES, _new_figure, _tint, human_bytes, op_name, rank_color
+from ._style import PHASE_COLORS, PHASE_NAMES, _canvas, _tint, human_bytes, op_name, rank_color
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,7 @@ def tp_dataflow(run_or_events=None, part: str = "block", *, label: str | None = 
     legend_h = 0.6 if max(row_w) + 1.2 > 20 else 1.0
     n_left = min(len(leftover), 3) + (len(leftover) > 3) + 1 if leftover else 0
     height = y_legend + legend_h + 0.1 + 0.36 * n_left
-    fig = _new_figure((width * unit, height * unit))
-    fig.set_layout_engine("none")
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(-0.6, width - 0.6)
-    ax.set_ylim(height, 0)
-    ax.axis("off")
+    fig, ax = _canvas(width, height, unit, left=0.6)
     shard_face = _tint(rank_color(rank))
     faces = {"replicated": "white", "shard": shard_face, "partial": shard_face}
     arrow = dict(arrowstyle="-|>", color="#444444", linewidth=1.1, mutation_scale=10,
