@@ -10,18 +10,17 @@ from . import (
     calc,
     checkpoint,
     comm,
-    config,
     context_parallel,
     data,
     data_parallel,
     mappings,
     memory,
     pipeline,
+    rules,
     trace,
     zero,
 )
 from ._device import device
-from .config import check_parallel_config
 from .errors import CollectiveTimeout, LaunchError
 from .launch import Run, launch
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -30,6 +29,7 @@ from .mesh import Axis, Mesh, layout, world
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
 from .pipeline import PipelineGPT
+from .rules import check_parallel_config
 from .stage import ParallelGPT
 from .step import train_step
 from .tensor_parallel_2d import Linear2D
@@ -39,10 +39,10 @@ from .zero import make_optimizer
 __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
     "LaunchError", "Linear2D", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
-    "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm", "config",
+    "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm",
     "context_parallel", "data", "data_parallel", "device", "explorer", "grade", "labs",
     "launch", "layout", "make_optimizer", "mappings", "memory",
-    "parallelize", "pipeline", "scaling", "trace", "train_step", "viz",
+    "parallelize", "pipeline", "rules", "scaling", "trace", "train_step", "viz",
     "vocab_parallel_cross_entropy", "world", "zero",
 ]
 

@@ -9,9 +9,9 @@ import re
 
 from . import trace
 from ._io_counters import Window
-from .config import ring_wire_bytes
 from .errors import RankTimedOut
 from .mesh import Axis
+from .rules import ring_wire_bytes
 
 # gloo says "Timed out waiting 5000ms for recv operation"; NCCL's watchdog says
 # "Watchdog caught collective operation timeout". Either means a peer never came.
@@ -30,7 +30,7 @@ def record_p2p(op, tensor, peer, start) -> None:
 
 
 def _model_bytes(op: str, nbytes: int, axis: Axis | None, src: int) -> int:
-    """The ring model of what this rank sends (`minitp.config.ring_wire_bytes`),
+    """The ring model of what this rank sends (`minitp.rules.ring_wire_bytes`),
     except a broadcast, whose chain from `src` has every rank send S but the last."""
     if op == "barrier":
         return 0

@@ -9,7 +9,7 @@ holds.
 
 Load balancing. Under the causal mask a late query attends to more keys than an
 early one. So the sequence is cut into 2·cp equal chunks and cp rank i holds
-chunks i and 2cp−1−i (`minitp.config.cp_chunks`): one early, one late, the same
+chunks i and 2cp−1−i (`minitp.rules.cp_chunks`): one early, one late, the same
 work on every rank. `split_sequence` takes a rank's two chunks of a (B, T, …)
 tensor; `merge_sequence` is its inverse.
 
@@ -55,7 +55,6 @@ import torch
 import torch.nn as nn
 
 from . import mappings, trace
-from .config import IGNORE_INDEX
 from .cp_split import (  # noqa: F401  (the split's names are context_parallel's too)
     SEQ_DIM,
     chunk_order,
@@ -67,6 +66,7 @@ from .cp_split import (  # noqa: F401  (the split's names are context_parallel's
 from .mesh import Axis
 from .module_plan import apply_plan
 from .ring_attention import merge_partials, ring_attention  # noqa: F401
+from .rules import IGNORE_INDEX
 from .tensor_parallel import SequenceShardedPositions
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from . import comm
-from .config import cp_chunks
 from .mesh import Axis
+from .rules import cp_chunks
 
 SEQ_DIM = 1  # tokens and activations are (batch, seq, ...)
 

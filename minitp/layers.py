@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import mappings
-from .config import check_token_ids
 from .mesh import Axis
+from .rules import check_token_ids
 from .tags import set_tags
 
 INIT_STD = 0.02  # GPT-2's and Megatron-LM's init_method_normal(0.02), as GPT._init_weights

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from . import comm, trace
-from .config import IGNORE_INDEX, check_token_ids
 from .mesh import Axis
 from .mixed_precision import loss_precision
+from .rules import IGNORE_INDEX, check_token_ids
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -25,11 +25,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from . import trace
-from .config import layer_label, parse_layer_label
 from .memory_states import (
     model_state_bytes,  # noqa: F401  (mt.memory.model_state_bytes)
     storage_key,
 )
+from .rules import layer_label, parse_layer_label
 
 
 # --------------------------------------------------------------------------- the ledger

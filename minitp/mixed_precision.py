@@ -52,7 +52,7 @@ def loss_precision(logits: torch.Tensor) -> torch.Tensor:
 
 
 def dtype_name(dtype) -> str | None:
-    """"bfloat16" for torch.bfloat16 (the rules in `minitp.config` take names)."""
+    """"bfloat16" for torch.bfloat16 (the rules in `minitp.rules` take names)."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 

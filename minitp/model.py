@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import IGNORE_INDEX, check_token_ids
 from .mixed_precision import loss_precision
+from .rules import IGNORE_INDEX, check_token_ids
 
 ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 import copy
 
 from . import trace
-from .config import check_parallel_config, layer_label
 from .context_parallel import apply_context_parallel
 from .mesh import Mesh
 from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
 from .model import GPT
 from .pipeline import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
+from .rules import check_parallel_config, layer_label
 from .stage import ParallelGPT
 from .tensor_parallel import apply_tensor_parallel
 from .zero import attach_data_parallel

@@ -11,7 +11,7 @@ The order of forwards and backwards is a schedule (`minitp.schedules`);
 through `minitp.comm` p2p, each message tagged by what it carries, sends posted
 without waiting (so a rank blocks only on a receive it needs, and a valid
 order cannot deadlock), compute recorded as trace regions "F3" / "B3" (with
-":k" for chunk k when v > 1; `minitp.config.unit_label`).
+":k" for chunk k when v > 1; `minitp.rules.unit_label`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import comm, trace
-from .config import unit_label
 from .mesh import Axis, Mesh, layout
 from .mixed_precision import grad_of, set_grad
 from .partial_grads import sum_partial_grads
+from .rules import unit_label
 from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, simulate  # noqa: F401
 from .stage import ParallelGPT
 

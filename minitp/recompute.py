@@ -18,8 +18,8 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from . import trace
-from .config import check_recompute
 from .module_plan import replace_modules
+from .rules import check_recompute
 
 # Which modules of the (tensor-parallel) GPT each mode wraps in `Recomputed`.
 RECOMPUTE_PLAN = {"full": "blocks.*", "selective": "blocks.*.attn.core"}

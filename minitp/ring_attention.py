@@ -10,8 +10,8 @@ import math
 import torch
 
 from . import comm, trace
-from .config import cp_chunks
 from .mesh import Axis
+from .rules import cp_chunks
 
 _TAG = 1 << 22  # ring messages' tags: far from the pipeline's (2·(g·m + i) + kind)
 _K, _V, _K_BWD, _V_BWD, _DK, _DV = range(6)

@@ -17,7 +17,7 @@ arithmetic: `minitp.pipeline.run_schedule` executes such a list, and
 
 from __future__ import annotations
 
-from .config import SCHEDULE_NAMES, interleaving_fits
+from .rules import SCHEDULE_NAMES, interleaving_fits
 
 
 def gpipe(p: int, r: int, m: int, v: int = 1) -> list[tuple[str, int, int]]:

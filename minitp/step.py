@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from . import comm, trace
-from .config import IGNORE_INDEX, check_parallel_config, check_token_ids, default_schedule
 from .context_parallel import split_sequence
 from .mesh import Mesh
 from .pipeline import run_schedule
+from .rules import IGNORE_INDEX, check_parallel_config, check_token_ids, default_schedule
 from .schedules import SCHEDULES
 from .zero import finish_sharded_grads, zero_stage_of
 

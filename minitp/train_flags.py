@@ -11,8 +11,8 @@ import os
 import torch
 
 from . import checkpoint, data
-from .config import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
 from .model import GPTConfig
+from .rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
@@ -102,7 +102,7 @@ def validate(args, parser):
 
     The rules of the split (what must divide what, which schedule fits which
     virtual stages and microbatches, how the batch is cut) are
-    `minitp.config.check_parallel_config`'s, given every flag they involve, so a
+    `minitp.rules.check_parallel_config`'s, given every flag they involve, so a
     run that `train_step` would refuse on every rank is refused here, once."""
     for name in ("dp", "pp", "cp", "tp", "microbatches", "virtual_stages", "steps", "batch_size",
                  "eval_every", "eval_batches"):

@@ -63,10 +63,10 @@ import torch
 import torch.nn as nn
 
 from . import comm, trace
-from .config import check_zero_stage
 from .data_parallel import ShardOptimizer, Zero1Optimizer, attach_grad_sync
 from .mesh import Axis, Mesh
 from .mixed_precision import MixedPrecisionOptimizer, is_mixed
+from .rules import check_zero_stage
 from .zero_stage2 import ShardedGradSync
 from .zero_stage3 import shard_parameters
 from .zero_units import InFlight, Unit, make_units

@@ -14,7 +14,7 @@ import torch
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-IGNORED = -100  # minitp.config.IGNORE_INDEX: targets the loss skips
+IGNORED = -100  # minitp.rules.IGNORE_INDEX: targets the loss skips
 
 
 def free_port() -> int:

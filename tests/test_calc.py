@@ -245,7 +245,7 @@ def test_tp_comm_narayanan(t):
     # §3.3: 8bsh(t−1)/t values per layer per microbatch per device
     assert calc.tp_comm_bytes(cfg, b, t, bytes_per_value=1) == 8 * bsh * (t - 1) // t
     # ... = four all-reduces of bsh 16-bit values, by the trace's own ring accounting
-    one = mt.config.ring_wire_bytes("all_reduce", 2 * bsh, t)
+    one = mt.rules.ring_wire_bytes("all_reduce", 2 * bsh, t)
     assert calc.tp_comm_bytes(cfg, b, t) == 4 * one
     # full recomputation: Megatron reruns both forward all-reduces, torch's checkpoint one
     assert calc.tp_comm_bytes(cfg, b, t, recompute="full") == 6 * one
@@ -264,7 +264,7 @@ def test_tp_comm_matches_minitps_trace_test():
 def test_ring_bytes_agree_with_trace():
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for n in (1, 2, 3, 4, 8):
-            assert calc.ring_wire_bytes(op, 24 * 1000, n) == mt.config.ring_wire_bytes(op, 24000, n)
+            assert calc.ring_wire_bytes(op, 24 * 1000, n) == mt.rules.ring_wire_bytes(op, 24000, n)
 
 
 def test_pp_and_dp_comm():

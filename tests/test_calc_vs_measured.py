@@ -31,8 +31,8 @@ import torch
 import minitp as mt
 import minitp.calc as calc
 from minitp import memory
-from minitp.config import layer_label
 from minitp.labs.activations import GAP_ITEMS, activation_table
+from minitp.rules import layer_label
 
 CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=4, d_model=16)  # vocab: 3, 4 don't divide
 BATCH, MICROBATCHES = 4, 2

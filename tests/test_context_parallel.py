@@ -30,9 +30,9 @@ import torch
 
 import minitp as mt
 from minitp import context_parallel as cpar
-from minitp.config import check_context_split, cp_chunks
 from minitp.model import AttentionCore
 from minitp.module_plan import apply_plan
+from minitp.rules import check_context_split, cp_chunks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

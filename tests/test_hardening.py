@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 import minitp as mt
 from minitp import tags
-from minitp.config import IGNORE_INDEX
 from minitp.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from minitp.loss import vocab_parallel_cross_entropy
 from minitp.mesh import Axis
+from minitp.rules import IGNORE_INDEX
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

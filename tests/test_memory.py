@@ -24,12 +24,12 @@ from torch.utils.checkpoint import checkpoint
 import minitp as mt
 import minitp.calc as calc
 from minitp._device import choose_backend
-from minitp.config import layer_label
 from minitp.data_parallel import zero1_optimizer
 from minitp.dropout import ShardedDropout
 from minitp.labs import activations
 from minitp.labs.activations import SETTINGS, korthikanti_bytes
 from minitp.memory import ActivationLedger, model_state_bytes
+from minitp.rules import layer_label
 
 CFG = mt.GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, dropout=0.1)
 B = 2  # micro-batch

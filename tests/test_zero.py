@@ -19,8 +19,8 @@ from test_memory import _live_bytes
 import minitp as mt
 import minitp.calc as calc
 from minitp import _io_counters
-from minitp.config import parse_layer_label
 from minitp.memory import ActivationLedger, model_state_bytes
+from minitp.rules import parse_layer_label
 from minitp.zero import gathered
 
 # (dp, pp, tp, zero_stage, microbatches, sequence_parallel, recompute, schedule, virtual)

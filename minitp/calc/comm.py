@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from ..config import check_recompute, ring_send_fraction
+from ..rules import check_recompute, ring_send_fraction
 from ._util import number
 from .params import params_per_rank
 
 
 def ring_wire_bytes(op: str, nbytes: int, n: int) -> int | float:
     """Bytes one rank sends in a ring `op` on a tensor of ``nbytes`` over ``n`` ranks:
-    the model of `minitp.config.ring_send_fraction`, exact (not rounded to bytes)."""
+    the model of `minitp.rules.ring_send_fraction`, exact (not rounded to bytes)."""
     return number(nbytes * ring_send_fraction(op, n))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..config import check_recompute
+from ..rules import check_recompute
 from ._util import number
 
 

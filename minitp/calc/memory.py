@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..config import check_recompute, check_zero_stage, interleaving_fits
+from ..rules import check_recompute, check_zero_stage, interleaving_fits
 from ._util import number
 from .params import params_per_rank
 

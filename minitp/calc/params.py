@@ -6,7 +6,7 @@ size, V vocabulary, s sequence length. Every count here is an exact integer.
 
 from __future__ import annotations
 
-from ..config import check_parallel_config
+from ..rules import check_parallel_config
 
 
 def param_count(cfg) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..config import check_parallel_config, interleaving_fits
+from ..rules import check_parallel_config, interleaving_fits
 from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import check_parallel_config
+from ..rules import check_parallel_config
 from .cluster import Cluster
 from .memory import memory_per_gpu
 from .timing import StepTime, step_time

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..config import check_parallel_config
+from ..rules import check_parallel_config
 from .cluster import Cluster
 from .comm import tp_collectives_per_layer
 from .flops import bubble as bubble_fraction

@@ -28,12 +28,12 @@ import torch
 
 from minitp import schedules, trace
 from minitp._device import device
-from minitp.config import unit_label
 from minitp.errors import CollectiveTimeout, LaunchError
 from minitp.launch import launch
 from minitp.mesh import Mesh
 from minitp.model import GPT, GPTConfig
 from minitp.parallelize import parallelize
+from minitp.rules import unit_label
 
 from .base import Check, failure_check
 

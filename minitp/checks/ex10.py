@@ -26,8 +26,8 @@ import sys
 from minitp import calc
 from minitp.calc import search
 from minitp.calc.cluster import GiB
-from minitp.config import check_parallel_config
 from minitp.model import GPTConfig
+from minitp.rules import check_parallel_config
 
 from .base import Check, crashed, no_shortcut, not_written
 

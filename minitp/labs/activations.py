@@ -29,8 +29,8 @@ from types import SimpleNamespace
 import torch
 
 from ..calc.memory import activation_bytes_per_layer
-from ..config import check_parallel_config, layer_label
 from ..memory import ActivationLedger, Saved, _text_table
+from ..rules import check_parallel_config, layer_label
 
 # --------------------------------------------------------------------------- the formula
 SETTINGS = ("none", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full")

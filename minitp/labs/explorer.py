@@ -39,8 +39,8 @@ import ipywidgets as widgets
 
 from .. import calc
 from ..calc.cluster import Cluster, GiB
-from ..config import check_parallel_config
 from ..model import GPTConfig
+from ..rules import check_parallel_config
 
 
 def _gpt(h: int, a: int, layers: int, s: int = 2048) -> GPTConfig:

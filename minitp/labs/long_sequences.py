@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ..calc.memory import activation_bytes_per_layer
-from ..config import cp_chunks, layer_label
 from ..memory import ActivationLedger
+from ..rules import cp_chunks, layer_label
 
 SETTINGS = ("SP", "SP+selective", "SP+CP")
 _MESH = {"SP": {"dp": 2, "tp": 2}, "SP+selective": {"dp": 2, "tp": 2},

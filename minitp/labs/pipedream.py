@@ -41,9 +41,9 @@ import torch
 
 from .._device import device
 from ..comm import irecv, isend
-from ..config import unit_label
 from ..launch import launch
 from ..mesh import world
+from ..rules import unit_label
 from ..schedules import one_f_one_b
 from ..trace import region
 

@@ -34,11 +34,11 @@ import torch
 
 from .. import calc, comm, trace
 from .._device import device
-from ..config import check_parallel_config, layer_label
 from ..launch import Run, launch
 from ..mesh import Mesh, world
 from ..model import GPT, GPTConfig
 from ..parallelize import parallelize
+from ..rules import check_parallel_config, layer_label
 from ..step import train_step
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch, Rectangle
 
-from ..config import parse_unit_label
+from ..rules import parse_unit_label
 from ._style import PHASE_COLORS, _new_figure, _tint
 
 IDLE_COLOR = "#E8E8E8"
