@@ -105,7 +105,7 @@ class GradSync:
         self.handles = []
 
 
-class ShardOptimizer:
+class ZeroOptimizerBase:
     """What every ZeRO optimizer answers through ``self.inner``, the optimizer that
     steps only this rank's shards (stage 1 here; stages 2 and 3: `minitp.zero`)."""
 
@@ -122,7 +122,7 @@ class ShardOptimizer:
                    if torch.is_tensor(t))
 
 
-class Zero1Optimizer(ShardOptimizer):
+class Zero1Optimizer(ZeroOptimizerBase):
     """An optimizer whose state lives only for this dp rank's 1/dp of the parameters.
 
     ``step()``: reduce-scatter the flat gradient over dp (sum), step the shard with

@@ -11,7 +11,7 @@ alike, so their gradients can be summed elementwise), the positions, each
 transformer layer, the final LayerNorm. A unit's parameters are flattened into
 one vector of Ψ_u values, padded to a multiple of N_d (the dp size), and dp rank
 d owns the d-th slice: its *shard*, an ``nn.Parameter`` that the optimizer steps
-(`ShardedOptimizer`). Adam is elementwise, so stepping shards equals stepping
+(`Zero23Optimizer`). Adam is elementwise, so stepping shards equals stepping
 the whole.
 
 * Stage 2: the model keeps its whole parameters; each unit's gradient is
@@ -63,7 +63,7 @@ import torch
 import torch.nn as nn
 
 from . import comm, trace
-from .data_parallel import ShardOptimizer, Zero1Optimizer, attach_grad_sync
+from .data_parallel import Zero1Optimizer, ZeroOptimizerBase, attach_grad_sync
 from .mesh import Axis, Mesh
 from .mixed_precision import MixedPrecisionOptimizer, is_mixed
 from .rules import check_zero_stage
@@ -153,7 +153,7 @@ def gathered(model):
 
 
 # --------------------------------------------------------------------------- optimizer
-class ShardedOptimizer(ShardOptimizer):
+class Zero23Optimizer(ZeroOptimizerBase):
     """ZeRO-2/3's optimizer: ``optimizer_class`` over the units' shards only. Their
     gradients are ready when `train_step` calls ``step()``; at stage 2 the updated
     shards are then all-gathered into the model's parameters (stage 3 gathers
@@ -188,7 +188,7 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
     """The optimizer for a model from ``mt.parallelize(ref, mesh, zero_stage=s)``,
     ``optimizer_class(..., **kwargs)`` over what this rank steps: the model's
     parameters (s = 0), this rank's 1/dp slice of them (s = 1: `Zero1Optimizer`),
-    or its units' shards (s = 2, 3: `ShardedOptimizer`)."""
+    or its units' shards (s = 2, 3: `Zero23Optimizer`)."""
     stage = zero_stage_of(model)
     if stage == 0:
         if is_mixed(model):  # float32 masters of the bf16 parameters
@@ -196,13 +196,13 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
         return optimizer_class(model.parameters(), **kwargs)
     if stage == 1:  # over dp×cp: the group the gradients are summed over (mesh.dp_cp)
         return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class, **kwargs)
-    return ShardedOptimizer(model, _units(model), stage, optimizer_class, **kwargs)
+    return Zero23Optimizer(model, _units(model), stage, optimizer_class, **kwargs)
 
 
 def stepped_tensors(optimizer) -> list[torch.Tensor]:
     """The tensors `optimizer` steps, in its order: a model's parameters (stage 0),
     or the flat shards a ZeRO optimizer keeps (stages 1-3)."""
-    inner = optimizer.inner if isinstance(optimizer, ShardOptimizer) else optimizer
+    inner = optimizer.inner if isinstance(optimizer, ZeroOptimizerBase) else optimizer
     return [p for group in inner.param_groups for p in group["params"]]
 
 
@@ -225,7 +225,7 @@ def per_parameter_state(model, optimizer) -> dict[nn.Parameter, dict]:
     and cut back into parameters (stages 1-3; collective over dp, untraced).
     Scalars (Adam's ``step``) are shared by a shard's parameters. A parameter
     without state maps to {}."""
-    if not isinstance(optimizer, ShardOptimizer):
+    if not isinstance(optimizer, ZeroOptimizerBase):
         return {p: optimizer.state.get(p, {}) for p in model.parameters()}
     out = {}
     with trace.paused():
@@ -256,9 +256,9 @@ def check_checkpointable(model, optimizer=None) -> None:
     if optimizer is None:
         return
     stage = zero_stage_of(model)
-    expected = {1: Zero1Optimizer, 2: ShardedOptimizer, 3: ShardedOptimizer}.get(stage)
+    expected = {1: Zero1Optimizer, 2: Zero23Optimizer, 3: Zero23Optimizer}.get(stage)
     if expected is None:  # stage 0: a plain optimizer, or ZeRO-1 made by zero1_optimizer
-        if isinstance(optimizer, ShardOptimizer) and not isinstance(optimizer, Zero1Optimizer):
+        if isinstance(optimizer, ZeroOptimizerBase) and not isinstance(optimizer, Zero1Optimizer):
             raise TypeError(f"checkpoint: a {type(optimizer).__name__} over a model without "
                             "ZeRO stages 2-3 (make it with mt.make_optimizer(model, mesh, ...))")
         return
