@@ -37,6 +37,7 @@ import torch.nn as nn
 from . import comm, trace
 from .mesh import Axis, Mesh
 from .mixed_precision import MASTER_DTYPE, grad_of, has_main_grads, set_grad, zero_main_grads
+from .rules import round_up
 
 
 def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
@@ -132,7 +133,7 @@ class Zero1Optimizer(ZeroOptimizerBase):
     def __init__(self, params: list[nn.Parameter], axis: Axis, optimizer_class, **kwargs):
         self.params, self.axis = [p for p in params if p.requires_grad], axis
         numel = sum(p.numel() for p in self.params)
-        self.padded = -(-numel // axis.size) * axis.size  # equal slices for the collectives
+        self.padded = round_up(numel, axis.size)  # equal slices for the collectives
         self.shard_size = self.padded // axis.size
         lo = axis.rank * self.shard_size
         flat = self._flatten([p.detach() for p in self.params])

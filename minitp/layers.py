@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import mappings
 from .mesh import Axis
-from .rules import check_token_ids
+from .rules import check_token_ids, round_up
 from .tags import set_tags
 
 INIT_STD = 0.02  # GPT-2's and Megatron-LM's init_method_normal(0.02), as GPT._init_weights
@@ -161,7 +161,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.axis, self.vocab_size, self.d_model = axis, vocab_size, d_model
         self.sequence_parallel = sequence_parallel
-        self.padded_vocab = -(-vocab_size // axis.size) * axis.size  # ceil to a multiple of p
+        self.padded_vocab = round_up(vocab_size, axis.size)
         local = self.padded_vocab // axis.size
         self.vocab_start = axis.rank * local
         self.vocab_end = self.vocab_start + local

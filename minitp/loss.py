@@ -26,7 +26,7 @@ import torch
 from . import comm, trace
 from .mesh import Axis
 from .mixed_precision import loss_precision
-from .rules import IGNORE_INDEX, check_token_ids
+from .rules import IGNORE_INDEX, ceil_div, check_token_ids
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -103,7 +103,7 @@ def _check_width(width: int, axis: Axis, vocab_size: int | None, device) -> None
     if vocab_size is not None:
         # The rule is known here, so no communication is needed; a wrong rank raises alone
         # (and the launcher stops the others, which wait in the first all-reduce).
-        expected = -(-vocab_size // axis.size)
+        expected = ceil_div(vocab_size, axis.size)
         if width != expected:
             raise ValueError(
                 f"logits are {width} wide on rank {axis.rank} of {axis.name}, but a vocabulary "

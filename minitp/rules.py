@@ -34,6 +34,18 @@ ZERO_STAGES = (0, 1, 2, 3)
 PARAM_DTYPES = (None, "bfloat16")
 
 
+# --------------------------------------------------------------------------- what divides what
+def ceil_div(n: int, k: int) -> int:
+    """⌈n / k⌉ in integers: the size of each of k equal slices that hold n (padded)."""
+    return -(-n // k)
+
+
+def round_up(n: int, k: int) -> int:
+    """n rounded up to a multiple of k: what a flat vector or a vocabulary is padded to
+    so that k ranks hold equal slices (collectives need equal shapes)."""
+    return ceil_div(n, k) * k
+
+
 # --------------------------------------------------------------------------- checks
 def _positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from . import comm, trace
 from .mesh import Axis
+from .rules import round_up
 from .tags import tag
 
 IN_FLIGHT = 2  # gradient reduce-scatters posted and not yet waited, at most
@@ -57,7 +58,7 @@ class Unit:
             self.shapes.append(p.shape)  # kept: stage 3 empties the parameters
             offset += p.numel()
         self.numel = offset
-        self.padded = -(-offset // dp.size) * dp.size
+        self.padded = round_up(offset, dp.size)
         self.shard_size = self.padded // dp.size
         lo = dp.rank * self.shard_size
         flat = self.flatten([p.detach() for _, _, p, _ in self.layout])

@@ -6,7 +6,7 @@ size, V vocabulary, s sequence length. Every count here is an exact integer.
 
 from __future__ import annotations
 
-from ..rules import check_parallel_config
+from ..rules import check_parallel_config, round_up
 
 
 def param_count(cfg) -> int:
@@ -36,7 +36,7 @@ def exact_param_count(cfg) -> int:
 def padded_vocab(vocab_size: int, tp: int) -> int:
     """The vocabulary rounded up to a multiple of tp, as `VocabParallelEmbedding`
     pads it (Megatron-LM pads to a multiple of 128·t by default)."""
-    return -(-vocab_size // tp) * tp
+    return round_up(vocab_size, tp)
 
 
 def layer_params_per_rank(cfg, tp: int = 1) -> int:

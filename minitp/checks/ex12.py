@@ -41,6 +41,7 @@ from minitp import trace
 from minitp._device import device
 from minitp.launch import launch
 from minitp.mesh import world
+from minitp.rules import round_up
 
 from .base import Check, run_per_size
 
@@ -121,7 +122,7 @@ def _in_rank(unit_class):
     blocks = [_block().double().to(dev) for _ in range(UNITS)]
     refs = copy.deepcopy(blocks)
     numel = sum(p.numel() for p in refs[0].parameters())
-    padded = -(-numel // n) * n
+    padded = round_up(numel, n)
     size = padded // n
     units = [unit_class(block, axis) for block in blocks]
     generator = torch.Generator().manual_seed(1)
