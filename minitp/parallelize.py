@@ -32,7 +32,7 @@ from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
 from .model import GPT
 from .pipeline import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
-from .rules import check_parallel_config, layer_label
+from .rules import check_parallel_config, check_tp_overlap, layer_label
 from .stage import ParallelGPT
 from .tensor_parallel import apply_tensor_parallel
 from .zero import attach_data_parallel
@@ -79,10 +79,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     3 the float32 shards are the masters, and the gradients are widened to float32
     as they are reduce-scattered).
     """
-    if tp_overlap and not (sequence_parallel and mesh.tp.size > 1):
-        raise ValueError(f"tp_overlap=True needs sequence_parallel=True and tp > 1 (got "
-                         f"sequence_parallel={sequence_parallel}, tp={mesh.tp.size}): it "
-                         "overlaps sequence parallelism's collectives with the GEMMs")
+    check_tp_overlap(tp_overlap, sequence_parallel, mesh.tp.size)
     if not isinstance(ref, GPT):
         raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
     check_parallel_config(ref.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,

@@ -57,6 +57,15 @@ def check_recompute(mode) -> None:
         raise ValueError(f"recompute must be None, 'selective' or 'full', got {mode!r}")
 
 
+def check_tp_overlap(tp_overlap: bool, sequence_parallel: bool, tp: int) -> None:
+    """The collective matmul overlaps sequence parallelism's all-gathers and
+    reduce-scatters with the GEMMs: without SP, or at tp 1, there is nothing to overlap."""
+    if tp_overlap and not (sequence_parallel and tp > 1):
+        raise ValueError(f"tp_overlap=True needs sequence_parallel=True and tp > 1 (got "
+                         f"sequence_parallel={sequence_parallel}, tp={tp}): it overlaps "
+                         "sequence parallelism's collectives with the GEMMs")
+
+
 def check_zero_stage(stage) -> None:
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES} (0: no ZeRO; 1 shards the "

@@ -31,6 +31,7 @@ from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedd
 from .loss import vocab_parallel_cross_entropy
 from .mesh import Axis
 from .module_plan import apply_plan, matches
+from .rules import check_tp_overlap
 from .tags import set_tags
 from .tp_overlap import OverlappedColumnParallelLinear, OverlappedRowParallelLinear
 
@@ -164,9 +165,7 @@ def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
                           tp_overlap: bool = False) -> None:
     """Shard `model` (a plain GPT, changed in place) over the tensor-parallel axis;
     `tp_overlap`: the layers' GEMMs overlapped with their collectives (needs SP)."""
-    if tp_overlap and not (sequence_parallel and tp.size > 1):
-        raise ValueError("tp_overlap=True overlaps sequence parallelism's all-gathers and "
-                         "reduce-scatters: it needs sequence_parallel=True and tp > 1")
+    check_tp_overlap(tp_overlap, sequence_parallel, tp.size)
     plan = TENSOR_PARALLEL_PLAN
     if tp_overlap:
         plan = [(pattern, TP_OVERLAP_PLAN.get(pattern, make)) for pattern, make in plan]

@@ -12,7 +12,7 @@ import torch
 
 from . import checkpoint, data
 from .model import GPTConfig
-from .rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config
+from .rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
@@ -154,10 +154,10 @@ def validate(args, parser):
                               param_dtype="bfloat16" if uses_mixed_precision(args) else None)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.tp_overlap and not (args.sp and args.tp > 1):
-        parser.error(f"--tp-overlap overlaps sequence parallelism's collectives with the GEMMs: "
-                     f"it needs --sp and --tp > 1 (got {'--sp' if args.sp else '--no-sp'}, "
-                     f"--tp {args.tp})")
+    try:
+        check_tp_overlap(args.tp_overlap, args.sp, args.tp)
+    except ValueError as exc:
+        parser.error(f"--tp-overlap (--sp, --tp): {exc}")
     if uses_mixed_precision(args) and (args.save or args.load):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")

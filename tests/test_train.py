@@ -155,7 +155,8 @@ BAD = [
     (["--steps", "ten"], "invalid int value"),
     (["--zero-stage", "4"], "invalid choice: 4"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
-    (["--tp-overlap", "--no-sp"], "--tp-overlap overlaps sequence parallelism's collectives"),
+    (["--tp-overlap", "--no-sp"], "--tp-overlap (--sp, --tp): tp_overlap=True needs "
+                                  "sequence_parallel=True and tp > 1"),
     (["--dtype", "bfloat16", "--save", "ckpt"], "would lose its float32 master weights"),
 ]
 
