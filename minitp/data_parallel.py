@@ -37,7 +37,7 @@ import torch.nn as nn
 from . import comm, trace
 from .mesh import Axis, Mesh
 from .mixed_precision import MASTER_DTYPE, grad_of, has_main_grads, set_grad, zero_main_grads
-from .rules import round_up
+from .rules import model_chunks, round_up
 
 
 def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
@@ -187,7 +187,7 @@ def zero1_optimizer(model: nn.Module, mesh: Mesh, optimizer_class=torch.optim.Ad
     """ZeRO-1 for a model from `mt.parallelize`: its dp all-reduce hooks are removed
     (the optimizer's reduce-scatter sums the gradients instead), and
     ``optimizer_class(shard, **kwargs)`` steps this rank's slice."""
-    for chunk in getattr(model, "chunks", [model]):
+    for chunk in model_chunks(model):
         sync = getattr(chunk, "grad_sync", None)
         if sync is not None:
             sync.remove()

@@ -41,6 +41,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .rules import model_chunks
+
 MASTER_DTYPE = torch.float32
 
 
@@ -59,7 +61,7 @@ def dtype_name(dtype) -> str | None:
 def is_mixed(model: nn.Module) -> bool:
     """Whether `model` was made mixed precision by `mt.parallelize` (its stages are
     marked; at ZeRO stages 0-1 its parameters also carry ``main_grad``)."""
-    chunks = getattr(model, "chunks", [model])
+    chunks = model_chunks(model)
     return (any(getattr(c, "mixed_precision", False) for c in chunks)
             or has_main_grads(model.parameters()))
 

@@ -46,6 +46,13 @@ def round_up(n: int, k: int) -> int:
     return ceil_div(n, k) * k
 
 
+# --------------------------------------------------------------------------- a rank's stages
+def model_chunks(model) -> list:
+    """The stages this rank's model holds: a pipeline's chunks (one per virtual stage),
+    or the model itself when it is a single stage (no pipeline, or the plain GPT)."""
+    return list(getattr(model, "chunks", [model]))
+
+
 # --------------------------------------------------------------------------- checks
 def _positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -8,7 +8,13 @@ from . import comm, trace
 from .context_parallel import split_sequence
 from .mesh import Mesh
 from .pipeline import run_schedule
-from .rules import IGNORE_INDEX, check_parallel_config, check_token_ids, default_schedule
+from .rules import (
+    IGNORE_INDEX,
+    check_parallel_config,
+    check_token_ids,
+    default_schedule,
+    model_chunks,
+)
 from .schedules import SCHEDULES
 from .zero import finish_sharded_grads, zero_stage_of
 
@@ -37,7 +43,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
     _check_ids(model, x, y)
     dp = mesh.dp
-    chunks = list(getattr(model, "chunks", [model]))
+    chunks = model_chunks(model)
     v = len(chunks)
     check_parallel_config(model.cfg, dp=dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
                           cp=mesh.cp.size, sequence_parallel=model.sequence_parallel,
@@ -74,7 +80,7 @@ def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     pipeline: every chunk's forwards in turn. The same float on every rank."""
     x, y = batch
     _check_ids(model, x, y)
-    chunks = list(getattr(model, "chunks", [model]))
+    chunks = model_chunks(model)
     check_parallel_config(model.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
                           cp=mesh.cp.size, sequence_parallel=model.sequence_parallel,
                           virtual_stages=len(chunks), microbatches=microbatches,

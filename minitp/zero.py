@@ -66,7 +66,7 @@ from . import comm, trace
 from .data_parallel import Zero1Optimizer, ZeroOptimizerBase, attach_grad_sync
 from .mesh import Axis, Mesh
 from .mixed_precision import MixedPrecisionOptimizer, is_mixed
-from .rules import check_zero_stage
+from .rules import check_zero_stage, model_chunks
 from .zero_stage2 import ShardedGradSync
 from .zero_stage3 import shard_parameters
 from .zero_units import InFlight, Unit, make_units
@@ -96,18 +96,18 @@ def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: in
 
 
 def zero_stage_of(model) -> int:
-    return getattr(getattr(model, "chunks", [model])[0], "zero_stage", 0)
+    return getattr(model_chunks(model)[0], "zero_stage", 0)
 
 
 def _units(model) -> list[Unit]:
-    return [u for c in getattr(model, "chunks", [model]) for u in getattr(c, "zero_units", [])]
+    return [u for c in model_chunks(model) for u in getattr(c, "zero_units", [])]
 
 
 def finish_sharded_grads(model, mesh: Mesh) -> None:
     """After the last backward of a ZeRO-2/3 step: every unit's reduced slices into its
     shard's gradient; the partial (sequence-parallel) elements summed over tp; the
     tied embedding's two pipeline copies summed over the embedding group."""
-    chunks = getattr(model, "chunks", [model])
+    chunks = model_chunks(model)
     units = _units(model)
     for unit in units:
         unit.finish_reduce()
@@ -133,7 +133,7 @@ def gathered(model):
     names (e.g. for ``model.full_state_dict()``); detached copies, untraced. Any
     other model is left as it is."""
     units = _units(model) if zero_stage_of(model) == 3 else []
-    chunks = getattr(model, "chunks", [model])
+    chunks = model_chunks(model)
     shards = [c._modules.pop("zero_shards") for c in chunks] if units else []
     with trace.paused():
         fulls = [u.gather() for u in units]

@@ -43,6 +43,7 @@ from ..memory import ActivationLedger, model_state_bytes
 from ..mesh import Mesh, world
 from ..model import GPT, GPTConfig
 from ..parallelize import parallelize
+from ..rules import model_chunks
 from ..step import train_step
 from ..zero import make_optimizer, zero_stage_of
 
@@ -78,7 +79,7 @@ class ParamMemory:
         if zero_stage_of(model) != 3:
             raise ValueError("ParamMemory follows ZeRO-3's gathered parameters: "
                              "parallelize the model with zero_stage=3")
-        self.units = [u for c in getattr(model, "chunks", [model])
+        self.units = [u for c in model_chunks(model)
                       for u in getattr(c, "zero_units", [])]
         self.shards = sum(u.shard.numel() * u.shard.element_size() for u in self.units)
         self.unit_bytes = {u.name: u.padded * u.shard.element_size() for u in self.units}
