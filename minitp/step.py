@@ -6,6 +6,7 @@ import torch
 
 from . import comm, trace
 from .context_parallel import split_sequence
+from .grads import finalize_grads
 from .mesh import Mesh
 from .pipeline import run_schedule
 from .rules import (
@@ -16,7 +17,6 @@ from .rules import (
     model_chunks,
 )
 from .schedules import SCHEDULES
-from .zero import finish_sharded_grads, zero_stage_of
 
 
 def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1) -> float:
@@ -62,15 +62,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
             syncs[k].arm(i == last)  # only the last microbatch's gradient is final
 
     loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward)
-    for sync in syncs:
-        if sync is not None:
-            sync.finish()
-    if zero_stage_of(model) >= 2:  # the gradients live in dp shards: sum those
-        finish_sharded_grads(model, mesh)
-    else:
-        model.sync_partial_grads()
-        if hasattr(model, "sync_embedding_grads"):
-            model.sync_embedding_grads()
+    finalize_grads(model, mesh)  # every reduction after backward, in order (minitp.grads)
     optimizer.step()
     return _batch_loss(loss, mesh)
 

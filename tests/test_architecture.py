@@ -31,7 +31,7 @@ FLOORS = [
          "recompute", "schedules", "stage", "data_parallel", "tensor_parallel_2d"]),
     (6, ["pipeline", "zero", "zero_units", "zero_stage2", "zero_stage3"]),
     (7, ["parallelize"]),
-    (8, ["step", "checkpoint", "checkpoint_files", "memory", "memory_states"]),
+    (8, ["step", "grads", "checkpoint", "checkpoint_files", "memory", "memory_states"]),
     (9, ["viz"]),
     (10, ["labs"]),
     (11, ["checks", "make_exercises"]),
