@@ -24,12 +24,8 @@ def raise_failure(launch, deaths: dict[int, int]) -> None:
         )
     if timeouts:
         waiting = {r: m["op"] for r, m in timeouts.items()}
-        waiting.update({r: what for r, (_, what) in launch.slots().items() if r not in waiting})
-        # A peer whose collective failed because a timed-out rank's connection went
-        # away was waiting too: in the collective it entered last.
-        waiting.update({r: m["last_collective"] for r, m in errors.items()
-                        if r not in waiting and m.get("last_collective")
-                        and is_cascade(m["error"])})
+        waiting.update({r: what for r, what in _collectives_entered(launch, errors).items()
+                        if r not in waiting})
         raise_timeout(launch, waiting)
     if deaths:
         rank = min(deaths)
@@ -51,19 +47,29 @@ def raise_failure(launch, deaths: dict[int, int]) -> None:
         rank=rank, remote_traceback=errors[rank]["error"],
     )
 
-def collectives_in_flight(launch, errors: dict[int, dict]) -> str:
-    """Which collective (op, axis, shape) each rank was in when the run ended: gloo
-    aborts the process on a size mismatch with only its own sizes ("8 vs 4"), and
-    the learner needs to see which call on which rank disagreed."""
+
+def _collectives_entered(launch, errors: dict[int, dict]) -> dict[int, str]:
+    """The collective each rank is in (its status slot), or, for a rank whose collective
+    failed because a peer's connection went away (an echo of the peer's end), the one
+    it entered last: it was waiting there too."""
     inside = {r: what for r, (_, what) in launch.slots().items()}
     inside.update({r: m["last_collective"] for r, m in errors.items()
                    if r not in inside and m.get("last_collective")
                    and is_cascade(m["error"])})
+    return inside
+
+
+def collectives_in_flight(launch, errors: dict[int, dict]) -> str:
+    """Which collective (op, axis, shape) each rank was in when the run ended: gloo
+    aborts the process on a size mismatch with only its own sizes ("8 vs 4"), and
+    the learner needs to see which call on which rank disagreed."""
+    inside = _collectives_entered(launch, errors)
     if not inside:
         return ""
     lines = [f"  rank {r}: {what}" for r, what in sorted(inside.items())]
     return ("\nthe collective each rank was in (every rank of a group must call the same "
             "one, with the same shape):\n" + "\n".join(lines))
+
 
 def raise_timeout(launch, waiting: dict[int, str]) -> None:
     finished = sorted(r for r, m in launch.messages.items() if m["status"] == "ok")

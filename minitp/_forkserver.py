@@ -129,7 +129,6 @@ def _left_by_a_dead_launcher(entry: os.DirEntry, pid: str) -> bool:
     return pid.isdigit() and not alive(int(pid))
 
 
-
 @contextlib.contextmanager
 def without_main_module():
     """Start ranks without re-running the parent's __main__ script in each of them.

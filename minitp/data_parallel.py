@@ -173,7 +173,6 @@ class Zero1Optimizer(ZeroOptimizerBase):
                 offset += p.numel()
 
 
-
 def attach_grad_sync(stages, dp: Axis, bucket_bytes: int = 1 << 20) -> None:
     """Give every stage a bucketed gradient all-reduce over `dp` (none when dp is 1);
     `train_step` arms it for the last microbatch."""

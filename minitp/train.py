@@ -143,8 +143,6 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
     return summary
 
 
-
-
 def _run_peak(world: int, args):
     gpus = on_gpus(world)
     if under_torchrun() and not gpus:
