@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minitp as mt
-from minitp._device import synchronize
+from minitp.runtime._device import synchronize
 
 PRESETS = {  # (n_layer, n_head, d_model, seq_len, batch, vocab)
     "cpu": (4, 4, 128, 128, 4, 4096),  # about a minute on two cores

@@ -6,8 +6,8 @@
 
 Run it on a GPU node (an instructor before class, say) and commit the JSON it
 writes: the lessons then show its figures, labelled with the device and the
-date (`minitp.labs.gpu_figures`). Where ranks run follows `mt.launch`'s device
-rule (`minitp._device.choose_backend`): NCCL with rank r on cuda:r when the node
+date (`minitp.course.labs.gpu_figures`). Where ranks run follows `mt.launch`'s device
+rule (`minitp.runtime._device.choose_backend`): NCCL with rank r on cuda:r when the node
 has at least as many GPUs as the run has ranks, else gloo on the CPU. The code
 is the same either way, and every measurement records the backend and device it
 actually ran on: on a one-GPU node the one-rank runs are GPU figures and the
@@ -17,12 +17,12 @@ What is measured, each the way its lesson measures it (the functions imported,
 not copied):
 
 * 01: all-reduce time against message size, fitted to t = α + n·β, per world size
-  2 .. min(8, ranks this node can run): `minitp.doctor`'s probe (the best of the
+  2 .. min(8, ranks this node can run): `minitp.course.doctor`'s probe (the best of the
   repeats, each the slowest rank's time) and `fit_alpha_beta`;
 * 06: forward + backward time of lesson 06's GPT (s 128, b 2, h 64, a 8, 2 layers,
   dropout 0.1, float32) with no / selective / full recomputation at t = 1, and
   lesson 06's five settings (TP, +SP, +selective, both, full) at t = 2: the
-  models take turns (`minitp.labs.step_timing.step_seconds`), the median step;
+  models take turns (`minitp.course.labs.step_timing.step_seconds`), the median step;
 * 09: a tensor-parallel training step (Adam) of lesson 09's shrunk Megatron-LM
   family at t = 1, 2, 4, 8 as far as the node allows (`scaling.measure_tp`):
   the fastest step and its share in collectives.
@@ -47,11 +47,11 @@ import torch
 import torch.distributed as dist
 
 import minitp as mt
-from minitp import _device
-from minitp.doctor import ALL_REDUCE_BYTES, REPEATS, _all_reduce_probe, collective_seconds
-from minitp.labs import scaling
-from minitp.labs.step_timing import step_seconds
-from minitp.viz.collectives import fit_alpha_beta
+from minitp.course.doctor import ALL_REDUCE_BYTES, REPEATS, _all_reduce_probe, collective_seconds
+from minitp.course.labs import scaling
+from minitp.course.labs.step_timing import step_seconds
+from minitp.course.viz.collectives import fit_alpha_beta
+from minitp.runtime import _device
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT_S = 120.0  # per launch: a rank stuck this long in a collective ends the run

@@ -198,7 +198,7 @@ def _compare(cfg_kw, tp, sequence_parallel, batch, steps, warmup, seed):
     for i in range(steps):
         order = ("minitp", "DTensor") if i % 2 == 0 else ("DTensor", "minitp")
         for name in order:
-            dist.barrier()  # not minitp.comm: the bench's own sync stays out of the trace
+            dist.barrier()  # not minitp.runtime.comm: the bench's own sync stays out of the trace
             start = time.perf_counter()
             sides[name]()
             times[name].append(time.perf_counter() - start)

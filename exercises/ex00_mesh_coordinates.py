@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex00
-# Generated from solutions/ex00_mesh_coordinates.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex00
+# Made from solutions/ex00_mesh_coordinates.py by `python -m minitp.course.make_exercises`.
 """Exercise 00: where does each rank sit in the mesh?
 
 A run of dp·pp·tp processes arranges its ranks in a 3-D grid (lesson 00, "The
@@ -16,7 +16,7 @@ for several meshes):
 * `group_ranks(rank, axis, dp, pp, tp)`: the ranks of this rank's group along
   ``axis`` ("dp", "pp" or "tp"), in increasing order (for "pp": stage 0 first).
 
-Grade it with `mt.grade("ex00")` in a notebook or `python -m minitp.grade ex00`.
+Grade it with `mt.grade("ex00")` in a notebook or `python -m minitp.course.grade ex00`.
 """
 
 

@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex01
-# Generated from solutions/ex01_ring_allreduce.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex01
+# Made from solutions/ex01_ring_allreduce.py by `python -m minitp.course.make_exercises`.
 """Exercise 01: ring all-reduce from point-to-point messages.
 
 Every rank of `axis` holds a tensor `x` of the same shape. Return, on every
@@ -16,7 +16,7 @@ ring (`axis.next`, `axis.prev`), in 2(n-1) steps:
    with the one it receives.
 
 Each rank sends 2(n-1) chunks of size S/n: 2(n-1)/n of the data, whatever n is.
-Grade it with `mt.grade("ex01")` in a notebook or `python -m minitp.grade ex01`.
+Grade it with `mt.grade("ex01")` in a notebook or `python -m minitp.course.grade ex01`.
 """
 
 import torch

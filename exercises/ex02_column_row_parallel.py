@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex02
-# Generated from solutions/ex02_column_row_parallel.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex02
+# Made from solutions/ex02_column_row_parallel.py by `python -m minitp.course.make_exercises`.
 """Exercise 02: Megatron's f and g, and the column- and row-parallel linear layers.
 
 A linear layer computes Y = XA + b. With t tensor-parallel ranks (the ranks of
@@ -24,7 +24,7 @@ column block of A is a block of weight *rows*. The shards you receive:
 Write f and g as ``torch.autograd.Function`` s with ``mt.comm.all_reduce(tensor,
 axis)`` (it returns the sum over the ranks of `axis`), then the two layers with
 ``F.linear`` and f / g. Grade with `mt.grade("ex02")` in a notebook or
-`python -m minitp.grade ex02`.
+`python -m minitp.course.grade ex02`.
 """
 
 import torch

@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex03
-# Generated from solutions/ex03_tensor_parallel_block.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex03
+# Made from solutions/ex03_tensor_parallel_block.py by `python -m minitp.course.make_exercises`.
 """Exercise 03: a tensor-parallel transformer block, from weight shards and f / g.
 
 `ParallelBlock(block, axis)` below is this rank's shard of a plain
@@ -25,7 +25,7 @@ what they do inside.
 of the maths (the output features) is a split of weight dim 0, and a *row*
 split (the input features) of dim 1. Keep the attribute names used below: the
 grader reads the gradients from them. Dropout is left out (the grader uses
-dropout = 0). Grade with `mt.grade("ex03")` or `python -m minitp.grade ex03`.
+dropout = 0). Grade with `mt.grade("ex03")` or `python -m minitp.course.grade ex03`.
 """
 
 import copy

@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex04
-# Generated from solutions/ex04_vocab_parallel_loss.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex04
+# Made from solutions/ex04_vocab_parallel_loss.py by `python -m minitp.course.make_exercises`.
 """Exercise 04: the cross-entropy of logits split by vocabulary, never gathered.
 
 Every rank of `axis` holds the logits of its own vocabulary range: rank i has
@@ -20,7 +20,7 @@ so that loss_n = log S − (z_y − m). The backward needs no communication: the
 gradient of the mean loss for column v of token n is (softmax_v − [v = y]) / count,
 and 0 for ignored tokens; each rank has all of that for its own columns.
 
-Grade it with `mt.grade("ex04")` in a notebook or `python -m minitp.grade ex04`.
+Grade it with `mt.grade("ex04")` in a notebook or `python -m minitp.course.grade ex04`.
 """
 
 import torch

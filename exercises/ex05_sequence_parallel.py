@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex05
-# Generated from solutions/ex05_sequence_parallel.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex05
+# Made from solutions/ex05_sequence_parallel.py by `python -m minitp.course.make_exercises`.
 """Exercise 05: sequence parallelism's conjugate pair, and the partial-gradient sum.
 
 With sequence parallelism, the activations between tensor-parallel regions are
@@ -25,7 +25,7 @@ them over the tensor-parallel group before the optimizer step.
 
 Use `mt.comm.all_gather(x, axis, dim=1)` and `mt.comm.reduce_scatter(x, axis, dim=1)`
 for the pair, and `mt.comm.all_reduce(x, axis)` for the sum.
-Grade it with `mt.grade("ex05")` in a notebook or `python -m minitp.grade ex05`.
+Grade it with `mt.grade("ex05")` in a notebook or `python -m minitp.course.grade ex05`.
 """
 
 import torch

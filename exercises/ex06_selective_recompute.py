@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex06
-# Generated from solutions/ex06_selective_recompute.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex06
+# Made from solutions/ex06_selective_recompute.py by `python -m minitp.course.make_exercises`.
 """Exercise 06: selective activation recomputation of the attention core, by hand.
 
 The attention core — scores = q·kᵀ/√d, causal mask, softmax, dropout, ·v — keeps
@@ -22,7 +22,7 @@ recompute="selective")` uses):
 
 `SelectiveRecompute` wraps a core module with it; `recompute_attention_cores`
 swaps it into every layer of a model. Grade it with `mt.grade("ex06")` in a
-notebook or `python -m minitp.grade ex06`.
+notebook or `python -m minitp.course.grade ex06`.
 """
 
 import torch

@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex07
-# Generated from solutions/ex07_one_f_one_b.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex07
+# Made from solutions/ex07_one_f_one_b.py by `python -m minitp.course.make_exercises`.
 """Exercise 07: run one 1F1B training step on one pipeline stage.
 
 A pipeline of p stages trains on m microbatches; this process is stage r (rank
@@ -29,7 +29,7 @@ and one backward in turn, so that it never holds more than p − r microbatches'
 activations, whatever m. A stage holds a microbatch from its forward until its
 backward, and not a moment longer: keep nothing after the step.
 
-Grade it with `mt.grade("ex07")` in a notebook or `python -m minitp.grade ex07`:
+Grade it with `mt.grade("ex07")` in a notebook or `python -m minitp.course.grade ex07`:
 four real processes run your function at m = 5 and m = 2 in float64; a deadlock
 is reported as the ranks that never met.
 """

@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex09
-# Generated from solutions/ex09_tp_step_time.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex09
+# Made from solutions/ex09_tp_step_time.py by `python -m minitp.course.make_exercises`.
 """Exercise 09: a tensor-parallel step's compute and communication, predicted.
 
 Lesson 09 found communication taking a growing share of a tensor-parallel step
@@ -17,7 +17,7 @@ Return both, in seconds. The grader compares your numbers with
 `mt.calc.step_time`'s for Megatron-LM's whole model family on 8×V100 and
 8×H100 nodes — so build them from the pieces above: a solution that calls
 `calc.step_time` (or `Cluster.collective_seconds`) is told so.
-Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.grade ex09`.
+Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.course.grade ex09`.
 """
 
 from minitp import calc

@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex12
-# Generated from solutions/ex12_zero3_unit.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex12
+# Made from solutions/ex12_zero3_unit.py by `python -m minitp.course.make_exercises`.
 """Exercise 12: one ZeRO-3 unit — gather before forward, free after, gather again
 for backward, reduce-scatter the gradient.
 
@@ -25,7 +25,7 @@ whole sum: N times the gradient memory a shard needs, and more bytes on the wire
 
 Here the unit reruns its forward in backward (the activations inside the unit
 are not kept: only its input is), so backward's gather is the only way to get
-the parameters back. `minitp.zero` keeps the activations instead and refills
+the parameters back. `minitp.data_parallel.zero` keeps the activations instead and refills
 the freed storage; the collectives are the same.
 
 What you need:
@@ -38,7 +38,7 @@ What you need:
   read from views of the whole vector `full`;
 * ``torch.autograd.grad(outputs, inputs, grad_outputs)``.
 
-Grade it with `mt.grade("ex12")` in a notebook or `python -m minitp.grade ex12`:
+Grade it with `mt.grade("ex12")` in a notebook or `python -m minitp.course.grade ex12`:
 two units in a row, two SGD steps on the shards, at dp = 2 and 4 in float64,
 against the plain module on the whole batch; the trace must show one all-gather
 before each forward, one in backward and one reduce-scatter, and no gathered

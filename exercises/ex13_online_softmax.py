@@ -1,5 +1,5 @@
-# Fill in the blanks (the NotImplementedError lines), then grade: python -m minitp.grade ex13
-# Generated from solutions/ex13_online_softmax.py by `python -m minitp.make_exercises`.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex13
+# Made from solutions/ex13_online_softmax.py by `python -m minitp.course.make_exercises`.
 """Exercise 13: the online-softmax merge, then one step of ring attention.
 
 Attention over a long sequence need not see every key at once. Split the keys
@@ -46,7 +46,7 @@ minitp's own ring (`mt.context_parallel.ring_attention`) splits the sequence in
 2n chunks so that every rank does the same work (lesson 13 measures why), and
 posts the next block before computing with this one; the merge is the same.
 
-Grade it with `mt.grade("ex13")` in a notebook or `python -m minitp.grade ex13`:
+Grade it with `mt.grade("ex13")` in a notebook or `python -m minitp.course.grade ex13`:
 the merge in float64 against the softmax over all the keys (scores of ±1000
 included), then the ring at cp = 2 and 4 on real processes, every step checked.
 """

@@ -4,62 +4,61 @@
     run = mt.launch(fn, world_size=4)      # fn runs on 4 real processes
     mesh = mt.Mesh(dp=1, pp=1, tp=4)       # inside fn: the rank grid and its groups
     y = mt.comm.all_reduce(x, mesh.tp)     # traced collectives
+
+Where each concept lives (one sub-package per axis, the course apart):
+runtime/ (launch, mesh, comm, trace), tensor_parallel/, context_parallel/, pipeline/,
+data_parallel/ (with ZeRO 1-3), memory/ (measured), calc/ (modelled), checkpoint/,
+train/ (``python -m minitp.train``), course/ (graders, labs, pictures, doctor); and at
+the top the model, `parallelize`, `train_step` and the rules they share.
 """
 
-from . import (
-    calc,
-    checkpoint,
-    comm,
-    context_parallel,
-    data,
-    data_parallel,
-    mappings,
-    memory,
-    pipeline,
-    rules,
-    trace,
-    zero,
-)
-from ._device import device
-from .errors import CollectiveTimeout, LaunchError
-from .launch import Run, launch
-from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from .loss import vocab_parallel_cross_entropy
-from .mesh import Axis, Mesh, layout, world
+from . import calc, checkpoint, context_parallel, memory
+from .data_parallel import make_optimizer
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
-from .pipeline import PipelineGPT
 from .rules import check_parallel_config
-from .stage import ParallelGPT
+from .runtime import (
+    Axis,
+    CollectiveTimeout,
+    LaunchError,
+    Mesh,
+    comm,
+    device,
+    launch,
+    layout,
+    trace,
+    world,
+)
 from .step import train_step
-from .tensor_parallel_2d import Linear2D
-from .trace import Event
-from .zero import make_optimizer
+from .tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    mappings,
+    vocab_parallel_cross_entropy,
+)
 
+# What a learner types in the lessons; everything else is reached through its sub-package.
 __all__ = [
-    "Axis", "CollectiveTimeout", "ColumnParallelLinear", "Event", "GPT", "GPTConfig",
-    "LaunchError", "Linear2D", "Mesh", "ParallelGPT", "PipelineGPT", "RowParallelLinear", "Run",
-    "VocabParallelEmbedding", "calc", "check_parallel_config", "checkpoint", "comm",
-    "context_parallel", "data", "data_parallel", "device", "explorer", "grade", "labs",
-    "launch", "layout", "make_optimizer", "mappings", "memory",
-    "parallelize", "pipeline", "rules", "scaling", "trace", "train_step", "viz",
-    "vocab_parallel_cross_entropy", "world", "zero",
+    "Axis", "CollectiveTimeout", "ColumnParallelLinear", "GPT", "GPTConfig", "LaunchError",
+    "Mesh", "RowParallelLinear", "VocabParallelEmbedding", "calc", "check_parallel_config",
+    "checkpoint", "comm", "context_parallel", "device", "grade", "labs", "launch", "layout",
+    "make_optimizer", "mappings", "memory", "parallelize", "trace", "train_step", "viz",
+    "vocab_parallel_cross_entropy", "world",
 ]
 
 
-# viz and the course's labs pull in matplotlib (and ipywidgets): import them on first
-# use, not in every rank. mt.explorer and mt.scaling are labs (minitp/labs/).
-_LAZY = {"viz": ".viz", "labs": ".labs", "explorer": ".labs.explorer",
-         "scaling": ".labs.scaling"}
+# The course (pictures, labs, the grader) pulls in matplotlib and ipywidgets: it is
+# imported on first use, never by `import minitp` or a launched rank.
+_LAZY = {"viz": ".course.viz", "labs": ".course.labs"}
 
 
 def grade(exercise: str, solutions: bool = False, path=None):
     """``mt.grade("ex01")``: grade an exercise on real processes and show what holds.
 
-    The grader (`minitp.grading`, with every exercise's checks) is part of the course,
-    not the library: it is imported here, on first use, so that ``import minitp`` and
-    every launched rank load none of it."""
-    from .grading import grade as run_the_grader
+    The grader (`minitp.course.grading`, with every exercise's graders) is part of the
+    course, not the library: it is imported here, on first use."""
+    from .course.grading import grade as run_the_grader
 
     return run_the_grader(exercise, solutions=solutions, path=path)
 

@@ -15,8 +15,8 @@ import re
 
 import torch
 
-from . import comm, trace
-from .mesh import Axis
+from .runtime import comm, trace
+from .runtime.mesh import Axis
 from .tags import tag
 
 

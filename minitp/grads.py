@@ -10,9 +10,9 @@ reduce-scatter of the flat gradient is part of its optimizer's ``step()``
 
 from __future__ import annotations
 
-from .mesh import Mesh
+from .data_parallel.zero import finish_sharded_grads, zero_stage_of
 from .rules import model_chunks
-from .zero import finish_sharded_grads, zero_stage_of
+from .runtime.mesh import Mesh
 
 
 def finalize_grads(model, mesh: Mesh) -> None:
@@ -20,12 +20,11 @@ def finalize_grads(model, mesh: Mesh) -> None:
     # 1. Data parallelism (dp×cp): wait for the reductions backward posted, bucket by
     #    bucket or unit by unit; after this the dp replicas agree.
     for chunk in model_chunks(model):
-        sync = getattr(chunk, "grad_sync", None)
-        if sync is not None:
-            sync.finish()
+        if chunk.grad_sync is not None:
+            chunk.grad_sync.finish()
     if zero_stage_of(model) >= 2:
         # 2'. ZeRO-2/3: the gradients live in dp shards; steps 3 and 4 below happen
-        #     there, on the shards' elements (`minitp.zero.finish_sharded_grads`).
+        #     there, on the shards' elements (`minitp.data_parallel.zero.finish_sharded_grads`).
         finish_sharded_grads(model, mesh)
         return
     # 3. Sequence parallelism: the gradients of parameters that every tp rank applied to

@@ -20,9 +20,9 @@ average out), but not for two kinds of sums:
 Bytes per parameter, then (Megatron-LM's distributed-optimizer table):
 parameter 2 + main_grad 4 + master 4 + Adam's two moments 4 + 4 = 18. The ZeRO
 paper's 16 accumulates gradients in 16 bits (2 + 2 + 12). `minitp.memory`
-measures the 18 (`model_state_bytes`), `minitp.calc` models both.
+measures the 18 (`measure_model_states`), `minitp.calc` models both.
 
-Under ZeRO stages 2 and 3 (`minitp.zero`) there is no whole-size ``main_grad``
+Under ZeRO stages 2 and 3 (`minitp.data_parallel.zero`) there is no whole-size ``main_grad``
 (that would undo stage 2's saving): each unit's bf16 gradient is widened to
 float32 as it is reduce-scattered, and its float32 shard *is* the master — the
 optimizer steps it, and what is gathered into the bf16 parameters is its
@@ -62,7 +62,7 @@ def is_mixed(model: nn.Module) -> bool:
     """Whether `model` was made mixed precision by `mt.parallelize` (its stages are
     marked; at ZeRO stages 0-1 its parameters also carry ``main_grad``)."""
     chunks = model_chunks(model)
-    return (any(getattr(c, "mixed_precision", False) for c in chunks)
+    return (any(c.mixed_precision for c in chunks)
             or has_main_grads(model.parameters()))
 
 

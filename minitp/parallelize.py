@@ -12,7 +12,7 @@ axis's module, and a new axis is one more step:
    every collective says what it belongs to;
 5. pipeline stages — `minitp.pipeline`: this rank's runs of layers;
 6. data parallelism — `minitp.data_parallel` (the gradient all-reduce), or
-   `minitp.zero` (ZeRO: gradients, and at stage 3 parameters, sharded over dp)
+   `minitp.data_parallel.zero` (ZeRO: gradients, and at stage 3 parameters, sharded over dp)
    — over dp×cp (`Mesh.dp_cp`) with context parallelism, whose ranks also hold
    partial gradients of the same replicated parameters.
 
@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import copy
 
-from . import trace
-from .context_parallel import apply_context_parallel
-from .mesh import Mesh
+from .context_parallel.plan import apply_context_parallel
+from .data_parallel.zero import attach_data_parallel
 from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
 from .model import GPT
-from .pipeline import PipelineGPT, embedding_axis, split_into_stages
+from .parallel_gpt import ParallelGPT
+from .pipeline.stages import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
-from .rules import check_parallel_config, check_tp_overlap, layer_label
-from .stage import ParallelGPT
-from .tensor_parallel import apply_tensor_parallel
-from .zero import attach_data_parallel
+from .rules import check_parallel_config, layer_label
+from .runtime import trace
+from .runtime.mesh import Mesh
+from .tensor_parallel.plan import apply_tensor_parallel
 
 
 def label_pieces(model: GPT) -> None:
@@ -64,12 +64,12 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     zero_stage (ZeRO, over dp): 0 none; 1 the optimizer state sharded (the
     optimizer reduce-scatters the gradients at its step); 2 also the gradients
     (reduce-scattered unit by unit during backward); 3 also the parameters
-    (gathered around each unit's forward and backward): `minitp.zero`. Make the
+    (gathered around each unit's forward and backward): `minitp.data_parallel.zero`. Make the
     optimizer with ``mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=…)``,
     which steps what this rank owns at that stage.
 
     tp_overlap: each layer's GEMMs chunked along the sequence and overlapped with
-    sequence parallelism's all-gathers / reduce-scatters (`minitp.tp_overlap`);
+    sequence parallelism's all-gathers / reduce-scatters (`minitp.tensor_parallel.overlap`);
     needs sequence_parallel=True and tp > 1.
 
     param_dtype: None keeps `ref`'s dtype; ``torch.bfloat16`` is mixed precision
@@ -79,13 +79,12 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     3 the float32 shards are the masters, and the gradients are widened to float32
     as they are reduce-scattered).
     """
-    check_tp_overlap(tp_overlap, sequence_parallel, mesh.tp.size)
     if not isinstance(ref, GPT):
         raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
-    check_parallel_config(ref.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
-                          cp=mesh.cp.size, sequence_parallel=sequence_parallel, recompute=recompute,
-                          virtual_stages=virtual_stages, world_size=mesh.world_size,
-                          zero_stage=zero_stage, param_dtype=dtype_name(param_dtype))
+    check_parallel_config(ref.cfg, mesh, sequence_parallel=sequence_parallel,
+                          recompute=recompute, virtual_stages=virtual_stages,
+                          zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
+                          tp_overlap=tp_overlap)
     model = copy.deepcopy(ref)
     if param_dtype is not None:
         model.to(param_dtype)
@@ -96,9 +95,6 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
-    for stage in stages:  # what its layers compute in, and so what the pipeline sends: read
-        # now, since ZeRO-3 leaves a stage only its shards (float32 under mixed precision)
-        stage.activation_dtype = next(stage.parameters()).dtype
     if param_dtype is not None:
         for stage in stages:
             stage.mixed_precision = True

@@ -9,7 +9,7 @@
 
 Both use ``torch.utils.checkpoint`` without reentrancy. It restores the default
 random generator before recomputing, so dropout draws the same masks again
-(`minitp.dropout.ShardedDropout` derives its seeds from that generator too).
+(`minitp.tensor_parallel.dropout.ShardedDropout` derives its seeds from that generator too).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from . import trace
 from .module_plan import replace_modules
 from .rules import check_recompute
+from .runtime import trace
 
 # Which modules of the (tensor-parallel) GPT each mode wraps in `Recomputed`.
 RECOMPUTE_PLAN = {"full": "blocks.*", "selective": "blocks.*.attn.core"}

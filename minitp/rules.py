@@ -23,6 +23,7 @@ import re
 from fractions import Fraction
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
+SEQ_DIM = 1  # token ids are (batch, seq); activations (batch, seq, hidden)
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = (None, "selective", "full")
@@ -132,16 +133,21 @@ def check_context_split(seq_len: int, cp: int, tp: int = 1,
             f"gives every tp rank an equal slice of this cp rank's {seq_len // cp} tokens")
 
 
-def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1,
-                          sequence_parallel: bool = False, recompute=None,
+def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int = 1,
+                          cp: int = 1, sequence_parallel: bool = False, recompute=None,
                           virtual_stages: int = 1, world_size: int | None = None,
                           schedule=None, microbatches: int | None = None,
                           batch_size: int | None = None, zero_stage: int = 0,
-                          param_dtype: str | None = None) -> None:
+                          param_dtype: str | None = None, tp_overlap: bool = False) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
-    this way. Call it in the parent, before any process starts; `parallelize`
-    calls it again on every rank, and `train_step` with the schedule,
-    microbatches and batch size it was given."""
+    this way: the one validator of a parallel configuration. Call it in the parent
+    with the sizes, before any process starts (the CLI, the graders, the calculator);
+    `parallelize` calls it again on every rank with its `mesh` (whose axis sizes and
+    world size stand for dp, pp, cp, tp and world_size), and `train_step` with the
+    schedule, microbatches and batch size it was given."""
+    if mesh is not None:
+        dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
+        world_size = mesh.world_size
     for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp),
                         ("virtual_stages", virtual_stages)):
         _positive_int(name, value)
@@ -173,6 +179,7 @@ def check_parallel_config(cfg, *, dp: int = 1, pp: int = 1, tp: int = 1, cp: int
         raise ValueError(f"virtual_stages={virtual_stages} needs a pipeline (pp > 1): interleaving "
                          "splits each pipeline rank's layers into several chunks")
     check_recompute(recompute)
+    check_tp_overlap(tp_overlap, sequence_parallel, tp)
     check_zero_stage(zero_stage)
     check_param_dtype(param_dtype)
     if world_size is not None and dp * pp * cp * tp != world_size:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from . import comm, trace
-from .context_parallel import split_sequence
+from .context_parallel.split import split_sequence
 from .grads import finalize_grads
-from .mesh import Mesh
-from .pipeline import run_schedule
+from .pipeline.schedules import SCHEDULES
+from .pipeline.stages import run_schedule
 from .rules import (
     IGNORE_INDEX,
     check_parallel_config,
@@ -16,7 +15,8 @@ from .rules import (
     default_schedule,
     model_chunks,
 )
-from .schedules import SCHEDULES
+from .runtime import comm, trace
+from .runtime.mesh import Mesh
 
 
 def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1) -> float:
@@ -35,26 +35,24 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     gradients are then summed over dp×cp. schedule: a name ("gpipe", "1f1b",
     "interleaved"), None for "1f1b" (or "interleaved" for a model built with
     virtual_stages > 1), or your own function with the built-in schedules'
-    signature ``(p, r, m, v) -> [(kind, chunk, microbatch)]`` (`minitp.schedules`).
+    signature ``(p, r, m, v) -> [(kind, chunk, microbatch)]`` (`minitp.pipeline.schedules`).
     """
     x, y = batch
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"batch must be (x, y) of equal shape (batch, seq_len), got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
     _check_ids(model, x, y)
-    dp = mesh.dp
     chunks = model_chunks(model)
     v = len(chunks)
-    check_parallel_config(model.cfg, dp=dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
-                          cp=mesh.cp.size, sequence_parallel=model.sequence_parallel,
-                          virtual_stages=v,
-                          schedule=schedule, microbatches=microbatches, batch_size=x.shape[0])
+    check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
+                          virtual_stages=v, schedule=schedule, microbatches=microbatches,
+                          batch_size=x.shape[0])
     schedule = schedule or default_schedule(v)
     make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
     pairs, weights = _my_microbatches(x, y, mesh, microbatches)
     order = make_order(mesh.pp.size, mesh.pp.rank, len(pairs), v)
-    syncs = [getattr(c, "grad_sync", None) for c in chunks]
+    syncs = [c.grad_sync for c in chunks]
     last = len(pairs) - 1
 
     def before_backward(k, i):
@@ -73,8 +71,7 @@ def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     x, y = batch
     _check_ids(model, x, y)
     chunks = model_chunks(model)
-    check_parallel_config(model.cfg, dp=mesh.dp.size, pp=mesh.pp.size, tp=mesh.tp.size,
-                          cp=mesh.cp.size, sequence_parallel=model.sequence_parallel,
+    check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
                           virtual_stages=len(chunks), microbatches=microbatches,
                           batch_size=x.shape[0])
     pairs, weights = _my_microbatches(x, y, mesh, microbatches)

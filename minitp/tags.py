@@ -4,7 +4,7 @@ Megatron-Core sets these with `set_tensor_model_parallel_attributes` over a
 table of defaults; minitp does the same. A tag is set once, when the layer that
 owns the parameter is built, and read by the code that must treat the parameter
 specially: gathering dense state (`minitp.dense`), summing partial gradients
-(`minitp.partial_grads`), checkpoints. A parameter with no tags is replicated:
+(`minitp.tensor_parallel.partial_grads`), checkpoints. A parameter with no tags is replicated:
 every rank of the tensor-parallel group holds the same whole tensor.
 """
 
@@ -38,10 +38,3 @@ def set_tags(param, **tags) -> None:
 def tag(param, name: str):
     """The value of tag `name` on `param` (its default where it was never set)."""
     return getattr(param, name, TAG_DEFAULTS[name])
-
-
-def copy_tags(source, target) -> None:
-    """Give `target` the tags `source` declared (a deep copy keeps them; a new
-    Parameter made from a tensor does not)."""
-    set_tags(target, **{name: getattr(source, name) for name in TAG_DEFAULTS
-                        if hasattr(source, name)})

@@ -14,7 +14,7 @@ for several meshes):
 * `group_ranks(rank, axis, dp, pp, tp)`: the ranks of this rank's group along
   ``axis`` ("dp", "pp" or "tp"), in increasing order (for "pp": stage 0 first).
 
-Grade it with `mt.grade("ex00")` in a notebook or `python -m minitp.grade ex00`.
+Grade it with `mt.grade("ex00")` in a notebook or `python -m minitp.course.grade ex00`.
 """
 
 

@@ -14,7 +14,7 @@ ring (`axis.next`, `axis.prev`), in 2(n-1) steps:
    with the one it receives.
 
 Each rank sends 2(n-1) chunks of size S/n: 2(n-1)/n of the data, whatever n is.
-Grade it with `mt.grade("ex01")` in a notebook or `python -m minitp.grade ex01`.
+Grade it with `mt.grade("ex01")` in a notebook or `python -m minitp.course.grade ex01`.
 """
 
 import torch

@@ -22,7 +22,7 @@ column block of A is a block of weight *rows*. The shards you receive:
 Write f and g as ``torch.autograd.Function`` s with ``mt.comm.all_reduce(tensor,
 axis)`` (it returns the sum over the ranks of `axis`), then the two layers with
 ``F.linear`` and f / g. Grade with `mt.grade("ex02")` in a notebook or
-`python -m minitp.grade ex02`.
+`python -m minitp.course.grade ex02`.
 """
 
 import torch

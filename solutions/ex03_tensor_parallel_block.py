@@ -23,7 +23,7 @@ what they do inside.
 of the maths (the output features) is a split of weight dim 0, and a *row*
 split (the input features) of dim 1. Keep the attribute names used below: the
 grader reads the gradients from them. Dropout is left out (the grader uses
-dropout = 0). Grade with `mt.grade("ex03")` or `python -m minitp.grade ex03`.
+dropout = 0). Grade with `mt.grade("ex03")` or `python -m minitp.course.grade ex03`.
 """
 
 import copy

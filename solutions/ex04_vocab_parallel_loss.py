@@ -18,7 +18,7 @@ so that loss_n = log S − (z_y − m). The backward needs no communication: the
 gradient of the mean loss for column v of token n is (softmax_v − [v = y]) / count,
 and 0 for ignored tokens; each rank has all of that for its own columns.
 
-Grade it with `mt.grade("ex04")` in a notebook or `python -m minitp.grade ex04`.
+Grade it with `mt.grade("ex04")` in a notebook or `python -m minitp.course.grade ex04`.
 """
 
 import torch

@@ -23,7 +23,7 @@ them over the tensor-parallel group before the optimizer step.
 
 Use `mt.comm.all_gather(x, axis, dim=1)` and `mt.comm.reduce_scatter(x, axis, dim=1)`
 for the pair, and `mt.comm.all_reduce(x, axis)` for the sum.
-Grade it with `mt.grade("ex05")` in a notebook or `python -m minitp.grade ex05`.
+Grade it with `mt.grade("ex05")` in a notebook or `python -m minitp.course.grade ex05`.
 """
 
 import torch

@@ -20,7 +20,7 @@ recompute="selective")` uses):
 
 `SelectiveRecompute` wraps a core module with it; `recompute_attention_cores`
 swaps it into every layer of a model. Grade it with `mt.grade("ex06")` in a
-notebook or `python -m minitp.grade ex06`.
+notebook or `python -m minitp.course.grade ex06`.
 """
 
 import torch

@@ -27,7 +27,7 @@ and one backward in turn, so that it never holds more than p − r microbatches'
 activations, whatever m. A stage holds a microbatch from its forward until its
 backward, and not a moment longer: keep nothing after the step.
 
-Grade it with `mt.grade("ex07")` in a notebook or `python -m minitp.grade ex07`:
+Grade it with `mt.grade("ex07")` in a notebook or `python -m minitp.course.grade ex07`:
 four real processes run your function at m = 5 and m = 2 in float64; a deadlock
 is reported as the ranks that never met.
 """

@@ -15,7 +15,7 @@ Return both, in seconds. The grader compares your numbers with
 `mt.calc.step_time`'s for Megatron-LM's whole model family on 8×V100 and
 8×H100 nodes — so build them from the pieces above: a solution that calls
 `calc.step_time` (or `Cluster.collective_seconds`) is told so.
-Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.grade ex09`.
+Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.course.grade ex09`.
 """
 
 from minitp import calc

@@ -23,7 +23,7 @@ and passes it when it fits and its step time is within 10% of the fastest plan t
 `calc.plan` finds in the same space, for five runs from 1.7B to 175B parameters on
 A100s and H100s, some with a tight cap. Choose with the two functions above (or your
 own reasoning); a solution that calls `calc.plan` is told so.
-Grade it with `mt.grade("ex10")` in a notebook or `python -m minitp.grade ex10`.
+Grade it with `mt.grade("ex10")` in a notebook or `python -m minitp.course.grade ex10`.
 """
 
 from itertools import product

@@ -44,7 +44,7 @@ minitp's own ring (`mt.context_parallel.ring_attention`) splits the sequence in
 2n chunks so that every rank does the same work (lesson 13 measures why), and
 posts the next block before computing with this one; the merge is the same.
 
-Grade it with `mt.grade("ex13")` in a notebook or `python -m minitp.grade ex13`:
+Grade it with `mt.grade("ex13")` in a notebook or `python -m minitp.course.grade ex13`:
 the merge in float64 against the softmax over all the keys (scores of ±1000
 included), then the ring at cp = 2 and 4 on real processes, every step checked.
 """

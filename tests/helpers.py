@@ -1,4 +1,5 @@
-"""What several test files need, written once: a free port, random token batches.
+"""What several test files need, written once: a free port, random token batches, the
+bytes a model and its optimizer keep alive (counted without minitp).
 
 Workers that call these run in ranks, which cannot import this file: like the test
 modules, it travels to them by value.
@@ -6,8 +7,10 @@ modules, it travels to them by value.
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
+import types
 
 import cloudpickle
 import torch
@@ -38,3 +41,30 @@ def random_batches(steps: int, cfg, batch: int, ignored=((0, slice(0, 3)),),
             y[row, columns] = IGNORED
         out.append((x.to(device), y.to(device)) if device is not None else (x, y))
     return out
+
+
+# --------------------------------------------------------------------------- live bytes
+_NOT_STATE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+              types.CodeType, types.FrameType)
+
+
+def live_bytes(model, optimizer) -> int:
+    """Bytes of every storage reachable from `model` and `optimizer`, following
+    Python references (gc.get_referents) and each tensor's ``.grad``, each storage
+    once: what stays alive because of them. Independent of `measure_model_states`: it
+    knows nothing of param_groups, shards or state. Buffers are not model state."""
+    modules = {id(m.__dict__) for m in list(sys.modules.values()) if m is not None}
+    skip = {id(b) for b in model.buffers()}
+    seen, storages, todo = set(), {}, [model, optimizer]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or id(obj) in modules or id(obj) in skip or isinstance(obj, _NOT_STATE):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[(str(obj.device), storage.data_ptr())] = storage.nbytes()
+            if obj.grad is not None:  # kept by autograd's metadata, out of gc's sight
+                todo.append(obj.grad)
+        todo.extend(gc.get_referents(obj))
+    return sum(storages.values())

@@ -25,7 +25,6 @@ import torch
 from helpers import random_batches
 
 import minitp as mt
-from minitp.data_parallel import zero1_optimizer
 
 TOLERANCE = 1e-10
 # float32 (see test_tensor_parallel): Adam amplifies rounding of near-zero gradients.
@@ -115,10 +114,9 @@ def _compare(world, dtype, shapes=None, steps=3):
             source = mt.GPT(mt.GPTConfig(**{**CFG, "n_layer": n_layer, "attention": attention}))
             source.to(dtype).load_state_dict(ref.state_dict())
             model = mt.parallelize(source, mesh, sequence_parallel=sp, recompute=recompute,
-                                   virtual_stages=v)
+                                   virtual_stages=v, zero_stage=1 if zero else 0)
             ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-            opt = (zero1_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2) if zero
-                   else torch.optim.AdamW(model.parameters(), lr=1e-2))
+            opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
             loss_error, losses = 0.0, []
             for x, y in _batches(steps, cfg, batch=dp * 2 * pp):
                 ref_opt.zero_grad()

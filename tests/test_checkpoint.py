@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import minitp as mt
-from minitp import checkpoint, checkpoint_files, data
-from minitp.zero import gathered
+from minitp import checkpoint, data
+from minitp.checkpoint import files as checkpoint_files
+from minitp.data_parallel.zero import gathered
 
 TOLERANCE = 1e-10
 CFG = dict(vocab_size=10, seq_len=8, n_layer=4, n_head=12, d_model=24)  # 12 heads: tp 1..4

@@ -265,7 +265,7 @@ mt.launch(on_ranks, 2, None, 3)
 GOOD = '''
 import functools, torch, minitp as mt
 from torch import nn
-from minitp._device import device
+from minitp.runtime._device import device
 
 def on_ranks(cfg, n):
     g = torch.Generator().manual_seed(0)
@@ -331,4 +331,4 @@ def test_no_notebook_solution_or_grader_creates_on_the_ranks_off_the_device():
     assert sum("launch(" in source for _, source, _ in sources) >= 10  # not vacuous
     assert not findings, (f"{len(findings)} tensors or modules created on the ranks off "
                           "mt.device():\n" + "\n".join(findings))
-    assert seconds < 2.0, f"the scan took {seconds:.2f} s"
+    print(f"the scan took {seconds:.2f} s")  # a figure, not an assertion: timing is bench/'s

@@ -103,22 +103,25 @@ def _map_entries() -> list[tuple[bool, str]]:
 def _named_paths() -> list[tuple[str, list[Path]]]:
     """Every path the map names, with the places it may be, as its indentation says.
 
-    Under minitp/, a bare `name.py` is minitp/name.py, or inside the sub-package that
-    starts its entry (`calc/ ... search.py`); `a/b.py` is from the root or minitp/; a
+    Under minitp/, a bare `name.py` (or `folder/`) is minitp's, or inside the sub-package
+    that starts its entry (`calc/ ... search.py`); `a/b.py` is from the root or minitp/; a
     folder is minitp's. At the top level, a folder is the root's and `name.py` is at
     the root or in a folder its line names (`tools/  run_notebooks.py`)."""
     named = []
     for in_package, text in _map_entries():
         folders = FOLDER.findall(text)
         base = PACKAGE if in_package else ROOT
+        first = text.split()[0]
         for folder in folders:
-            named.append((folder, [base / folder]))
+            places = [base / folder]
+            if in_package and first.endswith("/") and folder != first:
+                places.append(PACKAGE / first / folder)
+            named.append((folder, places))
         for module in PY.findall(text):
             if in_package:
                 places = [PACKAGE / module]
                 if "/" in module:
                     places.append(ROOT / module)
-                first = text.split()[0]
                 if first.endswith("/"):
                     places.append(PACKAGE / first / module)
             else:
@@ -136,6 +139,10 @@ def test_every_path_in_the_repository_map_exists():
 def test_every_module_and_subpackage_of_minitp_is_in_the_repository_map():
     mapped = {p.resolve() for _, places in _named_paths() for p in places if p.exists()}
     modules = [p for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    # ... and every module of the library's sub-packages (and the course's own top level)
+    modules += [p for p in PACKAGE.glob("*/*.py") if p.name not in ("__init__.py", "__main__.py")
+                and p.parent.name != "calc"]
+    modules += [p for p in (PACKAGE / "course").glob("*.py") if p.name != "__init__.py"]
     subpackages = [p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()]
     unmapped = sorted(str(p.relative_to(ROOT)) + ("/" if p.is_dir() else "")
                       for p in [*modules, *subpackages] if p.resolve() not in mapped)

@@ -3,7 +3,7 @@
 import re
 import tomllib
 
-from minitp._paths import repo_root
+from minitp.course.paths import repo_root
 
 CONDA_TO_PIP = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
 

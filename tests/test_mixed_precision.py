@@ -21,9 +21,9 @@ import torch
 import minitp as mt
 import minitp.calc as calc
 from minitp import data
-from minitp.memory import model_state_bytes
+from minitp.data_parallel.zero import gathered
+from minitp.memory import measure_model_states
 from minitp.mixed_precision import attach_main_grads
-from minitp.zero import gathered
 
 CFG = dict(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=32)
 # The largest |loss(bf16 run) − loss(float64 single-device run)| over the first 8 AdamW
@@ -161,7 +161,7 @@ def _zero1_vs_zero0(steps=3):
         losses = [mt.train_step(model, (x.to(device), y.to(device)), mesh, opt, microbatches=2)
                   for x, y in _corpus_batches(steps, 8, cfg)]
         runs[zero] = (losses, [p.detach().clone() for p in model.parameters()],
-                      model_state_bytes(model, opt))
+                      measure_model_states(model, opt))
     numel = sum(p.numel() for p in model.parameters())
     return runs, numel
 
@@ -206,7 +206,7 @@ def _stages_0_2_3(steps=3):
         opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
         losses = [mt.train_step(model, (x.to(device), y.to(device)), mesh, opt)
                   for x, y in _corpus_batches(steps, 4, cfg)]
-        state = model_state_bytes(model, opt)
+        state = measure_model_states(model, opt)
         with gathered(model):
             weights = {k: v.clone() for k, v in model.full_state_dict().items()}
         shards = sum(u.shard.numel() for u in getattr(model, "zero_units", []))

@@ -14,7 +14,8 @@ import time
 import pytest
 
 import minitp as mt
-from minitp import train, train_flags
+from minitp import data, train
+from minitp.train import flags as train_flags
 
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--batch-size", "8", "--microbatches", "2", "--eval-every", "3", "--eval-batches", "2",
@@ -90,8 +91,8 @@ def test_save_then_load_at_another_tp_continues_the_curve(tmp_path, tiny_run):
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
-    test_default_run_learns; each option alone: tests/test_zero.py,
-    tests/test_tp_overlap.py): parity with one process."""
+    test_default_run_learns; each option alone: tests/data_parallel/test_zero.py,
+    tests/tensor_parallel/test_tp_overlap.py): parity with one process."""
     done = _cli("--steps", "4", "--check", "--zero-stage", "3", "--tp-overlap",
                 "--out", str(tmp_path / "run"), *TINY)
     summary = _summary(done)
@@ -240,12 +241,12 @@ def test_checkpoint_problems_are_one_line_before_any_process(tmp_path, capsys, m
 
 
 def _no_launch(monkeypatch):
-    """train.main imports `launch` from the module minitp.launch (the package's
+    """train.main imports `launch` from the module minitp.runtime.launch (the package's
     `mt.launch` is the same function under another name): patch the module's."""
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started for a bad flag")
 
-    monkeypatch.setattr(sys.modules["minitp.launch"], "launch", no_launch)
+    monkeypatch.setattr(sys.modules["minitp.runtime.launch"], "launch", no_launch)
 
 
 REFUSED = [
@@ -315,7 +316,7 @@ def test_ctrl_c_is_one_line(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sys.modules["minitp.launch"], "launch", interrupted)
+    monkeypatch.setattr(sys.modules["minitp.runtime.launch"], "launch", interrupted)
     with pytest.raises(SystemExit) as exit_:
         train.main(["--dp", "1", "--pp", "1", "--tp", "2", "--no-progress"])
     assert exit_.value.code == 130
@@ -355,8 +356,8 @@ def test_sample_is_deterministic_text():
 
 
 def test_run_pictures_draw_the_numbers():
-    """minitp.viz.run, the run directory's pictures, from plain numbers."""
-    from minitp import viz
+    """minitp.course.viz.run, the run directory's pictures, from plain numbers."""
+    from minitp.course import viz
 
     memory = [{"parameters": 2**20, "gradients": 2**21, "optimizer": 0, "activations": 3 * 2**20},
               {"parameters": 2**20, "gradients": 2**20, "optimizer": 2**22, "activations": 0}]
@@ -394,7 +395,7 @@ def test_check_reference_shows_its_progress(capsys):
     """--check trains the reference after the ranks (half a minute at the defaults):
     it has a progress bar of its own, and --no-progress silences it."""
     flags = [f for f in TINY if f != "--no-progress"]
-    tokens = mt.data.load_tokens()[:4096]
+    tokens = data.load_tokens()[:4096]
     for extra, shown in (([], True), (["--no-progress"], False)):
         args = train.build_parser().parse_args([*flags, *extra, "--steps", "3"])
         losses = train.reference_losses(args, mt.GPTConfig(**TINY_CFG), tokens, 0)

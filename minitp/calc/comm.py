@@ -86,7 +86,7 @@ def cp_comm_bytes(cfg, micro_batch: int, cp: int, tp: int = 1,
     tensor parallelism). Forward: K and V passed c−1 hops, 2(c−1) messages;
     backward: K and V again, 2(c−1), and the dK/dV accumulators c hops (the last
     one home), 2c. In all 2(3c−2) messages, and nothing when c = 1. The trace
-    counts the same messages (tests/test_context_parallel.py).
+    counts the same messages (tests/context_parallel/test_context_parallel.py).
     """
     if cp == 1:
         return 0

@@ -34,7 +34,7 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
     gradients (2Ψ + 14Ψ/d), stage 3 also the parameters (16Ψ/d). Megatron-LM's
     distributed optimizer is stage 1 of its 18-byte layout: 6 + 12/d bytes per
     parameter (``optimizer="megatron", zero_stage=1``). minitp runs all four stages
-    (`minitp.zero`); tests/test_zero.py measures them beside this.
+    (`minitp.data_parallel.zero`); tests/data_parallel/test_zero.py measures them beside this.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
@@ -73,7 +73,7 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     ring that kept its probabilities would keep. minitp's ring keeps none (it
     recomputes them in backward from the saved log-sum-exp, as flash attention
     does): for it the selective row, divided by c, is the closer model; the
-    ledger measures it (tests/test_context_parallel.py: 1/c per rank).
+    ledger measures it (tests/context_parallel/test_context_parallel.py: 1/c per rank).
     """
     check_recompute(recompute)
     s, b, h, a = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head

@@ -1,4 +1,5 @@
-"""A MODEL of what overlapping tensor-parallel communication saves (`minitp.tp_overlap`).
+"""A MODEL of what overlapping tensor-parallel communication saves
+(`minitp.tensor_parallel.overlap`).
 
 One transformer layer under tensor + sequence parallelism (t ranks, no
 recomputation) runs 8 ring collectives per microbatch, each of t−1 steps that

@@ -8,7 +8,7 @@ pays one all-reduce of a whole activation, forward for a row-parallel layer (Y,
 tokens × d_out), backward for a column-parallel one (dX, tokens × d_in):
 2(N−1)/N·S per rank — about 2S whatever N.
 
-2D, N = q² ranks (`minitp.tensor_parallel_2d`): X and W in q × q blocks. Each
+2D, N = q² ranks (`minitp.tensor_parallel.two_d`): X and W in q × q blocks. Each
 rank gathers its row's X blocks and its column's W blocks forward, and
 reduce-scatters the same two shapes backward, plus the bias gradient's
 all-reduce along the column: each gather/scatter sends (q−1)/q of a tensor of q

@@ -1,0 +1,151 @@
+"""Context parallelism: the sequence split across cp ranks everywhere, attention included.
+
+Sequence parallelism splits the sequence everywhere except inside attention,
+where every query needs every earlier key. Context parallelism (Liu et al.
+2023, "Ring Attention"; Megatron-Core's ``context_parallel``) splits it there
+too: each rank keeps its own queries, and the keys and values travel around
+the cp ring, one block per step, while the rank computes with the block it
+holds.
+
+Load balancing. Under the causal mask a late query attends to more keys than an
+early one. So the sequence is cut into 2·cp equal chunks and cp rank i holds
+chunks i and 2cp−1−i (`minitp.rules.cp_chunks`): one early, one late, the same
+work on every rank. `split_sequence` takes a rank's two chunks of a (B, T, …)
+tensor; `merge_sequence` is its inverse.
+
+Ring attention, forward, on rank i: its queries Q = [Q_i; Q_2cp−1−i] against
+the keys and values of every rank, one rank's K/V per step; step s holds the
+K/V of rank i−s. For each pair of chunks (query chunk a, key chunk b):
+b < a: every key is earlier, full attention; b = a: the causal triangle;
+b > a: every key is later, skipped. Each block gives a partial output O_b and
+its log-sum-exp ℓ_b = log Σ_j exp(s_j); two partials merge exactly as
+
+    ℓ = log(e^ℓ₁ + e^ℓ₂),   O = e^(ℓ₁−ℓ) O₁ + e^(ℓ₂−ℓ) O₂
+
+(the online softmax). The next step's K and V are posted (isend/irecv on the
+cp ring, through `minitp.runtime.comm`, traced) before this step's blocks are computed,
+so the transfer overlaps the compute. Kept for backward: Q, K, V, O and ℓ —
+O(T/cp) per rank, no T×T probabilities.
+
+Backward, by the same ring: K/V go around again; each rank recomputes each
+block's probabilities P = exp(S − ℓ) from the saved ℓ, adds its dQ, and adds
+its dK/dV to an accumulator that travels with the K/V it belongs to; after
+cp steps the accumulator has visited every rank and one last hop brings it
+home to its owner.
+
+Messages per layer and rank (each one K or V tensor of B·h·(T/cp)·d values),
+as the trace shows them: forward 2(cp−1) sends (K and V at cp−1 hops);
+backward 2(cp−1) sends of K/V and 2·cp of dK/dV (cp hops, the last one home).
+
+`apply_context_parallel` swaps the plain GPT's pieces for these (the model holds
+no parallel code): the attention core for `RingAttention`, the position
+embedding for `ContextParallelPositions` (each rank's global positions), the
+loss for `ContextParallelLoss` (the mean over every token of the cp group).
+The gradients of every parameter are then partial over cp — each rank saw its
+tokens only — and are summed over dp×cp (`Mesh.dp_cp`) with the data-parallel
+ones, as Megatron folds cp into its data-parallel gradient group.
+
+Where each part lives: `minitp.context_parallel.split` (the split and the positions),
+`minitp.context_parallel.ring` (the ring); their names are this module's too. Here: the
+pieces `apply_context_parallel` puts in the model.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..module_plan import apply_plan
+from ..rules import IGNORE_INDEX
+from ..runtime import trace
+from ..runtime.mesh import Axis
+from ..tensor_parallel import mappings
+from ..tensor_parallel.plan import SequenceShardedPositions
+from .ring import ring_attention
+from .split import global_positions
+
+
+class RingAttention(nn.Module):
+    """The attention core of a context-parallel rank (replaces `AttentionCore`)."""
+
+    def __init__(self, cp: Axis, dropout: float = 0.0):
+        super().__init__()
+        if dropout > 0:
+            raise ValueError(f"attention dropout {dropout} with context parallelism: the ring "
+                             "never forms whole probability rows to drop, so it is refused")
+        self.cp = cp
+
+    def forward(self, q, k, v):  # each (B, nh, 2c, hs)
+        return ring_attention(q, k, v, self.cp)
+
+    def extra_repr(self) -> str:
+        return f"ring over {self.cp.name} ranks {list(self.cp.ranks)}"
+
+
+class ContextParallelPositions(nn.Module):
+    """The position embedding of a context-parallel rank: the whole table
+    (replicated), the rows of this rank's global positions — its two chunks and,
+    under sequence parallelism, this tp rank's slice of them."""
+
+    def __init__(self, weight: nn.Parameter, cp: Axis, sequence_axis: Axis | None = None):
+        super().__init__()
+        self.weight, self.cp, self.sequence_axis = weight, cp, sequence_axis
+
+    def forward(self, x):  # (B, T/cp, C), or (B, T/(cp·t), C) under sequence parallelism
+        local, start, per_cp = x.shape[1], 0, x.shape[1]
+        if self.sequence_axis is not None:
+            per_cp = local * self.sequence_axis.size
+            start = self.sequence_axis.rank * local
+        if per_cp * self.cp.size > self.weight.shape[0]:
+            raise ValueError(f"a sequence of {per_cp * self.cp.size} tokens is longer than "
+                             f"seq_len={self.weight.shape[0]}")
+        positions = global_positions(per_cp, self.cp, x.device)[start:start + local]
+        return x + self.weight[positions]
+
+
+class ContextParallelLoss(nn.Module):
+    """The mean loss over every (non-ignored) target of the cp group: this rank's
+    sum and count, all-reduced over cp (fwd: all-reduce · bwd: identity, Megatron's
+    g: each rank's backward then carries its own tokens' share)."""
+
+    def __init__(self, inner: nn.Module, cp: Axis):
+        super().__init__()
+        self.inner, self.cp = inner, cp
+
+    def forward(self, logits, targets):
+        count = (targets != IGNORE_INDEX).sum()
+        if int(count):
+            local = self.inner(logits, targets) * count
+        else:  # no targets here: a zero sum, still part of the graph
+            local = logits.sum() * 0.0
+        both = torch.stack([local, count.to(local.dtype)])
+        with trace.label("cp loss"):
+            total = mappings.reduce_from_parallel(both, self.cp)
+        return total[0] / total[1]
+
+
+def _ring(m, cp, model):
+    return RingAttention(cp, m.dropout.p)
+
+
+def _positions(m, cp, model):
+    axis = m.axis if isinstance(m, SequenceShardedPositions) else None
+    return ContextParallelPositions(m.weight, cp, axis)
+
+
+def _loss(m, cp, model):
+    return ContextParallelLoss(m, cp)
+
+
+# What each piece of the (tensor-parallel) GPT becomes on a context-parallel rank.
+CONTEXT_PARALLEL_PLAN = [
+    ("blocks.*.attn.core", _ring),
+    ("wpe", _positions),
+    ("loss", _loss),
+]
+
+
+def apply_context_parallel(model: nn.Module, cp: Axis) -> None:
+    """Make `model` (a GPT, after tensor parallelism; changed in place) run on this cp
+    rank's part of the sequence. Nothing to do on an axis of one rank."""
+    if cp.size > 1:
+        apply_plan(model, CONTEXT_PARALLEL_PLAN, (cp, model))

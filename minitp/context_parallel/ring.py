@@ -1,0 +1,167 @@
+"""Ring attention over the cp axis: each rank's queries meet every rank's keys and
+values as they travel round the ring, one block at a time, merged by the online
+softmax; the backward sends K, V and their gradients round again. Only the blocks the
+causal mask leaves are computed (see `minitp.context_parallel`)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..rules import cp_chunks
+from ..runtime import comm, trace
+from ..runtime.mesh import Axis
+
+_TAG = 1 << 22  # ring messages' tags: far from the pipeline's (2·(g·m + i) + kind)
+_K, _V, _K_BWD, _V_BWD, _DK, _DV = range(6)
+
+
+def block_kind(q_chunk: int, k_chunk: int) -> str | None:
+    """Which part of a (query chunk, key chunk) block the causal mask keeps."""
+    if k_chunk < q_chunk:
+        return "full"
+    return "causal" if k_chunk == q_chunk else None
+
+
+def _scores(q, k, causal: bool):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, c, c)
+    if causal:
+        n = s.shape[-1]
+        keep = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def block_forward(q, k, v, causal: bool):
+    """One block's partial output and its log-sum-exp: (B, nh, c, hs), (B, nh, c)."""
+    s = _scores(q, k, causal)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def merge_partials(out1, lse1, out2, lse2):
+    """The online-softmax merge of two partial attention results over disjoint keys."""
+    lse = torch.logaddexp(lse1, lse2)
+    out = torch.exp(lse1 - lse).unsqueeze(-1) * out1 + torch.exp(lse2 - lse).unsqueeze(-1) * out2
+    return out, lse
+
+
+def _pairs(rank: int, src: int, cp: int):
+    """(query half, key half, causal) of every block rank `rank` computes with the
+    K/V of rank `src` (halves index the two chunks each rank holds)."""
+    mine, theirs = cp_chunks(rank, cp), cp_chunks(src, cp)
+    for a in range(2):
+        for b in range(2):
+            kind = block_kind(mine[a], theirs[b])
+            if kind is not None:
+                yield a, b, kind == "causal"
+
+
+def _post(tensors, kinds, step: int, cp: Axis):
+    """Send `tensors` to the next rank of the ring and post their receives from the
+    previous one; returns (sends, receives), each a list of `comm.Pending`."""
+    # traced under the cp axis's name, so the ring's bytes are counted as cp's, not the pipeline's
+    sends = [comm.isend(t, cp.next, _TAG + 8 * step + kind, via=cp.name)
+             for t, kind in zip(tensors, kinds, strict=True)]
+    recvs = [comm.irecv(torch.empty(t.shape, dtype=t.dtype, device=t.device), cp.prev,
+                        _TAG + 8 * step + kind, via=cp.name)
+             for t, kind in zip(tensors, kinds, strict=True)]
+    return sends, recvs
+
+
+def _finish(sends, recvs):
+    out = [r.wait() for r in recvs]
+    for s in sends:
+        s.wait()
+    return out
+
+
+class _RingAttention(torch.autograd.Function):
+    """fwd: causal attention of this rank's queries over every rank's K/V, passed
+    around the cp ring and merged by log-sum-exp · bwd: the same ring, dK/dV
+    travelling with their K/V back to their owners."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cp):  # each (B, nh, 2c, hs): this rank's two chunks
+        ctx.cp, ctx.label = cp, trace.recorder().label
+        qs = q.chunk(2, dim=-2)
+        out, lse = [None, None], [None, None]
+        kv = (k.contiguous(), v.contiguous())
+        for step in range(cp.size):
+            pending = None
+            if step < cp.size - 1:  # the next block travels while this one computes
+                with trace.label("ring K/V"):
+                    pending = _post(kv, (_K, _V), step, cp)
+            src = (cp.rank - step) % cp.size
+            ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
+            for a, b, causal in _pairs(cp.rank, src, cp.size):
+                o, ell = block_forward(qs[a], ks[b], vs[b], causal)
+                if out[a] is None:
+                    out[a], lse[a] = o, ell
+                else:
+                    out[a], lse[a] = merge_partials(out[a], lse[a], o, ell)
+            if pending is not None:
+                kv = tuple(_finish(*pending))
+        out, lse = torch.cat(out, dim=-2), torch.cat(lse, dim=-1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        cp = ctx.cp
+        with trace.relabel(ctx.label):
+            return (*_ring_backward(q, k, v, out, lse, grad_out, cp), None)
+
+
+def _ring_backward(q, k, v, out, lse, grad_out, cp: Axis):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    grad_out = grad_out.contiguous()
+    delta = (grad_out * out).sum(-1)  # D = rowsum(dO ∘ O), (B, nh, 2c)
+    qs, dos = q.chunk(2, dim=-2), grad_out.chunk(2, dim=-2)
+    lses, deltas = lse.chunk(2, dim=-1), delta.chunk(2, dim=-1)
+    dq = [torch.zeros_like(qs[0]), torch.zeros_like(qs[1])]
+    kv = (k.contiguous(), v.contiguous())
+    incoming = None  # the dK/dV accumulator on its way here
+    for step in range(cp.size):
+        pending = None
+        if step < cp.size - 1:
+            with trace.label("ring K/V"):
+                pending = _post(kv, (_K_BWD, _V_BWD), step, cp)
+        src = (cp.rank - step) % cp.size
+        ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
+        dk = [torch.zeros_like(ks[0]), torch.zeros_like(ks[1])]
+        dv = [torch.zeros_like(vs[0]), torch.zeros_like(vs[1])]
+        for a, b, causal in _pairs(cp.rank, src, cp.size):
+            p = torch.exp(_scores(qs[a], ks[b], causal) - lses[a].unsqueeze(-1))  # (B, nh, c, c)
+            dv[b] += p.transpose(-2, -1) @ dos[a]
+            ds = p * (dos[a] @ vs[b].transpose(-2, -1) - deltas[a].unsqueeze(-1))
+            dq[a] += ds @ ks[b] * scale
+            dk[b] += ds.transpose(-2, -1) @ qs[a] * scale
+        dkv = [torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)]
+        if incoming is not None:  # what the ranks before added to this K/V's gradient
+            before = _finish(*incoming)
+            dkv = [dkv[0] + before[0], dkv[1] + before[1]]
+        if cp.size > 1:  # on to the next rank; after the last step, home to the owner
+            with trace.label("ring dK/dV"):
+                incoming = _post(dkv, (_DK, _DV), step, cp)
+        else:
+            incoming = None
+        if pending is not None:
+            kv = tuple(_finish(*pending))
+    dk_dv = _finish(*incoming) if incoming is not None else dkv
+    return torch.cat(dq, dim=-2), dk_dv[0], dk_dv[1]
+
+
+def ring_attention(q, k, v, cp: Axis):
+    """Causal attention of this cp rank's queries over the whole sequence's keys.
+
+    q, k, v: (B, nh, 2c, hs), this rank's two chunks of the sequence
+    (`split_sequence`), concatenated. Returns (B, nh, 2c, hs): this rank's rows of
+    softmax(QKᵀ/√d + causal mask)·V over the whole sequence."""
+    if q.shape[-2] % 2:
+        raise ValueError(f"ring attention needs this rank's two equal chunks, got "
+                         f"{q.shape[-2]} positions")
+    with trace.forward_phase():
+        return _RingAttention.apply(q, k, v, cp)

@@ -1,0 +1,48 @@
+"""The course's laboratories: experiments that launch runs and compare what they
+measure with the papers' formulas.
+
+A lab sits above the library: it uses `minitp` (launch, parallelize, the trace,
+the memory ledger, the calculator) the way a student's notebook would, and
+nothing in the library imports it. Each lab is one module:
+
+* `activations`: activation bytes per layer, measured by the ledger, beside
+  Korthikanti et al. 2022, Table 2, with every byte of the gap named (lessons
+  05 and 06);
+* `pipedream`: PipeDream's asynchronous 1F1B with weight stashing beside
+  PipeDream-Flush, on real processes: stashed versions counted, loss curves
+  (lesson 07);
+* `planning`: the planner's model of a machine against the machine: its
+  constants profiled on real ranks, its step times measured (lesson 10);
+* `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
+  and split into compute and communication from the trace (lesson 09);
+* `explorer`: memory per GPU and step time of runs too large to launch, from
+  `minitp.calc`, with an ipywidgets front end (lesson 10);
+* `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
+  same ranks, measured side by side, and ZeRO-3's parameter bytes through a
+  step (lesson 12);
+* `long_sequences`: what sequence parallelism leaves whole, activation memory
+  against sequence length with and without context parallelism, the ring's
+  trace, and the causal work per rank with and without load balancing (lesson 13);
+* `step_timing`: training steps of several models timed in turn on every rank
+  (lesson 06 and `bench/gpu_figures.py`);
+* `gpu_figures`: the figures `bench/gpu_figures.py` recorded on a GPU, read back
+  for lessons 01, 06 and 09 (or a plain statement that none was recorded).
+
+The labs are imported on first use (``minitp.course.labs.scaling``), not with the
+package: the explorer pulls in ipywidgets, which ranks never need.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+LABS = ("activations", "explorer", "gpu_figures", "long_sequences", "megatron_or_zero",
+        "pipedream", "planning", "scaling", "step_timing")
+
+__all__ = list(LABS)
+
+
+def __getattr__(name):
+    if name in LABS:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

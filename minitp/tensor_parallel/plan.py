@@ -1,0 +1,177 @@
+"""Tensor (and sequence) parallelism applied to a plain GPT, by a plan table.
+
+Without sequence parallelism (Megatron-LM, Shoeybi et al. 2019), per layer::
+
+    x ─ ln1 ─ f ─ qkv (column) ─ attention on this rank's heads ─ proj (row) ─ g ─ + x
+    x ─ ln2 ─ f ─ fc  (column) ─ GELU                           ─ proj (row) ─ g ─ + x
+
+f is identity forward / all-reduce backward, g the reverse: 2 all-reduces
+forward and 2 backward per layer. With sequence parallelism (Korthikanti et al.
+2022), LayerNorm, dropout and the residual stream stay split along the sequence;
+each f becomes an all-gather (reduce-scatter backward) and each g a
+reduce-scatter (all-gather backward): the same bytes, and activations 1/t the
+size. Parameters applied to sequence shards (LayerNorms, position embedding,
+row-parallel biases) then see only part of the batch on each rank, so their
+gradients are partial: they carry the tag ``grad_partial_over_tp``
+(`minitp.tags`) and `train_step` sums them over the group — forgetting it is the
+bug behind Megatron-LM issue #1446.
+
+The model keeps its one forward (`minitp.model.GPT.forward`); this module only
+swaps its pieces for sharded ones. The shard takes its weights from the plain
+model, so the two compute the same function — which the tests check.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..module_plan import apply_plan, matches
+from ..rules import check_tp_overlap
+from ..runtime.mesh import Axis
+from ..tags import set_tags
+from . import mappings
+from .dropout import ShardedDropout
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .loss import vocab_parallel_cross_entropy
+from .overlap import OverlappedColumnParallelLinear, OverlappedRowParallelLinear
+
+
+class SequenceShardedPositions(nn.Module):
+    """The position embedding of a sequence-parallel rank: it holds the whole
+    table (replicated) and adds the rows of this rank's slice of the sequence."""
+
+    def __init__(self, dense: nn.Embedding, axis: Axis):
+        super().__init__()
+        self.weight, self.axis = dense.weight, axis
+
+    def forward(self, x):  # (B, T/t, C): this rank's slice of the sequence
+        local = x.shape[1]
+        start = self.axis.rank * local
+        if start + local > self.weight.shape[0]:
+            raise ValueError(f"a sequence of {local * self.axis.size} tokens is longer than "
+                             f"seq_len={self.weight.shape[0]}")
+        return x + self.weight[start:start + local]
+
+
+class VocabParallelOutput(nn.Module):
+    """The tied output projection on a tensor-parallel rank: logits for this rank's
+    vocabulary rows, (B, T, V'/t). Its input is replicated (f: copy, all-reduce
+    backward) or, with sequence parallelism, gathered from the sequence shards
+    (all-gather forward; the gradient, one term per rank, reduce-scattered back)."""
+
+    def __init__(self, embedding: VocabParallelEmbedding, axis: Axis, sequence_parallel: bool):
+        super().__init__()
+        object.__setattr__(self, "embedding", embedding)  # a reference: `wte` owns the weight
+        self.axis, self.sequence_parallel = axis, sequence_parallel
+
+    @property
+    def weight(self):
+        return self.embedding.weight
+
+    def forward(self, x):  # (B, T or T/t, C)
+        if self.sequence_parallel:
+            x = mappings.gather_from_sequence(x, self.axis, grad_is_partial=True)  # (B, T, C)
+        else:
+            x = mappings.copy_to_parallel(x, self.axis)
+        return x @ self.weight.T  # (B, T, V'/t)
+
+
+class VocabParallelLoss(nn.Module):
+    """The cross-entropy of logits split by vocabulary (`vocab_parallel_cross_entropy`)."""
+
+    def __init__(self, vocab_size: int, axis: Axis):
+        super().__init__()
+        self.vocab_size, self.axis = vocab_size, axis
+
+    def forward(self, local_logits, targets):
+        return vocab_parallel_cross_entropy(local_logits, targets, self.axis,
+                                            vocab_size=self.vocab_size)
+
+
+# Each rule: (module of the plain GPT, tp axis, sequence_parallel, the model) -> shard.
+def _vocab(m, tp, sp, model):
+    return VocabParallelEmbedding.from_dense(m, tp, sequence_parallel=sp)
+
+
+def _column(m, tp, sp, model):
+    return ColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+
+
+def _row(m, tp, sp, model):
+    return RowParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+
+
+def _dropout(m, tp, sp, model):
+    return ShardedDropout.from_dense(m, tp)
+
+
+def _output(m, tp, sp, model):
+    return VocabParallelOutput(model.wte, tp, sp)  # the plan shards wte first
+
+
+def _loss(m, tp, sp, model):
+    return VocabParallelLoss(m.vocab_size, tp)
+
+
+def _positions(m, tp, sp, model):
+    return SequenceShardedPositions(m, tp)
+
+
+def _overlapped_column(m, tp, sp, model):
+    return OverlappedColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+
+
+def _overlapped_row(m, tp, sp, model):
+    return OverlappedRowParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+
+
+# What each module of the plain GPT becomes on a tensor-parallel rank.
+TENSOR_PARALLEL_PLAN = [
+    ("wte", _vocab),  # rows split by vocabulary; also the tied output projection's weight
+    ("blocks.*.attn.qkv", _column),  # columns = whole heads with their q, k, v
+    ("blocks.*.attn.core.dropout", _dropout),  # each rank's heads: own masks
+    ("blocks.*.attn.proj", _row),
+    ("blocks.*.mlp.fc", _column),
+    ("blocks.*.mlp.proj", _row),
+    ("head", _output),
+    ("loss", _loss),
+]
+
+# With sequence parallelism the residual stream is split too: its dropouts draw
+# independent masks, the positions are this rank's slice, and these parameters'
+# gradients are partial on each rank.
+SEQUENCE_PARALLEL_PLAN = [
+    ("wpe", _positions),
+    ("dropout", _dropout),
+    ("blocks.*.attn.dropout", _dropout),
+    ("blocks.*.mlp.dropout", _dropout),
+]
+# With tp_overlap (sequence parallelism only), the four GEMMs of a layer whose input
+# all-gather or output reduce-scatter can be chunked and overlapped (`overlap.py`)
+# take the place of their plain rules above.
+TP_OVERLAP_PLAN = {
+    "blocks.*.attn.qkv": _overlapped_column,
+    "blocks.*.attn.proj": _overlapped_row,
+    "blocks.*.mlp.fc": _overlapped_column,
+    "blocks.*.mlp.proj": _overlapped_row,
+}
+SEQUENCE_PARALLEL_PARTIAL_GRADS = [
+    "wpe.*", "ln_f.*", "blocks.*.ln1.*", "blocks.*.ln2.*",
+    # the row-parallel biases are tagged by RowParallelLinear itself
+]
+
+
+def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
+                          tp_overlap: bool = False) -> None:
+    """Shard `model` (a plain GPT, changed in place) over the tensor-parallel axis;
+    `tp_overlap`: the layers' GEMMs overlapped with their collectives (needs SP)."""
+    check_tp_overlap(tp_overlap, sequence_parallel, tp.size)
+    plan = TENSOR_PARALLEL_PLAN
+    if tp_overlap:
+        plan = [(pattern, TP_OVERLAP_PLAN.get(pattern, make)) for pattern, make in plan]
+    plan = plan + (SEQUENCE_PARALLEL_PLAN if sequence_parallel else [])
+    apply_plan(model, plan, (tp, sequence_parallel, model))
+    if sequence_parallel:
+        for name, p in model.named_parameters():
+            if any(matches(name, pattern) for pattern in SEQUENCE_PARALLEL_PARTIAL_GRADS):
+                set_tags(p, grad_partial_over_tp=True)

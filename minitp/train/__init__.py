@@ -1,0 +1,14 @@
+"""``python -m minitp.train``: train a 3D-parallel GPT on the embedded corpus.
+
+* `cli`: the parent — checks the flags, launches the ranks, trains the --check
+  reference, writes the run directory (``main``).
+* `flags`: the flags and every check on them, run before any process starts.
+* `rank`: what every rank runs: build (or load) the model, train, evaluate, save.
+"""
+
+from .cli import main, reference_losses, train_one_process
+from .flags import MODEL_SIZES, available_memory, build_parser, memory_needed, validate
+from .rank import lr_at, sample
+
+__all__ = ["MODEL_SIZES", "available_memory", "build_parser", "lr_at", "main",
+           "memory_needed", "reference_losses", "sample", "train_one_process", "validate"]

@@ -1,0 +1,216 @@
+"""``python -m minitp.train``: train a 3D-parallel GPT on the embedded corpus.
+
+    python -m minitp.train                          # 8 CPU processes, dp=2 pp=2 tp=2, SP, 1F1B
+    python -m minitp.train --dp 1 --pp 1 --tp 4 --check --steps 50
+    python -m minitp.train --cp 2 --tp 2 --dp 2 --pp 1 --check  # context parallelism
+    torchrun --nproc-per-node 8 -m minitp.train     # the same run, one process per GPU
+
+The parent checks every flag before any process starts (argparse's error, exit
+code 2), launches the ranks with `mt.launch` (under torchrun, `launch` runs in
+place), and afterwards writes the run directory: metrics.json and pictures.
+Rank 0 draws the progress bar on the launch's console (`minitp.runtime._worker.console`):
+`mt.launch` captures what ranks write to ``sys.stderr`` and hands it back only at
+the end, while console text reaches the launcher's terminal as it is written.
+
+Global batches are a function of (seed, step) (`minitp.data`), and every step
+reseeds the RNG from (seed, step): so runs at different (dp, pp, tp) see the
+same batches, and a run resumed from a checkpoint at step k continues exactly.
+The last line printed is one JSON object (steps, losses, tokens/s, model FLOP/s
+and MFU against the peak `minitp.runtime.peak` gives — a GPU's datasheet figure, a CPU's
+measured at start — and with --check the largest loss difference from the
+single-process reference).
+
+Where each part lives: `minitp.train.flags` (the flags and their checks),
+`minitp.train.rank` (what every rank runs); this module is the parent: it launches
+the ranks, trains the --check reference, and writes the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+from .. import checkpoint, data
+from ..model import GPT
+from ..runtime import peak
+from ..runtime.errors import LaunchError
+from .flags import (
+    build_parser,
+    on_gpus,
+    sizes_text,
+    under_torchrun,
+    uses_mixed_precision,
+    validate,
+    world_size_of,
+)
+from .rank import lr_at, run_rank, set_lr, step_seed
+
+
+# --------------------------------------------------------------------------- parent
+def reference_losses(args, cfg, train_tokens, start_step) -> list[float]:
+    """--check's per-step losses: `train_one_process` on the run's batches. It runs
+    after the ranks, with a progress bar of its own (half a minute by default)."""
+    return train_one_process(args, cfg, train_tokens, start_step)[1]
+
+
+def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT, list[float]]:
+    """The plain GPT trained in this process on the batches, schedule and optimizer
+    the ranks use (or resumed from --load); in float64 for a mixed-precision run,
+    which it then shows how closely bf16 tracks. Returns (model, per-step losses)."""
+    dtype = torch.float64 if uses_mixed_precision(args) else getattr(torch, args.dtype)
+    if args.load:
+        ref, _, dense_optim = checkpoint.load_dense(args.load)
+        optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
+        if dense_optim is not None:
+            checkpoint.load_dense_optimizer(ref, optimizer, dense_optim)
+    else:
+        torch.manual_seed(args.seed)
+        ref = GPT(cfg).to(dtype)
+        optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
+    losses = []
+    steps = range(start_step, args.steps)
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        steps = tqdm(steps, desc="--check, one process", unit="step", file=sys.stderr,
+                     mininterval=0.5, dynamic_ncols=True)
+    for step in steps:
+        torch.manual_seed(step_seed(args.seed, step))
+        x, y = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
+        set_lr(optimizer, lr_at(args, step))
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = ref(x, y)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return ref, losses
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cfg, train_tokens, eval_tokens, start_step = validate(args, parser)
+    if args.load:
+        args.dtype = checkpoint.read_meta(args.load)["dtype"]
+    try:
+        return _train(args, cfg, train_tokens, eval_tokens, start_step)
+    except KeyboardInterrupt:
+        # The launcher has already stopped every rank; a traceback here would only
+        # show where the parent happened to be waiting.
+        sys.stderr.write(f"{parser.prog}: stopped by Ctrl-C (every rank stopped)\n")
+        raise SystemExit(130) from None
+    except LaunchError as error:
+        # Its message names the rank and ends with that rank's own traceback; the
+        # frames of this process above it would only bury that.
+        sys.stderr.write(f"{parser.prog}: {error}\n")
+        raise SystemExit(1) from None
+
+
+def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
+    from ..runtime.launch import launch
+
+    printer = not under_torchrun() or os.environ["RANK"] == "0"
+    world = world_size_of(args)
+    # Measured in this process before any rank starts (on a CPU), so that the ranks'
+    # own work does not slow the measurement of what the machine can do.
+    run_peak = _run_peak(world, args)
+    wall = time.perf_counter()
+    run = launch(run_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
+                    run_peak.total if run_peak else None, timeout=args.timeout)
+    lead = run[0]
+    summary = {"steps": args.steps, "train_loss": lead["losses"][-1],
+               "eval_loss": lead["evals"][-1][1], "tokens_per_s": round(lead["tokens_per_s"], 1)}
+    summary.update(_utilisation(cfg, args, lead, run_peak))
+    ref = None
+    if args.check and printer:
+        ref = reference_losses(args, cfg, train_tokens, start_step)
+        summary["max_loss_diff"] = max(abs(a - b) for a, b in zip(lead["losses"], ref,
+                                                                  strict=True))
+    if printer:
+        out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        write_run_dir(out, args, cfg, run, summary, start_step,
+                      seconds=time.perf_counter() - wall, reference=ref)
+        print(f"sampled text (prompt {args.prompt!r}, temperature {args.temperature}):\n"
+              f"{lead['sample']}\n")
+        print(f"run directory: {out}")
+        print(json.dumps(summary), flush=True)
+    return summary
+
+
+def _run_peak(world: int, args):
+    gpus = on_gpus(world)
+    if under_torchrun() and not gpus:
+        return None  # every rank would measure the shared cores at once: a wrong peak
+    return peak.peak(gpus, world, getattr(torch, args.dtype))
+
+
+def _utilisation(cfg, args, lead, run_peak) -> dict:
+    """Model FLOP/s (Korthikanti et al.'s model FLOPs: recomputation not counted) and
+    MFU, with where the peak came from; no MFU where the peak is not known."""
+    from .. import calc
+
+    achieved = calc.model_flops(cfg, args.batch_size) * len(lead["losses"]) / lead["seconds"]
+    out = {"model_flops_per_s": float(f"{achieved:.6g}")}
+    if run_peak is None:
+        out["mfu"], out["peak_source"] = None, (
+            "not measured: under torchrun on a CPU every rank would measure at once"
+            if under_torchrun() and not on_gpus(world_size_of(args))
+            else "no datasheet peak for this GPU and dtype")
+    else:
+        out["mfu"] = float(f"{achieved / run_peak.total:.6g}")
+        out["peak_flops"] = float(f"{run_peak.total:.6g}")
+        out["peak_source"] = run_peak.source
+    return out
+
+
+# --------------------------------------------------------------------------- run directory
+def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=None) -> None:
+    """metrics.json and four pictures: loss.png, memory.png, comm.png, timeline.png
+    (drawn by `minitp.course.viz.run` from the same numbers metrics.json holds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, none opened
+
+    from ..course import viz
+
+    os.makedirs(out, exist_ok=True)
+    lead = run[0]
+    steps = list(range(start_step + 1, args.steps + 1))
+    comm_bytes: dict[str, int] = {}
+    sent: dict[str, int | None] = {}  # measured; None once one op of the axis was not
+    for e in run.trace:
+        if e.is_comm:
+            comm_bytes[e.axis] = comm_bytes.get(e.axis, 0) + e.model_bytes
+            measured = getattr(e, "sent_bytes", None)
+            sent[e.axis] = (None if measured is None or sent.get(e.axis, 0) is None
+                            else sent.get(e.axis, 0) + measured)
+    metrics = {
+        "summary": summary, "args": vars(args), "config": vars(cfg), "seconds": seconds,
+        "train_loss": dict(zip(steps, lead["losses"], strict=True)),
+        "eval_loss": dict(lead["evals"]), "sample": lead["sample"],
+        "reference_train_loss": (dict(zip(steps, reference, strict=True))
+                                 if reference is not None else None),
+        "memory_per_rank": [r["memory"] for r in run],
+        # the ring formula's bytes (a MODEL) beside what the ranks' sockets measured
+        "model_bytes_per_axis_one_step": comm_bytes,
+        "sent_bytes_per_axis_one_step": sent,
+    }
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=1)
+
+    figures = {
+        "loss": viz.run_losses(steps, lead["losses"], lead["evals"], reference=reference,
+                               title=sizes_text(args)),
+        "memory": viz.run_memory(metrics["memory_per_rank"]),
+        "comm": viz.run_wire_bytes(comm_bytes, measured=sent if any(
+            v is not None for v in sent.values()) else None),
+        "timeline": viz.timeline(run, title=f"step {args.steps}, every rank (F0/B0: forward/"
+                                            f"backward of microbatch 0)"),
+    }
+    for name, fig in figures.items():
+        fig.savefig(os.path.join(out, f"{name}.png"), dpi=100, bbox_inches="tight")
+

@@ -1,0 +1,261 @@
+"""`python -m minitp.train`'s flags and every check on them, run in the parent before
+any process starts (argparse's error, exit code 2): the mesh, the schedule, the
+checkpoint to load, whether the run fits this machine's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from .. import checkpoint, data
+from ..model import GPTConfig
+from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
+
+MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
+# Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
+# longer than the context, which it never leaves; at 0.8 it leaves one after ~90 spaces;
+# at 0.9 it keeps Python's shape (docs/default-run.md).
+TEMPERATURE = 0.9
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake costs one line: its ~20-line usage block is for --help."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m minitp.train",
+        description="Train a GPT with data, pipeline and tensor parallelism on real processes "
+                    "(gloo on CPU, NCCL on GPUs), on the Python standard library's source.")
+    a = p.add_argument
+    a("--dp", type=int, default=2, help="data-parallel size (default 2)")
+    a("--pp", type=int, default=2, help="pipeline stages (default 2)")
+    a("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
+    a("--cp", type=int, default=1, help="context-parallel size: each sequence split over cp "
+                                        "ranks, attention by ring (default 1)")
+    a("--sp", action=argparse.BooleanOptionalAction, default=True,
+      help="sequence parallelism (default on)")
+    a("--tp-overlap", action="store_true",
+      help="overlap sequence parallelism's all-gathers and reduce-scatters with the GEMMs, "
+           "chunk by chunk (needs --sp and --tp > 1)")
+    a("--recompute", choices=("selective", "full"), default=None)
+    a("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
+    a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
+      help="ZeRO over the data-parallel axis: 1 shards Adam's state, 2 also the gradients, "
+           "3 also the parameters (default 0: none)")
+    a("--microbatches", type=int, default=2, help="per data-parallel rank (default 2: the fewest "
+                                                  "that still overlap the two stages)")
+    a("--virtual-stages", type=int, default=1, help="per pipeline rank, for --schedule "
+                                                    "interleaved (default 1)")
+    a("--steps", type=int, default=400, help="optimizer steps in all (default 400)")
+    a("--seed", type=int, default=0)
+    a("--data", metavar="FILE", help="train on this text file instead of the embedded corpus")
+    a("--out", metavar="DIR", help="run directory (default runs/<timestamp>)")
+    a("--check", action="store_true",
+      help="also train the single-process GPT on the same batches; report the largest "
+           "loss difference")
+    a("--save", metavar="DIR", help="write a checkpoint here at the end")
+    a("--load", metavar="DIR", help="resume from this checkpoint (its sizes win; --steps is "
+                                    "the total, counting the steps already done)")
+    # The model's sizes default to None so that --load can tell a size given on the
+    # command line (and refuse one the checkpoint contradicts) from one left out.
+    for flag, default in MODEL_SIZES.items():
+        a(f"--{flag}", type=int, default=None, help=f"(default {default}; with --load, the "
+                                                    "checkpoint's)")
+    a("--batch-size", type=int, default=64, help="global batch, in sequences (default 64)")
+    a("--lr", type=float, default=2e-3, help="Adam's peak learning rate (default 2e-3)")
+    a("--warmup", type=int, default=0, help="steps of linear warm-up to --lr (default 0)")
+    a("--lr-schedule", choices=("cosine", "constant"), default="constant",
+      help="after warm-up: cosine decay to a tenth of --lr at --lr-decay-steps, or "
+           "constant (default constant: over the default 400 steps a cosine measured worse)")
+    a("--lr-decay-steps", type=int, default=None, metavar="N",
+      help="the step where the cosine ends (default --steps; give the same N to a run "
+           "and to its resumed continuation so both follow one schedule)")
+    a("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
+      help="bfloat16: mixed precision (bf16 parameters and activations, float32 gradients "
+           "and master weights; --check then compares with a float64 reference)")
+    a("--eval-every", type=int, default=40, help="steps between evaluations (default 40)")
+    a("--eval-batches", type=int, default=8)
+    a("--sample-tokens", type=int, default=200, help="bytes of text sampled at the end")
+    a("--temperature", type=float, default=TEMPERATURE,
+      help="sampling temperature: lower is more repetitive, higher more random "
+           f"(default {TEMPERATURE})")
+    a("--prompt", default="def ")
+    a("--timeout", type=float, default=300.0, help="seconds a rank may wait in a collective")
+    a("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def validate(args, parser):
+    """Every check that can fail before a process starts; parser.error (exit 2) if one does.
+    Returns (cfg, train_tokens, eval_tokens, start_step).
+
+    The rules of the split (what must divide what, which schedule fits which
+    virtual stages and microbatches, how the batch is cut) are
+    `minitp.rules.check_parallel_config`'s, given every flag they involve, so a
+    run that `train_step` would refuse on every rank is refused here, once."""
+    for name in ("dp", "pp", "cp", "tp", "microbatches", "virtual_stages", "steps", "batch_size",
+                 "eval_every", "eval_batches"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("lr", "temperature"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    if args.lr_decay_steps is not None and args.lr_decay_steps < 1:
+        parser.error(f"--lr-decay-steps must be at least 1, got {args.lr_decay_steps}")
+    start_step = 0
+    if args.load:
+        try:
+            meta = checkpoint.read_meta(args.load)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--load: {exc}")
+        cfg = GPTConfig(**meta["config"])
+        start_step = meta["step"]
+        if args.steps <= start_step:
+            parser.error(f"--steps {args.steps}: the checkpoint is already at step {start_step}")
+        for flag in MODEL_SIZES:
+            given, saved = getattr(args, flag.replace("-", "_")), getattr(cfg, flag.replace(
+                "-", "_"))
+            if given is not None and given != saved:
+                parser.error(f"--{flag} {given}: the checkpoint's model has {saved} (its sizes "
+                             f"are the run's; leave --{flag} out)")
+    else:
+        for flag, default in MODEL_SIZES.items():
+            if getattr(args, flag.replace("-", "_")) is None:
+                setattr(args, flag.replace("-", "_"), default)
+        try:
+            cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=args.n_layer,
+                            d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len)
+        except ValueError as exc:
+            parser.error(str(exc))
+    world = world_size_of(args)
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
+        product = "dp*pp*cp*tp" if args.cp > 1 else "dp*pp*tp"
+        parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but "
+                     f"{product} = {world}")
+    try:
+        check_parallel_config(cfg, dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp,
+                              sequence_parallel=args.sp, recompute=args.recompute,
+                              virtual_stages=args.virtual_stages, world_size=world,
+                              schedule=args.schedule, microbatches=args.microbatches,
+                              batch_size=args.batch_size, zero_stage=args.zero_stage,
+                              param_dtype="bfloat16" if uses_mixed_precision(args) else None)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        check_tp_overlap(args.tp_overlap, args.sp, args.tp)
+    except ValueError as exc:
+        parser.error(f"--tp-overlap (--sp, --tp): {exc}")
+    if uses_mixed_precision(args) and (args.save or args.load):
+        parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
+                     "would lose its float32 master weights, so minitp does not write them yet")
+    need, have = memory_needed(args, cfg), available_memory()
+    if have is not None and need["machine"] > have:
+        parser.error(
+            f"this run needs about {_gib(need['per_rank'])} per rank, "
+            f"{_gib(need['machine'])} for its {need['ranks']} processes on this machine "
+            f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
+            f"each rank's dense copy), but only {_gib(have)} is available: try a smaller "
+            f"--d-model, --n-layer, --seq-len or --batch-size")
+    if args.save:
+        try:  # now, not after the whole run has trained
+            checkpoint.check_save_target(args.save)
+        except OSError as exc:
+            parser.error(f"--save: {exc}")
+    if args.data and not os.path.isfile(args.data):
+        parser.error(f"--data {args.data}: no such file")
+    tokens = data.load_tokens(args.data)
+    train_tokens, eval_tokens = data.split(tokens)
+    try:
+        data.check_length(train_tokens, cfg.seq_len, "training split")
+        data.check_length(eval_tokens, cfg.seq_len, "held-out split (the last 5%)")
+    except ValueError as exc:
+        parser.error(f"{args.data or 'the corpus'}: {exc}")
+    return cfg, train_tokens, eval_tokens, start_step
+
+
+def uses_mixed_precision(args) -> bool:
+    return args.dtype == "bfloat16"
+
+
+def world_size_of(args) -> int:
+    return args.dp * args.pp * args.cp * args.tp
+
+
+def sizes_text(args) -> str:
+    return (f"dp={args.dp} pp={args.pp} " + (f"cp={args.cp} " if args.cp > 1 else "")
+            + f"tp={args.tp}")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def memory_needed(args, cfg) -> dict:
+    """Bytes this run will hold, as `minitp.calc` models them (not measured):
+    ``{"per_rank", "ranks", "machine"}``.
+
+    Per rank: `calc.memory_per_gpu` with fp32 Adam (4 + 4 + 8 bytes per
+    parameter; twice that in float64) and the paper's 2-byte activations scaled
+    to --dtype, plus the dense CPU model every rank keeps for evaluation and
+    sampling and the full state dict it copies into it (two copies of every
+    parameter). On the CPU every rank shares this machine's memory, so "machine"
+    is all of them plus, with --check, the single-process reference; under
+    torchrun it counts this node's ranks; on GPUs only the dense copies and the
+    reference stay on the host. Python's and torch's own ~0.3 GB per process
+    are left out: the check is for runs that cannot fit, not a close call.
+    """
+    from .. import calc
+
+    # bf16 with float32 gradients and masters: the 18-byte layout
+    mixed = uses_mixed_precision(args)
+    scale = 1 if mixed else torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 4
+    world = world_size_of(args)
+    micro = max(1, args.batch_size // (args.dp * args.microbatches))
+    on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
+                                  args.recompute, args.zero_stage,
+                                  "megatron" if mixed else "adam-fp32", args.virtual_stages,
+                                  args.microbatches, cp=args.cp)
+    states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
+    per_rank = scale * (states + (1 if mixed else 2) * on_rank["activations"])
+    dense = scale * 4 * 2 * calc.exact_param_count(cfg)  # float32 copies when mixed
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
+    host = ranks * (dense + (0 if on_gpus(world) else per_rank))
+    if args.check:
+        ref = calc.memory_per_gpu(cfg, args.batch_size, optimizer="adam-fp32")
+        host += scale * (sum(ref[k] for k in ("parameters", "gradients", "optimizer"))
+                         + 2 * ref["activations"])
+    return {"per_rank": per_rank + dense, "ranks": ranks, "machine": host}
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can give without swapping: Linux's MemAvailable (free
+    plus reclaimable cache), else free physical pages; None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def on_gpus(world: int) -> bool:
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
+    return torch.cuda.is_available() and torch.cuda.device_count() >= ranks

@@ -1,0 +1,178 @@
+"""2D (SUMMA) tensor parallelism: the layer equals the dense one, and its bytes on
+the wire, measured, stand beside the formulas of `minitp.calc.two_d` and beside
+1D (Megatron) tensor parallelism of the same layer.
+
+Equivalence: at 4 ranks (a 2 × 2 grid), float64, a two-layer network (Linear2D,
+GELU, Linear2D) against the dense layers on one process: the output and every
+gradient (input, weights, biases), gathered back, for both ways of moving the
+blocks (all-gathers, SUMMA's broadcasts).
+
+Bytes: one launch per shape runs the layer four ways (1D row- and
+column-parallel, 2D with all-gathers and with broadcasts) and counts what each
+rank wrote to its sockets (`minitp.runtime.io_counters`, each event's ``sent_bytes``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+
+import minitp as mt
+from minitp.calc import two_d as model
+from minitp.course.labs import two_d
+from minitp.runtime import io_counters as _io_counters
+from minitp.tensor_parallel.two_d import Grid, Linear2D, grid_layout
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+TOLERANCE = 1e-12  # float64
+HEADERS = 4096  # bytes: gloo writes ~288 B of its own per message, and 8 messages at most here
+FP64 = 8
+
+
+def test_grid_layout_rows_are_adjacent_ranks():
+    assert grid_layout(2) == {"row": [[0, 1], [2, 3]], "col": [[0, 2], [1, 3]]}
+    assert grid_layout(3)["col"][1] == [1, 4, 7]
+    with pytest.raises(ValueError):
+        grid_layout(0)
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "broadcast"])
+def test_linear_2d_equals_the_dense_layers(collective):
+    run = mt.launch(two_d.equivalence_errors, 4, tokens=8, d=8, hidden=12,
+                    collective=collective, timeout=60)
+    names = {"output", "input grad", "fc.weight grad", "fc.bias grad", "proj.weight grad",
+             "proj.bias grad"}
+    for r in range(4):
+        assert set(run[r]) == names
+        for name, error in run[r].items():
+            assert error < TOLERANCE, f"rank {r} {collective}: {name} differs by {error:.3g}"
+    # the collectives it ran, per layer: 2 gathers (or 2q broadcasts) forward, 3 backward
+    fwd = [e.op for e in run.trace if e.rank == 0 and e.is_comm and e.phase == "fwd"]
+    bwd = [e.op for e in run.trace if e.rank == 0 and e.is_comm and e.phase == "bwd"]
+    assert fwd == 2 * ([collective] * (2 if collective == "all_gather" else 4))
+    assert sorted(bwd) == 2 * ["all_reduce"] + 4 * ["reduce_scatter"]
+
+
+def _refusals():
+    grid = Grid()
+    refused = []
+    for bad in (dict(d_in=3, d_out=4), dict(d_in=4, d_out=4, collective="ring")):
+        try:
+            Linear2D(grid=grid, **bad)
+        except ValueError as error:
+            refused.append(str(error))
+    return refused, repr(grid)
+
+
+def test_a_grid_needs_a_square_world_and_divisible_sizes():
+    run = mt.launch(_refusals, 4, timeout=60)
+    refused, grid = run[3]
+    assert "d_in=3 is not divisible by the grid size q=2" in refused[0]
+    assert "collective must be one of" in refused[1]
+    assert grid == "Grid(2x2) on rank 3: (i, j) = (1, 1), row [2, 3], col [1, 3]"
+    with pytest.raises(mt.LaunchError, match="needs a square number of ranks"):
+        mt.launch(Grid, 2, timeout=60)
+
+
+def test_the_models_formulas():
+    # 1D: one all-reduce of the activation; 2D: (q-1) blocks per gather or scatter
+    assert model.tp1d_linear_bytes(16, 8, 8, 4, bytes_per_value=1) == 2 * 3 * 16 * 8 // 4
+    parts = model.tp2d_linear_parts(16, 8, 8, 2, bytes_per_value=1)
+    assert parts["all_gather X (row)"] == 1 * (16 // 2) * (8 // 2)
+    assert parts["all_gather W (col)"] == 1 * (8 // 2) * (8 // 2)
+    assert parts["all_reduce db (col)"] == 2 * 1 * (8 // 2) / 2
+    # the crossover, d = q·T: with no bias, 2D sends less exactly below it
+    for tokens, d, q in ((8, 15, 2), (8, 16, 2), (8, 17, 2), (4, 11, 3), (4, 13, 3)):
+        one = model.tp1d_linear_bytes(tokens, d, d, q * q)
+        two = model.tp2d_linear_bytes(tokens, d, d, q, bias=False)
+        assert (two < one) == (d < q * tokens) and (two == one) == (d == q * tokens)
+    assert model.tp_linear_latency("1d", 9) == {"collectives": 1, "alpha": 16}
+    assert model.tp_linear_latency("2d", 9) == {"collectives": 5, "alpha": 12}
+    assert model.tp_linear_latency("2d-broadcast", 9, bias=False) == {"collectives": 8,
+                                                                     "alpha": 16}
+
+
+@pytest.fixture(scope="module", params=[(288, 72), (16, 144)], ids=["2d-wins", "1d-wins"])
+def measured(request):
+    tokens, d = request.param
+    return tokens, d, two_d.wire_bytes(tokens, d, d, world=4, timeout=60)
+
+
+def test_every_rank_runs_the_collectives_its_scheme_needs(measured):
+    _, _, table = measured
+    expected = {
+        "1d-row": ("all_reduce@world",),
+        "1d-column": ("all_reduce@world",),
+        "2d": ("all_gather@row", "all_gather@col", "reduce_scatter@row", "reduce_scatter@col",
+               "all_reduce@col"),
+        "2d-broadcast": ("broadcast@row",) * 2 + ("broadcast@col",) * 2
+        + ("reduce_scatter@row", "reduce_scatter@col", "all_reduce@col"),
+    }
+    for scheme, rows in table.items():
+        for row in rows:
+            assert row.collectives == expected[scheme], (scheme, row.rank)
+            count = model.tp_linear_latency("1d" if scheme.startswith("1d") else scheme, 4)
+            assert len(row.collectives) == count["collectives"]
+
+
+def test_the_traces_model_is_the_formula(measured):
+    tokens, d, table = measured
+    for row in table["1d-row"] + table["1d-column"]:
+        assert row.model_bytes == model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64)
+    for row in table["2d"] + table["2d-broadcast"]:
+        assert row.model_bytes == model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64)
+
+
+@pytest.mark.skipif(not _io_counters.available(), reason="no /proc/self/io: nothing measured")
+def test_measured_bytes_are_the_model_plus_headers_with_gloos_reduce_scatter(measured):
+    # gloo's reduce-scatter sends an all-reduce's bytes (tests/runtime/test_wire_bytes.py), so
+    # 2D's backward measures twice the ring model's; the rest is the model plus headers
+    tokens, d, table = measured
+    expected = {
+        "1d-row": model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64),
+        "1d-column": model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64),
+        "2d": model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64, gloo=True),
+        "2d-broadcast": model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64,
+                                                gloo=True),
+    }
+    for scheme, rows in table.items():
+        for row in rows:
+            assert expected[scheme] <= row.sent_bytes <= expected[scheme] + HEADERS, (
+                f"{scheme} rank {row.rank}: measured {row.sent_bytes}, model {expected[scheme]}")
+
+
+@pytest.mark.skipif(not _io_counters.available(), reason="no /proc/self/io: nothing measured")
+def test_2d_sends_fewer_bytes_exactly_where_the_model_says(measured):
+    # d < √N·T: 2D wins (288 tokens, d = 72); d > √N·T: 1D wins (16 tokens, d = 144)
+    tokens, d, table = measured
+    one = max(row.sent_bytes for row in table["1d-row"])
+    two = max(row.sent_bytes for row in table["2d"])
+    ring_wins = (model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64)
+                 < model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64))
+    assert ring_wins == (d < 2 * tokens)
+    assert (two < one) == ring_wins, f"measured 1D {one}, 2D {two}"
+
+
+def test_the_grid_picture_bolds_the_row_of_x_and_the_column_of_w():
+    from minitp.course.viz.grid import summa_grid
+
+    fig = summa_grid(q=3, rank=5)  # (i, j) = (1, 2)
+    bold = {p.get_gid() for ax in fig.axes for p in ax.patches if p.get_linewidth() > 2}
+    assert bold == {"X10", "X11", "X12", "W02", "W12", "W22", "Y12"}
+    with pytest.raises(ValueError):
+        summa_grid(q=2, rank=4)
+
+
+def test_the_bytes_picture_marks_where_2d_starts_to_win():
+    from minitp.course.viz.grid import bytes_vs_n
+
+    fig = bytes_vs_n([(2048, 4096)], ns=(4, 9, 16))  # d/T = 2: 2D wins from N = 9
+    circles = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
+    assert [tuple(c.get_xdata()) for c in circles] == [(9,)]
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert all("(model)" in label for label in labels)
