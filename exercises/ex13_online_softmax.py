@@ -24,7 +24,9 @@ Part (b): `ring_step`, one step of ring attention on one rank of the cp ring
 queries, keys and values of positions [r·c, (r+1)·c). At every step each rank
 computes with the K/V block it holds, then passes that block on to
 ``axis.next`` and receives the next one from ``axis.prev``. So at step s rank r
-holds the block of rank (r − s) mod n. Under the causal mask:
+holds the block of rank (r − s) mod n. After the last step every rank has seen
+every block: that hop is yours to make or skip (n − 1 hops suffice). Under the
+causal mask:
 
 * a block from an earlier rank: every key is earlier, attend to all of it;
 * its own block (step 0): the causal triangle;

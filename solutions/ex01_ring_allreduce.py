@@ -5,13 +5,18 @@ rank, the elementwise sum of all ranks' tensors, using only
 `mt.comm.sendrecv(send_tensor, dst, recv_buffer, src)` between neighbours on a
 ring (`axis.next`, `axis.prev`), in 2(n-1) steps:
 
-1. reduce-scatter: cut the (flattened) tensor into n chunks. In step s
-   (s = 0 … n-2), rank r sends chunk (r - s) mod n to the next rank and adds
-   the chunk it receives, chunk (r - s - 1) mod n, into its own. After n-1 steps
-   rank r holds the full sum of chunk (r + 1) mod n.
-2. all-gather: n-1 more steps pass the finished chunks around the ring. In step
-   s, rank r sends chunk (r + 1 - s) mod n and overwrites its chunk (r - s) mod n
-   with the one it receives.
+1. reduce-scatter: cut the (flattened) tensor into n chunks. In each of n-1
+   steps every rank sends one chunk to the next rank and adds the chunk it
+   receives into its own copy of that chunk. Choose which chunk each rank sends
+   at each step so that every chunk travels once around the ring, picking up
+   every rank's part: after n-1 steps each rank holds the finished sum of one
+   chunk, a different one on every rank.
+2. all-gather: n-1 more steps pass the finished chunks around the ring, each
+   received chunk overwriting (not added to) the rank's copy.
+
+Which index is which is the exercise. Draw the ring for n = 3 (three ranks,
+three chunks) before you write a line; if a chunk comes out wrong, the grader
+says whose parts it holds and whose are missing.
 
 Each rank sends 2(n-1) chunks of size S/n: 2(n-1)/n of the data, whatever n is.
 Grade it with `mt.grade("ex01")` in a notebook or `python -m minitp.course.grade ex01`.
@@ -28,9 +33,10 @@ def ring_all_reduce(x: torch.Tensor, axis: mt.Axis) -> torch.Tensor:
         return x.clone()
     # BEGIN SOLUTION
     # hint: cut x.flatten() into n chunks (torch.tensor_split); then n-1 reduce-scatter
-    # hint: steps (send chunk (r-s)%n, add what arrives into chunk (r-s-1)%n) and n-1
-    # hint: all-gather steps (send chunk (r+1-s)%n, overwrite chunk (r-s)%n with what
-    # hint: arrives), each step one mt.comm.sendrecv(chunk, axis.next, buffer, axis.prev)
+    # hint: steps (send one chunk, add what arrives into another) and n-1 all-gather steps
+    # hint: (send a finished chunk, overwrite with what arrives), each step one
+    # hint: mt.comm.sendrecv(chunk, axis.next, buffer, axis.prev). At step 0, rank r
+    # hint: sends its own chunk r; what does it receive, and what does it send next?
     chunks = [c.clone() for c in torch.tensor_split(x.flatten(), n)]
     for step in range(n - 1):  # reduce-scatter: accumulate partial sums around the ring
         send, receive = (r - step) % n, (r - step - 1) % n

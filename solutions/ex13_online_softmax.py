@@ -22,7 +22,9 @@ Part (b): `ring_step`, one step of ring attention on one rank of the cp ring
 queries, keys and values of positions [r·c, (r+1)·c). At every step each rank
 computes with the K/V block it holds, then passes that block on to
 ``axis.next`` and receives the next one from ``axis.prev``. So at step s rank r
-holds the block of rank (r − s) mod n. Under the causal mask:
+holds the block of rank (r − s) mod n. After the last step every rank has seen
+every block: that hop is yours to make or skip (n − 1 hops suffice). Under the
+causal mask:
 
 * a block from an earlier rank: every key is earlier, attend to all of it;
 * its own block (step 0): the causal triangle;
@@ -91,6 +93,8 @@ def ring_step(q, k, v, out, lse, step: int, axis: mt.Axis):
     if src <= axis.rank:
         partial = block_attention(q, k, v, causal=src == axis.rank)
         out, lse = merge(out, lse, *partial)
+    if step == axis.size - 1:  # every rank has seen every block: no hop left to make
+        return out, lse, k, v
     k_next = mt.comm.sendrecv(k, axis.next, torch.empty_like(k), axis.prev)
     v_next = mt.comm.sendrecv(v, axis.next, torch.empty_like(v), axis.prev)
     return out, lse, k_next, v_next

@@ -85,3 +85,13 @@ def test_not_passing_k_v_on_is_named_both_ways(tmp_path, monkeypatch):
     assert checks[0].detail == ("rank 0, step 0: returned rank 0's block: its own, the received "
                                 "one was dropped; it should return rank 1's, received from "
                                 "axis.prev")
+
+
+def test_a_ring_that_makes_the_last_useless_hop_passes_too(tmp_path, monkeypatch):
+    """The reference skips the last hop (n - 1 suffice); a ring that makes all n is as right."""
+    _sizes(monkeypatch, 2)
+    every_hop = _variant(tmp_path, "ex13", (
+        "    if step == axis.size - 1:  # every rank has seen every block: no hop left to make\n"
+        "        return out, lse, k, v\n", ""))
+    report = mt.grade("ex13", path=every_hop)
+    assert report.passed, str(report)

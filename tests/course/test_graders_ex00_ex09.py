@@ -36,3 +36,47 @@ def test_ex09_grader_spots_a_factor_and_a_shortcut(tmp_path):
     assert not communication.passed and "factor of 0.5" in communication.hint
     assert not pieces.passed and "calc.step_time" in pieces.detail
 
+
+
+# ex01's docstring no longer spells the chunk indices: the grader's diagnosis must teach them.
+RS_STEP = "        send, receive = (r - step) % n, (r - step - 1) % n\n"
+AG_OVERWRITE = "        chunks[receive] = buffer\n"
+
+
+def _ex01(tmp_path, *edits):
+    from test_exercises import _variant
+
+    from minitp.course.graders import ex01
+
+    report = mt.grade("ex01", path=_variant(tmp_path, "ex01", *edits))
+    assert not report.passed and ex01.WORLD_SIZES == (2, 3, 4)
+    return report.checks[2]  # n = 3: the first size where a ring has a middle
+
+
+def test_ex01_names_a_chunk_that_missed_a_ranks_part(tmp_path):
+    # One reduce-scatter step short: the chunks go round unfinished.
+    equal = _ex01(tmp_path, ("    for step in range(n - 1):  # reduce-scatter",
+                             "    for step in range(n - 2):  # reduce-scatter"))
+    assert not equal.passed and "input of shape (12,)" in equal.detail, equal
+    assert "'s parts only (rank" in equal.detail and "missing" in equal.detail, equal
+    assert "travel once around the ring" in equal.hint
+
+
+def test_ex01_names_neighbours_that_disagree_on_the_chunk(tmp_path):
+    # Adding what arrives into the chunk just sent: the neighbour sent another chunk, and
+    # at n = 3 with 7 elements the two differ in size (gloo refuses the message).
+    equal = _ex01(tmp_path, (RS_STEP, "        send, receive = (r - step) % n, (r - step) % n\n"))
+    assert not equal.passed and "neighbours disagreed on which chunk" in equal.detail, equal
+    assert "axis.prev" in equal.hint
+
+
+def test_ex01_names_a_chunk_added_twice_in_the_all_gather(tmp_path):
+    equal = _ex01(tmp_path, (AG_OVERWRITE, "        chunks[receive] += buffer\n"))
+    assert not equal.passed and "twice" in equal.detail, equal
+
+
+def test_ex01_names_a_chunk_holding_another_chunks_sum(tmp_path):
+    # The finished chunks put back in the wrong order.
+    equal = _ex01(tmp_path, ("    return torch.cat(chunks).view_as(x)",
+                             "    return torch.cat(chunks[1:] + chunks[:1]).view_as(x)"))
+    assert not equal.passed and "finished sum, not its own" in equal.detail, equal

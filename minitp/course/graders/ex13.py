@@ -11,7 +11,9 @@ Plain averaging of the two outputs is named.
 every rank starts at out = 0, ℓ = −inf and calls the learner's step n times.
 After each step the running (out, ℓ) must be the attention over the blocks of
 ranks r, r−1, …, r−s (causal), and the K/V it returns must be rank r−s−1's block,
-sent to ``axis.next`` (the trace); after n steps, causal attention over the whole
+sent to ``axis.next`` (the trace) — except after the last step: by then every rank has
+seen every block, so c − 1 hops suffice and a ring that skips the last (useless) one
+is as right as one that makes it; after n steps, causal attention over the whole
 sequence computed on one process. Named: the ring turned the wrong way (the
 block of rank r+s), K/V not passed on (sent nothing, or returned its own block),
 keys later than the query attended (no causal mask, or later blocks not skipped).
@@ -247,7 +249,8 @@ def _in_rank(ring_step):
 
 
 def _names(n) -> list[str]:
-    return [f"cp={n}: each step sends K and V to axis.next and returns rank r-s-1's block",
+    return [f"cp={n}: each step (the last may skip it) sends K and V to axis.next and "
+            "returns rank r-s-1's block",
             f"cp={n}: after each step s, (out, lse) is the attention over ranks r, r-1, .., r-s",
             f"cp={n}: after {n} steps, equals causal attention over the whole sequence"]
 
@@ -274,10 +277,12 @@ def _passing(name, per_rank, n) -> Check:
     for rank, found in enumerate(per_rank):
         for step, s in enumerate(found["steps"]):
             where = f"rank {rank}, step {step}"
+            if step == n - 1 and not s["sent"]:
+                continue  # the last hop carries a block no rank needs: skipping it is right
             if not s["sent"]:
                 return Check(name, False, f"{where}: sent nothing: K/V not passed on", rank=rank,
-                             hint="every step, send k and v to axis.next and receive the next "
-                                  "block from axis.prev (mt.comm.sendrecv)")
+                             hint="every step but the last, send k and v to axis.next and "
+                                  "receive the next block from axis.prev (mt.comm.sendrecv)")
             if any(peer != s["next"] for peer in s["sent"]):
                 return Check(name, False, f"{where}: sent to rank(s) {sorted(set(s['sent']))}; "
                              f"axis.next is rank {s['next']}", rank=rank,
@@ -293,8 +298,8 @@ def _passing(name, per_rank, n) -> Check:
                              f"rank {want}'s, received from axis.prev", rank=rank,
                              tensor="k_next, v_next",
                              hint="return what sendrecv wrote into the receive buffers")
-    return Check(name, True, "every step: K and V sent to axis.next, the block of rank r-s-1 "
-                 "returned")
+    return Check(name, True, "every step before the last: K and V sent to axis.next, the block "
+                 "of rank r-s-1 returned")
 
 
 def _steps(name, per_rank, n) -> Check:
