@@ -9,9 +9,13 @@ microbatch of ``batch`` sequences, 16-bit activations, nothing overlapped):
 
 * compute: the step's FLOPs (`mt.calc.flops_per_iteration`) shared by the t
   GPUs, each running at ``efficiency`` × ``cluster.peak_flops``;
-* communication: every tensor-parallel all-reduce of the step, each a ring
-  (lesson 01) on the node's links: ``cluster.intra_latency`` seconds per
-  message and ``cluster.intra_bandwidth`` bytes per second.
+* communication: the tensor-parallel all-reduces of the transformer layers,
+  forward and backward, each a ring (lesson 01) on the node's links:
+  ``cluster.intra_latency`` seconds per message and ``cluster.intra_bandwidth``
+  bytes per second. Leave out the vocab-parallel embedding's and the loss's
+  all-reduces (lesson 04), as the model you are graded against does: one more
+  activation-sized all-reduce per step beside four per layer, and two of
+  (batch, seq_len) numbers.
 
 Return both, in seconds. The grader compares your numbers with
 `mt.calc.step_time`'s for Megatron-LM's whole model family on 8×V100 and
