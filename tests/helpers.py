@@ -1,5 +1,6 @@
 """What several test files need, written once: a free port, random token batches, the
-bytes a model and its optimizer keep alive (counted without minitp).
+bytes a model and its optimizer keep alive (counted without minitp), and the float64
+equivalence loop (a plain GPT and its parallel version trained side by side).
 
 Workers that call these run in ranks, which cannot import this file: like the test
 modules, it travels to them by value.
@@ -11,12 +12,14 @@ import gc
 import socket
 import sys
 import types
+from pathlib import Path
 
 import cloudpickle
 import torch
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
 IGNORED = -100  # minitp.rules.IGNORE_INDEX: targets the loss skips
 
 
@@ -68,3 +71,49 @@ def live_bytes(model, optimizer) -> int:
                 todo.append(obj.grad)
         todo.extend(gc.get_referents(obj))
     return sum(storages.values())
+
+
+# --------------------------------------------------------------------------- side by side
+def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=None,
+                       optimizer_class=None, lr=1e-2, after_step=None):
+    """The float64 equivalence loop, written once: train the plain GPT `ref` and the
+    parallel `model` (made from it by `mt.parallelize`) on the same `batches`, one
+    optimizer step each per batch, and measure how far apart they are.
+
+    Returns ``(loss_error, (param_error, name), losses)``: the largest difference of a
+    step's loss (and, after training, of the forward-only `eval_loss`), the largest
+    difference of any parameter after the last step (ZeRO-3's gathered for the
+    comparison), and the parallel model's losses. `after_step(step, events)` runs after
+    both models stepped, with the trace events of that `train_step` (``ref``'s ``.grad``
+    still holds this step's gradients)."""
+    import minitp as mt
+    from minitp.data_parallel import gathered
+    from minitp.step import eval_loss
+
+    optimizer_class = optimizer_class or torch.optim.AdamW
+    ref_opt = optimizer_class(ref.parameters(), lr=lr)
+    opt = mt.make_optimizer(model, mesh, optimizer_class, lr=lr)
+    loss_error, losses = 0.0, []
+    for step, (x, y) in enumerate(batches):
+        ref_opt.zero_grad()
+        _, ref_loss = ref(x, y)
+        ref_loss.backward()
+        before = len(mt.trace.events())
+        loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule,
+                             microbatches=microbatches)
+        ref_opt.step()
+        loss_error = max(loss_error, abs(loss - ref_loss.item()))
+        losses.append(loss)
+        if after_step is not None:
+            after_step(step, mt.trace.events()[before:])
+    with torch.no_grad():  # and the trained models still agree, forward only
+        _, ref_loss = ref(x, y)
+    loss_error = max(loss_error, abs(eval_loss(model, (x, y), mesh, microbatches)
+                                     - ref_loss.item()))
+    with gathered(model):  # ZeRO-3 holds shards only: the whole parameters, for once
+        dense = model.full_state_dict()
+    names = {name for name, _ in ref.named_parameters()}
+    assert set(dense) == names, set(dense) ^ names
+    worst = max(((dense[n] - p.detach()).abs().max().item(), n)
+                for n, p in ref.named_parameters())
+    return loss_error, worst, losses

@@ -22,7 +22,7 @@ import os
 
 import pytest
 import torch
-from helpers import random_batches
+from helpers import random_batches, train_side_by_side
 
 import minitp as mt
 
@@ -115,28 +115,9 @@ def _compare(world, dtype, shapes=None, steps=3):
             source.to(dtype).load_state_dict(ref.state_dict())
             model = mt.parallelize(source, mesh, sequence_parallel=sp, recompute=recompute,
                                    virtual_stages=v, zero_stage=1 if zero else 0)
-            ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-            opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
-            loss_error, losses = 0.0, []
-            for x, y in _batches(steps, cfg, batch=dp * 2 * pp):
-                ref_opt.zero_grad()
-                _, ref_loss = ref(x, y)
-                ref_loss.backward()
-                ref_opt.step()
-                loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule,
-                                     microbatches=m)
-                loss_error = max(loss_error, abs(loss - ref_loss.item()))
-                losses.append(loss)
-            with torch.no_grad():  # and the trained models still agree, forward only
-                _, ref_loss = ref(x, y)
-            eval_loss = mt.step.eval_loss(model, (x, y), mesh, microbatches=m)
-            loss_error = max(loss_error, abs(eval_loss - ref_loss.item()))
-            dense = model.full_state_dict()
-            names = {name for name, _ in ref.named_parameters()}
-            assert set(dense) == names, set(dense) ^ names
-            worst = max(((dense[n] - p.detach()).abs().max().item(), n)
-                        for n, p in ref.named_parameters())
-            results[((dp, pp, tp), setting)] = (loss_error, worst, losses)
+            results[((dp, pp, tp), setting)] = train_side_by_side(
+                ref, model, mesh, _batches(steps, cfg, batch=dp * 2 * pp), microbatches=m,
+                schedule=schedule)
     return results
 
 

@@ -27,10 +27,10 @@ import sys
 import cloudpickle
 import pytest
 import torch
+from helpers import train_side_by_side
 
 import minitp as mt
 from minitp import context_parallel as cpar
-from minitp import data_parallel as mt_data_parallel
 from minitp.model import AttentionCore
 from minitp.module_plan import apply_plan
 from minitp.rules import check_context_split, cp_chunks
@@ -145,36 +145,26 @@ def _compare(configs, steps=3):
         torch.manual_seed(0)
         ref = mt.GPT(cfg).to(device=mt.device(), dtype=torch.float64)
         model = mt.parallelize(ref, mesh, **kwargs)
-        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
-        loss_error, grad_error, sends, sent_bytes = 0.0, None, {}, 0
-        for step, (x, y) in enumerate(_batches(steps, cfg, batch=2 * sizes.get("dp", 1))):
-            ref_opt.zero_grad()
-            _, ref_loss = ref(x, y)
-            ref_loss.backward()
-            before = len(mt.trace.events())
-            loss = mt.train_step(model, (x, y), mesh, opt, microbatches=m)
-            loss_error = max(loss_error, abs(loss - ref_loss.item()))
-            if step == 0:
-                for e in mt.trace.events()[before:]:
-                    if e.op == "send" and "ring" in e.label:
-                        key = (e.phase, e.label)
-                        sends[key] = sends.get(key, 0) + 1
-                        sent_bytes += e.nbytes
-                if not kwargs.get("zero_stage"):  # whole gradients (ZeRO reduces them apart)
-                    grads = model.full_grad_dict()
-                    grad_error = max(((grads[n] - p.grad).abs().max().item(), n)
-                                     for n, p in ref.named_parameters())
-            ref_opt.step()
-        with torch.no_grad():  # and the trained models agree forward only (eval_loss)
-            _, ref_loss = ref(x, y)
-        loss_error = max(loss_error, abs(mt.step.eval_loss(model, (x, y), mesh, m)
-                                         - ref_loss.item()))
-        with mt_data_parallel.gathered(model):
-            dense = model.full_state_dict()
-        param_error = max(((dense[n] - p.detach()).abs().max().item(), n)
-                          for n, p in ref.named_parameters())
-        results.append((loss_error, grad_error, param_error, sends, sent_bytes))
+        first = {"sends": {}, "bytes": 0, "grad_error": None}  # what the first step did
+
+        def record(step, events, first=first, kwargs=kwargs, ref=ref, model=model):
+            if step:
+                return
+            for e in events:
+                if e.op == "send" and "ring" in e.label:
+                    key = (e.phase, e.label)
+                    first["sends"][key] = first["sends"].get(key, 0) + 1
+                    first["bytes"] += e.nbytes
+            if not kwargs.get("zero_stage"):  # whole gradients (ZeRO reduces them apart)
+                grads = model.full_grad_dict()
+                first["grad_error"] = max(((grads[n] - p.grad).abs().max().item(), n)
+                                          for n, p in ref.named_parameters())
+
+        loss_error, param_error, _ = train_side_by_side(
+            ref, model, mesh, _batches(steps, cfg, batch=2 * sizes.get("dp", 1)),
+            microbatches=m, after_step=record)
+        results.append((loss_error, first["grad_error"], param_error, first["sends"],
+                        first["bytes"]))
     return results
 
 

@@ -13,12 +13,11 @@ import gc
 
 import pytest
 import torch
-from helpers import live_bytes
+from helpers import live_bytes, train_side_by_side
 from test_3d import CFG, TOLERANCE, _batches
 
 import minitp as mt
 import minitp.calc as calc
-from minitp.data_parallel.zero import gathered
 from minitp.memory import ActivationLedger, measure_model_states
 from minitp.rules import parse_layer_label
 from minitp.runtime import io_counters as _io_counters
@@ -45,28 +44,15 @@ def _compare(cases, steps=3):
         ref = mt.GPT(cfg).double()
         model = mt.parallelize(ref, mesh, sequence_parallel=sp, recompute=recompute,
                                virtual_stages=v, zero_stage=zero)
-        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        opt = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
-        loss_error = 0.0
-        for x, y in _batches(steps, cfg, batch=dp * 2 * pp):
-            ref_opt.zero_grad()
-            _, ref_loss = ref(x, y)
-            ref_loss.backward()
-            ref_opt.step()
-            mt.trace.clear()  # the last step's events are kept
-            loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule, microbatches=m)
-            loss_error = max(loss_error, abs(loss - ref_loss.item()))
-        with torch.no_grad():
-            _, ref_loss = ref(x, y)
-        events = mt.trace.events()
-        eval_loss = mt.step.eval_loss(model, (x, y), mesh, microbatches=m)
-        loss_error = max(loss_error, abs(eval_loss - ref_loss.item()))
-        with gathered(model):  # stage 3 holds shards only: the whole parameters, for once
-            dense = model.full_state_dict()
-        assert set(dense) == {name for name, _ in ref.named_parameters()}
-        worst = max(((dense[n] - p.detach()).abs().max().item(), n)
-                    for n, p in ref.named_parameters())
-        results[case] = (loss_error, worst, events if zero >= 2 and pp == 1 else None)
+        last_step = []  # the last train_step's events
+
+        def keep(step, events, last_step=last_step):
+            last_step[:] = events
+
+        loss_error, worst, _ = train_side_by_side(
+            ref, model, mesh, _batches(steps, cfg, batch=dp * 2 * pp), microbatches=m,
+            schedule=schedule, after_step=keep)
+        results[case] = (loss_error, worst, last_step if zero >= 2 and pp == 1 else None)
     return results
 
 

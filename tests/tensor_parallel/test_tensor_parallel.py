@@ -20,7 +20,7 @@ partial gradients.
 
 import pytest
 import torch
-from helpers import random_batches
+from helpers import random_batches, train_side_by_side
 
 import minitp as mt
 
@@ -49,21 +49,9 @@ def _compare_training(tp, settings, dtype, steps=3, microbatches=2):
         ref = mt.GPT(cfg).to(dtype)
         model = mt.parallelize(ref, mesh, sequence_parallel=sequence_parallel,
                                recompute=recompute)
-        ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-        loss_error = 0.0
-        for x, y in _batches(steps, cfg):
-            ref_opt.zero_grad()
-            _, ref_loss = ref(x, y)
-            ref_loss.backward()
-            ref_opt.step()
-            loss = mt.train_step(model, (x, y), mesh, opt, microbatches=microbatches)
-            loss_error = max(loss_error, abs(loss - ref_loss.item()))
-        dense = model.full_state_dict()
-        names = {name for name, _ in ref.named_parameters()}
-        assert set(dense) == names, set(dense) ^ names
-        worst = max(((dense[n] - p.detach()).abs().max().item(), n)
-                    for n, p in ref.named_parameters())
+        loss_error, worst, _ = train_side_by_side(ref, model, mesh, _batches(steps, cfg),
+                                                  microbatches=microbatches,
+                                                  optimizer_class=torch.optim.Adam)
         results[(sequence_parallel, recompute)] = (loss_error, worst)
     return results
 
