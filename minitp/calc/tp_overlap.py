@@ -17,6 +17,17 @@ falls from (t−1)·c to (t−1)·max(0, c − g). Schemes whose first chunk mus
 arrive before any GEMM can start (e.g. async all-gathers of chunks none of which
 is local) pay one hop more, c, unhidden: ``first_hop_exposed=True``.
 
+The plain baseline need not expose all 8. Megatron-LM without userbuffers already hides
+2 of them in backward: with sequence parallelism, a column-parallel layer's backward
+(`LinearWithGradAccumulationAndAsyncCommunication.backward`,
+`megatron/core/tensor_parallel/layers.py`) launches the reduce-scatter of its input
+gradient asynchronously and computes its weight gradient meanwhile, so the QKV and FC
+layers' backward reduce-scatters run beside a GEMM (t chunk GEMMs long, far longer than
+the collective for any layer worth splitting); the row-parallel layers' backward
+all-gathers and all 4 forward collectives wait. ``plain_overlapped`` is how many of the
+8 the baseline hides entirely: 0 (everything exposed) or ``MEGATRON_PLAIN_OVERLAPPED``.
+The overlapped side is the same either way.
+
 Assumed, and not modelled: GEMMs run at ``gemm_efficiency`` × peak whatever the
 chunk size (small chunks run slower); a transfer does not slow the GEMM beside
 it (on GPUs NCCL's kernels take SMs away from it); the attention core
@@ -35,6 +46,11 @@ from .cluster import Cluster
 # in units of h, each paired with one collective (its input all-gather or its output
 # reduce-scatter) forward and the conjugate one backward.
 LAYER_GEMMS = {"qkv": (1, 3), "attn.proj": (1, 1), "mlp.fc": (1, 4), "mlp.proj": (4, 1)}
+# Collectives (of the 8) that Megatron-LM's plain TP + SP already overlaps: the backward
+# reduce-scatters of the QKV and FC input gradients, each beside its weight-gradient GEMM
+# (megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication).
+MEGATRON_PLAIN_OVERLAPPED = 2
+COLLECTIVES_PER_LAYER = 2 * len(LAYER_GEMMS)  # 4 forward, 4 backward
 
 
 @dataclass(frozen=True)
@@ -42,7 +58,7 @@ class OverlapModel:
     """Seconds per layer per microbatch (forward + backward) on one rank: a model."""
 
     compute: float  # every FLOP of the layer at gemm_efficiency × peak
-    comm_exposed_plain: float  # the 8 collectives, nothing overlapped
+    comm_exposed_plain: float  # the 8 collectives less the plain baseline's overlapped ones
     comm_exposed_overlap: float  # what stays exposed when each hop runs beside a GEMM chunk
     hop: float  # c: one ring hop, α + chunk bytes / β
     smallest_chunk_gemm: float  # g of the smallest GEMM (attention output), one chunk
@@ -67,25 +83,31 @@ class OverlapModel:
 
 def tp_overlap_model(h: int, s: int, t: int, cluster: Cluster, micro_batch: int = 1,
                      bytes_per_value: int = 2, gemm_efficiency: float = 1.0,
-                     first_hop_exposed: bool = False) -> OverlapModel:
+                     first_hop_exposed: bool = False,
+                     plain_overlapped: int = 0) -> OverlapModel:
     """Model one layer (hidden size `h`, sequence `s`) on `t` tensor-parallel ranks
-    of `cluster` (its intra-node link: α, β per direction; its peak FLOP/s)."""
+    of `cluster` (its intra-node link: α, β per direction; its peak FLOP/s).
+    `plain_overlapped`: how many of the layer's 8 collectives the plain baseline already
+    hides (0: none; Megatron-LM: `MEGATRON_PLAIN_OVERLAPPED`)."""
     if t < 2 or s % t:
         raise ValueError(f"overlap needs t >= 2 dividing s; got t={t}, s={s}")
+    if not 0 <= plain_overlapped <= COLLECTIVES_PER_LAYER:
+        raise ValueError(f"plain_overlapped must be in 0..{COLLECTIVES_PER_LAYER}, "
+                         f"got {plain_overlapped}")
     if not 0 < gemm_efficiency <= 1:
         raise ValueError(f"gemm_efficiency must be in (0, 1], got {gemm_efficiency}")
     b = micro_batch
     alpha, beta = cluster.link(t)
     rate = cluster.peak_flops * gemm_efficiency
     hop = alpha + b * (s // t) * h * bytes_per_value / beta
-    plain = exposed = 0.0
+    plain = (COLLECTIVES_PER_LAYER - plain_overlapped) * (t - 1) * hop
+    exposed = 0.0
     chunk_gemms = []
     for d_in, d_out in LAYER_GEMMS.values():
         # one chunk: (b·s/t) tokens through this rank's 1/t of the weight
         g = 2 * b * (s // t) * (d_in * h) * (d_out * h) / t / rate
         chunk_gemms.append(g)
         per_collective = (t - 1) * max(0.0, hop - g) + (hop if first_hop_exposed else 0.0)
-        plain += 2 * (t - 1) * hop  # forward and backward
         exposed += 2 * per_collective
     # 24bsh² + 4bs²h forward per layer (Narayanan et al. 2021), twice that backward
     flops = 3 * (24 * b * s * h * h + 4 * b * s * s * h) / t

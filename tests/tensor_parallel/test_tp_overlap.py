@@ -178,3 +178,25 @@ def test_model_of_the_saving_by_hand():
     assert small.comm_exposed_overlap == pytest.approx(per, rel=1e-12) and per > 0
     with pytest.raises(ValueError, match="t >= 2"):
         tp_overlap_model(256, 64, 1, A100_80GB)
+
+
+def test_model_against_megatrons_plain_baseline():
+    # Megatron-LM's plain TP + SP already hides 2 of the 8 collectives (the backward
+    # reduce-scatters of QKV and FC, beside their weight-gradient GEMMs): the baseline
+    # exposes 6·(t−1) hops, the overlapped side is unchanged, and the saving is smaller.
+    from minitp.calc import A100_80GB
+    from minitp.calc.tp_overlap import MEGATRON_PLAIN_OVERLAPPED, tp_overlap_model
+    assert MEGATRON_PLAIN_OVERLAPPED == 2
+    for efficiency, saving in ((1.0, 0.106), (0.5, 0.056)):  # the 10.6% and 5.6%
+        none = tp_overlap_model(12288, 2048, 8, A100_80GB, gemm_efficiency=efficiency)
+        mega = tp_overlap_model(12288, 2048, 8, A100_80GB, gemm_efficiency=efficiency,
+                                plain_overlapped=MEGATRON_PLAIN_OVERLAPPED)
+        assert mega.comm_exposed_plain == pytest.approx(6 * 7 * none.hop, rel=1e-12)
+        assert mega.comm_exposed_overlap == none.comm_exposed_overlap
+        assert mega.compute == none.compute and mega.saving < none.saving
+        assert mega.saving == pytest.approx(saving, abs=5e-4)
+    everything = tp_overlap_model(12288, 2048, 8, A100_80GB, plain_overlapped=8)
+    assert everything.comm_exposed_plain == 0 and everything.saving == 0
+    for bad in (-1, 9):
+        with pytest.raises(ValueError, match="plain_overlapped"):
+            tp_overlap_model(12288, 2048, 8, A100_80GB, plain_overlapped=bad)
