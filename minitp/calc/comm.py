@@ -101,7 +101,7 @@ def dp_comm_bytes(n_params: int, dp: int, bytes_per_value: int = 2,
     All-reducing the gradients: 2(d−1)/d of their bytes. ZeRO stages 1 and 2
     send the same (a reduce-scatter of gradients and an all-gather of updated
     parameters); stage 3 adds an all-gather of the parameters for the backward
-    pass: 3(d−1)/d·Ψ, 1.5× (Rajbhandari et al. 2019, §7).
+    pass: 3(d−1)/d·Ψ, 1.5× (Rajbhandari et al. 2020, §7).
     """
     halves = 3 if zero_stage == 3 else 2
     value = Fraction(halves * (dp - 1) * n_params * bytes_per_value, dp)

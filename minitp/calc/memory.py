@@ -13,7 +13,7 @@ from .params import params_per_rank
 
 # bytes per parameter: (parameters, gradients, optimizer state)
 OPTIMIZERS = {
-    # Rajbhandari et al. 2019 (ZeRO), §3.1: fp16 parameters and gradients, and Adam's
+    # Rajbhandari et al. 2020 (ZeRO), §3.1: fp16 parameters and gradients, and Adam's
     # fp32 copy of the parameters, momentum and variance: 2 + 2 + 12 = 16 ("K = 12").
     "adam-mixed": (2, 2, 12),
     # Megatron-LM with bf16 parameters accumulates gradients in fp32: 2 + 4 + 12 = 18
@@ -29,7 +29,7 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
     """Parameters, gradients and optimizer state on one data-parallel rank, in bytes:
     ``{"parameters", "gradients", "optimizer", "total"}``.
 
-    ZeRO (Rajbhandari et al. 2019, §5 and Table 1) shards across the d ranks:
+    ZeRO (Rajbhandari et al. 2020, §5 and Table 1) shards across the d ranks:
     stage 1 the optimizer state (4Ψ + 12Ψ/d for "adam-mixed"), stage 2 also the
     gradients (2Ψ + 14Ψ/d), stage 3 also the parameters (16Ψ/d). Megatron-LM's
     distributed optimizer is stage 1 of its 18-byte layout: 6 + 12/d bytes per

@@ -44,7 +44,7 @@ def measure_model_states(model: nn.Module, optimizer=None) -> dict:
     ZeRO-3 the model's parameters are its shards (`minitp.data_parallel.zero`; the counts per
     stage beside the paper's: tests/data_parallel/test_zero.py). Each storage is counted once,
     so tied parameters (GPT's input and output embedding) count once. Compare
-    Rajbhandari et al. 2019 (ZeRO): 2 + 2 + 12 bytes per parameter for
+    Rajbhandari et al. 2020 (ZeRO): 2 + 2 + 12 bytes per parameter for
     mixed-precision Adam; here, in one dtype of e bytes, Adam keeps exp_avg and
     exp_avg_sq (2e per parameter) and a 4-byte step per parameter tensor it steps.
 
