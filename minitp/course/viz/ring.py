@@ -11,17 +11,18 @@ label the ring gave it). Two panels:
 
 * left, the ring: ranks on a circle, one arrow per (sender, receiver) pair that
   the trace holds, labelled with how many messages and bytes went that way;
-* right, the sends in time: one lane per rank, each send an arrow from its
-  sender's lane when it was posted to its receiver's lane when the sender's wait
-  returned, coloured by what it carried (its label's last part: "ring K/V",
-  "ring dK/dV"); the forward and backward spans shaded.
+* right, the sends as a rank × step grid: one row per rank, one cell per send in
+  the order the rank made them, saying whom it went to, coloured by what it
+  carried (its label's last part: "ring K/V", "ring dK/dV"); the forward and
+  backward columns shaded. When each send happened is the timeline's job
+  (`viz.timeline`): this grid shows the ring's pattern at a glance.
 """
 
 from __future__ import annotations
 
 import math
 
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import NullFormatter
 
 from ._style import OKABE_ITO, PHASE_COLORS, _new_figure, _tint, human_bytes, rank_color
@@ -77,27 +78,33 @@ def ring(events, *, axis: str = "cp", title: str | None = None):
              title="who sends to whom (from the trace)")
     left.axis("off")
 
-    # the sends in time
+    # the sends as a grid: one row per rank, one column per ring step (each rank's sends
+    # in the order it made them), so the ring reads across, not as crossing arrows
     lane = {r: i for i, r in enumerate(ranks)}
-    t0 = min(e.start for e in sends)
-    for phase in ("fwd", "bwd"):
-        inside = [e for e in sends if e.phase == phase]
-        if inside:
-            right.axvspan((min(e.start for e in inside) - t0) * 1e3,
-                          (max(e.end for e in inside) - t0) * 1e3,
+    by_rank: dict[int, list] = {}
+    for e in sends:
+        by_rank.setdefault(e.rank, []).append(e)
+    width = max(len(these) for these in by_rank.values())
+    for phase in ("fwd", "bwd"):  # shade the columns each pass's sends took (rank 0's order)
+        columns = [i for i, e in enumerate(by_rank[ranks[0]]) if e.phase == phase]
+        if columns:
+            right.axvspan(min(columns) - 0.05, max(columns) + 0.95,
                           color=_tint(PHASE_COLORS[phase], 0.12), gid=f"span-{phase}",
                           label={"fwd": "forward", "bwd": "backward"}[phase])
-    for e in sends:
-        right.annotate("", ((e.end - t0) * 1e3, lane[e.peer]), ((e.start - t0) * 1e3, lane[e.rank]),
-                       arrowprops={"arrowstyle": "-|>", "color": colors[_kind(e.label)],
-                                   "lw": 1.2, "alpha": 0.8}, gid="send")
+    for rank, these in by_rank.items():
+        for step, e in enumerate(these):
+            color = colors[_kind(e.label)]
+            right.add_patch(Rectangle((step, lane[rank] - 0.4), 0.9, 0.8,
+                                      facecolor=_tint(color, 0.45), edgecolor=color,
+                                      linewidth=0.8, gid="cell"))
+            right.text(step + 0.45, lane[rank], f"→{e.peer}", ha="center", va="center",
+                       fontsize=7 if width <= 24 else 5.5, gid="send")
     for k in kinds:
         right.plot([], [], color=colors[k], label=k)
-    end = max(e.end for e in sends) - t0
-    right.set(xlim=(-0.02 * end * 1e3, end * 1.02e3), ylim=(len(ranks) - 0.5, -0.5),
+    right.set(xlim=(-0.2, width + 0.1), ylim=(len(ranks) - 0.5, -0.5),
               yticks=range(len(ranks)), yticklabels=[f"rank {r}" for r in ranks],
-              xlabel="ms since the first send (posted → the sender's wait returned)",
-              title=f"{len(sends)} sends in time (measured)")
+              xlabel="ring step: each rank's sends in the order it made them (→ the receiver)",
+              title=f"{len(sends)} sends, rank by step (from the trace)")
     fig.legend(*right.get_legend_handles_labels(), frameon=False, fontsize=8,
                loc="outside lower center", ncol=2 + len(kinds))
     for side in ("top", "right"):

@@ -130,9 +130,16 @@ def timeline(run_or_events, ax=None, *, color_by: str = "auto", title: str | Non
                 y = row + lo + lane * lane_h
                 if band == "region":
                     color, legend = COMPUTE_COLOR, "compute"
-                    ax.add_patch(Rectangle((x0, y), w, lane_h, facecolor=color, alpha=0.45,
-                                           edgecolor="white", linewidth=0.8, gid=f"rank{rank}",
+                    # The region's outline spans it; grey fills only the stretches where the
+                    # rank computed, not where it waited in a collective of its own.
+                    ax.add_patch(Rectangle((x0, y), w, lane_h, facecolor="none",
+                                           edgecolor=color, linewidth=0.8, gid=f"rank{rank}",
                                            zorder=1))
+                    waits = [(b.start, b.end) for b in evs if kind[id(b)] == "blocking"]
+                    for s0, s1 in _minus(e.start, e.end, waits):
+                        ax.add_patch(Rectangle(((s0 - t0) * 1e3, y), (s1 - s0) * 1e3, lane_h,
+                                               facecolor=color, alpha=0.45, linewidth=0,
+                                               gid=f"computing-rank{rank}", zorder=1))
                     if n_lanes == 1:  # the name goes in the top strip, above the collectives
                         label(x0, w, row + top, mid[0] - top, [e.label or "compute"], "#FFFFFF",
                               f"label-rank{rank}")
@@ -175,6 +182,20 @@ def timeline(run_or_events, ax=None, *, color_by: str = "auto", title: str | Non
                   frameon=False, title="op" if color_by == "op" else "phase",
                   title_fontsize=8)
     return fig
+
+
+def _minus(start: float, end: float, holes) -> list[tuple[float, float]]:
+    """The stretches of [start, end) that no (s, e) in `holes` covers, in order."""
+    pieces, at = [], start
+    for s0, s1 in sorted(holes):
+        if s1 <= at or s0 >= end:
+            continue
+        if s0 > at:
+            pieces.append((at, s0))
+        at = max(at, s1)
+    if at < end:
+        pieces.append((at, end))
+    return pieces
 
 
 def _kinds(events) -> dict[int, str]:

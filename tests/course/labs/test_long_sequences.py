@@ -46,14 +46,18 @@ def _send(rank, peer, start, label="layer0.ring K/V", phase="fwd"):
                  peer=peer)
 
 
-def test_the_ring_picture_draws_one_arrow_per_send():
+def test_the_ring_picture_draws_one_cell_per_send_rank_by_step():
     events = [_send(r, (r + 1) % 3, 0.01 * r + 0.1 * i, phase=("fwd", "bwd")[i])
               for i in range(2) for r in range(3)]
     events.append(Event(rank=0, op="all_reduce", axis="tp", shape=(4,), dtype="float32",
                         nbytes=16, model_bytes=16, start=0.0, end=0.1))
     fig = viz.ring(events)
     right = fig.axes[1]
-    assert sum(t.get_gid() == "send" for t in right.texts) == 6
+    cells = [t for t in right.texts if t.get_gid() == "send"]
+    assert len(cells) == 6
+    # row = rank, column = its i-th send; each cell names the receiver
+    assert sorted((round(t.get_position()[1]), round(t.get_position()[0] - 0.45), t.get_text())
+                  for t in cells) == [(r, i, f"→{(r + 1) % 3}") for r in range(3) for i in (0, 1)]
     assert {t.get_gid() for t in fig.axes[0].texts} >= {"pair-0-1", "pair-1-2", "pair-2-0"}
     with pytest.raises(ValueError, match="no sends of a ring over .cp."):
         viz.ring(events[-1:])

@@ -96,7 +96,8 @@ def test_timeline_colours_by_phase_with_compute_neutral():
     fig = viz.timeline(synthetic_trace())  # has backward events: "auto" colours by phase
     assert legend_labels(fig) == ["compute", "forward", "backward", "neither"][:3]
     colour = {round(p.get_x(), 6): mcolors.to_hex(p.get_facecolor()) for p in bars(fig, 0)}
-    assert colour[0.0] == viz.COMPUTE_COLOR.lower()
+    region = next(p for p in bars(fig, 0) if round(p.get_x(), 6) == 0.0)
+    assert mcolors.to_hex(region.get_edgecolor()) == viz.COMPUTE_COLOR.lower()  # its outline
     assert colour[10.0] == viz.PHASE_COLORS["fwd"].lower()
     assert colour[30.0] == viz.PHASE_COLORS["bwd"].lower()
 

@@ -64,6 +64,11 @@ def test_a_posted_send_is_thin_and_the_blocking_recv_is_not():
     assert recv.get_height() > 2 * send.get_height()  # the rank waited here: a block
     assert region.get_height() > 0.8  # the region is the whole row, under its collectives
     assert region.get_zorder() < recv.get_zorder()
+    # grey only where the rank computed: the forward region F0 (0-40 ms) minus its two
+    # collectives (2-18, 20-38 ms)
+    computing = sorted((round(p.get_x()), round(p.get_x() + p.get_width())) for p in ax.patches
+                       if p.get_gid() == "computing-rank0" and p.get_x() < 50)
+    assert computing == [(0, 2), (18, 20), (38, 40)], computing
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert IN_FLIGHT in legend and "outside forward/backward" in legend
     assert "neither" not in legend
