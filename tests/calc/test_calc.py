@@ -120,7 +120,7 @@ GB = 1e9
 
 
 def test_zero_7_5b_example():
-    # Rajbhandari et al. 2019 (ZeRO), Fig. 1 / Table 1: Ψ = 7.5B, K = 12, N_d = 64.
+    # Rajbhandari et al. 2020 (ZeRO), Fig. 1 / Table 1: Ψ = 7.5B, K = 12, N_d = 64.
     psi = 7.5e9
     gb = {s: calc.model_state_bytes(psi, dp=64, zero_stage=s)["total"] / GB for s in range(4)}
     assert gb[0] == 120  # 16Ψ

@@ -41,7 +41,7 @@ def test_grid_layout_rows_are_adjacent_ranks():
         grid_layout(0)
 
 
-@pytest.mark.parametrize("collective", ["all_gather", "broadcast"])
+@pytest.mark.parametrize("collective", ["all_gather", "broadcast", "regather"])
 def test_linear_2d_equals_the_dense_layers(collective):
     run = mt.launch(two_d.equivalence_errors, 4, tokens=8, d=8, hidden=12,
                     collective=collective, timeout=60)
@@ -54,8 +54,12 @@ def test_linear_2d_equals_the_dense_layers(collective):
     # the collectives it ran, per layer: 2 gathers (or 2q broadcasts) forward, 3 backward
     fwd = [e.op for e in run.trace if e.rank == 0 and e.is_comm and e.phase == "fwd"]
     bwd = [e.op for e in run.trace if e.rank == 0 and e.is_comm and e.phase == "bwd"]
-    assert fwd == 2 * ([collective] * (2 if collective == "all_gather" else 4))
-    assert sorted(bwd) == 2 * ["all_reduce"] + 4 * ["reduce_scatter"]
+    # (the re-gather variant: 2 all-gathers forward and again backward)
+    forward = {"all_gather": ["all_gather"] * 2, "broadcast": ["broadcast"] * 4,
+               "regather": ["all_gather"] * 2}[collective]
+    assert fwd == 2 * forward
+    again = 4 * ["all_gather"] if collective == "regather" else []
+    assert sorted(bwd) == again + 2 * ["all_reduce"] + 4 * ["reduce_scatter"]
 
 
 def _refusals():
@@ -91,7 +95,31 @@ def test_the_models_formulas():
         one = model.tp1d_linear_bytes(tokens, d, d, q * q)
         two = model.tp2d_linear_bytes(tokens, d, d, q, bias=False)
         assert (two < one) == (d < q * tokens) and (two == one) == (d == q * tokens)
+    # the re-gather variant: 3 moves per tensor; its crossover is d = (2q - 1)·T/3
+    again = model.tp2d_linear_parts(16, 8, 8, 2, bytes_per_value=1, regather=True)
+    assert again["all_gather X again (row, bwd)"] == parts["all_gather X (row)"]
+    assert len(again) == len(parts) + 2
+    for tokens, d, q in ((6, 14, 3), (6, 15, 3), (6, 16, 3), (3, 6, 4), (3, 7, 4), (3, 8, 4)):
+        one = model.tp1d_linear_bytes(tokens, d, d, q * q)
+        two = model.tp2d_linear_bytes(tokens, d, d, q, bias=False, regather=True)
+        assert (two < one) == (3 * d < (2 * q - 1) * tokens)
+        assert (two == one) == (3 * d == (2 * q - 1) * tokens)
+    # GPT-3 (d = 12288, one 2048-token sequence): q > 6 saved, q > 9.5 re-gathered
+    assert model.crossover_q(2048, 12288) == 6 and model.crossover_q(2048, 12288, True) == 9.5
+    assert model.first_winning_grid(2048, 12288) == 7
+    assert model.first_winning_grid(2048, 12288, regather=True) == 10
+    assert model.first_winning_grid(2048, 12288, regather=True, divides=(12288, 96)) == 12
+    # sequence parallelism: an all-gather and a reduce-scatter, the all-reduce's bytes
+    for kind in ("row", "column"):
+        assert (model.tp1d_linear_bytes(16, 8, 8, 4, kind, sequence_parallel=True)
+                == model.tp1d_linear_bytes(16, 8, 8, 4, kind))
+    assert model.tp1d_linear_bytes(16, 8, 8, 4, sequence_parallel=True, gloo=True,
+                                   bytes_per_value=1) == 3 * 3 * 16 * 8 // 4
     assert model.tp_linear_latency("1d", 9) == {"collectives": 1, "alpha": 16}
+    assert model.tp_linear_latency("1d-sp", 9) == {"collectives": 2, "alpha": 16}
+    assert model.tp_linear_latency("2d-regather", 9) == {"collectives": 7, "alpha": 16}
+    assert model.saved_values("2d", 16, 8, 4, 4) == {"activation": 64, "weight": 16}
+    assert model.saved_values("2d-regather", 16, 8, 4, 4) == {"activation": 32, "weight": 0}
     assert model.tp_linear_latency("2d", 9) == {"collectives": 5, "alpha": 12}
     assert model.tp_linear_latency("2d-broadcast", 9, bias=False) == {"collectives": 8,
                                                                      "alpha": 16}
@@ -108,24 +136,45 @@ def test_every_rank_runs_the_collectives_its_scheme_needs(measured):
     expected = {
         "1d-row": ("all_reduce@world",),
         "1d-column": ("all_reduce@world",),
+        "1d-sp-row": ("reduce_scatter@world", "all_gather@world"),
+        "1d-sp-column": ("all_gather@world", "reduce_scatter@world"),
         "2d": ("all_gather@row", "all_gather@col", "reduce_scatter@row", "reduce_scatter@col",
                "all_reduce@col"),
         "2d-broadcast": ("broadcast@row",) * 2 + ("broadcast@col",) * 2
         + ("reduce_scatter@row", "reduce_scatter@col", "all_reduce@col"),
+        "2d-regather": ("all_gather@row", "all_gather@col") * 2
+        + ("reduce_scatter@row", "reduce_scatter@col", "all_reduce@col"),
     }
+    latency = {"1d-row": "1d", "1d-column": "1d", "1d-sp-row": "1d-sp", "1d-sp-column": "1d-sp"}
     for scheme, rows in table.items():
         for row in rows:
             assert row.collectives == expected[scheme], (scheme, row.rank)
-            count = model.tp_linear_latency("1d" if scheme.startswith("1d") else scheme, 4)
+            count = model.tp_linear_latency(latency.get(scheme, scheme), 4)
             assert len(row.collectives) == count["collectives"]
+
+
+def _expected_bytes(scheme, tokens, d, gloo=False):
+    if scheme.startswith("1d"):
+        return model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64, gloo=gloo,
+                                       sequence_parallel="-sp-" in scheme)
+    return model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64, gloo=gloo,
+                                   regather=scheme == "2d-regather")
 
 
 def test_the_traces_model_is_the_formula(measured):
     tokens, d, table = measured
-    for row in table["1d-row"] + table["1d-column"]:
-        assert row.model_bytes == model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64)
-    for row in table["2d"] + table["2d-broadcast"]:
-        assert row.model_bytes == model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64)
+    for scheme, rows in table.items():
+        for row in rows:
+            assert row.model_bytes == _expected_bytes(scheme, tokens, d), (scheme, row.rank)
+
+
+def test_what_each_scheme_keeps_for_backward_is_the_model(measured):
+    # the ledger's bytes: Linear2D keeps q x its blocks, the re-gather variant its own X block
+    tokens, d, table = measured
+    for scheme, rows in table.items():
+        kept = model.saved_values(scheme, tokens, d, d, 4)
+        for row in rows:
+            assert row.saved_bytes == FP64 * (kept["activation"] + kept["weight"]), scheme
 
 
 @pytest.mark.skipif(not _io_counters.available(), reason="no /proc/self/io: nothing measured")
@@ -133,13 +182,7 @@ def test_measured_bytes_are_the_model_plus_headers_with_gloos_reduce_scatter(mea
     # gloo's reduce-scatter sends an all-reduce's bytes (tests/runtime/test_wire_bytes.py), so
     # 2D's backward measures twice the ring model's; the rest is the model plus headers
     tokens, d, table = measured
-    expected = {
-        "1d-row": model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64),
-        "1d-column": model.tp1d_linear_bytes(tokens, d, d, 4, bytes_per_value=FP64),
-        "2d": model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64, gloo=True),
-        "2d-broadcast": model.tp2d_linear_bytes(tokens, d, d, 2, bytes_per_value=FP64,
-                                                gloo=True),
-    }
+    expected = {scheme: _expected_bytes(scheme, tokens, d, gloo=True) for scheme in table}
     for scheme, rows in table.items():
         for row in rows:
             assert expected[scheme] <= row.sent_bytes <= expected[scheme] + HEADERS, (
@@ -171,8 +214,13 @@ def test_the_grid_picture_bolds_the_row_of_x_and_the_column_of_w():
 def test_the_bytes_picture_marks_where_2d_starts_to_win():
     from minitp.course.viz.grid import bytes_vs_n
 
-    fig = bytes_vs_n([(2048, 4096)], ns=(4, 9, 16))  # d/T = 2: 2D wins from N = 9
+    # d/T = 2: 2D saved wins for q > 2, but q = 3 does not divide d = 4096: from N = 16;
+    # re-gathered, for q > 3.5: N = 16 too. 1D stops at the 32 heads.
+    fig = bytes_vs_n([(2048, 4096, 32)], ns=(4, 9, 16, 32, 64))
     circles = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
-    assert [tuple(c.get_xdata()) for c in circles] == [(9,)]
+    assert [tuple(c.get_xdata()) for c in circles] == [(16,), (16,)]
+    one = fig.axes[0].lines[0]
+    assert tuple(one.get_xdata()) == (4, 16, 32)  # 1D: N divides the heads
+    assert len(fig.axes) == 3  # bytes, α terms, collectives: one quantity per axis
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert all("(model)" in label for label in labels)

@@ -1,4 +1,5 @@
-"""2D tensor parallelism drawn: the q × q grid's blocks, and 1D vs 2D bytes against N."""
+"""2D tensor parallelism drawn: the q × q grid's blocks, and 1D vs 2D bytes, latency terms
+and collectives against N (per linear layer)."""
 
 from __future__ import annotations
 
@@ -52,64 +53,91 @@ def summa_grid(q: int = 2, rank: int = 1):
     return fig
 
 
-def bytes_vs_n(shapes, ns=(4, 9, 16, 36, 49, 64, 144, 256, 1024), bytes_per_value: int = 2,
-               measured=None, gloo: bool = False):
-    """Left: bytes one rank sends for one linear layer (forward + backward) against N,
-    1D (solid) and 2D (dashed), one colour per (tokens, d) in `shapes` (d_in = d_out
-    = d), all from `minitp.calc.two_d`: a MODEL. ``measured``: optional
-    [(n, scheme, tokens, d, bytes)] drawn as markers on top (scheme "1d" or "2d");
-    ``gloo``: also 2D's model with gloo's reduce-scatter (dotted), what CPU ranks send.
-    Right: the collectives and the latency terms (α) per layer against N.
-    Returns the Figure.
+def _feasible(ns, tokens: int, d: int, heads: int | None):
+    """1D: N divides the heads (a bare layer: d), so N ≤ heads. 2D: N = q² with q
+    dividing d, the heads and the tokens (whole blocks on every rank)."""
+    split = heads or d
+    one = [n for n in ns if n >= 2 and split % n == 0]
+    two = [n for n in ns if n >= 4 and (q := round(n ** 0.5)) ** 2 == n
+           and not (d % q or split % q or tokens % q)]
+    return one, two
+
+
+def bytes_vs_n(shapes, ns=range(2, 1025), bytes_per_value: int = 2, measured=None,
+               gloo: bool = False):
+    """Per linear layer, forward + backward, all from `minitp.calc.two_d` (a MODEL):
+    left, the bytes one rank sends against N; middle, the latency terms (α, one per
+    sequential ring/chain step); right, the collectives. One colour per shape in
+    `shapes`: (tokens, d) for a bare layer or (tokens, d, heads), d_in = d_out = d.
+
+    Each scheme is drawn only at the N where it can run (`_feasible`): 1D (solid;
+    1D with sequence parallelism sends the same bytes) stops at its last N; 2D saved
+    (`Linear2D`, dashed) and 2D re-gathered (Optimus, dash-dot) at square N. Open
+    circles: the first N where each 2D variant sends fewer bytes than 1D's formula at
+    the same N. ``measured``: optional [(n, scheme, tokens, d, bytes)] drawn as
+    markers (scheme "1d" or "2d"); ``gloo``: also 2D saved with gloo's reduce-scatter
+    (dotted), what CPU ranks send. The middle and right panels use the last shape's
+    N; legends sit below the panels. Returns the Figure.
     """
     ns = sorted(ns)
-    fig = _new_figure((11, 4.0))
-    left, right = fig.subplots(1, 2)
-    for k, (tokens, d) in enumerate(shapes):
+    fig = _new_figure((14, 6.2))
+    left, middle, right = fig.subplots(1, 3)
+    for k, (tokens, d, *rest) in enumerate(shapes):
+        heads = rest[0] if rest else None
         color = OKABE_ITO[k % len(OKABE_ITO)]
-        one = [tp1d_linear_bytes(tokens, d, d, n, bytes_per_value=bytes_per_value) for n in ns]
-        two = [tp2d_linear_bytes(tokens, d, d, round(n ** 0.5), bytes_per_value=bytes_per_value)
-               for n in ns]
-        left.plot(ns, one, "-", color=color, label=f"T={tokens}, d={d}: 1D (model)")
-        left.plot(ns, two, "--", color=color, label=f"T={tokens}, d={d}: 2D (model)")
+        n1, n2 = _feasible(ns, tokens, d, heads)
+        name = f"T={tokens}, d={d}" + (f", {heads} heads" if heads else "")
+        one = [tp1d_linear_bytes(tokens, d, d, n, bytes_per_value=bytes_per_value) for n in n1]
+        left.plot(n1, one, "-", color=color, marker=".", ms=4,
+                  label=f"{name}: 1D or 1D+SP, up to N={n1[-1]} (model)")
+        for regather, style, what in ((False, "--", "2D saved"), (True, "-.", "2D re-gather")):
+            two = [tp2d_linear_bytes(tokens, d, d, round(n ** 0.5), regather=regather,
+                                     bytes_per_value=bytes_per_value) for n in n2]
+            left.plot(n2, two, style, color=color, label=f"{name}: {what} (model)")
+            wins = next((n for n, b in zip(n2, two, strict=True) if b < tp1d_linear_bytes(
+                tokens, d, d, n, bytes_per_value=bytes_per_value)), None)
+            if wins is not None:
+                left.plot([wins], [two[n2.index(wins)]], "o", mfc="white", color=color, ms=8)
         if gloo:
-            left.plot(ns, [tp2d_linear_bytes(tokens, d, d, round(n ** 0.5), gloo=True,
-                                             bytes_per_value=bytes_per_value) for n in ns],
-                      ":", color=color, label=f"T={tokens}, d={d}: 2D, gloo's reduce-scatter "
+            left.plot(n2, [tp2d_linear_bytes(tokens, d, d, round(n ** 0.5), gloo=True,
+                                             bytes_per_value=bytes_per_value) for n in n2],
+                      ":", color=color, label=f"{name}: 2D saved, gloo's reduce-scatter "
                       "(model)")
-        wins = next((n for n, a, b in zip(ns, one, two, strict=True) if b < a), None)
-        if wins is not None:
-            left.plot([wins], [two[ns.index(wins)]], "o", mfc="white", color=color, ms=8)
     for n, scheme, tokens, d, sent in measured or ():
-        k = list(shapes).index((tokens, d))
+        k = [shape[:2] for shape in shapes].index((tokens, d))
         left.plot([n], [sent], "x" if scheme == "1d" else "+", color=OKABE_ITO[k], ms=10, mew=2)
     if measured:
         left.plot([], [], "kx", label="measured 1D (gloo)")
-        left.plot([], [], "k+", label="measured 2D (gloo)")
-    left.set_xscale("log")
-    left.set_yscale("log")
-    left.set_xticks(ns, [str(n) for n in ns])
-    left.xaxis.set_minor_locator(mticker.NullLocator())
+        left.plot([], [], "k+", label="measured 2D saved (gloo)")
     left.yaxis.set_major_locator(mticker.LogLocator(base=2))  # 64 KiB, 128 KiB, ...: round in KiB
     left.yaxis.set_minor_locator(mticker.NullLocator())
     left.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: human_bytes(v)))
-    left.set_xlabel("ranks N (2D: a √N × √N grid)")
-    left.set_ylabel("bytes one rank sends per layer")
-    left.set_title("Bytes per rank: 2D wins from the open circle on (d < √N·T)", fontsize=9)
-    left.legend(fontsize=7)
-    for scheme, style, name in (("1d", "-", "1D"), ("2d", "--", "2D, all-gathers"),
-                                ("2d-broadcast", ":", "2D, SUMMA broadcasts")):
-        counts = [tp_linear_latency(scheme, n) for n in ns]
-        right.plot(ns, [c["alpha"] for c in counts], style, color="#0072B2",
-                   label=f"{name}: α terms (model)")
-        right.plot(ns, [c["collectives"] for c in counts], style, color="#D55E00",
-                   label=f"{name}: collectives")
-    right.set_xscale("log")
-    right.set_yscale("log")
-    right.set_xticks(ns, [str(n) for n in ns])
-    right.xaxis.set_minor_locator(mticker.NullLocator())
-    right.set_xlabel("ranks N")
-    right.set_ylabel("per layer, forward + backward")
-    right.set_title("Latency: sequential ring/chain steps (α) and collectives", fontsize=9)
-    right.legend(fontsize=7)
+    left.set_ylabel("bytes one rank sends per linear layer")
+    left.set_title("Bytes per rank: each 2D variant wins from its open circle", fontsize=9)
+    tokens, d, *rest = shapes[-1]
+    n1, n2 = _feasible(ns, tokens, d, rest[0] if rest else None)
+    for scheme, style, color, name, where in (
+            ("1d", "-", "black", "1D (1 all-reduce)", n1),
+            ("1d-sp", ":", "#999999", "1D+SP (all-gather + reduce-scatter)", n1),
+            ("2d", "--", "#0072B2", "2D saved", n2),
+            ("2d-regather", "-.", "#009E73", "2D re-gather", n2),
+            ("2d-broadcast", (0, (1, 1)), "#D55E00", "2D saved, SUMMA broadcasts", n2)):
+        counts = [tp_linear_latency(scheme, n) for n in where]
+        middle.plot(where, [c["alpha"] for c in counts], linestyle=style, color=color,
+                    label=f"{name} (model)")
+        right.plot(where, [c["collectives"] for c in counts], linestyle=style, color=color,
+                   marker=".", ms=4, label=name)
+    middle.set_ylabel("α terms (sequential steps) per linear layer")
+    middle.set_title("Latency terms (a MODEL)", fontsize=9)
+    right.set_ylabel("collectives per linear layer")
+    right.set_title("Collectives per linear layer", fontsize=9)
+    for ax in (left, middle, right):
+        ticks = [n for n in (2, 4, 8, 16, 36, 64, 96, 256, 1024) if ns[0] <= n <= ns[-1]]
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [str(n) for n in ticks])
+        ax.xaxis.set_minor_locator(mticker.NullLocator())
+        ax.set_xlabel("ranks N (2D: a √N × √N grid)")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    left.set_yscale("log")
+    middle.set_yscale("log")
     return fig
