@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex12, ex13
+from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex12, ex13, ex14
 
 
 @dataclass(frozen=True)
@@ -40,4 +40,6 @@ EXERCISES = {
                      "reduce-scatter", ex12.run),
     "ex13": Exercise("ex13_online_softmax.py", "the online-softmax merge, then one step of "
                      "ring attention", ex13.run),
+    "ex14": Exercise("ex14_summa_backward.py", "SUMMA's backward: the gradients of a 2D "
+                     "tensor-parallel linear layer", ex14.run),
 }
