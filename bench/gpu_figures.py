@@ -1,4 +1,4 @@
-"""Record the figures lessons 01, 06 and 09 show beside their CPU measurements, on this node.
+"""Record the figures lessons 01, 07 and 11 show beside their CPU measurements, on this node.
 
     python bench/gpu_figures.py                  # -> bench/results/figures-<device>.json
     python bench/gpu_figures.py --quick          # everything shrunk: ~20 s on a 2-core CPU
@@ -19,11 +19,11 @@ not copied):
 * 01: all-reduce time against message size, fitted to t = α + n·β, per world size
   2 .. min(8, ranks this node can run): `minitp.course.doctor`'s probe (the best of the
   repeats, each the slowest rank's time) and `fit_alpha_beta`;
-* 06: forward + backward time of lesson 06's GPT (s 128, b 2, h 64, a 8, 2 layers,
+* 07: forward + backward time of lesson 07's GPT (s 128, b 2, h 64, a 8, 2 layers,
   dropout 0.1, float32) with no / selective / full recomputation at t = 1, and
-  lesson 06's five settings (TP, +SP, +selective, both, full) at t = 2: the
+  lesson 07's five settings (TP, +SP, +selective, both, full) at t = 2: the
   models take turns (`minitp.course.labs.step_timing.step_seconds`), the median step;
-* 09: a tensor-parallel training step (Adam) of lesson 09's shrunk Megatron-LM
+* 11: a tensor-parallel training step (Adam) of lesson 11's shrunk Megatron-LM
   family at t = 1, 2, 4, 8 as far as the node allows (`scaling.measure_tp`):
   the fastest step and its share in collectives.
 
@@ -58,18 +58,18 @@ TIMEOUT_S = 120.0  # per launch: a rank stuck this long in a collective ends the
 
 # Lesson 01: the doctor's sizes, and larger ones so that a GPU's β is resolved.
 SIZES = {False: (*ALL_REDUCE_BYTES, 16 << 20, 64 << 20), True: ALL_REDUCE_BYTES}
-# Lesson 06's model, micro-batch and settings (cells "Memory, compute and time").
-CFG_06 = mt.GPTConfig(vocab_size=256, seq_len=128, n_layer=2, n_head=8, d_model=64, dropout=0.1)
-MICRO_BATCH_06 = 2
-SETTINGS_06 = {
+# Lesson 07's model, micro-batch and settings (cells "Memory, compute and time").
+CFG_07 = mt.GPTConfig(vocab_size=256, seq_len=128, n_layer=2, n_head=8, d_model=64, dropout=0.1)
+MICRO_BATCH_07 = 2
+SETTINGS_07 = {
     1: {"no recompute": (False, None), "selective": (False, "selective"),
         "full recompute": (False, "full")},
     2: {"TP": (False, None), "TP + SP": (True, None), "TP + selective": (False, "selective"),
         "TP + SP + selective": (True, "selective"), "full recompute": (False, "full")},
 }
-# Lesson 09's shrunk family and batch.
-SHRINK_09 = dict(head_dim=16, head_divisor=2, layer_divisor=8, vocab_size=256, seq_len=64)
-BATCH_09 = 8
+# Lesson 11's shrunk family and batch.
+SHRINK_11 = dict(head_dim=16, head_divisor=2, layer_divisor=8, vocab_size=256, seq_len=64)
+BATCH_11 = 8
 
 
 # --------------------------------------------------------------------------- the node
@@ -130,9 +130,9 @@ def figure_01(quick: bool) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- lesson 06
+# --------------------------------------------------------------------------- lesson 07
 def _recompute_steps(cfg, settings, micro_batch, rounds):
-    """On every rank: lesson 06's models, one per setting, timed in turn."""
+    """On every rank: lesson 07's models, one per setting, timed in turn."""
     mesh = mt.Mesh(tp=mt.world().size)
     torch.manual_seed(0)
     ref = mt.GPT(cfg).to(mt.device())
@@ -144,13 +144,13 @@ def _recompute_steps(cfg, settings, micro_batch, rounds):
     return {"device": str(mt.device()), "times": step_seconds(models, x, y, mesh.tp, rounds)}
 
 
-def figure_06(quick: bool) -> list[dict]:
+def figure_07(quick: bool) -> list[dict]:
     rounds = 2 if quick else 7
     rows = []
-    for tp, settings in SETTINGS_06.items():
+    for tp, settings in SETTINGS_07.items():
         if tp > max_ranks():
             continue
-        run = mt.launch(_recompute_steps, tp, CFG_06, settings, MICRO_BATCH_06, rounds,
+        run = mt.launch(_recompute_steps, tp, CFG_07, settings, MICRO_BATCH_07, rounds,
                         timeout=TIMEOUT_S)
         for name, (sp, rc) in settings.items():
             # a step lasts as long as its slowest rank
@@ -163,17 +163,17 @@ def figure_06(quick: bool) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- lesson 09
-def figure_09(quick: bool) -> list[dict]:
+# --------------------------------------------------------------------------- lesson 11
+def figure_11(quick: bool) -> list[dict]:
     sizes = [t for t in ((1, 2) if quick else (1, 2, 4, 8)) if t <= max_ranks()]
     rows = []
     for tp in sizes:
-        cfg = scaling.megatron_family(tp, **SHRINK_09)
+        cfg = scaling.megatron_family(tp, **SHRINK_11)
         backend, device = placement(tp)  # the rule measure_tp's launch follows
-        (split,) = scaling.measure_tp([cfg], tp, batch=BATCH_09, steps=2 if quick else 5,
+        (split,) = scaling.measure_tp([cfg], tp, batch=BATCH_11, steps=2 if quick else 5,
                                       timeout=TIMEOUT_S)
         rows.append({"tp": tp, "d_model": cfg.d_model, "n_layer": cfg.n_layer,
-                     "batch": BATCH_09, "backend": backend, "device": device,
+                     "batch": BATCH_11, "backend": backend, "device": device,
                      "seconds": split.seconds, "comm_seconds": split.comm_seconds,
                      "comm_share": split.comm_share, "all_seconds": list(split.all_seconds)})
         print(f"[09] {split} ({backend})", flush=True)
@@ -182,7 +182,7 @@ def figure_09(quick: bool) -> list[dict]:
 
 # --------------------------------------------------------------------------- the record
 def record(quick: bool, argv: list[str]) -> dict:
-    figures = {"01": figure_01(quick), "06": figure_06(quick), "09": figure_09(quick)}
+    figures = {"01": figure_01(quick), "07": figure_07(quick), "11": figure_11(quick)}
     on_gpu = any(row["device"].startswith("cuda") for rows in figures.values() for row in rows)
     return {
         "script": "bench/gpu_figures.py",

@@ -175,12 +175,12 @@ def _variant(tmp_path, exercise, *edits):
 def test_ex07_reports_a_deadlock_by_who_waits_for_what(tmp_path, monkeypatch):
     # Fewer forwards ahead on the early stages than on the late ones: stage 0 waits for
     # a gradient while stage 1 waits for the activation stage 0 has not sent.
-    from minitp.course.graders import ex07
+    from minitp.course.graders import ex09
 
-    monkeypatch.setattr(ex07, "TIMEOUT", 1.0)
-    wrong = _variant(tmp_path, "ex07", ("warmup = min(stage.p - stage.r - 1, m)",
+    monkeypatch.setattr(ex09, "TIMEOUT", 1.0)
+    wrong = _variant(tmp_path, "ex09", ("warmup = min(stage.p - stage.r - 1, m)",
                                         "warmup = min(stage.r, m)"))
-    report = mt.grade("ex07", path=wrong)
+    report = mt.grade("ex09", path=wrong)
     first = report.checks[0]
     assert not any(c.passed for c in report.checks), str(report)
     assert first.detail.startswith("deadlock"), str(report)
@@ -191,33 +191,33 @@ def test_ex07_reports_a_deadlock_by_who_waits_for_what(tmp_path, monkeypatch):
 
 def test_ex07_reports_activations_kept_past_their_backward_and_after_the_step(tmp_path):
     # The 1F1B order and the numbers are right; only the keeping is wrong.
-    kept = _variant(tmp_path, "ex07", ("x, out = held.pop(i)", "x, out = held[i]"))
-    report = mt.grade("ex07", path=kept)
+    kept = _variant(tmp_path, "ex09", ("x, out = held.pop(i)", "x, out = held[i]"))
+    report = mt.grade("ex09", path=kept)
     failed = [c for c in report.checks if not c.passed]
-    assert [c.name for c in failed] == [n for n in ex07_names() if "held" in n], str(report)
+    assert [c.name for c in failed] == [n for n in ex09_names() if "held" in n], str(report)
     assert "after its backward" in failed[0].detail and failed[0].rank is not None
-    leak = _variant(tmp_path, "ex07", ("x, out = held.pop(i)", "x, out = held[i]"),
+    leak = _variant(tmp_path, "ex09", ("x, out = held.pop(i)", "x, out = held[i]"),
                     ("    held = {}", "    held = stage.saved = {}"))
-    report = mt.grade("ex07", path=leak)
+    report = mt.grade("ex09", path=leak)
     failed = [c for c in report.checks if not c.passed]
     assert len(failed) == 2 and all("a leak" in c.detail for c in failed), str(report)
 
 
-def ex07_names():
-    from minitp.course.graders import ex07
+def ex09_names():
+    from minitp.course.graders import ex09
 
-    return [name for m in ex07.MS for name in ex07._names(m)]
+    return [name for m in ex09.MS for name in ex09._names(m)]
 
 
 def test_ex08_fails_a_sync_that_waits_for_backward_to_end(tmp_path):
     # Correct sums, the right buckets, but every all-reduce after backward: no overlap.
     late = _variant(
-        tmp_path, "ex08",
+        tmp_path, "ex10",
         ("        if self.arrived[k] == len(self.buckets[k]):", "        if False:"),
         ("            flat = self.pending.pop(k).wait()",
          "            flat = mt.comm.all_reduce(torch.cat([q.grad.reshape(-1) for q in bucket]), "
          "self.axis)"))
-    report = mt.grade("ex08", path=late)
+    report = mt.grade("ex10", path=late)
     assert [c.passed for c in report.checks] == [True, True, False] * 2, str(report)
     assert "started after backward ended" in report.checks[2].detail
 

@@ -1,7 +1,11 @@
-"""The grader of ex14 (SUMMA's backward, the lesson on 2D tensor parallelism) names each
-usual mistake: every wrong answer here is the reference solution with one mistake built
-in. That the solution passes and the blank fails politely is test_exercises.py's.
-Budget: one grid size (q = 2) per mistake."""
+"""The grader of ex14 (a ZeRO-3 unit, lesson 14) catches the shortcuts, each by name:
+every wrong answer here is the reference solution with one shortcut built in.
+That the solution passes every check and the untouched exercise fails every one is
+tests/course/test_exercises.py's (parametrized over every exercise, ex14 included); here
+the blank's message is checked word for word.
+
+Budget: the wrong answers are graded at dp = 2 only (the grader's dp = 4 repeats
+the same checks on more ranks; the solution is graded at both sizes)."""
 
 import pytest
 from test_exercises import _variant
@@ -9,61 +13,55 @@ from test_exercises import _variant
 import minitp as mt
 from minitp.course.graders import ex14
 
-GRAD_X = "    grad_x = mt.comm.reduce_scatter(grad @ w_col, grid.row, dim=1)\n"
-GRAD_W = "    grad_w = mt.comm.reduce_scatter(grad.T @ x_row, grid.col, dim=1)\n"
-GRAD_B = "    grad_b = mt.comm.all_reduce(grad.sum(0), grid.col)\n"
-
 
 @pytest.fixture
-def q2(monkeypatch):
-    monkeypatch.setattr(ex14, "WORLD_SIZES", (4,))
+def dp2(monkeypatch):
+    monkeypatch.setattr(ex14, "WORLD_SIZES", (2,))
 
 
-def _checks(tmp_path, old, new):
-    report = mt.grade("ex14", path=_variant(tmp_path, "ex14", (old, new)))
-    assert not report.passed
-    return {c.name.split(": ", 1)[1].split(" ")[0]: c for c in report.checks}
+def _by_kind(report):
+    """The checks of dp = 2 by what they judge: values, shards, collectives, freed."""
+    return dict(zip(("values", "shards", "collectives", "freed"), report.checks, strict=True))
 
 
-@pytest.mark.parametrize("new,words", [
-    ("    grad_x = mt.comm.reduce_scatter(grad @ w_col, grid.col, dim=1)\n",
-     "grad_x is wrong: summed along the grid column"),
-    ("    grad_x = mt.comm.all_reduce(grad @ w_col, grid.row)\n",
-     "grad_x has shape (3, 12), expected (3, 6) (the whole row block kept)"),
-    ("    grad_x = (grad @ w_col).chunk(grid.q, 1)[grid.row.rank]\n",
-     "grad_x is wrong: not summed: this rank's own term"),
-])
-def test_grad_x_mistakes_are_named(tmp_path, q2, new, words):
-    checks = _checks(tmp_path, GRAD_X, new)
-    assert not checks["grad_x"].passed and words in checks["grad_x"].detail, checks["grad_x"]
-    assert "grid row i must be summed" in checks["grad_x"].hint
-    assert checks["grad_w"].passed and checks["grad_b"].passed
+def test_the_blank_says_what_is_not_written_and_gives_its_hint(dp2):
+    report = mt.grade("ex14")
+    first = report.checks[0]
+    assert not any(c.passed for c in report.checks), str(report)
+    assert first.detail == "Zero3Unit is not written yet", str(report)
+    assert first.hint.startswith("this rank's slice of `flat`")
 
 
-@pytest.mark.parametrize("new,words", [
-    ("    grad_w = mt.comm.reduce_scatter(grad.T @ x_row, grid.row, dim=1)\n",
-     "grad_w is wrong: summed along the grid row"),
-    ("    grad_w = mt.comm.reduce_scatter(x_row.T @ grad, grid.col, dim=0)\n",
-     "grad_w has shape (6, 9), expected (9, 6) (in X·dY's layout, not nn.Linear's)"),
-])
-def test_grad_w_mistakes_are_named(tmp_path, q2, new, words):
-    checks = _checks(tmp_path, GRAD_W, new)
-    assert not checks["grad_w"].passed and words in checks["grad_w"].detail, checks["grad_w"]
-    assert checks["grad_x"].passed and checks["grad_b"].passed
+def test_keeping_the_gathered_parameters_for_backward_is_caught_twice(tmp_path, dp2):
+    # Right numbers, but the whole vector lives from forward to backward: no memory saved.
+    kept = _variant(tmp_path, "ex14",
+                    ("        ctx.save_for_backward(x)\n",
+                     "        ctx.save_for_backward(x)\n        ctx.full = full\n"),
+                    ("full = mt.comm.all_gather(unit.shard.detach(), unit.axis)  # the same",
+                     "full = ctx.full  # the same"))
+    checks = _by_kind(mt.grade("ex14", path=kept))
+    assert checks["values"].passed and checks["shards"].passed
+    assert not checks["collectives"].passed and not checks["freed"].passed
+    assert "backward made 0 all_gather(s) for 2 units" in checks["collectives"].detail
+    assert "still alive after unit 0's forward" in checks["freed"].detail
+    assert "1888 bytes" in checks["freed"].detail  # the whole padded vector, float64
 
 
-@pytest.mark.parametrize("new,words", [
-    ("    grad_b = grad.sum(0)\n", "grad_b is wrong: not summed: this rank's tokens only"),
-    ("    grad_b = mt.comm.all_reduce(grad.sum(0), grid.row)\n",
-     "grad_b is wrong: summed along the grid row"),
-])
-def test_grad_b_mistakes_are_named(tmp_path, q2, new, words):
-    checks = _checks(tmp_path, GRAD_B, new)
-    assert not checks["grad_b"].passed and words in checks["grad_b"].detail, checks["grad_b"]
-    assert "each on its own tokens" in checks["grad_b"].hint
+def test_all_reducing_the_gradient_is_named_though_every_number_is_right(tmp_path, dp2):
+    summed = _variant(tmp_path, "ex14", (
+        "grad_shard = mt.comm.reduce_scatter(grad_full, unit.axis)",
+        "grad_shard = mt.comm.all_reduce(grad_full, unit.axis).chunk(unit.axis.size)"
+        "[unit.axis.rank]"))
+    checks = _by_kind(mt.grade("ex14", path=summed))
+    assert [c.passed for c in checks.values()] == [True, True, False, True]
+    assert "made an all_reduce" in checks["collectives"].detail
+    assert "reduce-scatter" in checks["collectives"].hint
 
 
-def test_a_missing_collective_is_named(tmp_path, q2):
-    checks = _checks(tmp_path, GRAD_B, "    grad_b = grad.sum(0)\n")
-    assert not checks["one"].passed
-    assert "reduce_scatter along row, reduce_scatter along col" in checks["one"].detail
+def test_the_wrong_shard_is_named_by_the_values_it_holds(tmp_path, dp2):
+    swapped = _variant(tmp_path, "ex14", ("start = axis.rank * self.shard_size",
+                                  "start = (axis.size - 1 - axis.rank) * self.shard_size"))
+    checks = _by_kind(mt.grade("ex14", path=swapped))
+    assert not checks["values"].passed and not checks["shards"].passed
+    assert checks["shards"].detail.endswith(
+        "rank 0, unit 0: the shard holds values [118, 236); dp rank 0 owns values [0, 118)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex12, ex13, ex14
+from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex11, ex12, ex14
 
 
 @dataclass(frozen=True)
@@ -27,19 +27,19 @@ EXERCISES = {
                      ex04.run),
     "ex05": Exercise("ex05_sequence_parallel.py",
                      "sequence parallelism: the all-gather / reduce-scatter pair", ex05.run),
-    "ex06": Exercise("ex06_selective_recompute.py",
-                     "selective recomputation of the attention core", ex06.run),
-    "ex07": Exercise("ex07_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex07.run),
-    "ex08": Exercise("ex08_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
-                     ex08.run),
-    "ex09": Exercise("ex09_tp_step_time.py", "a tensor-parallel step's compute and "
-                     "communication, predicted", ex09.run),
-    "ex10": Exercise("ex10_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, graded by the calculator", ex10.run),
-    "ex12": Exercise("ex12_zero3_unit.py", "a ZeRO-3 unit: gather, free, gather again, "
-                     "reduce-scatter", ex12.run),
-    "ex13": Exercise("ex13_online_softmax.py", "the online-softmax merge, then one step of "
-                     "ring attention", ex13.run),
-    "ex14": Exercise("ex14_summa_backward.py", "SUMMA's backward: the gradients of a 2D "
-                     "tensor-parallel linear layer", ex14.run),
+    "ex06": Exercise("ex06_summa_backward.py", "SUMMA's backward: the gradients of a 2D "
+                     "tensor-parallel linear layer", ex06.run),
+    "ex07": Exercise("ex07_selective_recompute.py",
+                     "selective recomputation of the attention core", ex07.run),
+    "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, then one step of "
+                     "ring attention", ex08.run),
+    "ex09": Exercise("ex09_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex09.run),
+    "ex10": Exercise("ex10_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
+                     ex10.run),
+    "ex11": Exercise("ex11_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex11.run),
+    "ex12": Exercise("ex12_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, graded by the calculator", ex12.run),
+    "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit: gather, free, gather again, "
+                     "reduce-scatter", ex14.run),
 }

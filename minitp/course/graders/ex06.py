@@ -1,191 +1,150 @@
-"""Checks for ex06: selective recomputation of the attention core, by hand.
+"""Checks for ex06: SUMMA's backward, the gradients of a 2D tensor-parallel linear layer.
 
-At t = 1 and 2 ranks, in float64 with dropout 0.1, a tensor-parallel GPT whose
-attention cores the learner's `recompute_attention_cores` wrapped is trained
-for two steps beside the same model without recomputation, the same random
-seed before each step:
+On q × q grids of real processes (q = 2 and 3), in float64: every rank gets its block
+of a random output gradient dY and what the forward saved (X_i· gathered along its
+grid row, W_·jᵀ along its grid column), calls the learner's ``summa_backward``, and
+its three blocks are compared with the dense layer's gradients from autograd:
 
-* the loss and every gradient are equal (recomputation changes no number —
-  which needs the recomputed dropout to draw the same mask);
-* after each backward pass the random generator is where the plain model left
-  it (the recomputation must not shift the masks of everything after it);
-* an `ActivationLedger` of the forward pass finds no s×s tensor kept in any
-  layer (scores, probabilities, dropout mask: the 5as²b of Table 2), and the
-  core ran once per layer in the forward pass and once again in the backward.
+* dX_ij, (T/q, d_in/q); dW_ijᵀ, (d_out/q, d_in/q), nn.Linear's layout; db_j;
+* the collectives it made, from the trace: a reduce-scatter along the row, one along
+  the column, an all-reduce along the column, and nothing else.
+
+A wrong block is matched against the usual mistakes, each computed densely (no
+collective needed): the sum taken along the other grid axis, no sum at all (this
+rank's own term), the whole row's block kept (an all-reduce where a reduce-scatter
+belongs), the weight's gradient in X·dY's layout (not transposed back).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...memory.activations import ActivationLedger
-from ...model import GPT, AttentionCore, GPTConfig
-from ...parallelize import parallelize
+from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
-from ...runtime.mesh import Mesh, world
+from ...tensor_parallel.two_d import Grid
 from .base import Check, run_per_size
 
-WORLD_SIZES = (1, 2)
+WORLD_SIZES = (4, 9)  # q = 2 and 3
 TOLERANCE = 1e-12  # float64
-CFG = dict(vocab_size=32, seq_len=20, n_layer=2, n_head=4, d_model=16, dropout=0.1)  # s != h
-STEPS, LR = 2, 0.5
+T, D_IN, D_OUT = 6, 12, 18  # tokens, d_in, d_out: 2 and 3 divide each, and no two are equal
+WANTED = [("reduce_scatter", "row"), ("reduce_scatter", "col"), ("all_reduce", "col")]
 
 
-def _batch(step, cfg):
-    generator = torch.Generator().manual_seed(60 + step)
-    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=generator)
-    y = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=generator)
-    return x, y
+def _dense(q):
+    g = torch.Generator().manual_seed(14)
+    x, dy = (torch.randn(T, D_IN, generator=g, dtype=torch.float64),
+             torch.randn(T, D_OUT, generator=g, dtype=torch.float64))
+    w = torch.randn(D_OUT, D_IN, generator=g, dtype=torch.float64)  # nn.Linear's layout
+    return x, w, dy
 
 
-def _in_rank(recompute_attention_cores):
-    mesh = Mesh(tp=world().size)
-    cfg = GPTConfig(**CFG)
-    torch.manual_seed(0)
-    ref = GPT(cfg).double().to(device())
-    plain = parallelize(ref, mesh)
-    mine = recompute_attention_cores(parallelize(ref, mesh))
-    calls = {"fwd": 0, "bwd": 0}
-    phase = ["fwd"]
-    for module in mine.modules():
-        if isinstance(module, AttentionCore):
-            module.register_forward_hook(lambda *_: calls.__setitem__(phase[0],
-                                                                      calls[phase[0]] + 1))
-    found = {"loss": [], "grad": (0.0, ""), "rng": True, "square": [], "calls": []}
-    params = dict(plain.named_parameters())
-    for step in range(STEPS):
-        x, y = (t.to(device()) for t in _batch(step, cfg))  # drawn on the CPU
-        torch.manual_seed(100 + step)
-        _, plain_loss = plain(x, y)
-        plain_loss.backward()
-        plain_state = torch.get_rng_state()
+def _block(m, i, j, q):
+    return m.chunk(q, 0)[i].chunk(q, 1)[j]
 
-        torch.manual_seed(100 + step)
-        calls.update(fwd=0, bwd=0)
-        phase[0] = "fwd"
-        try:
-            with ActivationLedger(mine) as ledger:
-                _, loss = mine(x, y)
-            phase[0] = "bwd"
-            loss.backward()
-        except NotImplementedError as exc:  # a blank: every rank raises it at the same point
-            return {"missing": ("forward" if phase[0] == "fwd" else "backward", str(exc))}
-        found["rng"] &= torch.equal(torch.get_rng_state(), plain_state)
-        found["calls"].append(dict(calls))
-        square = [(e.layer, e.module, e.op, e.shape) for e in ledger.entries
-                  if e.layer and e.nbytes and len(e.shape) >= 2
-                  and tuple(e.shape[-2:]) == (cfg.seq_len, cfg.seq_len)]
-        found["square"] += square
-        found["loss"].append(abs(loss.item() - plain_loss.item()))
-        for name, p in mine.named_parameters():
-            expected = params[_plain_name(name)].grad
-            if p.grad is None:
-                return {"problem": f"step {step}: {name} got no gradient"}
-            error = (p.grad - expected).abs().max().item()
-            if error > found["grad"][0]:
-                found["grad"] = (error, name)
-        with torch.no_grad():  # one SGD step on both, so step 2 starts somewhere new
-            for model in (plain, mine):
-                for p in model.parameters():
-                    p -= LR * p.grad
-                    p.grad = None
+
+def _in_rank(summa_backward):
+    """Runs on every rank: the learner's backward on this rank's blocks."""
+    grid = Grid()
+    q, i, j = grid.q, grid.i, grid.j
+    x, w, dy = _dense(q)
+    dx, dw, db = dy @ w, dy.T @ x, dy.sum(0)  # the dense layer's gradients (Y = X Wᵀ + b)
+    x_row = x.chunk(q, 0)[i]  # X_i·, what the forward gathered along the row
+    w_col = w.chunk(q, 0)[j]  # W_·jᵀ, gathered along the column: (d_out/q, d_in)
+    grad = _block(dy, i, j, q)
+    # What the usual mistakes give, computed densely: every rank's term, summed the
+    # other way (along the column: the ranks (i', j)) or not at all.
+    dx_terms = {k: _block(dy, k, j, q) @ w_col for k in range(q)}  # rank (k, j)'s dX term
+    dw_terms = {k: _block(dy, i, k, q).T @ x_row for k in range(q)}  # rank (i, k)'s dW term
+    mistakes = {
+        "grad_x": {"summed along the grid column": sum(dx_terms.values()).chunk(q, 1)[i],
+                   "not summed: this rank's own term": (grad @ w_col).chunk(q, 1)[j],
+                   "the whole row block kept": dx.chunk(q, 0)[i]},
+        "grad_w": {"summed along the grid row": sum(dw_terms.values()).chunk(q, 1)[j],
+                   "not summed: this rank's own term": (grad.T @ x_row).chunk(q, 1)[i],
+                   "in X·dY's layout, not nn.Linear's": _block(dw, j, i, q).T},
+        "grad_b": {"not summed: this rank's tokens only": grad.sum(0),
+                   "summed along the grid row": sum(_block(dy, i, k, q).sum(0)
+                                                    for k in range(q))},
+    }
+    want = {"grad_x": _block(dx, i, j, q), "grad_w": _block(dw, j, i, q),
+            "grad_b": db.chunk(q)[j]}
+    first = len(trace.events())
+    got = summa_backward(grad.to(device()), x_row.to(device()), w_col.to(device()), grid)
+    made = [(e.op, e.axis) for e in trace.events()[first:]]
+    found = {"made": made, "shapes": {k: tuple(v.shape) for k, v in want.items()}}
+    if not (isinstance(got, tuple | list) and len(got) == 3
+            and all(isinstance(t, torch.Tensor) for t in got)):
+        found["problem"] = "did not return three tensors (grad_x, grad_w, grad_b)"
+        return found
+    for (name, reference), tensor in zip(want.items(), got, strict=True):
+        tensor = tensor.detach().double().cpu()
+        entry = {"shape": tuple(tensor.shape)}
+        if tensor.shape == reference.shape:
+            entry["error"] = (tensor - reference).abs().max().item()
+        entry["mistakes"] = [words for words, m in mistakes[name].items()
+                             if m.shape == tensor.shape
+                             and (m - tensor).abs().max().item() <= TOLERANCE]
+        found[name] = entry
     return found
 
 
-def _plain_name(name: str) -> str:
-    return name.replace("attn.core.core.", "attn.core.")
-
-
 def run(module) -> list[Check]:
-    def launch_at(t):
-        return launch(_in_rank, t, module.recompute_attention_cores, timeout=10.0)
+    def launch_at(n):
+        return launch(_in_rank, n, module.summa_backward, timeout=20.0)
 
-    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, blank=_blank,
-                        what="RecomputedCore", size="t")
-
-
-def _names(t) -> list[str]:
-    return [f"t={t}: loss and every gradient equal no recomputation (2 steps, dropout)",
-            f"t={t}: the random generator is left as it was found",
-            f"t={t}: no s×s tensor kept; the core is recomputed in backward"]
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="summa_backward",
+                        size="N")
 
 
-def _missing(per_rank):
-    return next((r["missing"] for r in per_rank if "missing" in r), None)
+def _names(n) -> list[str]:
+    q = {4: 2, 9: 3}[n]
+    return [f"q={q}: grad_x is this rank's block dX_ij", f"q={q}: grad_w is its weight block's",
+            f"q={q}: grad_b is db_j", f"q={q}: one reduce-scatter along the row, one along "
+            "the column, one all-reduce along the column"]
 
 
-def _judge(t, names, per_rank) -> list[Check]:
-    missing = _missing(per_rank)
-    if missing:
-        return ([Check(names[0], False, f"the {missing[0]} of RecomputedCore is not "
-                       "written yet", hint=missing[1])]
-                + [Check(n, False, f"not checked: the {missing[0]} is not written yet")
-                   for n in names[1:]])
-    problem = next(((rank, r["problem"]) for rank, r in enumerate(per_rank)
-                    if "problem" in r), None)
-    if problem:
-        return ([Check(names[0], False, f"rank {problem[0]}: {problem[1]}", rank=problem[0],
-                       hint="backward must return (None, grad_q, grad_k, grad_v): one entry "
-                            "per forward input")]
-                + [Check(n, False, "not checked: the run above failed") for n in names[1:]])
-    return [_equal(names[0], per_rank), _rng(names[1], per_rank), _kept(names[2], per_rank, t)]
+HINTS = {
+    "grad_x": "dY_ij @ w_col is this rank's term of dX for all of row block i: the terms of "
+              "grid row i must be summed, each rank keeping its own d_in block",
+    "grad_w": "dY_ijᵀ @ x_row is this rank's term of dWᵀ for all of column block j: the terms "
+              "of grid column j must be summed, each rank keeping its own d_in block",
+    "grad_b": "b_j is added on every rank of grid column j, each on its own tokens",
+}
 
 
-def _blank(per_rank, checks) -> str | None:
-    missing = _missing(per_rank)
-    return f"the {missing[0]} is not written yet" if missing else None
+def _judge(n, names, per_rank) -> list[Check]:
+    for rank, found in enumerate(per_rank):
+        if "problem" in found:
+            return [Check(names[0], False, f"rank {rank}: {found['problem']}", rank=rank)] + [
+                Check(name, False, "not checked: see above") for name in names[1:]]
+    checks = [_gradient(name, key, per_rank) for name, key
+              in zip(names[:3], ("grad_x", "grad_w", "grad_b"), strict=True)]
+    return checks + [_collectives(names[3], per_rank)]
 
 
-def _equal(name, per_rank) -> Check:
-    first_loss = max(r["loss"][0] for r in per_rank)  # before any update: the forward alone
-    loss_error = max(max(r["loss"]) for r in per_rank)
-    grad_error, rank, tensor = max((r["grad"][0], rank, r["grad"][1])
-                                   for rank, r in enumerate(per_rank))
-    if first_loss > TOLERANCE:
-        return Check(name, False, f"the loss differs by {first_loss:.3g}", tensor="loss",
-                     max_error=first_loss, hint="the forward must return core(q, k, v) itself")
-    if grad_error > TOLERANCE:
-        return Check(name, False, f"rank {rank}: gradient of {tensor} off by up to "
-                     f"{grad_error:.3g}", rank=rank, tensor=f"grad of {tensor}",
-                     max_error=grad_error,
-                     hint="the recomputation must redraw the same dropout mask: "
-                          "torch.set_rng_state(the state saved in forward) before running the "
-                          "core again, then back-propagate grad_out through its output")
-    if loss_error > TOLERANCE:
-        return Check(name, False, f"the loss of step 2 differs by {loss_error:.3g}",
-                     tensor="loss", max_error=loss_error,
-                     hint="the first step matched: check what your backward changes besides "
-                          "the gradients it returns")
-    worst = max(loss_error, grad_error)
+def _gradient(name, key, per_rank) -> Check:
+    worst = 0.0
+    for rank, found in enumerate(per_rank):
+        entry, want = found[key], found["shapes"][key]
+        if entry["shape"] != want:
+            why = f" ({entry['mistakes'][0]})" if entry["mistakes"] else ""
+            return Check(name, False, f"rank {rank}: {key} has shape {entry['shape']}, "
+                         f"expected {want}{why}", rank=rank, tensor=key, hint=HINTS[key])
+        if entry["error"] > TOLERANCE:
+            why = (f": {entry['mistakes'][0]}" if entry["mistakes"]
+                   else f": largest error {entry['error']:.3g}")
+            return Check(name, False, f"rank {rank}: {key} is wrong{why}", rank=rank,
+                         tensor=key, max_error=entry["error"], hint=HINTS[key])
+        worst = max(worst, entry["error"])
     return Check(name, True, f"largest error {worst:.1e}", max_error=worst)
 
 
-def _rng(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        if not r["rng"]:
-            return Check(name, False, f"rank {rank}: after backward the generator is not where "
-                         "the model without recomputation leaves it", rank=rank,
-                         hint="remember torch.get_rng_state() before setting the saved state, "
-                              "and torch.set_rng_state(it) again after the recomputation")
-    return Check(name, True, "the same generator state after every backward pass")
-
-
-def _kept(name, per_rank, t) -> Check:
-    layers = CFG["n_layer"]
-    for rank, r in enumerate(per_rank):
-        if r["square"]:
-            layer, module, op, shape = r["square"][0]
-            return Check(name, False, f"rank {rank}, {layer}: {module} kept {op}'s {shape}",
-                         rank=rank, tensor=f"{op} output",
-                         hint="run the core under torch.no_grad() in forward and save only "
-                              "q, k, v (ctx.save_for_backward)")
-        for step, calls in enumerate(r["calls"]):
-            if calls != {"fwd": layers, "bwd": layers}:
-                return Check(name, False, f"rank {rank}, step {step}: the core ran "
-                             f"{calls['fwd']} times in forward and {calls['bwd']} in backward, "
-                             f"expected {layers} and {layers} (once per layer each)",
-                             rank=rank, hint="backward must run ctx.core(...) once again, "
-                                             "under torch.enable_grad()")
-    return Check(name, True, f"no s×s tensor kept; the core ran once per layer forward and "
-                 f"once again backward, on every rank (t={t})")
+def _collectives(name, per_rank) -> Check:
+    for rank, found in enumerate(per_rank):
+        if sorted(found["made"]) != sorted(WANTED):
+            made = ", ".join(f"{op} along {axis}" for op, axis in found["made"]) or "none"
+            return Check(name, False, f"rank {rank} made: {made}", rank=rank,
+                         hint="each gradient needs exactly one collective: two reduce-scatters "
+                              "(one per grid axis) and the bias's all-reduce")
+    return Check(name, True, "reduce-scatter along row and column, all-reduce along column")

@@ -1,294 +1,191 @@
-"""Checks for ex07: the learner's 1F1B executor, run on a real pipeline.
+"""Checks for ex07: selective recomputation of the attention core, by hand.
 
-On 4 processes, a float64 GPT cut into 4 stages (`parallelize` with pp = 4)
-takes one training step at m = 5 and one at m = 2 (fewer microbatches than
-stages: a warm-up cut short), each stage run by the learner's
-``one_f_one_b_step(stage, m)``. `Stage` hands the learner the computing
-(forward, backward, a receive buffer) and records, on the way, which units
-ran in which order and what the learner still holds. Per m:
+At t = 1 and 2 ranks, in float64 with dropout 0.1, a tensor-parallel GPT whose
+attention cores the learner's `recompute_attention_cores` wrapped is trained
+for two steps beside the same model without recomputation, the same random
+seed before each step:
 
-* the step ends (a deadlock is a `CollectiveTimeout`, reported as the ranks
-  that never met), and the loss and every gradient equal the plain GPT's;
-* every stage ran its forwards and backwards in 1F1B's order;
-* one activation went forward and one gradient back per microbatch and
-  boundary, every send waited for;
-* no stage held more than p − r microbatches' activations at once — a
-  microbatch counts from its forward until its backward, and after that for
-  as long as the learner still references its input or output — and none
-  once the step returned (a leak).
+* the loss and every gradient are equal (recomputation changes no number —
+  which needs the recomputed dropout to draw the same mask);
+* after each backward pass the random generator is where the plain model left
+  it (the recomputation must not shift the masks of everything after it);
+* an `ActivationLedger` of the forward pass finds no s×s tensor kept in any
+  layer (scores, probabilities, dropout mask: the 5as²b of Table 2), and the
+  core ran once per layer in the forward pass and once again in the backward.
 """
 
 from __future__ import annotations
 
-import gc
-import re
-import weakref
-
 import torch
 
-from ...model import GPT, GPTConfig
+from ...memory.activations import ActivationLedger
+from ...model import GPT, AttentionCore, GPTConfig
 from ...parallelize import parallelize
-from ...pipeline import schedules
-from ...rules import unit_label
-from ...runtime import trace
 from ...runtime._device import device
-from ...runtime.errors import CollectiveTimeout, LaunchError
 from ...runtime.launch import launch
-from ...runtime.mesh import Mesh
-from .base import Check, failure_check
+from ...runtime.mesh import Mesh, world
+from .base import Check, run_per_size
 
-PP, MS = 4, (5, 2)  # m = 2 < p: rank 0's warm-up is cut short by the microbatches
-ROWS = 2  # rows per microbatch
-CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
-TOLERANCE = 1e-12  # float64; the pipeline sums the microbatches' gradients in another order
-TIMEOUT = 10.0  # seconds a rank may wait for a message before the run counts as a deadlock
-
-
-class Stage:
-    """One pipeline stage as the learner sees it: it computes; the learner moves
-    and keeps. It also watches: the order of the units, and which microbatches'
-    activations (the learner's x and out) are still alive at each unit."""
-
-    def __init__(self, chunk, mesh: Mesh, x, y, m: int):
-        self.chunk, self.m = chunk, m
-        self.r, self.p = mesh.pp.rank, mesh.pp.size
-        self.prev = None if mesh.pp.is_first else mesh.pp.prev
-        self.next = None if mesh.pp.is_last else mesh.pp.next
-        self.param = next(chunk.parameters())
-        self.x = x.to(self.param.device).chunk(m)
-        self.y = y.to(self.param.device).chunk(m)
-        self.loss = 0.0
-        self.order: list[str] = []
-        self.refs: dict[int, list[weakref.ref]] = {}  # microbatch -> its x and out
-        self.backward_at: dict[int, int] = {}  # microbatch -> index of its backward unit
-        self.peak, self.kept_after = 0, []  # kept_after: (microbatch, unit) alive too long
-
-    def activation_buffer(self) -> torch.Tensor:
-        return torch.empty((ROWS, CFG["seq_len"], CFG["d_model"]), dtype=self.param.dtype,
-                           device=self.param.device)
-
-    def forward(self, i: int, x):
-        i = self._unit("F", i)
-        if self.prev is None:
-            if x is not None:
-                raise ValueError("the first stage reads the tokens itself: pass x=None")
-            x = self.x[i]
-        elif not isinstance(x, torch.Tensor):
-            raise ValueError(f"stage {self.r} needs the activation from stage {self.r - 1} "
-                             f"as x, got {type(x).__name__}")
-        elif not x.requires_grad:
-            raise ValueError("x must require grad (x.requires_grad_()), so that backward "
-                             "leaves in x.grad the gradient to send back")
-        with trace.region(unit_label("F", i), "fwd"):
-            out, loss = self.chunk(x, self.y[i] if self.next is None else None)
-            if self.next is None:
-                out = loss / self.m  # equal microbatches: the batch mean is their mean
-                self.loss += out.item()
-        self.refs[i] = [weakref.ref(t) for t in (x, out) if t.requires_grad]
-        return out
-
-    def backward(self, i: int, out, grad) -> None:
-        i = self._unit("B", i)
-        if (grad is None) != (self.next is None):
-            raise ValueError("pass the gradient received from the next stage as g "
-                             "(None only on the last stage)")
-        with trace.region(unit_label("B", i), "bwd"):
-            torch.autograd.backward(out, grad)
-        self.backward_at[i] = len(self.order) - 1
-
-    def _unit(self, kind: str, i) -> int:
-        """Record one unit; count the microbatches held as it starts."""
-        i = int(i)
-        if not 0 <= i < self.m:
-            raise ValueError(f"microbatch {i} is not one of 0 … {self.m - 1}")
-        if i in (self.refs if kind == "F" else self.backward_at):
-            raise ValueError(f"{kind}{i} runs twice")
-        if kind == "B" and i not in self.refs:
-            raise ValueError(f"B{i} before F{i}")
-        unit = len(self.order)
-        self.order.append(f"{kind}{i}")
-        held = {i} if kind == "F" else set()
-        for j, refs in self.refs.items():
-            if j not in self.backward_at:
-                held.add(j)  # its graph, the saved activations, lives until its backward
-            elif self.backward_at[j] < unit - 1 and any(ref() is not None for ref in refs):
-                # A name that still points at the last backward's tensors is fine (a
-                # loop variable); two units later, something is keeping them.
-                held.add(j)
-                self.kept_after.append((j, self.order[-1]))
-        self.peak = max(self.peak, len(held))
-        return i
-
-    def left_behind(self) -> list[int]:
-        """Microbatches whose activations are still alive: never backpropagated, or
-        referenced by something that outlived the step."""
-
-        gc.collect()  # a reference cycle keeps its tensors only until the collector runs
-        return sorted(j for j, refs in self.refs.items()
-                      if j not in self.backward_at or any(ref() is not None for ref in refs))
+WORLD_SIZES = (1, 2)
+TOLERANCE = 1e-12  # float64
+CFG = dict(vocab_size=32, seq_len=20, n_layer=2, n_head=4, d_model=16, dropout=0.1)  # s != h
+STEPS, LR = 2, 0.5
 
 
-def _reference(x, y):
+def _batch(step, cfg):
+    generator = torch.Generator().manual_seed(60 + step)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=generator)
+    y = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=generator)
+    return x, y
+
+
+def _in_rank(recompute_attention_cores):
+    mesh = Mesh(tp=world().size)
+    cfg = GPTConfig(**CFG)
     torch.manual_seed(0)
-    ref = GPT(GPTConfig(**CFG)).double()
-    _, loss = ref(x, y)
-    loss.backward()
-    return loss.item(), {name: p.grad for name, p in ref.named_parameters()}
+    ref = GPT(cfg).double().to(device())
+    plain = parallelize(ref, mesh)
+    mine = recompute_attention_cores(parallelize(ref, mesh))
+    calls = {"fwd": 0, "bwd": 0}
+    phase = ["fwd"]
+    for module in mine.modules():
+        if isinstance(module, AttentionCore):
+            module.register_forward_hook(lambda *_: calls.__setitem__(phase[0],
+                                                                      calls[phase[0]] + 1))
+    found = {"loss": [], "grad": (0.0, ""), "rng": True, "square": [], "calls": []}
+    params = dict(plain.named_parameters())
+    for step in range(STEPS):
+        x, y = (t.to(device()) for t in _batch(step, cfg))  # drawn on the CPU
+        torch.manual_seed(100 + step)
+        _, plain_loss = plain(x, y)
+        plain_loss.backward()
+        plain_state = torch.get_rng_state()
 
-
-def _in_rank(step, x, y):
-    """Every rank: one pipeline step per m, run by the learner's executor."""
-    mesh = Mesh(pp=PP)
-    found = []
-    # What exists now (torch, the preloaded library) is no one's leak: frozen, the
-    # collector skips it, and `left_behind`'s collection takes milliseconds, not seconds.
-    gc.freeze()
-    try:
-        for m in MS:
-            torch.manual_seed(0)
-            model = parallelize(GPT(GPTConfig(**CFG)).double().to(device()), mesh)
-            stage = Stage(model.chunks[0], mesh, x[:ROWS * m].to(device()),
-                          y[:ROWS * m].to(device()), m)
-            first = len(trace.events())
-            step(stage, m)
-            events = trace.events()[first:]
-            left = stage.left_behind()
-            model.sync_embedding_grads()  # the tied embedding's two uses, summed (lesson 07)
-            grads = model.full_grad_dict()
-            ref_loss, ref_grads = _reference(x[:ROWS * m], y[:ROWS * m])
-            worst = max(((grads[n] - g).abs().max().item(), n) for n, g in ref_grads.items())
-            found.append({
-                "loss": (stage.loss, ref_loss), "grad": worst, "order": stage.order,
-                "messages": [(e.op, e.peer) for e in events if e.op in ("send", "recv")],
-                "peak": stage.peak, "kept_after": stage.kept_after[:1], "left": left,
-            })
-    finally:
-        gc.unfreeze()  # in case this process lives on (a launch in place, under torchrun)
+        torch.manual_seed(100 + step)
+        calls.update(fwd=0, bwd=0)
+        phase[0] = "fwd"
+        try:
+            with ActivationLedger(mine) as ledger:
+                _, loss = mine(x, y)
+            phase[0] = "bwd"
+            loss.backward()
+        except NotImplementedError as exc:  # a blank: every rank raises it at the same point
+            return {"missing": ("forward" if phase[0] == "fwd" else "backward", str(exc))}
+        found["rng"] &= torch.equal(torch.get_rng_state(), plain_state)
+        found["calls"].append(dict(calls))
+        square = [(e.layer, e.module, e.op, e.shape) for e in ledger.entries
+                  if e.layer and e.nbytes and len(e.shape) >= 2
+                  and tuple(e.shape[-2:]) == (cfg.seq_len, cfg.seq_len)]
+        found["square"] += square
+        found["loss"].append(abs(loss.item() - plain_loss.item()))
+        for name, p in mine.named_parameters():
+            expected = params[_plain_name(name)].grad
+            if p.grad is None:
+                return {"problem": f"step {step}: {name} got no gradient"}
+            error = (p.grad - expected).abs().max().item()
+            if error > found["grad"][0]:
+                found["grad"] = (error, name)
+        with torch.no_grad():  # one SGD step on both, so step 2 starts somewhere new
+            for model in (plain, mine):
+                for p in model.parameters():
+                    p -= LR * p.grad
+                    p.grad = None
     return found
 
 
+def _plain_name(name: str) -> str:
+    return name.replace("attn.core.core.", "attn.core.")
+
+
 def run(module) -> list[Check]:
-    names = [name for m in MS for name in _names(m)]
-    generator = torch.Generator().manual_seed(7)
-    x = torch.randint(0, CFG["vocab_size"], (ROWS * max(MS), CFG["seq_len"]),
-                      generator=generator)
-    y = torch.randint(0, CFG["vocab_size"], x.shape, generator=generator)
-    try:
-        per_rank = launch(_in_rank, PP, module.one_f_one_b_step, x, y, timeout=TIMEOUT)
-    except LaunchError as error:
-        failed = failure_check(names[0], error, "one_f_one_b_step")
-        why = "the run above failed"
-        if isinstance(error, CollectiveTimeout):
-            failed.detail, why = _deadlock(error), "the step deadlocked (see above)"
-            failed.hint = ("a stage waited for a message its neighbour never sent: each stage "
-                           "must receive in the order its neighbours send (how many forwards "
-                           "does a stage run before its first backward?)")
-        elif "not written yet" in failed.detail:
-            why = failed.detail
-        return [failed] + [Check(name, False, f"not run: {why}") for name in names[1:]]
-    checks = []
-    for k, m in enumerate(MS):
-        these = _names(m)
-        found = [rank_found[k] for rank_found in per_rank]
-        checks += [_numbers(these[0], found), _order(these[1], found, m),
-                   _messages(these[2], found, m), _held(these[3], found)]
-    return checks
+    def launch_at(t):
+        return launch(_in_rank, t, module.recompute_attention_cores, timeout=10.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, blank=_blank,
+                        what="RecomputedCore", size="t")
 
 
-def _deadlock(error: CollectiveTimeout) -> str:
-    """Who waited for what, in the pipeline's words: from rank r−1 comes an activation,
-    from rank r+1 a gradient."""
-    waits = []
-    for r, op in sorted(error.waiting.items()):
-        peer = re.search(r"recv on peer rank (\d+)", op)
-        if peer:
-            src = int(peer[1])
-            what = "an activation" if src < r else "a gradient"
-            waits.append(f"rank {r} waits for {what} from rank {src}")
-        else:
-            waits.append(f"rank {r} waits in {op}")
-    done = f"; ranks {error.finished} had returned" if error.finished else ""
-    return f"deadlock after {TIMEOUT:g} s: " + "; ".join(waits) + done
+def _names(t) -> list[str]:
+    return [f"t={t}: loss and every gradient equal no recomputation (2 steps, dropout)",
+            f"t={t}: the random generator is left as it was found",
+            f"t={t}: no s×s tensor kept; the core is recomputed in backward"]
 
 
-def _names(m) -> list[str]:
-    head = f"p={PP}, m={m}"
-    return [f"{head}: the step ends, loss and every gradient equal the plain GPT's",
-            f"{head}: every stage runs 1F1B's order",
-            f"{head}: one message per microbatch each way, every send waited for",
-            f"{head}: at most p − r microbatches held, none after the step"]
+def _missing(per_rank):
+    return next((r["missing"] for r in per_rank if "missing" in r), None)
 
 
-def _numbers(name, found) -> Check:
-    got, want = found[-1]["loss"]  # the last stage computes the loss
-    loss_error = abs(got - want)
-    error, rank, tensor = max((f["grad"][0], r, f["grad"][1]) for r, f in enumerate(found))
+def _judge(t, names, per_rank) -> list[Check]:
+    missing = _missing(per_rank)
+    if missing:
+        return ([Check(names[0], False, f"the {missing[0]} of RecomputedCore is not "
+                       "written yet", hint=missing[1])]
+                + [Check(n, False, f"not checked: the {missing[0]} is not written yet")
+                   for n in names[1:]])
+    problem = next(((rank, r["problem"]) for rank, r in enumerate(per_rank)
+                    if "problem" in r), None)
+    if problem:
+        return ([Check(names[0], False, f"rank {problem[0]}: {problem[1]}", rank=problem[0],
+                       hint="backward must return (None, grad_q, grad_k, grad_v): one entry "
+                            "per forward input")]
+                + [Check(n, False, "not checked: the run above failed") for n in names[1:]])
+    return [_equal(names[0], per_rank), _rng(names[1], per_rank), _kept(names[2], per_rank, t)]
+
+
+def _blank(per_rank, checks) -> str | None:
+    missing = _missing(per_rank)
+    return f"the {missing[0]} is not written yet" if missing else None
+
+
+def _equal(name, per_rank) -> Check:
+    first_loss = max(r["loss"][0] for r in per_rank)  # before any update: the forward alone
+    loss_error = max(max(r["loss"]) for r in per_rank)
+    grad_error, rank, tensor = max((r["grad"][0], rank, r["grad"][1])
+                                   for rank, r in enumerate(per_rank))
+    if first_loss > TOLERANCE:
+        return Check(name, False, f"the loss differs by {first_loss:.3g}", tensor="loss",
+                     max_error=first_loss, hint="the forward must return core(q, k, v) itself")
+    if grad_error > TOLERANCE:
+        return Check(name, False, f"rank {rank}: gradient of {tensor} off by up to "
+                     f"{grad_error:.3g}", rank=rank, tensor=f"grad of {tensor}",
+                     max_error=grad_error,
+                     hint="the recomputation must redraw the same dropout mask: "
+                          "torch.set_rng_state(the state saved in forward) before running the "
+                          "core again, then back-propagate grad_out through its output")
     if loss_error > TOLERANCE:
-        return Check(name, False, f"loss {got:.12f}, plain GPT {want:.12f}", rank=PP - 1,
-                     max_error=loss_error, hint="every microbatch runs forward exactly once, "
-                     "on the activation the previous stage sent for it")
-    if error <= TOLERANCE:
-        return Check(name, True, f"largest gradient error {error:.1e}", max_error=error)
-    return Check(name, False, f"rank {rank}, {tensor}.grad: largest error {error:.3g}",
-                 rank=rank, tensor=tensor, max_error=error,
-                 hint="backward each microbatch from its own out, with the gradient the next "
-                      "stage sent for that microbatch, and send back its x.grad")
+        return Check(name, False, f"the loss of step 2 differs by {loss_error:.3g}",
+                     tensor="loss", max_error=loss_error,
+                     hint="the first step matched: check what your backward changes besides "
+                          "the gradients it returns")
+    worst = max(loss_error, grad_error)
+    return Check(name, True, f"largest error {worst:.1e}", max_error=worst)
 
 
-def _order(name, found, m) -> Check:
-    for r, f in enumerate(found):
-        want = [f"{kind}{i}" for kind, _, i in schedules.one_f_one_b(PP, r, m)]
-        if f["order"] != want:
-            pairs = zip(f["order"], want, strict=False)  # unequal lengths: the shorter one
-            at = next((k for k, (a, b) in enumerate(pairs) if a != b),
-                      min(len(f["order"]), len(want)))
-            ran = " ".join(f["order"][:at + 1])
-            return Check(name, False, f"rank {r} ran {ran} …, where 1F1B runs "
-                         f"{want[at] if at < len(want) else 'nothing more'}",
-                         rank=r, hint="a stage runs forwards until the stages after it are "
-                         "busy and its first gradient can come back; then one forward, one "
-                         "backward; then the backwards left")
-    return Check(name, True, "")
+def _rng(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        if not r["rng"]:
+            return Check(name, False, f"rank {rank}: after backward the generator is not where "
+                         "the model without recomputation leaves it", rank=rank,
+                         hint="remember torch.get_rng_state() before setting the saved state, "
+                              "and torch.set_rng_state(it) again after the recomputation")
+    return Check(name, True, "the same generator state after every backward pass")
 
 
-def _messages(name, found, m) -> Check:
-    for r, f in enumerate(found):
-        want = []
-        if r > 0:
-            want += [("recv", r - 1), ("send", r - 1)]
-        if r < PP - 1:
-            want += [("send", r + 1), ("recv", r + 1)]
-        for op, peer in want:
-            count = f["messages"].count((op, peer))
-            if count != m:
-                what = "activations" if (op == "send") == (peer > r) else "gradients"
-                verb = "sent to" if op == "send" else "received from"
-                hint = ("wait() for every isend before returning: a send never waited for "
-                        "may not have been delivered" if op == "send" and count < m else
-                        "one activation forward and one gradient back, per microbatch")
-                return Check(name, False, f"rank {r} {verb} rank {peer} {count} {what} "
-                             f"(waited for); expected {m}", rank=r, hint=hint)
-        extra = sorted(set(f["messages"]) - set(want))
-        if extra:
-            return Check(name, False, f"rank {r} exchanged messages with rank {extra[0][1]}",
-                         rank=r, hint="a stage talks only to stage.prev and stage.next")
-    return Check(name, True, f"{m} per neighbour each way")
-
-
-def _held(name, found) -> Check:
-    for r, f in enumerate(found):
-        if f["left"]:
-            return Check(name, False, f"rank {r} still holds microbatches {f['left']} after "
-                         "the step (a leak)", rank=r, hint="every forward needs its backward, "
-                         "and nothing may keep a microbatch's x or out once the step returns")
-        if f["kept_after"]:
-            j, unit = f["kept_after"][0]
-            return Check(name, False, f"rank {r} still held microbatch {j}'s x or out at {unit}, "
-                         "after its backward", rank=r, hint="once its backward has run, drop "
-                         "what you kept for it")
-        if f["peak"] > PP - r:
-            return Check(name, False, f"rank {r} held {f['peak']} microbatches at once; 1F1B "
-                         f"needs at most p − r = {PP - r}", rank=r,
-                         hint="start each backward as soon as the schedule allows")
-    peaks = [f["peak"] for f in found]
-    return Check(name, True, f"at most {peaks} on ranks 0 … {PP - 1}")
+def _kept(name, per_rank, t) -> Check:
+    layers = CFG["n_layer"]
+    for rank, r in enumerate(per_rank):
+        if r["square"]:
+            layer, module, op, shape = r["square"][0]
+            return Check(name, False, f"rank {rank}, {layer}: {module} kept {op}'s {shape}",
+                         rank=rank, tensor=f"{op} output",
+                         hint="run the core under torch.no_grad() in forward and save only "
+                              "q, k, v (ctx.save_for_backward)")
+        for step, calls in enumerate(r["calls"]):
+            if calls != {"fwd": layers, "bwd": layers}:
+                return Check(name, False, f"rank {rank}, step {step}: the core ran "
+                             f"{calls['fwd']} times in forward and {calls['bwd']} in backward, "
+                             f"expected {layers} and {layers} (once per layer each)",
+                             rank=rank, hint="backward must run ctx.core(...) once again, "
+                                             "under torch.enable_grad()")
+    return Check(name, True, f"no s×s tensor kept; the core ran once per layer forward and "
+                 f"once again backward, on every rank (t={t})")

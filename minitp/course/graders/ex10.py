@@ -1,224 +1,164 @@
-"""Checks for ex10: choose (dp, pp, tp, recompute, ZeRO stage) for a run under a memory cap.
+"""Checks for ex10: bucketed gradient sync, overlapped with backward.
 
-The learner's `choose_plan(cfg, cluster, n_gpus, global_batch, memory_cap)` is asked
-about five runs (`CASES`), each chosen so that a habit fails somewhere: GPT-3 on 1024
-A100s (lesson 10's), on 64 (fits only with recomputation at t = 8), a 76B model whose
-60 layers forbid a deeper pipeline on 128 GPUs under 40 GiB (only ZeRO fits fast),
-22B under a 16 GiB cap (recomputation and a deeper pipeline), and 1.7B, where tensor
-parallelism only costs. Each plan is measured with the calculator, as the exercise
-states, and:
+At dp = 2 and 4, in float64: each rank hooks a small GPT with the learner's
+`OverlappedGradSync` and runs two steps; in each, backward on its slice of a
+batch with unevenly ignored targets (weighted by its share of the counted
+tokens, as `train_step` does), recorded as one trace region, then
+``finish()``. Per world size:
 
-* is a valid split: dp·pp·tp = n_gpus, the model and the batch divide, known modes;
-* fits: `calc.memory_per_gpu` of its busiest GPU at most the cap;
-* is fast: `calc.step_time` within `TOLERANCE` of the fastest plan `calc.plan` finds
-  in the same space (micro-batch 1, any ZeRO stage) — a slow one is told which part
-  of its step (compute, tp, pp, dp, bubble) exceeds the best plan's the most;
-* was chosen, not looked up: neither `calc.plan` nor `calc.search.every_configuration`
-  is called while the learner's code runs.
-
-No process is launched: the grader is the calculator (well under a second).
+* after ``finish()`` every gradient equals the plain model's on the whole
+  batch, at both steps (the second shows the object serves step after step);
+* each step made exactly one all-reduce per bucket (the bucket rule of the
+  exercise), carrying every gradient once, and nothing else;
+* the trace shows the overlap: every all-reduce started inside the backward
+  region (from a hook, not after it) and was waited for after it (started
+  asynchronously, not waited for on the spot, which would stall backward).
 """
 
 from __future__ import annotations
 
-import sys
+import copy
 
-from ... import calc
-from ...calc import search
-from ...calc.cluster import GiB
-from ...model import GPTConfig
-from ...rules import check_parallel_config
-from .base import Check, crashed, no_shortcut, not_written
+import torch
 
-TOLERANCE = 0.10
-KEYS = ("dp", "pp", "tp", "recompute", "zero_stage")
-NAMES = ["every plan is a valid split of the GPUs, the model and the batch",
-         "every plan fits under its memory cap (calc.memory_per_gpu)",
-         f"every plan's step time within {TOLERANCE:.0%} of the best calc.plan finds",
-         "chosen, not looked up: no planner called"]
-SHORTCUT = ("the point is to choose: use calc.memory_per_gpu and calc.step_time to weigh the "
-            "plans you consider, not the planner's answer")
+from ...model import GPT, GPTConfig
+from ...runtime import trace
+from ...runtime._device import device
+from ...runtime.launch import launch
+from ...runtime.mesh import world
+from .base import Check, run_per_size
 
-
-def _gpt(h: int, a: int, layers: int) -> GPTConfig:
-    return GPTConfig(vocab_size=51200, seq_len=2048, n_layer=layers, n_head=a, d_model=h)
+WORLD_SIZES = (2, 4)
+STEPS = 2
+BUCKET_BYTES = 4096  # a handful of buckets for this model (~2k float64 parameters)
+CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
+TOLERANCE = 1e-12  # float64; the sum is taken in another order than the plain model's
 
 
-GPT3 = _gpt(12288, 96, 96)
-# (label, model, cluster, GPUs, global batch, memory cap in GiB)
-CASES = (
-    ("GPT-3 175B on 1024 A100s, batch 1536, 72 GiB", GPT3, calc.A100_80GB, 1024, 1536, 72),
-    ("GPT-3 175B on 64 A100s, batch 64, 72 GiB", GPT3, calc.A100_80GB, 64, 64, 72),
-    ("GPT 76B on 128 A100s, batch 512, 40 GiB", _gpt(10240, 80, 60), calc.A100_80GB, 128,
-     512, 40),
-    ("GPT 22B on 64 H100s, batch 256, 16 GiB", _gpt(6144, 64, 48), calc.H100_80GB, 64, 256,
-     16),
-    ("GPT 1.7B on 32 A100s, batch 512, 72 GiB", _gpt(2304, 24, 24), calc.A100_80GB, 32, 512,
-     72),
-)
-_PLANS = {}  # label -> calc.plan's answer: the same every time, and calc.plan is the slow part
-
-PART_HINTS = {
-    "compute": "recomputation repeats forward work: spend it only where memory demands it, "
-               "and on the cheapest kind that fits.",
-    "tp": "tensor parallelism all-reduces in every layer, on the links its group spans: "
-          "is your tp larger than this model or this node needs?",
-    "pp": "every pipeline boundary sends each microbatch's activations, both ways.",
-    "dp": "the gradient reduction grows with the parameters a stage holds and with the links "
-          "its group spans; ZeRO 2 and 3 repeat it every microbatch.",
-    "bubble": "the bubble is (p - 1)/m of a stage's busy time: deep pipelines with few "
-              "microbatches per replica idle.",
-}
+def _expected_buckets(params, bucket_bytes):
+    sizes, size = [[]], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if sizes[-1] and size + nbytes > bucket_bytes:
+            sizes.append([])
+            size = 0
+        sizes[-1].append(nbytes)
+        size += nbytes
+    return [sum(b) for b in sizes]
 
 
-class _Watch:
-    """Records calls of the two functions that give the answer away, `calc.plan` and
-    `calc.search.every_configuration`, while the learner's code runs. It patches the
-    class each one looks up to build its answer (`Plan`, `Configuration`), so every
-    call is seen however the learner imported the function (``from minitp.calc import
-    plan`` binds it at import time, before any patch of ``calc.plan`` could catch it)."""
-
-    ANSWER_CLASSES = ((calc.Plan, "calc.plan"),
-                      (search.Configuration, "calc.search.every_configuration"))
-
-    def __init__(self):
-        self.calls = []
-        self._patched = []
-
-    def __enter__(self):
-        for cls, called in self.ANSWER_CLASSES:
-            module = sys.modules[cls.__module__]
-
-            def recorded(*args, _cls=cls, _called=called, **kwargs):
-                self.calls.append(_called)
-                return _cls(*args, **kwargs)
-
-            self._patched.append((module, cls))
-            setattr(module, cls.__name__, recorded)
-        return self
-
-    def __exit__(self, *exc):
-        for module, cls in self._patched:
-            setattr(module, cls.__name__, cls)
-        self._patched = []
+def _in_rank(sync_class):
+    """Runs on every rank: the learner's sync against the plain model's gradients."""
+    axis = world()
+    cfg = GPTConfig(**CFG)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(device())
+    model = copy.deepcopy(ref)
+    params = list(model.parameters())
+    sync = sync_class(params, axis, BUCKET_BYTES)
+    generator = torch.Generator().manual_seed(1)
+    steps = []
+    for step in range(STEPS):
+        x = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        y = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        x, y = x.to(device()), y.to(device())  # drawn on the CPU: the same on every device
+        y[step, :5] = -100  # more ignored targets in dp rank 0's slice
+        ref.zero_grad()
+        model.zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        mine = slice(2 * axis.rank, 2 * axis.rank + 2)  # this rank's contiguous slice
+        share = int((y[mine] != -100).sum()) / int((y != -100).sum())  # a float64 weight
+        first = len(trace.events())
+        _, local = model(x[mine], y[mine])
+        with trace.region("backward", "bwd"):
+            (local * share).backward()
+        sync.finish()
+        events = trace.events()[first:]
+        backward = next(e for e in events if e.op == "compute" and e.label == "backward")
+        comms = [e for e in events if e.is_comm]
+        missing = [n for (n, _), p in zip(ref.named_parameters(), params, strict=True)
+                   if p.grad is None]
+        worst = max(((p.grad - q.grad).abs().max().item(), name)
+                    for (name, q), p in zip(ref.named_parameters(), params, strict=True)
+                    if p.grad is not None) if not missing else (float("inf"), missing[0])
+        steps.append({
+            "error": worst, "ops": [e.op for e in comms], "nbytes": [e.nbytes for e in comms],
+            "times": [(e.start - backward.start, e.end - backward.start) for e in comms],
+            "backward": backward.end - backward.start,
+        })
+    return {"steps": steps, "expected": _expected_buckets(params, BUCKET_BYTES)}
 
 
 def run(module) -> list[Check]:
-    answers = []
-    with _Watch() as watch:  # only the learner's code runs inside: the reference comes after
-        for label, cfg, cluster, n_gpus, batch, cap in CASES:
-            try:
-                answers.append(module.choose_plan(cfg, cluster, n_gpus, batch, cap * GiB))
-            except NotImplementedError as exc:
-                return not_written(NAMES, "choose_plan", str(exc))
-            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
-                return crashed(NAMES, label, exc, "return a dict with the keys " + ", ".join(KEYS))
-    judged = [_judge(case, plan) for case, plan in zip(CASES, answers, strict=True)]
-    return [_valid(judged), _fits(judged), _fast(judged),
-            no_shortcut(NAMES[3], watch.calls, SHORTCUT)]
+    def launch_at(n):
+        return launch(_in_rank, n, module.OverlappedGradSync, timeout=20.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="OverlappedGradSync",
+                        size="dp")
 
 
-def _reference(label, cfg, cluster, n_gpus, batch, cap):
-    if label not in _PLANS:
-        _PLANS[label] = calc.plan(cfg, cluster, batch, n_gpus, micro_batches=(1,),
-                                  zero_stage=(0, 1, 2, 3), usable=cap * GiB / cluster.memory)
-    return _PLANS[label]
+def _names(n) -> list[str]:
+    return [f"dp={n}: gradients equal the plain model's, step after step",
+            f"dp={n}: one all-reduce per bucket",
+            f"dp={n}: every all-reduce starts during backward, waited for after it"]
 
 
-def _describe(plan: dict) -> str:
-    return " ".join(f"{key}={plan[key]}" for key in KEYS)
+def _judge(n, names, per_rank) -> list[Check]:
+    return [_equality(names[0], per_rank), _count(names[1], per_rank),
+            _overlap(names[2], per_rank)]
 
 
-def _judge(case, plan) -> dict:
-    """What the calculator says of one plan: why it is not valid, or its memory and time."""
-    label, cfg, cluster, n_gpus, batch, cap = case
-    result = {"label": label, "cap": cap}
-    if not isinstance(plan, dict) or set(KEYS) - set(plan):
-        missing = ", ".join(k for k in KEYS if not isinstance(plan, dict) or k not in plan)
-        result["invalid"] = f"{label}: got {plan!r}, a dict without {missing}"
-        return result
-    result["plan"] = _describe(plan)
-    dp, pp, tp, recompute, zero = (plan[k] for k in KEYS)
-    sp = tp > 1 if isinstance(tp, int) else False
-    try:
-        check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
-                              recompute=recompute, zero_stage=zero, world_size=n_gpus)
-        if batch % dp:
-            raise ValueError(f"the global batch {batch} does not split over dp={dp} replicas")
-    except ValueError as exc:
-        result["invalid"] = f"{label}: {result['plan']}: {exc}"
-        return result
-    result["memory"] = calc.memory_per_gpu(cfg, 1, dp, pp, tp, sp, recompute, zero, "megatron",
-                                           microbatches=batch // dp)
-    result["time"] = calc.step_time(cfg, cluster, dp, pp, tp, 1, batch, sp, recompute,
-                                    zero_stage=zero)
-    result["zero"] = zero
-    reference = _reference(*case)
-    result["best"] = reference.best
-    result["needs zero"] = not any(  # no plan without ZeRO is fast enough: say so if slow
-        c.zero_stage == 0 and c.time.total <= (1 + TOLERANCE) * reference.best.time.total
-        for c in reference.candidates)
-    return result
+def _equality(name, per_rank) -> Check:
+    error, step, rank, tensor = max((s["error"][0], k, rank, s["error"][1])
+                                    for rank, r in enumerate(per_rank)
+                                    for k, s in enumerate(r["steps"]))
+    if error <= TOLERANCE:
+        return Check(name, True, f"largest error {error:.1e}", max_error=error)
+    where = f"step {step + 1}, rank {rank}, {tensor}.grad"
+    if error == float("inf"):
+        return Check(name, False, f"{where} is None", rank=rank, tensor=tensor,
+                     hint="copy each bucket's sum back into the gradients it came from")
+    return Check(name, False, f"{where}: largest error {error:.3g}", rank=rank, tensor=tensor,
+                 max_error=error, hint="a sum, no division (the loss weighting did it); each "
+                 "piece of the sum back into the gradient it came from; and the second step "
+                 "starts from a clean slate")
 
 
-def _valid(judged) -> Check:
-    for r in judged:
-        if "invalid" in r:
-            return Check(NAMES[0], False, r["invalid"], tensor="plan",
-                         hint="dp · pp · tp must be the GPU count, tp must divide the heads "
-                              "(and the hidden size and sequence), pp the layers, dp the "
-                              "global batch")
-    return Check(NAMES[0], True, f"{len(judged)} runs")
+def _count(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            others = sorted({op for op in s["ops"] if op != "all_reduce"})
+            if others:
+                return Check(name, False, f"step {k + 1}, rank {rank} called "
+                             f"{', '.join(others)}", rank=rank,
+                             hint="sum with mt.comm.all_reduce_start only, once per bucket")
+            if s["nbytes"] != r["expected"]:
+                return Check(name, False, f"step {k + 1}, rank {rank} all-reduced (and "
+                             f"waited for) {len(s['nbytes'])} tensors of {s['nbytes']} bytes; "
+                             f"expected {len(r['expected'])} buckets of {r['expected']} bytes",
+                             rank=rank, hint="read the bucket rule in the exercise again; "
+                             "every bucket's all-reduce is waited for, at every step")
+    buckets = len(per_rank[0]["expected"])
+    return Check(name, True, f"{buckets} all-reduces per step, every gradient once")
 
 
-def _fitting(r) -> bool:
-    return "memory" in r and r["memory"]["total"] <= r["cap"] * GiB
-
-
-def _not_checked(name, judged, checked) -> Check | None:
-    skipped = [r["label"] for r in judged if r not in checked]
-    if skipped:
-        return Check(name, False, f"not checked for {'; '.join(skipped)}: see above")
-    return None
-
-
-def _fits(judged) -> Check:
-    valid = [r for r in judged if "memory" in r]
-    for r in valid:
-        if _fitting(r):
-            continue
-        memory = r["memory"]
-        states = memory["total"] - memory["activations"]
-        return Check(NAMES[1], False, f"{r['label']}: {r['plan']} needs "
-                     f"{memory['total'] / GiB:.1f} GiB on its busiest GPU (model states "
-                     f"{states / GiB:.1f}, activations {memory['activations'] / GiB:.1f}), over "
-                     f"the {r['cap']} GiB cap", tensor="memory",
-                     max_error=memory["total"] / (r["cap"] * GiB) - 1,
-                     hint="model states shrink with pp and tp (and with ZeRO, over dp); "
-                          "activations with tp (sequence parallel) and recomputation")
-    return (_not_checked(NAMES[1], judged, valid)
-            or Check(NAMES[1], True, f"{len(judged)} runs"))
-
-
-def _fast(judged) -> Check:
-    fitting = [r for r in judged if _fitting(r)]
-    for r in fitting:
-        mine, best = r["time"], r["best"].time
-        slower = mine.total / best.total - 1
-        if slower <= TOLERANCE:
-            continue
-        excess = {part: getattr(mine, part) - getattr(best, part) for part in PART_HINTS}
-        part = max(excess, key=excess.get)
-        hint = PART_HINTS[part]
-        if r["zero"] == 0 and r["needs zero"]:
-            hint += (" Here no plan without ZeRO comes within "
-                     f"{TOLERANCE:.0%} of the best: what does sharding over dp free?")
-        return Check(NAMES[2], False, f"{r['label']}: {r['plan']} takes {mine.total:.3g} s per "
-                     f"step, {slower:.0%} slower than the best plan that fits "
-                     f"({best.total:.3g} s); the most of it is {part}: "
-                     f"{getattr(mine, part):.3g} s against {getattr(best, part):.3g} s",
-                     tensor=part, max_error=slower, hint=hint)
-    worst = max(r["time"].total / r["best"].time.total - 1 for r in fitting) if fitting else 0
-    return (_not_checked(NAMES[2], judged, fitting)
-            or Check(NAMES[2], True, f"{len(judged)} runs, the slowest {worst:+.1%} "
-                     "against the best"))
+def _overlap(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            for b, (start, end) in enumerate(s["times"]):
+                where = f"step {k + 1}, rank {rank}: all-reduce {b}"
+                if not 0 <= start < s["backward"]:
+                    when = ("after backward ended" if start >= s["backward"]
+                            else "before backward began")
+                    return Check(name, False, f"{where} started {when}", rank=rank,
+                                 hint="start each bucket's sum from a gradient hook, as soon "
+                                      "as its last gradient is in")
+                if end < s["backward"]:
+                    return Check(name, False, f"{where} was over before backward ended: "
+                                 "backward stood still while it ran", rank=rank,
+                                 hint="start it with mt.comm.all_reduce_start and wait() for "
+                                      "it in finish()")
+    leads = [s["backward"] - start for r in per_rank for s in r["steps"] for start, _ in s["times"]]
+    return Check(name, True, f"started {max(leads) * 1e3:.1f} to {min(leads) * 1e3:.1f} ms "
+                 "before backward ended")

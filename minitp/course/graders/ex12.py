@@ -1,314 +1,224 @@
-"""Checks for ex12: one ZeRO-3 unit — gather before forward, free after, gather again
-for backward, reduce-scatter the gradient.
+"""Checks for ex12: choose (dp, pp, tp, recompute, ZeRO stage) for a run under a memory cap.
 
-At dp = 2 and 4, in float64: every rank wraps each of two small MLP blocks (Ψ_u
-= 235 values, padded to a multiple of dp) in the learner's `Zero3Unit`, and runs
-two steps on its slice of a batch: forward through both units, backward of
-a weighted sum, one SGD step on the shards. The plain blocks run beside it on
-the whole batch (the loss is a sum, so the ranks' gradients add up to the
-plain one). Per world size:
+The learner's `choose_plan(cfg, cluster, n_gpus, global_batch, memory_cap)` is asked
+about five runs (`CASES`), each chosen so that a habit fails somewhere: GPT-3 on 1024
+A100s (lesson 12's), on 64 (fits only with recomputation at t = 8), a 76B model whose
+60 layers forbid a deeper pipeline on 128 GPUs under 40 GiB (only ZeRO fits fast),
+22B under a 16 GiB cap (recomputation and a deeper pipeline), and 1.7B, where tensor
+parallelism only costs. Each plan is measured with the calculator, as the exercise
+states, and:
 
-* the output and the input's gradient equal the plain blocks' (this rank's
-  rows), at both steps (the second uses the updated shards);
-* each rank's shard is its own slice of the flattened, zero-padded parameters
-  (values [d·S, (d+1)·S) on dp rank d), and its gradient is that slice of the
-  gradient summed over the ranks;
-* the trace, per unit and step: one all-gather of the whole vector in the
-  forward, one in backward, one reduce-scatter of its gradient in backward, and
-  nothing else (an all-reduce of the gradient gives the right slice too, at N×
-  the gradient memory: it is named);
-* no gathered vector outlives its forward: every tensor of at least Ψ_u values
-  made while a unit's forward ran, and every buffer an all-gather filled in
-  backward, holds no memory once the pass is over (freed, or its storage
-  resized to 0).
+* is a valid split: dp·pp·tp = n_gpus, the model and the batch divide, known modes;
+* fits: `calc.memory_per_gpu` of its busiest GPU at most the cap;
+* is fast: `calc.step_time` within `TOLERANCE` of the fastest plan `calc.plan` finds
+  in the same space (micro-batch 1, any ZeRO stage) — a slow one is told which part
+  of its step (compute, tp, pp, dp, bubble) exceeds the best plan's the most;
+* was chosen, not looked up: neither `calc.plan` nor `calc.search.every_configuration`
+  is called while the learner's code runs.
 
-Why one file: the run on the ranks and the four judgements read the same record,
-field by field; apart, each half would only make sense with the other open.
+No process is launched: the grader is the calculator (well under a second).
 """
 
 from __future__ import annotations
 
-import copy
-import time
-import weakref
+import sys
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.overrides import TorchFunctionMode
+from ... import calc
+from ...calc import search
+from ...calc.cluster import GiB
+from ...model import GPTConfig
+from ...rules import check_parallel_config
+from .base import Check, crashed, no_shortcut, not_written
 
-from ...rules import round_up
-from ...runtime import trace
-from ...runtime._device import device
-from ...runtime.launch import launch
-from ...runtime.mesh import world
-from .base import Check, run_per_size
-
-WORLD_SIZES = (2, 4)
-STEPS, UNITS, LR = 2, 2, 0.1
-B, T, D = 2, 3, 5  # per rank: batch, sequence, width (the MLP's hidden layer is 4D)
-TOLERANCE = 1e-12  # float64
+TOLERANCE = 0.10
+KEYS = ("dp", "pp", "tp", "recompute", "zero_stage")
+NAMES = ["every plan is a valid split of the GPUs, the model and the batch",
+         "every plan fits under its memory cap (calc.memory_per_gpu)",
+         f"every plan's step time within {TOLERANCE:.0%} of the best calc.plan finds",
+         "chosen, not looked up: no planner called"]
+SHORTCUT = ("the point is to choose: use calc.memory_per_gpu and calc.step_time to weigh the "
+            "plans you consider, not the planner's answer")
 
 
-def _block() -> nn.Module:
-    """LayerNorm + MLP, 235 parameters: padded at dp = 2 and 4 alike."""
-    return nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+def _gpt(h: int, a: int, layers: int) -> GPTConfig:
+    return GPTConfig(vocab_size=51200, seq_len=2048, n_layer=layers, n_head=a, d_model=h)
 
 
-def _flat(module, padded) -> torch.Tensor:
-    flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
-    return nn.functional.pad(flat, (0, padded - flat.numel()))
+GPT3 = _gpt(12288, 96, 96)
+# (label, model, cluster, GPUs, global batch, memory cap in GiB)
+CASES = (
+    ("GPT-3 175B on 1024 A100s, batch 1536, 72 GiB", GPT3, calc.A100_80GB, 1024, 1536, 72),
+    ("GPT-3 175B on 64 A100s, batch 64, 72 GiB", GPT3, calc.A100_80GB, 64, 64, 72),
+    ("GPT 76B on 128 A100s, batch 512, 40 GiB", _gpt(10240, 80, 60), calc.A100_80GB, 128,
+     512, 40),
+    ("GPT 22B on 64 H100s, batch 256, 16 GiB", _gpt(6144, 64, 48), calc.H100_80GB, 64, 256,
+     16),
+    ("GPT 1.7B on 32 A100s, batch 512, 72 GiB", _gpt(2304, 24, 24), calc.A100_80GB, 32, 512,
+     72),
+)
+_PLANS = {}  # label -> calc.plan's answer: the same every time, and calc.plan is the slow part
+
+PART_HINTS = {
+    "compute": "recomputation repeats forward work: spend it only where memory demands it, "
+               "and on the cheapest kind that fits.",
+    "tp": "tensor parallelism all-reduces in every layer, on the links its group spans: "
+          "is your tp larger than this model or this node needs?",
+    "pp": "every pipeline boundary sends each microbatch's activations, both ways.",
+    "dp": "the gradient reduction grows with the parameters a stage holds and with the links "
+          "its group spans; ZeRO 2 and 3 repeat it every microbatch.",
+    "bubble": "the bubble is (p - 1)/m of a stage's busy time: deep pipelines with few "
+              "microbatches per replica idle.",
+}
 
 
-class _MadeInForward(TorchFunctionMode):
-    """Weak references to every tensor of at least `numel` values made while active."""
+class _Watch:
+    """Records calls of the two functions that give the answer away, `calc.plan` and
+    `calc.search.every_configuration`, while the learner's code runs. It patches the
+    class each one looks up to build its answer (`Plan`, `Configuration`), so every
+    call is seen however the learner imported the function (``from minitp.calc import
+    plan`` binds it at import time, before any patch of ``calc.plan`` could catch it)."""
 
-    def __init__(self, numel: int):
-        super().__init__()
-        self.numel, self.made = numel, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.numel() >= self.numel:
-            self.made.append(weakref.ref(out))
-        return out
-
-
-class _GatheredInBackward:
-    """Weak references to every buffer an all-gather fills while active (autograd's
-    backward runs outside the forward's function mode)."""
+    ANSWER_CLASSES = ((calc.Plan, "calc.plan"),
+                      (search.Configuration, "calc.search.every_configuration"))
 
     def __init__(self):
-        self.made, self._original = [], None
+        self.calls = []
+        self._patched = []
 
     def __enter__(self):
-        self._original = original = dist.all_gather_into_tensor
+        for cls, called in self.ANSWER_CLASSES:
+            module = sys.modules[cls.__module__]
 
-        def watched(output, *args, **kwargs):
-            self.made.append(weakref.ref(output))
-            return original(output, *args, **kwargs)
+            def recorded(*args, _cls=cls, _called=called, **kwargs):
+                self.calls.append(_called)
+                return _cls(*args, **kwargs)
 
-        dist.all_gather_into_tensor = watched
+            self._patched.append((module, cls))
+            setattr(module, cls.__name__, recorded)
         return self
 
     def __exit__(self, *exc):
-        dist.all_gather_into_tensor = self._original
-
-
-def _alive_bytes(refs, settle: float = 0.2) -> int:
-    """Bytes the still-referenced tensors of `refs` hold (each storage once). gloo's
-    worker thread may drop its reference to a collective's buffer a moment after
-    ``wait()`` returns: a tensor only counts if it is still alive `settle` seconds on."""
-    deadline = time.perf_counter() + settle
-    while True:
-        seen, total = set(), 0
-        for ref in refs:
-            t = ref()
-            if t is not None and t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.untyped_storage().nbytes()
-            del t
-        if total == 0 or time.perf_counter() > deadline:
-            return total
-        time.sleep(0.002)
-
-
-def _in_rank(unit_class):
-    """Runs on every rank: the learner's units against the plain blocks."""
-    axis, dev = world(), device()
-    n, r = axis.size, axis.rank
-    torch.manual_seed(0)
-    blocks = [_block().double().to(dev) for _ in range(UNITS)]
-    refs = copy.deepcopy(blocks)
-    numel = sum(p.numel() for p in refs[0].parameters())
-    padded = round_up(numel, n)
-    size = padded // n
-    units = [unit_class(block, axis) for block in blocks]
-    generator = torch.Generator().manual_seed(1)
-    steps = []
-    for _ in range(STEPS):
-        x = torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
-        w = torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
-        mine = slice(r * B, (r + 1) * B)  # this rank's rows of the global batch
-        record = {"shard": [], "grad": [], "alive_fwd": [], "error": {}}
-        for k, unit in enumerate(units):
-            shard = getattr(unit, "shard", None)
-            expected = _flat(refs[k], padded)
-            if not isinstance(shard, nn.Parameter) or shard.shape != (size,):
-                shown = tuple(shard.shape) if isinstance(shard, torch.Tensor) else type(shard)
-                record["shard"].append(("shape", shown, (size,)))
-                continue
-            starts = [d * size for d in range(n)
-                      if torch.allclose(shard.detach(), expected[d * size:(d + 1) * size],
-                                        rtol=0, atol=TOLERANCE)]
-            record["shard"].append(("values", starts, r * size))
-        # the plain blocks, the whole batch
-        ref_in = x.clone().requires_grad_()
-        h = ref_in
-        for block in refs:
-            h = block(h)
-        ref_out = h
-        (ref_out * w).sum().backward()
-        # the learner's units, this rank's rows
-        mine_in = x[mine].clone().requires_grad_()
-        first = len(trace.events())
-        h, made = mine_in, []
-        with trace.phase("fwd"):
-            for unit in units:
-                with _MadeInForward(numel) as watch:
-                    h = unit(h)
-                made += watch.made
-                record["alive_fwd"].append(_alive_bytes(made))
-        with _GatheredInBackward() as gathered:
-            (h * w[mine]).sum().backward()
-        record["alive_bwd"] = _alive_bytes(made + gathered.made)
-        events = trace.events()[first:]
-        record["ops"] = [(e.op, e.phase or "fwd", e.nbytes) for e in events if e.is_comm]
-        record["error"]["output"] = (h - ref_out[mine]).abs().max().item()
-        record["error"]["input gradient"] = (mine_in.grad - ref_in.grad[mine]).abs().max().item()
-        with torch.no_grad():
-            for k, unit in enumerate(units):
-                grad = _flat_grad(refs[k], padded)[r * size:(r + 1) * size]
-                mine_grad = getattr(getattr(unit, "shard", None), "grad", None)
-                record["grad"].append(None if mine_grad is None or mine_grad.shape != grad.shape
-                                      else (mine_grad - grad).abs().max().item())
-                for p in refs[k].parameters():  # one SGD step, both sides
-                    p -= LR * p.grad
-                    p.grad = None
-                if isinstance(getattr(unit, "shard", None), nn.Parameter):
-                    if mine_grad is not None and mine_grad.shape == unit.shard.shape:
-                        unit.shard -= LR * mine_grad
-                    unit.shard.grad = None
-        steps.append(record)
-    return {"steps": steps, "padded": padded, "size": size, "e": 8}
-
-
-def _flat_grad(module, padded) -> torch.Tensor:
-    flat = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
-    return nn.functional.pad(flat, (0, padded - flat.numel()))
+        for module, cls in self._patched:
+            setattr(module, cls.__name__, cls)
+        self._patched = []
 
 
 def run(module) -> list[Check]:
-    def launch_at(n):
-        return launch(_in_rank, n, module.Zero3Unit, timeout=20.0)
-
-    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="Zero3Unit", size="dp")
-
-
-def _names(n) -> list[str]:
-    return [f"dp={n}: output and input gradient equal the plain blocks', step after step",
-            f"dp={n}: each rank keeps its own slice, with that slice of the summed gradient",
-            f"dp={n}: per unit: an all-gather in forward, another in backward, a reduce-scatter",
-            f"dp={n}: no gathered parameters alive after a unit's forward, nor after backward"]
-
-
-def _judge(n, names, per_rank) -> list[Check]:
-    return [_equality(names[0], per_rank), _shards(names[1], per_rank),
-            _collectives(names[2], per_rank), _freed(names[3], per_rank)]
+    answers = []
+    with _Watch() as watch:  # only the learner's code runs inside: the reference comes after
+        for label, cfg, cluster, n_gpus, batch, cap in CASES:
+            try:
+                answers.append(module.choose_plan(cfg, cluster, n_gpus, batch, cap * GiB))
+            except NotImplementedError as exc:
+                return not_written(NAMES, "choose_plan", str(exc))
+            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+                return crashed(NAMES, label, exc, "return a dict with the keys " + ", ".join(KEYS))
+    judged = [_judge(case, plan) for case, plan in zip(CASES, answers, strict=True)]
+    return [_valid(judged), _fits(judged), _fast(judged),
+            no_shortcut(NAMES[3], watch.calls, SHORTCUT)]
 
 
-def _equality(name, per_rank) -> Check:
-    error, step, rank, tensor = max((err, k, rank, what) for rank, r in enumerate(per_rank)
-                                    for k, s in enumerate(r["steps"])
-                                    for what, err in s["error"].items())
-    if error <= TOLERANCE:
-        return Check(name, True, f"largest error {error:.1e}", max_error=error)
-    return Check(name, False, f"step {step + 1}, rank {rank}, the {tensor}: largest error "
-                 f"{error:.3g}", rank=rank, tensor=tensor, max_error=error,
-                 hint="the whole vector is every rank's shard in rank order: all-gather the "
-                      "shards (not an all-reduce), and in backward run the module again on "
-                      "the same values")
+def _reference(label, cfg, cluster, n_gpus, batch, cap):
+    if label not in _PLANS:
+        _PLANS[label] = calc.plan(cfg, cluster, batch, n_gpus, micro_batches=(1,),
+                                  zero_stage=(0, 1, 2, 3), usable=cap * GiB / cluster.memory)
+    return _PLANS[label]
 
 
-def _shards(name, per_rank) -> Check:
-    worst = 0.0
-    for rank, r in enumerate(per_rank):
-        size = r["size"]
-        for k, s in enumerate(r["steps"]):
-            for u, (kind, got, want) in enumerate(s["shard"]):
-                where = f"step {k + 1}, rank {rank}, unit {u}"
-                if kind == "shape":
-                    return Check(name, False, f"{where}: shard is {got}, expected an "
-                                 f"nn.Parameter of shape {want}", rank=rank, tensor="shard",
-                                 hint="padded / axis.size values, wrapped in nn.Parameter")
-                if want not in got:
-                    held = (f"values [{got[0]}, {got[0] + size})" if got
-                            else "no slice of the flattened parameters")
-                    return Check(name, False, f"{where}: the shard holds {held}; dp rank "
-                                 f"{rank} owns values [{want}, {want + size})", rank=rank,
-                                 tensor="shard", hint="rank d keeps the d-th of the N equal "
-                                 "slices: start at axis.rank * shard_size")
-            for u, error in enumerate(s["grad"]):
-                where = f"step {k + 1}, rank {rank}, unit {u}"
-                if error is None:
-                    return Check(name, False, f"{where}: the shard has no gradient of its "
-                                 "shape", rank=rank, tensor="shard.grad",
-                                 hint="backward returns the shard's gradient: this rank's "
-                                      "slice of the summed gradient")
-                if error > TOLERANCE:
-                    return Check(name, False, f"{where}: shard.grad largest error {error:.3g}",
-                                 rank=rank, tensor="shard.grad", max_error=error,
-                                 hint="sum the whole gradient over the ranks and keep this "
-                                      "rank's slice: mt.comm.reduce_scatter (no division: the "
-                                      "loss is a sum)")
-                worst = max(worst, error)
-    return Check(name, True, f"largest gradient error {worst:.1e}", max_error=worst)
+def _describe(plan: dict) -> str:
+    return " ".join(f"{key}={plan[key]}" for key in KEYS)
 
 
-def _collectives(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        whole = r["padded"] * r["e"]
-        for k, s in enumerate(r["steps"]):
-            where = f"step {k + 1}, rank {rank}"
-            ops = s["ops"]
-            if any(op == "all_reduce" for op, _, _ in ops):
-                return Check(name, False, f"{where}: made an all_reduce: every rank then holds "
-                             "the whole summed gradient, N times what its shard needs",
-                             rank=rank, hint="reduce-scatter the gradient: each rank receives "
-                             "only its own slice of the sum (and on a ring, half the bytes)")
-            fwd = [op for op, phase, _ in ops if phase == "fwd"]
-            bwd = [op for op, phase, _ in ops if phase == "bwd"]
-            if fwd != ["all_gather"] * UNITS:
-                return Check(name, False, f"{where}: forward made {fwd or 'no collective'}; "
-                             f"expected one all_gather per unit ({UNITS})", rank=rank,
-                             hint="gather the whole vector from the shards just before the "
-                                  "module runs, once per forward")
-            if bwd.count("all_gather") != UNITS:
-                return Check(name, False, f"{where}: backward made {bwd.count('all_gather')} "
-                             f"all_gather(s) for {UNITS} units: the whole parameters must be "
-                             "gathered again for backward, not kept from the forward",
-                             rank=rank, hint="between forward and backward a rank holds only "
-                             "its shard; gather again in backward")
-            if bwd.count("reduce_scatter") != UNITS or len(bwd) != 2 * UNITS:
-                return Check(name, False, f"{where}: backward made {bwd}; expected per unit "
-                             "one all_gather and one reduce_scatter", rank=rank,
-                             hint="reduce-scatter the whole vector's gradient, once per unit")
-            sizes = sorted({nbytes for _, _, nbytes in ops})
-            if sizes != [whole]:
-                return Check(name, False, f"{where}: collectives of {sizes} bytes; expected "
-                             f"the whole padded vector, {whole} bytes, each time", rank=rank,
-                             hint="gather and reduce-scatter the whole flat vector, padding "
-                                  "included")
-    return Check(name, True, f"{UNITS} units x (1 + 1 all-gathers, 1 reduce-scatter) a step: "
-                 "3 collectives of the unit's values, where data parallelism makes 1 all-reduce")
+def _judge(case, plan) -> dict:
+    """What the calculator says of one plan: why it is not valid, or its memory and time."""
+    label, cfg, cluster, n_gpus, batch, cap = case
+    result = {"label": label, "cap": cap}
+    if not isinstance(plan, dict) or set(KEYS) - set(plan):
+        missing = ", ".join(k for k in KEYS if not isinstance(plan, dict) or k not in plan)
+        result["invalid"] = f"{label}: got {plan!r}, a dict without {missing}"
+        return result
+    result["plan"] = _describe(plan)
+    dp, pp, tp, recompute, zero = (plan[k] for k in KEYS)
+    sp = tp > 1 if isinstance(tp, int) else False
+    try:
+        check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+                              recompute=recompute, zero_stage=zero, world_size=n_gpus)
+        if batch % dp:
+            raise ValueError(f"the global batch {batch} does not split over dp={dp} replicas")
+    except ValueError as exc:
+        result["invalid"] = f"{label}: {result['plan']}: {exc}"
+        return result
+    result["memory"] = calc.memory_per_gpu(cfg, 1, dp, pp, tp, sp, recompute, zero, "megatron",
+                                           microbatches=batch // dp)
+    result["time"] = calc.step_time(cfg, cluster, dp, pp, tp, 1, batch, sp, recompute,
+                                    zero_stage=zero)
+    result["zero"] = zero
+    reference = _reference(*case)
+    result["best"] = reference.best
+    result["needs zero"] = not any(  # no plan without ZeRO is fast enough: say so if slow
+        c.zero_stage == 0 and c.time.total <= (1 + TOLERANCE) * reference.best.time.total
+        for c in reference.candidates)
+    return result
 
 
-def _freed(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        for k, s in enumerate(r["steps"]):
-            for u, alive in enumerate(s["alive_fwd"]):
-                if alive:
-                    return Check(name, False, f"step {k + 1}, rank {rank}: {alive} bytes of "
-                                 f"gathered parameters still alive after unit {u}'s forward "
-                                 f"(the whole vector is {r['padded'] * r['e']} bytes)",
-                                 rank=rank, tensor="gathered parameters",
-                                 hint="keep only the input for backward (save_for_backward(x)); "
-                                      "nothing that holds the vector or a view of it may survive "
-                                      "the forward: not ctx, not autograd's saved tensors")
-            if s["alive_bwd"]:
-                return Check(name, False, f"step {k + 1}, rank {rank}: {s['alive_bwd']} bytes "
-                             "of gathered parameters still alive after backward", rank=rank,
-                             tensor="gathered parameters",
-                             hint="the vector gathered for backward is freed once its gradient "
-                                  "is reduce-scattered")
-    return Check(name, True, "between forward and backward each rank held only its shards")
+def _valid(judged) -> Check:
+    for r in judged:
+        if "invalid" in r:
+            return Check(NAMES[0], False, r["invalid"], tensor="plan",
+                         hint="dp · pp · tp must be the GPU count, tp must divide the heads "
+                              "(and the hidden size and sequence), pp the layers, dp the "
+                              "global batch")
+    return Check(NAMES[0], True, f"{len(judged)} runs")
+
+
+def _fitting(r) -> bool:
+    return "memory" in r and r["memory"]["total"] <= r["cap"] * GiB
+
+
+def _not_checked(name, judged, checked) -> Check | None:
+    skipped = [r["label"] for r in judged if r not in checked]
+    if skipped:
+        return Check(name, False, f"not checked for {'; '.join(skipped)}: see above")
+    return None
+
+
+def _fits(judged) -> Check:
+    valid = [r for r in judged if "memory" in r]
+    for r in valid:
+        if _fitting(r):
+            continue
+        memory = r["memory"]
+        states = memory["total"] - memory["activations"]
+        return Check(NAMES[1], False, f"{r['label']}: {r['plan']} needs "
+                     f"{memory['total'] / GiB:.1f} GiB on its busiest GPU (model states "
+                     f"{states / GiB:.1f}, activations {memory['activations'] / GiB:.1f}), over "
+                     f"the {r['cap']} GiB cap", tensor="memory",
+                     max_error=memory["total"] / (r["cap"] * GiB) - 1,
+                     hint="model states shrink with pp and tp (and with ZeRO, over dp); "
+                          "activations with tp (sequence parallel) and recomputation")
+    return (_not_checked(NAMES[1], judged, valid)
+            or Check(NAMES[1], True, f"{len(judged)} runs"))
+
+
+def _fast(judged) -> Check:
+    fitting = [r for r in judged if _fitting(r)]
+    for r in fitting:
+        mine, best = r["time"], r["best"].time
+        slower = mine.total / best.total - 1
+        if slower <= TOLERANCE:
+            continue
+        excess = {part: getattr(mine, part) - getattr(best, part) for part in PART_HINTS}
+        part = max(excess, key=excess.get)
+        hint = PART_HINTS[part]
+        if r["zero"] == 0 and r["needs zero"]:
+            hint += (" Here no plan without ZeRO comes within "
+                     f"{TOLERANCE:.0%} of the best: what does sharding over dp free?")
+        return Check(NAMES[2], False, f"{r['label']}: {r['plan']} takes {mine.total:.3g} s per "
+                     f"step, {slower:.0%} slower than the best plan that fits "
+                     f"({best.total:.3g} s); the most of it is {part}: "
+                     f"{getattr(mine, part):.3g} s against {getattr(best, part):.3g} s",
+                     tensor=part, max_error=slower, hint=hint)
+    worst = max(r["time"].total / r["best"].time.total - 1 for r in fitting) if fitting else 0
+    return (_not_checked(NAMES[2], judged, fitting)
+            or Check(NAMES[2], True, f"{len(judged)} runs, the slowest {worst:+.1%} "
+                     "against the best"))

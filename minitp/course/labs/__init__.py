@@ -7,26 +7,26 @@ nothing in the library imports it. Each lab is one module:
 
 * `activations`: activation bytes per layer, measured by the ledger, beside
   Korthikanti et al. 2022, Table 2, with every byte of the gap named (lessons
-  05 and 06);
+  05 and 07);
 * `pipedream`: PipeDream's asynchronous 1F1B with weight stashing beside
   PipeDream-Flush, on real processes: stashed versions counted, loss curves
-  (lesson 07);
+  (lesson 09);
 * `planning`: the planner's model of a machine against the machine: its
-  constants profiled on real ranks, its step times measured (lesson 10);
+  constants profiled on real ranks, its step times measured (lesson 12);
 * `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
-  and split into compute and communication from the trace (lesson 09);
+  and split into compute and communication from the trace (lesson 11);
 * `explorer`: memory per GPU and step time of runs too large to launch, from
-  `minitp.calc`, with an ipywidgets front end (lesson 10);
+  `minitp.calc`, with an ipywidgets front end (lesson 12);
 * `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
   same ranks, measured side by side, and ZeRO-3's parameter bytes through a
-  step (lesson 12);
+  step (lesson 14);
 * `long_sequences`: what sequence parallelism leaves whole, activation memory
   against sequence length with and without context parallelism, the ring's
-  trace, and the causal work per rank with and without load balancing (lesson 13);
+  trace, and the causal work per rank with and without load balancing (lesson 08);
 * `step_timing`: training steps of several models timed in turn on every rank
-  (lesson 06 and `bench/gpu_figures.py`);
+  (lesson 07 and `bench/gpu_figures.py`);
 * `gpu_figures`: the figures `bench/gpu_figures.py` recorded on a GPU, read back
-  for lessons 01, 06 and 09 (or a plain statement that none was recorded).
+  for lessons 01, 07 and 11 (or a plain statement that none was recorded).
 
 The labs are imported on first use (``minitp.course.labs.scaling``), not with the
 package: the explorer pulls in ipywidgets, which ranks never need.

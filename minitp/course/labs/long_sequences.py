@@ -1,5 +1,5 @@
 """Lab: long sequences — what sequence parallelism leaves whole, and what context
-parallelism splits (lesson 13).
+parallelism splits (lesson 08).
 
 * `memory_vs_length`: one launch of 4 ranks; a one-layer GPT in bfloat16 runs one
   forward pass under the `ActivationLedger` (MEASURED) for each sequence length,

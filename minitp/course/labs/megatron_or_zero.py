@@ -23,7 +23,7 @@ parameters whole at a time, plus the one prefetched).
 
 Why one file: the measurement, the recorder that runs inside it and the
 comparison that launches both are one experiment, read in that order by lesson
-12; apart, each would only make sense with the others open beside it.
+14; apart, each would only make sense with the others open beside it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Lab: time training steps of several models in turn, on every rank of a launch.
 
-Lesson 06 times tensor parallelism, sequence parallelism and recomputation this
+Lesson 07 times tensor parallelism, sequence parallelism and recomputation this
 way, and `bench/gpu_figures.py` records the same timing on a GPU node; one
 function, so that the two measure the same thing.
 

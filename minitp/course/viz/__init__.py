@@ -12,7 +12,7 @@ Colours are the Okabe–Ito palette, which stays distinguishable under the commo
 kinds of colour blindness; shapes and text carry the same information as colour.
 
 One module per kind of picture: timeline, collectives (before/after,
-bandwidth), tensor_parallel, memory (lessons 04-06), pipeline (the Gantt chart),
+bandwidth), tensor_parallel, memory (lessons 04, 05 and 07), pipeline (the Gantt chart),
 mesh (the 3D mesh), planning, scaling, zero (ZeRO-3's parameter memory), ring
 (context parallelism: the ring from a trace, causal work, memory vs length);
 _style holds the palette and units they share. Everything is importable from here.

@@ -1,4 +1,5 @@
-"""Lessons 04–06: wire bytes per label, activation memory against t, dropout masks, trade-offs."""
+"""Lessons 04, 05 and 07: wire bytes per label, activation memory against t, dropout
+masks, trade-offs."""
 
 from __future__ import annotations
 

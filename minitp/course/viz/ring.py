@@ -1,4 +1,4 @@
-"""Context parallelism's pictures (lesson 13): the ring drawn from a run's trace,
+"""Context parallelism's pictures (lesson 08): the ring drawn from a run's trace,
 the causal work each rank did, and activation memory against sequence length.
 
     fig = ring(run.trace)              # every send of the run's cp ring

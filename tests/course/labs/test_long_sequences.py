@@ -1,4 +1,4 @@
-"""Lesson 13's lab and pictures (minitp.course.labs.long_sequences, minitp.course.viz.ring).
+"""Lesson 08's lab and pictures (minitp.course.labs.long_sequences, minitp.course.viz.ring).
 
 * a saved tensor's shape says how much of the sequence it holds;
 * the lab's ring, contiguous and load-balanced, at cp = 2 on real processes: each

@@ -1,4 +1,4 @@
-"""The pictures of lessons 04-06: bytes on the wire per part of the model, activation
+"""The pictures of lessons 04, 05 and 07: bytes on the wire per part of the model, activation
 memory against t, dropout masks rank by rank, and the memory-time trade-off.
 
 Each function on small synthetic inputs (and `wire_bytes` on a real launched step);

@@ -1,4 +1,6 @@
-"""Exercise 12: one ZeRO-3 unit — gather before forward, free after, gather again
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex14
+# Made from solutions/ex14_zero3_unit.py by `python -m minitp.course.make_exercises`.
+"""Exercise 14: one ZeRO-3 unit — gather before forward, free after, gather again
 for backward, reduce-scatter the gradient.
 
 ZeRO stage 3 (Rajbhandari et al. 2020; FSDP is the same design) keeps no whole
@@ -36,7 +38,7 @@ What you need:
   read from views of the whole vector `full`;
 * ``torch.autograd.grad(outputs, inputs, grad_outputs)``.
 
-Grade it with `mt.grade("ex12")` in a notebook or `python -m minitp.course.grade ex12`:
+Grade it with `mt.grade("ex14")` in a notebook or `python -m minitp.course.grade ex14`:
 two units in a row, two SGD steps on the shards, at dp = 2 and 4 in float64,
 against the plain module on the whole batch; the trace must show one all-gather
 before each forward, one in backward and one reduce-scatter, and no gathered
@@ -62,12 +64,12 @@ class Zero3Unit(nn.Module):
         self.shard_size = self.padded // axis.size
         flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
         flat = nn.functional.pad(flat, (0, self.padded - self.numel))  # zeros at the end
-        # BEGIN SOLUTION
         # hint: this rank's slice of `flat`: shard_size values starting at axis.rank * shard_size,
         # hint: copied (clone) into an nn.Parameter, so the optimizer steps it
-        start = axis.rank * self.shard_size
-        self.shard = nn.Parameter(flat[start:start + self.shard_size].clone())
-        # END SOLUTION
+        raise NotImplementedError(
+            "this rank's slice of `flat`: shard_size values starting at axis.rank * "
+            'shard_size, copied (clone) into an nn.Parameter, so the optimizer steps it'
+        )
         for p in module.parameters():  # the module keeps no values of its own now
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         self.module = module
@@ -91,32 +93,23 @@ class GatherRunFree(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, shard, unit):
         ctx.unit = unit
-        # BEGIN SOLUTION
         # hint: gather the whole vector from the shards, run the module on it, and keep
         # hint: for backward only what you must: the input (ctx.save_for_backward), not the vector
-        full = mt.comm.all_gather(shard.detach(), unit.axis)  # (padded,): every rank's shard
-        y = run_module(unit, full, x)
-        ctx.save_for_backward(x)
-        del full  # the whole parameters live only while the module runs
-        return y
-        # END SOLUTION
+        raise NotImplementedError(
+            'gather the whole vector from the shards, run the module on it, and keep for '
+            'backward only what you must: the input (ctx.save_for_backward), not the vector'
+        )
 
     @staticmethod
     def backward(ctx, grad_y):
         unit = ctx.unit
-        # BEGIN SOLUTION
         # hint: gather again; run the module again with gradients on (torch.enable_grad()),
         # hint: on a detached input and vector that require grad; torch.autograd.grad gives
         # hint: their gradients; sum the vector's over the ranks keeping this rank's slice.
         # hint: Return one gradient per forward input: (grad_x, grad_shard, None)
-        (x,) = ctx.saved_tensors
-        full = mt.comm.all_gather(unit.shard.detach(), unit.axis)  # the same values again
-        with torch.enable_grad():
-            x_again = x.detach().requires_grad_()
-            full = full.requires_grad_()
-            y = run_module(unit, full, x_again)
-            grad_x, grad_full = torch.autograd.grad(y, (x_again, full), grad_y)
-        del full, y
-        grad_shard = mt.comm.reduce_scatter(grad_full, unit.axis)  # (shard_size,)
-        return grad_x, grad_shard, None
-        # END SOLUTION
+        raise NotImplementedError(
+            'gather again; run the module again with gradients on (torch.enable_grad()), on a'
+            ' detached input and vector that require grad; torch.autograd.grad gives their '
+            "gradients; sum the vector's over the ranks keeping this rank's slice. Return one"
+            ' gradient per forward input: (grad_x, grad_shard, None)'
+        )

@@ -1,6 +1,8 @@
-"""Exercise 14: SUMMA's backward — the gradients of a 2D tensor-parallel linear layer.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex06
+# Made from solutions/ex06_summa_backward.py by `python -m minitp.course.make_exercises`.
+"""Exercise 06: SUMMA's backward — the gradients of a 2D tensor-parallel linear layer.
 
-Lesson 14 ran Y = X Wᵀ + b (nn.Linear's convention) on a q × q grid of ranks. Rank
+Lesson 06 ran Y = X Wᵀ + b (nn.Linear's convention) on a q × q grid of ranks. Rank
 (i, j) holds the activation block X_ij (token block i, d_in block j), the weight block
 W_ij, kept in nn.Linear's layout (d_out block j, d_in block i: shape (d_out/q, d_in/q)),
 and the bias block b_j. Its forward gathered X_i· along its grid row (``x_row``, shape
@@ -26,7 +28,7 @@ What you need: ``mt.comm.reduce_scatter(x, axis, dim)``, ``mt.comm.all_reduce(x,
 the grid's axes ``grid.row`` (the q ranks of this rank's grid row; ``grid.row.rank`` is
 j) and ``grid.col`` (its grid column; ``grid.col.rank`` is i). minitp's own backward is
 `minitp.tensor_parallel.two_d`: try first.
-Grade it with `mt.grade("ex14")` in a notebook or `python -m minitp.course.grade ex14`:
+Grade it with `mt.grade("ex06")` in a notebook or `python -m minitp.course.grade ex06`:
 at q = 2 and 3 on real processes, in float64, against the dense layer's autograd.
 """
 
@@ -35,12 +37,11 @@ import minitp as mt
 
 def summa_backward(grad, x_row, w_col, grid):
     """(grad_x, grad_w, grad_b): this rank's blocks of the three gradients."""
-    # BEGIN SOLUTION
     # hint: grad @ w_col is this rank's term of dX for all of token block i, and
     # hint: grad.T @ x_row its term of the weight's gradient for all of d_out block j.
     # hint: Which ranks hold the other terms of each sum? Sum them, keep your d_in block.
-    grad_x = mt.comm.reduce_scatter(grad @ w_col, grid.row, dim=1)
-    grad_w = mt.comm.reduce_scatter(grad.T @ x_row, grid.col, dim=1)
-    grad_b = mt.comm.all_reduce(grad.sum(0), grid.col)
-    return grad_x, grad_w, grad_b
-    # END SOLUTION
+    raise NotImplementedError(
+        "grad @ w_col is this rank's term of dX for all of token block i, and grad.T @ x_row "
+        "its term of the weight's gradient for all of d_out block j. Which ranks hold the "
+        'other terms of each sum? Sum them, keep your d_in block.'
+    )

@@ -1,6 +1,6 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex13
-# Made from solutions/ex13_online_softmax.py by `python -m minitp.course.make_exercises`.
-"""Exercise 13: the online-softmax merge, then one step of ring attention.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex08
+# Made from solutions/ex08_online_softmax.py by `python -m minitp.course.make_exercises`.
+"""Exercise 08: the online-softmax merge, then one step of ring attention.
 
 Attention over a long sequence need not see every key at once. Split the keys
 into blocks; for one block, a query's *partial* result is its softmax-weighted
@@ -45,10 +45,10 @@ rank dst while receiving into the buffer `out` from src: a ring of these cannot
 deadlock); ``axis.rank``, ``axis.size``, ``axis.next``, ``axis.prev``.
 
 minitp's own ring (`mt.context_parallel.ring_attention`) splits the sequence in
-2n chunks so that every rank does the same work (lesson 13 measures why), and
+2n chunks so that every rank does the same work (lesson 08 measures why), and
 posts the next block before computing with this one; the merge is the same.
 
-Grade it with `mt.grade("ex13")` in a notebook or `python -m minitp.course.grade ex13`:
+Grade it with `mt.grade("ex08")` in a notebook or `python -m minitp.course.grade ex08`:
 the merge in float64 against the softmax over all the keys (scores of ±1000
 included), then the ring at cp = 2 and 4 on real processes, every step checked.
 """

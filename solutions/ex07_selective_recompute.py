@@ -1,4 +1,4 @@
-"""Exercise 06: selective activation recomputation of the attention core, by hand.
+"""Exercise 07: selective activation recomputation of the attention core, by hand.
 
 The attention core — scores = q·kᵀ/√d, causal mask, softmax, dropout, ·v — keeps
 the s×s tensors that make up the 5as²b term of Korthikanti et al.'s activation
@@ -19,8 +19,8 @@ recompute="selective")` uses):
   back-propagate the incoming gradient through the recomputed graph.
 
 `SelectiveRecompute` wraps a core module with it; `recompute_attention_cores`
-swaps it into every layer of a model. Grade it with `mt.grade("ex06")` in a
-notebook or `python -m minitp.course.grade ex06`.
+swaps it into every layer of a model. Grade it with `mt.grade("ex07")` in a
+notebook or `python -m minitp.course.grade ex07`.
 """
 
 import torch
