@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .mixed_precision import loss_precision
-from .rules import IGNORE_INDEX, check_token_ids
+from .rules import IGNORE_INDEX, check_positive_int, check_token_ids
 
 ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
 
@@ -47,9 +47,7 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+            check_positive_int(f"GPTConfig.{name}", getattr(self, name))
         if self.d_model % self.n_head:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_head={self.n_head} "

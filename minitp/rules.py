@@ -55,9 +55,11 @@ def model_chunks(model) -> list:
 
 
 # --------------------------------------------------------------------------- checks
-def _positive_int(name: str, value) -> None:
+def check_positive_int(name: str, value) -> int:
+    """`value`, if it is a positive int (not a bool); else a ValueError naming `name`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def check_recompute(mode) -> None:
@@ -150,7 +152,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
         world_size = mesh.world_size
     for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp),
                         ("virtual_stages", virtual_stages)):
-        _positive_int(name, value)
+        check_positive_int(name, value)
     if cfg.n_head % tp:
         raise ValueError(
             f"n_head={cfg.n_head} is not divisible by tp={tp}: tensor parallelism gives "
@@ -190,12 +192,12 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                          f"size is {world_size}")
     check_schedule(schedule, virtual_stages)
     if microbatches is not None:
-        _positive_int("microbatches", microbatches)
+        check_positive_int("microbatches", microbatches)
         if virtual_stages > 1 and not interleaving_fits(pp, microbatches):
             raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) "
                              f"divisible by pp ({pp}): they go through each chunk in groups of pp")
     if batch_size is not None:
-        _positive_int("batch size", batch_size)
+        check_positive_int("batch size", batch_size)
         m = 1 if microbatches is None else microbatches
         if batch_size % (dp * m):
             raise ValueError(f"the batch of {batch_size} rows cannot be cut into dp={dp} slices "

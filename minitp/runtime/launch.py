@@ -44,6 +44,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..rules import check_positive_int
 from . import _device, _pickling, trace
 from ._failure_report import is_cascade, tail
 from ._rank_set import Launch as _Launch
@@ -71,8 +72,7 @@ def launch(
     """
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    check_positive_int("world_size", world_size)
     if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
             or not math.isfinite(timeout) or timeout <= 0):
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")

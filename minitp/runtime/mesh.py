@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..rules import check_positive_int
+
 
 @dataclass(frozen=True)
 class Axis:
@@ -205,8 +207,7 @@ class Mesh:
 
 def _check_sizes(dp, pp, tp, cp=1) -> None:
     for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_int(name, value)
 
 
 def _require_initialized(what: str) -> None:

@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..rules import check_positive_int
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis, _require_initialized
 from .layers import _dense_init
@@ -56,8 +57,7 @@ def grid_layout(q: int) -> dict[str, list[list[int]]]:
     >>> grid_layout(2)
     {'row': [[0, 1], [2, 3]], 'col': [[0, 2], [1, 3]]}
     """
-    if not isinstance(q, int) or isinstance(q, bool) or q < 1:
-        raise ValueError(f"q must be a positive integer, got {q!r}")
+    check_positive_int("q", q)
     grid = torch.arange(q * q).reshape(q, q)
     return {"row": grid.tolist(), "col": grid.T.tolist()}
 

@@ -40,7 +40,7 @@ import ipywidgets as widgets
 from ... import calc
 from ...calc.cluster import Cluster, GiB
 from ...model import GPTConfig
-from ...rules import check_parallel_config
+from ...rules import check_parallel_config, check_positive_int
 
 
 def _gpt(h: int, a: int, layers: int, s: int = 2048) -> GPTConfig:
@@ -179,10 +179,6 @@ def _seconds(x: float) -> str:
     return f"{x:.3f}" if x < 100 else f"{x:.1f}" if x < 10_000 else f"{x:,.0f}"
 
 
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _model(model) -> tuple[str, GPTConfig]:
@@ -233,29 +229,29 @@ def explore(model="gpt3-175b", n_gpus: int | None = None, gpu="a100-80gb", dp: i
     """
     name, cfg = _model(model)
     cluster = _cluster(gpu, gpu_memory)
-    pp, tp = _positive_int("pp", pp), _positive_int("tp", tp)
-    micro_batch, virtual = _positive_int("micro_batch", micro_batch), _positive_int("virtual",
-                                                                                   virtual)
+    pp, tp = check_positive_int("pp", pp), check_positive_int("tp", tp)
+    micro_batch = check_positive_int("micro_batch", micro_batch)
+    virtual = check_positive_int("virtual", virtual)
     if n_gpus is None:
-        n_gpus = (1 if dp is None else _positive_int("dp", dp)) * pp * tp
-    n_gpus = _positive_int("n_gpus", n_gpus)
+        n_gpus = (1 if dp is None else check_positive_int("dp", dp)) * pp * tp
+    n_gpus = check_positive_int("n_gpus", n_gpus)
     if dp is None:
         if n_gpus % (pp * tp):
             raise ValueError(f"n_gpus={n_gpus} is not divisible by pp*tp = {pp}*{tp} = "
                              f"{pp * tp}: there is no whole number of data-parallel replicas")
         dp = n_gpus // (pp * tp)
-    dp = _positive_int("dp", dp)
+    dp = check_positive_int("dp", dp)
     if dp * pp * tp != n_gpus:
         raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but n_gpus={n_gpus}: "
                          "every GPU holds exactly one (dp, pp, tp) coordinate")
     if global_batch is not None:
-        global_batch = _positive_int("global_batch", global_batch)
+        global_batch = check_positive_int("global_batch", global_batch)
         m = calc.microbatch_count(global_batch, dp, micro_batch)
         if microbatches is not None and microbatches != m:
             raise ValueError(f"global_batch={global_batch} with dp={dp} and micro_batch="
                              f"{micro_batch} is {m} microbatches, not microbatches={microbatches}")
         microbatches = m
-    microbatches = _positive_int("microbatches", 1 if microbatches is None else microbatches)
+    microbatches = check_positive_int("microbatches", 1 if microbatches is None else microbatches)
     global_batch = dp * microbatches * micro_batch
     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp, recompute=recompute,
                           virtual_stages=virtual, world_size=n_gpus, microbatches=microbatches)
