@@ -74,3 +74,11 @@ def test_the_fused_kernel_keeps_no_s_by_s_tensor_the_5as_over_h_term_is_gone():
 def test_bad_attention_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         mt.GPTConfig(**CFG, **kwargs)
+
+
+@pytest.mark.parametrize("size", [0, -2, 2.0, True, "4"])
+def test_a_size_that_is_not_a_positive_int_is_refused(size):
+    """GPTConfig's sizes go through the one positive-int rule (rules.check_positive_int):
+    a bool is not a size, though Python counts it an int."""
+    with pytest.raises(ValueError, match="GPTConfig.n_layer must be a positive integer, got"):
+        mt.GPTConfig(**{**CFG, "n_layer": size})
