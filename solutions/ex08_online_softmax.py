@@ -1,54 +1,56 @@
-"""Exercise 08: the online-softmax merge, then one step of ring attention.
+"""Exercise 08: the online-softmax merge, the load-balanced split, and one step of
+ring attention.
 
-Attention over a long sequence need not see every key at once. Split the keys
-into blocks; for one block, a query's *partial* result is its softmax-weighted
-average over that block's keys alone, O_b, together with the block's
-log-sum-exp of the scores, ℓ_b = log Σ_j exp(s_j). Two partials over disjoint
-keys hold everything the whole softmax needs:
+Part (a): `merge`. A block's *partial* attention result is a query's
+softmax-weighted average over that block's keys alone, O_b, with the block's
+log-sum-exp of the scores, ℓ_b = log Σ_j exp(s_j). Lesson 08 derives how two
+partials over disjoint keys combine into the softmax over all of them. Write it
+on tensors: out (B, heads, n, d), lse (B, heads, n). It must stay finite for
+scores of any size (e^ℓ overflows float64 once ℓ passes ~709), and a partial over
+no keys at all (ℓ = −inf, O = 0, where the ring starts) must change nothing.
 
-    ℓ = log(e^ℓ₁ + e^ℓ₂),    O = e^(ℓ₁−ℓ)·O₁ + e^(ℓ₂−ℓ)·O₂
+Part (b): the load-balanced split. Under the causal mask a query attends only to
+keys at or before it, so a contiguous split gives the last rank the most work and
+the first the least. Instead, cut the sequence into 2·cp equal chunks, numbered
+0 .. 2·cp − 1 in sequence order; rank r holds chunks r and 2·cp − 1 − r, one early
+and one late, early one first. `chunks_of(rank, cp)` names them; `split(x, rank,
+cp)` cuts them out of x along dim −2 and returns them concatenated, with their
+positions in the whole sequence (a tensor of ints, one per position held).
 
-Each weight e^(ℓ_b−ℓ) is the share of the softmax's mass that block b holds.
-Computed as written, e^ℓ overflows as soon as a score passes ~709 (float64) or
-~88 (float32): subtract the larger ℓ before exponentiating (or use
-``torch.logaddexp``, which does). A partial over no keys at all has ℓ = −inf
-and O = 0: merging it must change nothing.
+Part (c): `ring_step`, one step of ring attention on one rank of the cp ring
+(`axis`). q, k, v: (B, heads, 2L, d), this rank's two chunks of L positions,
+as `split` cuts them; out, lse: this rank's running result, the same rows.
+At step 0 every rank holds its own K/V. After each step every rank passes the
+K/V it holds to ``axis.next`` and receives a block from ``axis.prev``, so the
+blocks go round the ring one rank per step, and after cp steps every rank has
+seen every block. Each block that arrives is two chunks, early one first, as its
+owner's `split` cut them.
 
-Part (a): `merge`, the two lines above, stably, on tensors: out (B, heads, n, d),
-lse (B, heads, n).
+The causal mask, chunk by chunk: one query chunk against one key chunk is a
+*block*. Chunks never straddle each other: a key chunk that lies wholly before
+the query chunk is attended whole; one that lies wholly after it, not at all
+(compute nothing); the same chunk, the causal triangle (key j ≤ query i). Each
+step, each of your two query chunks meets each of the two key chunks that have
+arrived: work out which of the three it is, compute what the mask keeps with
+`block_attention(q_chunk, k_chunk, v_chunk, causal)` (given; one query chunk and
+one key chunk per call: the grader counts the blocks each rank computes, and
+they must be equal on every rank), and merge it into that query chunk's running
+result. Then pass K and V on, and return ``(out, lse, k_next, v_next)``. The
+last hop carries no block anyone still needs: make it or skip it, both are right.
 
-Part (b): `ring_step`, one step of ring attention on one rank of the cp ring
-(`axis`, n ranks). Here the sequence is split contiguously: rank r holds the
-queries, keys and values of positions [r·c, (r+1)·c). At every step each rank
-computes with the K/V block it holds, then passes that block on to
-``axis.next`` and receives the next one from ``axis.prev``. So at step s rank r
-holds the block of rank (r − s) mod n. After the last step every rank has seen
-every block: that hop is yours to make or skip (n − 1 hops suffice). Under the
-causal mask:
+What you need: ``torch.logaddexp`` (or ``torch.maximum``, ``torch.exp``,
+``torch.log``); ``Tensor.chunk``, ``torch.cat``, ``torch.arange``;
+``mt.comm.sendrecv(x, dst, out, src)`` (send x to global rank dst while receiving
+into the buffer `out` from src: a ring of these cannot deadlock); ``axis.rank``,
+``axis.size``, ``axis.next``, ``axis.prev``.
 
-* a block from an earlier rank: every key is earlier, attend to all of it;
-* its own block (step 0): the causal triangle;
-* a block from a later rank: every key is later, nothing to compute (but the
-  block is still passed on: the next rank may need it).
-
-`block_attention(q, k, v, causal)` (given) computes one block's partial. Merge
-it into the running (out, lse), pass K and V on, and return
-``(out, lse, k_next, v_next)``. The grader starts each rank at out = 0,
-lse = −inf, calls your step n times, and after the last compares with causal
-attention over the whole sequence computed on one process.
-
-What you need: ``torch.maximum``, ``torch.exp``, ``torch.log`` (or
-``torch.logaddexp``); ``mt.comm.sendrecv(x, dst, out, src)`` (send x to global
-rank dst while receiving into the buffer `out` from src: a ring of these cannot
-deadlock); ``axis.rank``, ``axis.size``, ``axis.next``, ``axis.prev``.
-
-minitp's own ring (`mt.context_parallel.ring_attention`) splits the sequence in
-2n chunks so that every rank does the same work (lesson 08 measures why), and
-posts the next block before computing with this one; the merge is the same.
+minitp's own ring (`mt.context_parallel.ring_attention`) does the same, and posts
+the next block before computing with this one.
 
 Grade it with `mt.grade("ex08")` in a notebook or `python -m minitp.course.grade ex08`:
 the merge in float64 against the softmax over all the keys (scores of ±1000
-included), then the ring at cp = 2 and 4 on real processes, every step checked.
+included); the split at cp = 2 and 4; the ring at cp = 2 and 4 on real processes,
+every step checked, and the blocks each rank computed counted.
 """
 
 import math
@@ -61,12 +63,34 @@ import minitp as mt
 def merge(out1, lse1, out2, lse2):
     """The partial attention over the keys of both blocks: (out, lse)."""
     # BEGIN SOLUTION
-    # hint: ℓ = log(e^ℓ₁ + e^ℓ₂) computed as m + log(e^(ℓ₁−m) + e^(ℓ₂−m)) with m the larger
-    # hint: (or torch.logaddexp); then weight each output by e^(ℓ_b − ℓ) (unsqueeze(-1))
+    # hint: the whole log-sum-exp first, computed without ever forming e^ℓ (or torch.logaddexp);
+    # hint: then each output weighted by its block's share of the softmax's mass
     lse = torch.logaddexp(lse1, lse2)
     out = (torch.exp(lse1 - lse).unsqueeze(-1) * out1
            + torch.exp(lse2 - lse).unsqueeze(-1) * out2)
     return out, lse
+    # END SOLUTION
+
+
+def chunks_of(rank: int, cp: int) -> tuple[int, int]:
+    """The numbers of the two chunks (of 2·cp) that cp rank `rank` holds, early one first."""
+    # BEGIN SOLUTION
+    # hint: one chunk counted from the start of the sequence, one from its end
+    return rank, 2 * cp - 1 - rank
+    # END SOLUTION
+
+
+def split(x, rank: int, cp: int):
+    """This rank's two chunks of x along dim -2, concatenated, and their positions."""
+    # BEGIN SOLUTION
+    # hint: x.chunk(2 * cp, dim=-2) cuts the chunks; positions count from the start of the
+    # hint: whole sequence, not from this rank's first token
+    chunks = x.chunk(2 * cp, dim=-2)
+    length = chunks[0].shape[-2]
+    mine = chunks_of(rank, cp)
+    positions = torch.cat([torch.arange(c * length, (c + 1) * length, device=x.device)
+                           for c in mine])
+    return torch.cat([chunks[c] for c in mine], dim=-2), positions
     # END SOLUTION
 
 
@@ -83,16 +107,23 @@ def block_attention(q, k, v, causal: bool):
 
 
 def ring_step(q, k, v, out, lse, step: int, axis: mt.Axis):
-    """Step `step` of the ring on this rank: merge the block it holds, pass K/V on.
-    Returns (out, lse, k_next, v_next)."""
+    """Step `step` of the ring on this rank: merge the blocks the causal mask keeps of
+    the K/V it holds, pass K/V on. Returns (out, lse, k_next, v_next)."""
     # BEGIN SOLUTION
-    # hint: the block came from rank (axis.rank - step) % axis.size; earlier: all of it,
-    # hint: this rank's own: causal, later: skip. Then send k and v to axis.next and
-    # hint: receive the next ones from axis.prev (mt.comm.sendrecv, buffers torch.empty_like)
-    src = (axis.rank - step) % axis.size
-    if src <= axis.rank:
-        partial = block_attention(q, k, v, causal=src == axis.rank)
-        out, lse = merge(out, lse, *partial)
+    # hint: whose K/V is this, after `step` moves round the ring? Number your chunks and its
+    # hint: chunks; each (query chunk, key chunk) pair is whole, a triangle or nothing.
+    # hint: Then sendrecv k and v on (buffers: torch.empty_like)
+    owner = (axis.rank - step) % axis.size
+    mine, theirs = chunks_of(axis.rank, axis.size), chunks_of(owner, axis.size)
+    qs, ks, vs = q.chunk(2, dim=-2), k.chunk(2, dim=-2), v.chunk(2, dim=-2)
+    outs, lses = list(out.chunk(2, dim=-2)), list(lse.chunk(2, dim=-1))
+    for a in range(2):
+        for b in range(2):
+            if theirs[b] > mine[a]:
+                continue  # every key after every query
+            partial = block_attention(qs[a], ks[b], vs[b], causal=theirs[b] == mine[a])
+            outs[a], lses[a] = merge(outs[a], lses[a], *partial)
+    out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
     if step == axis.size - 1:  # every rank has seen every block: no hop left to make
         return out, lse, k, v
     k_next = mt.comm.sendrecv(k, axis.next, torch.empty_like(k), axis.prev)

@@ -31,8 +31,8 @@ EXERCISES = {
                      "tensor-parallel linear layer", ex06.run),
     "ex07": Exercise("ex07_selective_recompute.py",
                      "selective recomputation of the attention core", ex07.run),
-    "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, then one step of "
-                     "ring attention", ex08.run),
+    "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, the load-balanced "
+                     "split and the ring step that uses it", ex08.run),
     "ex09": Exercise("ex09_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex09.run),
     "ex10": Exercise("ex10_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
                      ex10.run),

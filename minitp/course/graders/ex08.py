@@ -1,4 +1,5 @@
-"""Checks for ex08: the online-softmax merge, then one step of ring attention.
+"""Checks for ex08: the online-softmax merge, the load-balanced split, one step of ring
+attention.
 
 (a) `merge`, in this process, float64, against the softmax over all the keys
 (torch's own, on the whole score matrix): ordinary scores split unevenly between
@@ -7,20 +8,33 @@ subtract before it exponentiates); an empty partial (ℓ = −inf, O = 0), which
 must change nothing; and no call to `minitp.context_parallel.merge_partials`.
 Plain averaging of the two outputs is named.
 
-(b) `ring_step` at cp = 2 and 4 on real processes, float64, contiguous split:
-every rank starts at out = 0, ℓ = −inf and calls the learner's step n times.
-After each step the running (out, ℓ) must be the attention over the blocks of
-ranks r, r−1, …, r−s (causal), and the K/V it returns must be rank r−s−1's block,
-sent to ``axis.next`` (the trace) — except after the last step: by then every rank has
-seen every block, so c − 1 hops suffice and a ring that skips the last (useless) one
-is as right as one that makes it; after n steps, causal attention over the whole
-sequence computed on one process. Named: the ring turned the wrong way (the
-block of rank r+s), K/V not passed on (sent nothing, or returned its own block),
-keys later than the query attended (no causal mask, or later blocks not skipped).
+(b) `chunks_of` and `split`, in this process, at cp = 2 and 4, every rank: the two
+chunks (of 2·cp) rank r holds, r and 2·cp − 1 − r, early one first, cut out of a
+float64 tensor, and their positions in the whole sequence. Named: a contiguous
+split, the late chunk first, positions counted from 0 on every rank.
 
-Why one file: the two parts grade one idea (the merge is what the ring step folds
-each block in with) and share the reference partial, `_partial`; the ring's three
-checks read the same per-step record, field by field.
+(c) `ring_step` at cp = 2 and 4 on real processes, float64, the load-balanced split
+(this grader's own, so (c) does not depend on (b)'s answer): every rank starts at
+out = 0, ℓ = −inf and calls the learner's step cp times.
+* The trace: every step sends K and V to ``axis.next`` and returns the block it
+  received (rank r−s−1's) — except after the last step, where c − 1 hops suffice
+  and a ring that skips the last (useless) one is as right as one that makes it.
+* After each step s, the running (out, ℓ) must be the attention over the blocks of
+  ranks r, r−1, …, r−s: each of the rank's two query chunks against each key chunk
+  that arrived, whole if the key chunk lies before, the causal triangle if it is
+  the same chunk, nothing if it lies after. A wrong result is matched against what
+  each usual mistake gives, folded step by step in float64: chunks numbered as a
+  contiguous split; each query chunk paired with the same-numbered key chunk only;
+  the block's two key chunks swapped; a later chunk attended; the diagonal chunk
+  without its triangle; the block taken for rank r+s's, fetched from the wrong side,
+  or both (the ring turned the wrong way).
+* After cp steps, causal attention over the whole sequence computed on one process.
+* The work: every call of the learner's `block_attention` is counted, in
+  (chunk × chunk) blocks; each rank must compute the 2·cp + 1 the causal mask
+  keeps, the same on every rank.
+
+Why one file: the three parts grade one idea (ring attention, balanced) and the
+ring's four checks read the same per-step record, field by field.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import math
 import torch
 
 from ... import context_parallel
+from ...rules import cp_chunks
 from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
@@ -37,15 +52,15 @@ from ...runtime.mesh import world
 from .base import Check, crashed, no_shortcut, not_written, run_per_size
 
 WORLD_SIZES = (2, 4)
-B, H, C, D = 2, 2, 3, 4  # batch, heads, positions per rank, head size
+B, H, L, D = 2, 2, 3, 4  # batch, heads, positions per chunk (a rank holds two), head size
 TOLERANCE = 1e-12  # float64
 MERGE_NAMES = ["merge: two partials give the softmax over all the keys",
                "merge: scores near +1000 and -1000 stay finite and exact",
                "merge: an empty partial (lse = -inf, out = 0) changes nothing",
                "merge: written, not borrowed from minitp.context_parallel"]
-MERGE_HINT = ("lse = m + log(exp(lse1 - m) + exp(lse2 - m)) with m = torch.maximum(lse1, lse2) "
-              "(or torch.logaddexp); out = exp(lse1 - lse)[..., None] * out1 + "
-              "exp(lse2 - lse)[..., None] * out2")
+MERGE_HINT = ("lse is the log of e^lse1 + e^lse2, computed as m + log(e^(lse1 - m) + "
+              "e^(lse2 - m)) with m the larger (or torch.logaddexp); out weights each "
+              "block's output by its share of the mass, e^(lse_b - lse)")
 
 
 # --------------------------------------------------------------------------- (a) the merge
@@ -71,8 +86,13 @@ def _merge_case(offset: float, split: int, seed: int, empty: bool = False):
 
 
 def _error(got, expected) -> float:
-    out, lse = got
-    return max((out - expected[0]).abs().max().item(), (lse - expected[1]).abs().max().item())
+    """The largest difference over (out, lse); an lse of -inf on both sides (a row that
+    attended to nothing yet) agrees, and a nan never does."""
+    worst = 0.0
+    for a, b in zip(got, expected, strict=True):
+        diff = torch.where(torch.isinf(a) & (a == b), 0.0, (a - b).abs())
+        worst = max(worst, diff.nan_to_num(nan=math.inf).max().item())
+    return worst
 
 
 class _Watch:
@@ -169,34 +189,199 @@ def _empty(answers, cases) -> Check:
     return Check(MERGE_NAMES[2], True, "the other partial, unchanged")
 
 
-# --------------------------------------------------------------------------- (b) the ring
-def _expected(q, k, v, r, blocks, causal=True):
-    """Rank r's attention over the key blocks `blocks` (contiguous split): each a pair
-    (whose block, as which rank's block it is treated): earlier than r, all of it;
-    r itself, the causal triangle; later, nothing. causal=False: all of every block."""
-    n_keys = k.shape[-2]
-    owner = torch.arange(n_keys, device=k.device) // C
-    local = torch.arange(C, device=k.device)
-    keep = torch.zeros(C, n_keys, dtype=torch.bool, device=k.device)
-    for block, treated_as in blocks:
-        inside = (owner == block).expand(C, n_keys)
-        if causal and treated_as > r:
+# --------------------------------------------------------------------------- (b) the split
+SPLIT_SIZES = (2, 4)
+SPLIT_NAMES = ["split: rank r holds chunks r and 2cp-1-r of the 2cp, early one first "
+               "(cp = 2 and 4)",
+               "split: the positions are the chunks' places in the whole sequence"]
+SPLIT_HINT = ("cut the sequence into 2·cp chunks; rank r takes chunk r from the start and "
+              "chunk r from the end (counting from 0): one early, one late")
+
+
+def _grade_split(chunks_of, split) -> list[Check]:
+    g = torch.Generator().manual_seed(8)
+    found = []
+    for cp in SPLIT_SIZES:
+        x = torch.randn(B, H, 2 * cp * L, D, generator=g, dtype=torch.float64)
+        for rank in range(cp):
+            try:
+                ids = chunks_of(rank, cp)
+            except NotImplementedError as exc:
+                return not_written(SPLIT_NAMES, "chunks_of", str(exc))
+            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+                return crashed(SPLIT_NAMES, f"chunks_of({rank}, {cp})", exc,
+                               "return the two chunk numbers, early one first")
+            try:
+                got = split(x.to(device()), rank, cp)
+            except NotImplementedError as exc:
+                return not_written(SPLIT_NAMES, "split", str(exc))
+            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+                return crashed(SPLIT_NAMES, f"split(x, {rank}, {cp})", exc,
+                               "return (part, positions): the two chunks of x along dim -2, "
+                               "concatenated, and their positions")
+            if not (isinstance(got, tuple | list) and len(got) == 2
+                    and isinstance(got[0], torch.Tensor)):
+                return crashed(SPLIT_NAMES, f"split(x, {rank}, {cp})",
+                               TypeError(f"returned {type(got).__name__}, not (part, positions)"),
+                               "return a pair (part, positions)")
+            found.append((cp, rank, ids, got[0].detach().cpu().double(), got[1], x))
+    return [_chunks(found), _positions(found)]
+
+
+def _ints(value) -> list[int] | None:
+    try:
+        return [int(i) for i in torch.as_tensor(value).flatten().tolist()]
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _chunks(found) -> Check:
+    for cp, rank, ids, part, _, x in found:
+        want, where = cp_chunks(rank, cp), f"rank {rank} of cp={cp}"
+        got = _ints(ids)
+        if got != list(want):
+            if got == [2 * rank, 2 * rank + 1]:
+                why = (f"chunks {got[0]} and {got[1]}: a contiguous split, which leaves rank 0 "
+                       f"the least causal work and rank {cp - 1} the most")
+            elif got == list(want)[::-1]:
+                why = f"{tuple(got)}: the late chunk first"
+            else:
+                why = f"{ids!r}"
+            return Check(SPLIT_NAMES[0], False, f"{where}: chunks_of gives {why}; it holds "
+                         f"chunks {want[0]} and {want[1]}, early one first", rank=rank,
+                         hint=SPLIT_HINT)
+        chunks = x.chunk(2 * cp, dim=-2)
+        expected = torch.cat([chunks[c] for c in want], dim=-2)
+        if part.shape != expected.shape:
+            return Check(SPLIT_NAMES[0], False, f"{where}: the part has shape "
+                         f"{tuple(part.shape)}; expected {tuple(expected.shape)}", rank=rank,
+                         tensor="part", hint="two chunks of L positions each, along dim -2")
+        if not torch.equal(part, expected):
+            if torch.equal(part, x[..., rank * 2 * L:(rank + 1) * 2 * L, :]):
+                why = (f"positions {rank * 2 * L}..{(rank + 1) * 2 * L - 1} of x: a "
+                       "contiguous split")
+            elif torch.equal(part, torch.cat([chunks[c] for c in want[::-1]], dim=-2)):
+                why = "its two chunks, the late one first"
+            else:
+                why = f"not chunks {want[0]} and {want[1]} of x"
+            return Check(SPLIT_NAMES[0], False, f"{where}: the part is {why}", rank=rank,
+                         tensor="part", hint=SPLIT_HINT)
+    return Check(SPLIT_NAMES[0], True, "every rank's two chunks, at cp = 2 and 4")
+
+
+def _positions(found) -> Check:
+    got = {(cp, rank): _ints(positions) for cp, rank, _, _, positions, _ in found}
+    for cp in SPLIT_SIZES:
+        want = {r: [p for c in cp_chunks(r, cp) for p in range(c * L, (c + 1) * L)]
+                for r in range(cp)}
+        wrong = [r for r in range(cp) if got[cp, r] != want[r]]
+        if not wrong:
             continue
-        if causal and treated_as == r:
-            inside = inside & (local.repeat(n_keys // C)[None, :] <= local[:, None])
-        keep |= inside
-    scores = q @ k.transpose(-2, -1) / math.sqrt(D)
-    return _partial(scores, v, keep.expand(scores.shape))
+        rank = wrong[0]
+        where = f"rank {rank} of cp={cp}: positions {got[cp, rank]}"
+        # Rank 0's are the same both ways: a mistake is named only where every rank shows it.
+        if all(got[cp, r] == list(range(2 * L)) for r in range(cp)):
+            why = "counted from 0 on every rank: places in the rank's part, not in the sequence"
+        elif all(got[cp, r] == list(range(r * 2 * L, (r + 1) * 2 * L)) for r in range(cp)):
+            why = "a contiguous split's"
+        else:
+            why = "not where its chunks sit"
+        return Check(SPLIT_NAMES[1], False, f"{where}: {why}; expected {want[rank]}",
+                     rank=rank, tensor="positions",
+                     hint="chunk c of L positions starts at position c·L of the whole sequence")
+    return Check(SPLIT_NAMES[1], True, "every rank's positions, at cp = 2 and 4")
 
 
-def _causal(q, k, v, r):
+# --------------------------------------------------------------------------- (c) the ring
+# A ring mistake: at step j rank r holds rank r + held·j's K/V and computes as if it were
+# rank r + treated·j's (right: both -1).
+RING_MISTAKES = {"wrong owner": (-1, 1), "reversed": (1, 1), "wrong way": (1, -1)}
+BLOCK_MISTAKES = ("contiguous", "same halves", "keys swapped", "later", "no triangle")
+HYPOTHESES = ("right", *RING_MISTAKES, *BLOCK_MISTAKES)
+
+
+def _rows(chunk: int) -> slice:
+    return slice(chunk * L, (chunk + 1) * L)
+
+
+def _kind(q_chunk: int, k_chunk: int) -> str | None:
+    """What the causal mask keeps of one (query chunk, key chunk) block."""
+    if k_chunk < q_chunk:
+        return "full"
+    return "causal" if k_chunk == q_chunk else None
+
+
+def _plan(r, n, owner, mistake=None) -> list[tuple[int, int, str]]:
+    """The blocks (query half a, key half b, kind) rank r computes with rank `owner`'s
+    K/V, right or with one block mistake built in."""
+    mine, theirs = cp_chunks(r, n), cp_chunks(owner, n)
+    if mistake == "contiguous":
+        mine, theirs = (2 * r, 2 * r + 1), (2 * owner, 2 * owner + 1)
+    plan = []
+    for a in range(2):
+        for b in range(2):
+            if mistake == "same halves" and a != b:
+                continue
+            kind = _kind(mine[a], theirs[1 - b] if mistake == "keys swapped" else theirs[b])
+            if mistake == "later" and kind is None:
+                kind = "full"
+            if mistake == "no triangle" and kind == "causal":
+                kind = "full"
+            if kind:
+                plan.append((a, b, kind))
+    return plan
+
+
+def _fold(q, k_all, v_all, r, n, steps, mistake="right"):
+    """Rank r's running (out, lse) after `steps` steps of the ring: every block its plan
+    computes, folded in by the online softmax, as the learner's step would with `mistake`."""
+    held, treated = RING_MISTAKES.get(mistake, (-1, -1))
+    block_mistake = mistake if mistake in BLOCK_MISTAKES else None
+    qs = q.chunk(2, dim=-2)
+    outs = [torch.zeros_like(h) for h in qs]
+    lses = [torch.full(h.shape[:-1], float("-inf"), dtype=h.dtype, device=h.device) for h in qs]
+    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    for j in range(steps):
+        keys = cp_chunks((r + held * j) % n, n)
+        for a, b, kind in _plan(r, n, (r + treated * j) % n, block_mistake):
+            k, v = k_all[..., _rows(keys[b]), :], v_all[..., _rows(keys[b]), :]
+            keep = causal if kind == "causal" else torch.ones_like(causal)
+            scores = qs[a] @ k.transpose(-2, -1) / math.sqrt(D)
+            o, ell = _partial(scores, v, keep.expand(scores.shape))
+            lse = torch.logaddexp(lses[a], ell)
+            outs[a] = (torch.exp(lses[a] - lse).unsqueeze(-1) * outs[a]
+                       + torch.exp(ell - lse).unsqueeze(-1) * o)
+            lses[a] = lse
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def _causal(q, k, v, positions):
     """Rank r's rows of causal attention over the whole sequence, as one process
     computes it: the whole score matrix, masked, torch.softmax."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(D)
-    queries = torch.arange(r * C, (r + 1) * C, device=k.device)
-    later = torch.arange(k.shape[-2], device=k.device) > queries[:, None]
-    probs = torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1)
-    return probs @ v, torch.logsumexp(scores.masked_fill(later, float("-inf")), dim=-1)
+    later = torch.arange(k.shape[-2], device=k.device) > positions[:, None]
+    scores = scores.masked_fill(later, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+def _counting(ring_step) -> dict:
+    """Counts, in (chunk × chunk) blocks, every call the learner's step makes of its
+    `block_attention` (swapped in its globals, on this rank only; `_uncount` undoes it)."""
+    names = ring_step.__globals__
+    counted = {"blocks": 0.0, "names": names, "original": names.get("block_attention")}
+    original = counted["original"]
+    if callable(original):
+        def block_attention(q, k, *args, **kwargs):
+            counted["blocks"] += q.shape[-2] * k.shape[-2] / (L * L)
+            return original(q, k, *args, **kwargs)
+
+        names["block_attention"] = block_attention
+    return counted
+
+
+def _uncount(counted) -> None:
+    if counted["original"] is not None:
+        counted["names"]["block_attention"] = counted["original"]
 
 
 def _in_rank(ring_step):
@@ -204,60 +389,55 @@ def _in_rank(ring_step):
     axis = world()
     n, r = axis.size, axis.rank
     g = torch.Generator().manual_seed(13)
-    q_all, k_all, v_all = (torch.randn(B, H, n * C, D, generator=g, dtype=torch.float64)
+    q_all, k_all, v_all = (torch.randn(B, H, 2 * n * L, D, generator=g, dtype=torch.float64)
                            .to(device()) for _ in range(3))
-    block = [slice(j * C, (j + 1) * C) for j in range(n)]
-    q = q_all[..., block[r], :]
-    out = torch.zeros(B, H, C, D, dtype=torch.float64, device=device())
-    lse = torch.full((B, H, C), float("-inf"), dtype=torch.float64, device=device())
-    k, v = k_all[..., block[r], :].contiguous(), v_all[..., block[r], :].contiguous()
-    steps = []
-    for step in range(n):
-        first = len(trace.events())
-        got = ring_step(q.clone(), k, v, out, lse, step, axis)
-        sent = [e.peer for e in trace.events()[first:] if e.op == "send"]
-        record = {"sent": sent, "next": axis.next, "prev": axis.prev}
-        if not (isinstance(got, tuple | list) and len(got) == 4
-                and all(isinstance(t, torch.Tensor) for t in got)):
-            record["problem"] = "did not return four tensors (out, lse, k_next, v_next)"
+    positions = torch.cat([torch.arange(c * L, (c + 1) * L) for c in cp_chunks(r, n)]).to(device())
+    q, k, v = (t[..., positions, :].contiguous() for t in (q_all, k_all, v_all))
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64, device=device())
+    held = {j: torch.cat([k_all[..., _rows(c), :] for c in cp_chunks(j, n)], dim=-2)
+            for j in range(n)}
+    counted, steps = _counting(ring_step), []
+    try:
+        for step in range(n):
+            first = len(trace.events())
+            got = ring_step(q.clone(), k, v, out, lse, step, axis)
+            sent = [e.peer for e in trace.events()[first:] if e.op == "send"]
+            record = {"sent": sent, "next": axis.next, "prev": axis.prev}
             steps.append(record)
-            break
-        out, lse, k, v = got
-        if out.shape != q.shape or lse.shape != q.shape[:-1] or k.shape != (B, H, C, D):
-            record["problem"] = (f"returned shapes {tuple(out.shape)}, {tuple(lse.shape)}, "
-                                 f"{tuple(k.shape)}; expected {tuple(q.shape)}, "
-                                 f"{tuple(q.shape[:-1])}, {(B, H, C, D)}")
-            steps.append(record)
-            break
-        seen = [((r - j) % n, (r - j) % n) for j in range(step + 1)]
-        hypotheses = {
-            "right": _expected(q, k_all, v_all, r, seen),
-            "reversed": _expected(q, k_all, v_all, r, [((r + j) % n,) * 2
-                                                       for j in range(step + 1)]),
-            "wrong source": _expected(q, k_all, v_all, r, [((r - j) % n, (r + j) % n)
-                                                           for j in range(step + 1)]),
-            "no mask": _expected(q, k_all, v_all, r, seen, causal=False)}
-        record["errors"] = {name: _error((out, lse), h) for name, h in hypotheses.items()}
-        record["holds"] = [j for j in range(n)
-                           if torch.equal(k, k_all[..., block[j], :])
-                           and torch.equal(v, v_all[..., block[j], :])]
-        steps.append(record)
-    whole = _causal(q, k_all, v_all, r)
-    final = _error((out, lse), whole) if out.shape == q.shape and lse.shape == q.shape[:-1] \
-        else None
-    return {"steps": steps, "final": final}
+            if not (isinstance(got, tuple | list) and len(got) == 4
+                    and all(isinstance(t, torch.Tensor) for t in got)):
+                record["problem"] = "did not return four tensors (out, lse, k_next, v_next)"
+                break
+            out, lse, k, v = got
+            if out.shape != q.shape or lse.shape != q.shape[:-1] or k.shape != q.shape:
+                record["problem"] = (f"returned shapes {tuple(out.shape)}, {tuple(lse.shape)}, "
+                                     f"{tuple(k.shape)}; expected {tuple(q.shape)}, "
+                                     f"{tuple(q.shape[:-1])}, {tuple(q.shape)}")
+                break
+            record["errors"] = {m: _error((out, lse), _fold(q, k_all, v_all, r, n, step + 1, m))
+                                for m in HYPOTHESES}
+            record["holds"] = [j for j in range(n) if torch.equal(k, held[j])]
+    finally:
+        _uncount(counted)
+    done = not any("problem" in s for s in steps)
+    final = _error((out, lse), _causal(q, k_all, v_all, positions)) if done else None
+    return {"steps": steps, "final": final, "blocks": counted["blocks"]}
 
 
 def _names(n) -> list[str]:
     return [f"cp={n}: each step (the last may skip it) sends K and V to axis.next and "
             "returns rank r-s-1's block",
-            f"cp={n}: after each step s, (out, lse) is the attention over ranks r, r-1, .., r-s",
-            f"cp={n}: after {n} steps, equals causal attention over the whole sequence"]
+            f"cp={n}: after each step s, (out, lse) is the attention over the blocks of ranks "
+            "r, r-1, .., r-s",
+            f"cp={n}: after {n} steps, equals causal attention over the whole sequence",
+            f"cp={n}: every rank computes the {2 * n + 1} (chunk x chunk) blocks the causal "
+            "mask keeps: the same work"]
 
 
 def _judge(n, names, per_rank) -> list[Check]:
     return [_passing(names[0], per_rank, n), _steps(names[1], per_rank, n),
-            _final(names[2], per_rank)]
+            _final(names[2], per_rank), _work(names[3], per_rank, n)]
 
 
 def _problem(name, per_rank) -> Check | None:
@@ -317,28 +497,61 @@ def _steps(name, per_rank, n) -> Check:
         return Check(name, True, f"largest error {worst:.1e}", max_error=worst)
     # Name the mistake that explains every failed step (one step alone can fit two).
     rank, step, errors = failed[0]
-    where = f"rank {rank}, after step {step}"
-    fits = [m for m in ("wrong source", "reversed", "no mask")
-            if all(e[m] <= TOLERANCE for _, _, e in failed)]
-    if "wrong source" in fits:
-        return Check(name, False, f"{where}: treated the block it held as rank "
-                     f"{(rank + step) % n}'s; it was rank {(rank - step) % n}'s", rank=rank,
-                     hint="blocks arrive from axis.prev: at step s a rank holds the block of "
-                          "rank (r - s) % n, and that rank decides the mask (earlier: all, "
-                          "itself: causal, later: skip)")
-    if "reversed" in fits:
-        return Check(name, False, f"{where}: the attention over ranks {rank}, "
-                     f"{(rank + 1) % n}, ..: the blocks of ranks r+s, the ring turned the wrong "
-                     "way", rank=rank, hint="K/V go to axis.next, so at step s a rank holds "
-                     "the block of rank (r - s) % n")
-    if "no mask" in fits:
-        return Check(name, False, f"{where}: attended to keys later than the query", rank=rank,
-                     hint="a block from a later rank is skipped, this rank's own is causal "
-                          "(causal=True), an earlier rank's is whole")
-    return Check(name, False, f"{where}: largest error {errors['right']:.3g}", rank=rank,
-                 tensor="out, lse", max_error=errors["right"],
-                 hint="compute the held block's partial with block_attention and merge it "
-                      "into (out, lse); skip blocks of later ranks")
+    for mistake in HYPOTHESES[1:]:
+        if all(e[mistake] <= TOLERANCE for _, _, e in failed):
+            detail, hint = _diagnosis(mistake, rank, step, n)
+            return Check(name, False, f"rank {rank}, after step {step}: {detail}", rank=rank,
+                         tensor="out, lse", hint=hint)
+    return Check(name, False, f"rank {rank}, after step {step}: largest error "
+                 f"{errors['right']:.3g}", rank=rank, tensor="out, lse",
+                 max_error=errors["right"],
+                 hint="for each of your query chunks and each key chunk that arrived: "
+                      "block_attention on what the causal mask keeps, merged into that query "
+                      "chunk's rows of (out, lse)")
+
+
+MASK = ("each (query chunk, key chunk) pair: a key chunk before the query chunk, whole; the "
+        "same chunk, the causal triangle; a key chunk after it, nothing")
+
+
+def _diagnosis(mistake, rank, step, n) -> tuple[str, str]:
+    """What the learner's step did, in words, and what to do instead."""
+    owner = (rank - step) % n
+    mine, theirs = cp_chunks(rank, n), cp_chunks(owner, n)
+    pairs = [(mine[a], theirs[b]) for a in range(2) for b in range(2)]
+    if mistake == "wrong owner":
+        return (f"treated the K/V it held as rank {(rank + step) % n}'s; they were rank "
+                f"{owner}'s", "the blocks move one rank per step toward axis.next: count "
+                "which rank's K/V have reached this one after `step` moves")
+    if mistake == "reversed":
+        return (f"the attention over the blocks of ranks {rank}, {(rank + 1) % n}, ..: the "
+                "ring turned the wrong way", "K/V go to axis.next and come from axis.prev")
+    if mistake == "wrong way":
+        return (f"computed with rank {(rank + step) % n}'s K/V as if they were rank {owner}'s: "
+                "they came round the ring from axis.next", "send to axis.next, receive from "
+                "axis.prev")
+    if mistake == "contiguous":
+        return (f"numbered its chunks {2 * rank} and {2 * rank + 1}, and the K/V's "
+                f"{2 * owner} and {2 * owner + 1}, as a contiguous split would; it holds chunks "
+                f"{mine[0]} and {mine[1]}, and the K/V it held were rank {owner}'s chunks "
+                f"{theirs[0]} and {theirs[1]}", "every rank holds chunks_of(its rank): "
+                "yours, and the K/V's owner's")
+    if mistake == "same halves":
+        return ("each query chunk met only the key chunk in the same place (first with "
+                "first, second with second)", "both query chunks meet both key chunks, "
+                f"four pairs per step; {MASK}")
+    if mistake == "keys swapped":
+        return (f"took the K/V's first chunk for chunk {theirs[1]} and its second for chunk "
+                f"{theirs[0]}", "K/V arrive as their owner's split cut them: the early chunk "
+                "first")
+    if mistake == "later":
+        q_chunk, k_chunk = next(p for p in pairs if _kind(*p) is None)
+        return (f"attended to key chunk {k_chunk}, which lies after query chunk {q_chunk}: "
+                "every key in it is later than every query", f"skip it: {MASK}")
+    q_chunk = next(q for q, k in pairs if q == k)  # "no triangle"
+    return (f"attended to all of key chunk {q_chunk} for query chunk {q_chunk}, itself: the "
+            "keys after each query were seen", "the block on the diagonal is the causal "
+            "triangle: block_attention(..., causal=True)")
 
 
 def _final(name, per_rank) -> Check:
@@ -349,12 +562,38 @@ def _final(name, per_rank) -> Check:
     if error > TOLERANCE:
         return Check(name, False, f"rank {rank}: largest error {error:.3g}", rank=rank,
                      tensor="out, lse", max_error=error,
-                     hint="after n steps every block has visited every rank once")
+                     hint="after cp steps every block has visited every rank once")
     return Check(name, True, f"largest error {error:.1e}", max_error=error)
 
 
+def _work(name, per_rank, n) -> Check:
+    bad = _problem(name, per_rank)
+    if bad:
+        return bad
+    counts, want = [f["blocks"] for f in per_rank], 2 * n + 1
+    if 0 in counts:
+        rank = counts.index(0)
+        return Check(name, False, f"rank {rank} computed no block through block_attention",
+                     rank=rank, hint="compute each (query chunk, key chunk) block with "
+                     "block_attention: the grader counts its calls, in chunk x chunk blocks")
+    if len(set(counts)) > 1:
+        shown = ", ".join(f"rank {r}: {c:g}" for r, c in enumerate(counts))
+        return Check(name, False, f"blocks computed: {shown}: unequal, and every step of the "
+                     "ring waits for the busiest rank", rank=counts.index(max(counts)),
+                     hint="one early chunk and one late chunk per rank need the same work "
+                          f"together, {want} blocks at cp={n}: " + MASK)
+    if counts[0] > want:
+        return Check(name, False, f"every rank computed {counts[0]:g} blocks where the causal "
+                     f"mask keeps {want}: blocks whose keys all come after their queries were "
+                     "computed", hint="a key chunk after the query chunk needs no block")
+    if counts[0] < want:
+        return Check(name, False, f"every rank computed {counts[0]:g} blocks where the causal "
+                     f"mask keeps {want}: some were skipped", hint=MASK)
+    return Check(name, True, f"every rank computed {want} blocks (a triangle counted as one)")
+
+
 def run(module) -> list[Check]:
-    checks = _grade_merge(module.merge)
+    checks = _grade_merge(module.merge) + _grade_split(module.chunks_of, module.split)
 
     def launch_at(n):
         return launch(_in_rank, n, module.ring_step, timeout=20.0)
