@@ -14,9 +14,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBERS = [int(p.name[:2]) for p in NOTEBOOKS]
 LINK = re.compile(r"\[([^\]]+)\]\((\d\d_[a-z0-9_]+\.ipynb)\)")
 # Lessons without an exercise yet, and why: a lesson is not finished until it has one.
-NO_EXERCISE_YET = {
-    13: "checking the claims: its checks are computations in its cells; questions to come",
-}
+NO_EXERCISE_YET = {}
 
 
 def _cells(path, kind=None):

@@ -5,7 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ex00, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex10, ex11, ex12, ex14
+from . import (
+    ex00,
+    ex01,
+    ex02,
+    ex03,
+    ex04,
+    ex05,
+    ex06,
+    ex07,
+    ex08,
+    ex09,
+    ex10,
+    ex11,
+    ex12,
+    ex13,
+    ex14,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,8 @@ EXERCISES = {
                      "communication, predicted", ex11.run),
     "ex12": Exercise("ex12_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
                      "memory cap, graded by the calculator", ex12.run),
+    "ex13": Exercise("ex13_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex13.run),
     "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit: gather, free, gather again, "
                      "reduce-scatter", ex14.run),
 }
