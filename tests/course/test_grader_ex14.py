@@ -1,10 +1,11 @@
-"""The grader of ex14 (a ZeRO-3 unit, lesson 14) catches the shortcuts, each by name:
-every wrong answer here is the reference solution with one shortcut built in.
-That the solution passes every check and the untouched exercise fails every one is
-tests/course/test_exercises.py's (parametrized over every exercise, ex14 included); here
-the blank's message is checked word for word.
+"""The grader of ex14 (a ZeRO-3 unit, lesson 14) names the mistakes of the learner's part,
+the memory of the gathered parameters (freed after the forward, refilled in place just
+before the backward, freed again after it): every wrong answer here is the reference
+solution with one mistake built in. That the solution passes every check and the
+untouched exercise fails every one is tests/course/test_exercises.py's (parametrized
+over every exercise, ex14 included); here the blanks' messages are checked word for word.
 
-Budget: the wrong answers are graded at dp = 2 only (the grader's dp = 4 repeats
+Budget: the wrong answers are graded at dp = 2 only (the grader's dp = 3 repeats
 the same checks on more ranks; the solution is graded at both sizes)."""
 
 import pytest
@@ -13,6 +14,11 @@ from test_exercises import _variant
 import minitp as mt
 from minitp.course.graders import ex14
 
+FREE = "    full.untyped_storage().resize_(0)\n"
+HOOK = "            y.register_hook(lambda grad: self.refill(full))\n"
+COPY = "        full.data.copy_(values)"
+FREE_AFTER_BACKWARD = "        (full,) = ctx.saved_tensors\n        free(full)\n"
+
 
 @pytest.fixture
 def dp2(monkeypatch):
@@ -20,8 +26,9 @@ def dp2(monkeypatch):
 
 
 def _by_kind(report):
-    """The checks of dp = 2 by what they judge: values, shards, collectives, freed."""
-    return dict(zip(("values", "shards", "collectives", "freed"), report.checks, strict=True))
+    """The checks of dp = 2 by what they judge."""
+    return dict(zip(("numbers", "after forward", "in backward", "collectives"), report.checks,
+                    strict=True))
 
 
 def test_the_blank_says_what_is_not_written_and_gives_its_hint(dp2):
@@ -29,39 +36,111 @@ def test_the_blank_says_what_is_not_written_and_gives_its_hint(dp2):
     first = report.checks[0]
     assert not any(c.passed for c in report.checks), str(report)
     assert first.detail == "Zero3Unit is not written yet", str(report)
-    assert first.hint.startswith("this rank's slice of `flat`")
+    assert first.hint.startswith("after the forward this rank holds its shard only")
 
 
-def test_keeping_the_gathered_parameters_for_backward_is_caught_twice(tmp_path, dp2):
-    # Right numbers, but the whole vector lives from forward to backward: no memory saved.
-    kept = _variant(tmp_path, "ex14",
-                    ("        ctx.save_for_backward(x)\n",
-                     "        ctx.save_for_backward(x)\n        ctx.full = full\n"),
-                    ("full = mt.comm.all_gather(unit.shard.detach(), unit.axis)  # the same",
-                     "full = ctx.full  # the same"))
+def test_a_blank_reached_only_in_backward_is_not_written_yet_either(tmp_path, dp2):
+    # The forward and `free` written, the refill not: its NotImplementedError is raised by
+    # a hook inside backward, and is still reported as a blank, not as a crash.
+    blank = _variant(tmp_path, "ex14", (
+        "        values = mt.comm.all_gather(self.shard.detach(), self.axis)\n",
+        "        raise NotImplementedError('the refill')\n"))
+    first = mt.grade("ex14", path=blank).checks[0]
+    assert first.detail == "Zero3Unit is not written yet" and first.hint == "the refill"
+
+
+def test_del_instead_of_freeing_the_storage_is_caught_after_the_forward(tmp_path, dp2):
+    # Right numbers, right collectives: but autograd's saved views keep the whole vector.
+    kept = _variant(tmp_path, "ex14", (FREE, "    del full\n"))
     checks = _by_kind(mt.grade("ex14", path=kept))
-    assert checks["values"].passed and checks["shards"].passed
-    assert not checks["collectives"].passed and not checks["freed"].passed
-    assert "backward made 0 all_gather(s) for 2 units" in checks["collectives"].detail
-    assert "still alive after unit 0's forward" in checks["freed"].detail
-    assert "1888 bytes" in checks["freed"].detail  # the whole padded vector, float64
+    assert checks["numbers"].passed and checks["collectives"].passed
+    assert not checks["after forward"].passed and not checks["in backward"].passed
+    assert ("1888 bytes of gathered parameters still held after unit 0's forward "
+            "(the whole vector is 1888 bytes)") in checks["after forward"].detail
+    assert "`del` drops only your name" in checks["after forward"].hint
+    assert "never freed after its forward" in checks["in backward"].detail
 
 
-def test_all_reducing_the_gradient_is_named_though_every_number_is_right(tmp_path, dp2):
-    summed = _variant(tmp_path, "ex14", (
-        "grad_shard = mt.comm.reduce_scatter(grad_full, unit.axis)",
-        "grad_shard = mt.comm.all_reduce(grad_full, unit.axis).chunk(unit.axis.size)"
-        "[unit.axis.rank]"))
-    checks = _by_kind(mt.grade("ex14", path=summed))
+def test_keeping_the_vector_for_backward_is_named_by_the_missing_refill(tmp_path, dp2):
+    kept = _variant(tmp_path, "ex14", ("        free(full)\n        if y.requires_grad:",
+                                       "        if False:"))
+    checks = _by_kind(mt.grade("ex14", path=kept))
+    assert checks["numbers"].passed
+    assert [c.passed for c in checks.values()] == [True, False, False, False]
+    assert "backward made no all_gather" in checks["collectives"].detail
+
+
+@pytest.mark.parametrize("instead", [
+    "            pass\n",  # freed after the forward, never refilled
+    HOOK.replace("y.register", "x.register"),  # on the input: fires after the unit's backward
+], ids=["never", "too late"])
+def test_a_refill_missing_when_backward_reads_the_parameters_is_named(tmp_path, dp2, instead):
+    edit = (HOOK, instead)
+    wrong = _variant(tmp_path, "ex14", edit)
+    checks = _by_kind(mt.grade("ex14", path=wrong))
+    assert not checks["numbers"].passed and checks["after forward"].passed
+    assert checks["numbers"].detail.endswith(
+        "step 1, rank 0: backward read a saved view of the parameters while their storage "
+        "held 0 bytes: nothing refilled it before the unit's backward"), str(checks)
+    assert "when the gradient of the unit's output arrives" in checks["numbers"].hint
+    assert checks["in backward"].detail == "not checked: backward failed (see above)"
+
+
+def test_a_refill_into_a_new_tensor_is_named(tmp_path, dp2):
+    # The gather happens, but the saved views still point at the freed storage.
+    wrong = _variant(tmp_path, "ex14", (
+        "        full.untyped_storage().resize_(values.numel() * values.element_size())\n", ""),
+        (COPY, "        full.data = values"))
+    numbers = _by_kind(mt.grade("ex14", path=wrong))["numbers"]
+    assert ("backward gathered again, but a saved view of the parameters still saw a storage "
+            "of 0 bytes" in numbers.detail), str(numbers)
+    assert "full.data = ..." in numbers.hint
+
+
+def test_a_refill_that_autograd_counts_as_a_write_is_named(tmp_path, dp2):
+    wrong = _variant(tmp_path, "ex14", (COPY, "        with torch.no_grad():\n"
+                                              "            full.copy_(values)"))
+    numbers = _by_kind(mt.grade("ex14", path=wrong))["numbers"]
+    assert numbers.detail.endswith("autograd refused a saved view of the parameters: the "
+                                   "refill counted as an in-place write (its version went up)")
+    assert "under torch.no_grad() too" in numbers.hint
+
+
+def test_a_refill_of_other_values_is_named_by_the_right_forward(tmp_path, dp2):
+    # The storage given its bytes back but never written: resize_ leaves garbage there,
+    # here zeros (garbage that does not depend on the allocator).
+    wrong = _variant(tmp_path, "ex14", (COPY, "        full.data.zero_()"))
+    checks = _by_kind(mt.grade("ex14", path=wrong))
+    assert not checks["numbers"].passed and checks["after forward"].passed
+    assert ("the forward is right, so backward read other values than the forward's"
+            in checks["numbers"].detail), str(checks)
+
+
+def test_not_freeing_after_backward_is_caught_at_the_next_units_reduce_scatter(tmp_path, dp2):
+    wrong = _variant(tmp_path, "ex14", (FREE_AFTER_BACKWARD, "        pass\n"))
+    checks = _by_kind(mt.grade("ex14", path=wrong))
     assert [c.passed for c in checks.values()] == [True, True, False, True]
-    assert "made an all_reduce" in checks["collectives"].detail
-    assert "reduce-scatter" in checks["collectives"].hint
+    assert checks["in backward"].detail.endswith(
+        "unit 1 still held 1888 bytes while unit 0's gradient was reduce-scattered: not freed "
+        "after its own backward")
+    assert "GatherParams' backward" in checks["in backward"].hint
 
 
-def test_the_wrong_shard_is_named_by_the_values_it_holds(tmp_path, dp2):
-    swapped = _variant(tmp_path, "ex14", ("start = axis.rank * self.shard_size",
-                                  "start = (axis.size - 1 - axis.rank) * self.shard_size"))
-    checks = _by_kind(mt.grade("ex14", path=swapped))
-    assert not checks["values"].passed and not checks["shards"].passed
-    assert checks["shards"].detail.endswith(
-        "rank 0, unit 0: the shard holds values [118, 236); dp rank 0 owns values [0, 118)")
+def test_refilling_too_soon_is_caught_while_the_later_unit_is_differentiated(tmp_path, dp2):
+    # Every unit refilled when backward begins (on the first gradient any unit's output
+    # gets): unit 0 is gathered while unit 1 is still being differentiated.
+    wrong = _variant(tmp_path, "ex14", (
+        HOOK, "            y.register_hook(lambda grad: [u.refill(f) for u, f in PENDING]"
+              ".clear() or PENDING.clear())\n            PENDING.append((self, full))\n"),
+        ("def free(full", "PENDING = []\n\n\ndef free(full"))
+    checks = _by_kind(mt.grade("ex14", path=wrong))
+    assert not checks["in backward"].passed, str(checks)
+    assert checks["in backward"].detail.endswith(
+        "unit 0 held 1888 bytes while unit 1's gradient was reduce-scattered: refilled before "
+        "backward reached it")
+
+
+def test_refilling_twice_is_named_by_the_count(tmp_path, dp2):
+    wrong = _variant(tmp_path, "ex14", (HOOK, HOOK + HOOK))
+    collectives = _by_kind(mt.grade("ex14", path=wrong))["collectives"]
+    assert "backward made 4 all_gathers for 2 units: refill each unit once" in collectives.detail

@@ -58,6 +58,6 @@ EXERCISES = {
                      "memory cap, graded by the calculator", ex12.run),
     "ex13": Exercise("ex13_bytes_and_days.py", "two claims checked by hand: model-state GB "
                      "and training days", ex13.run),
-    "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit: gather, free, gather again, "
-                     "reduce-scatter", ex14.run),
+    "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex14.run),
 }
