@@ -55,7 +55,7 @@ EXERCISES = {
     "ex11": Exercise("ex11_tp_step_time.py", "a tensor-parallel step's compute and "
                      "communication, predicted", ex11.run),
     "ex12": Exercise("ex12_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, graded by the calculator", ex12.run),
+                     "memory cap, and say why", ex12.run),
     "ex13": Exercise("ex13_bytes_and_days.py", "two claims checked by hand: model-state GB "
                      "and training days", ex13.run),
     "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
