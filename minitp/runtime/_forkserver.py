@@ -61,7 +61,16 @@ def warm_up(ctx) -> None:
     probe = ctx.Process(target=int, name="minitp-warm-up", daemon=True)
     try:
         with without_main_module():
-            probe.start()
+            try:
+                probe.start()
+            except (ConnectionError, FileNotFoundError, EOFError):
+                # The server is gone though ensure_running found it alive: CPython's
+                # forkserver exits when a client connects and leaves without sending its
+                # descriptors (a start cut short by Ctrl-C), and it may still have been
+                # exiting when we looked. Start a fresh one and try once more.
+                _restart(ctx)
+                probe = ctx.Process(target=int, name="minitp-warm-up", daemon=True)
+                probe.start()
         probe.join()
     except BaseException as stopped:
         # Cut short (Ctrl-C while the forkserver starts cold), a start leaves its
@@ -75,8 +84,17 @@ def warm_up(ctx) -> None:
         traceback.clear_frames(stopped.__traceback__)
         raise
     probe.close()
-    _warm_forkserver_pid = pid
+    _warm_forkserver_pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
     _sign_multiprocessing_directory()
+
+
+def _restart(ctx) -> None:
+    """Stop multiprocessing's forkserver (reaping it, if it already exited) and start a
+    new one with the same preloads."""
+    with interrupts_deferred():
+        server = mp_forkserver._forkserver  # private, but what CPython's own tests use
+        server._stop()
+        server.ensure_running()
 
 
 # A launcher killed with SIGKILL (a kernel restart, the OOM killer) runs no cleanup: its

@@ -410,3 +410,41 @@ def test_a_timeout_names_every_waiting_rank_and_its_collective():
         assert sorted(info.value.waiting) == [0, 1], str(info.value)
         assert info.value.waiting[0].startswith("all_reduce on axis dp")
         assert info.value.waiting[1].startswith("all_gather on axis dp")
+
+
+_DEAD_SERVER = """
+import os, signal, time
+import multiprocessing.forkserver as mp_forkserver
+import minitp as mt
+from minitp.runtime import _forkserver
+
+mt.launch(os.getpid, 2, timeout=60)                      # the forkserver is up and warm
+os.kill(mp_forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+time.sleep(0.5)
+# As when it was still exiting when ensure_running looked (a start cut short by Ctrl-C
+# makes CPython's forkserver exit): the next launch's first two looks (warm_up's, and
+# the one inside connect_to_new_process) take it for alive; later looks are real.
+server = mp_forkserver._forkserver
+real, looks = server.ensure_running, []
+
+def looks_alive_twice():
+    looks.append(1)
+    if len(looks) > 2:
+        real()
+
+mp_forkserver.ensure_running = server.ensure_running = looks_alive_twice
+_forkserver._warm_forkserver_pid = None
+run = mt.launch(os.getpid, 2, timeout=60)
+print(len(set(run)))
+"""
+
+
+def test_a_forkserver_that_died_unnoticed_is_started_again(tmp_path):
+    """The next launch after a forkserver died unnoticed starts a new one and runs,
+    instead of failing with 'Connection refused' (seen after Ctrl-C during a cold start)."""
+    script = tmp_path / "dead_server.py"
+    script.write_text(_DEAD_SERVER)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "2"
