@@ -5,8 +5,8 @@
   ``_worker``, ``_failure_report``, ``_signals``, ``_run`` and ``_pickling`` are its parts.
 * `mesh`: `Mesh`, the (dp, pp, cp, tp) grid of ranks with one process group per
   axis, and `Axis`, one of them.
-* `comm`: every collective and point-to-point message, traced (`comm_pending` for
-  those posted now and waited on later).
+* `comm`: every collective (all-to-all with uneven splits included) and point-to-point
+  message, traced (`comm_pending` for those posted now and waited on later).
 * `trace`: the events each rank records, with bytes measured by the kernel
   (`io_counters`).
 * `_device`: the device this rank computes on (`device()`); `peak`: its peak FLOP/s for MFU.

@@ -45,9 +45,10 @@ class TracedOp:
     (by `Pending`, when the op was posted)."""
 
     def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None, src=0, window=None,
-                 via: str = "p2p"):
+                 via: str = "p2p", model_bytes: int | None = None):
         self.op, self.axis, self.tensor, self.nbytes, self.peer = op, axis, tensor, nbytes, peer
         self.src, self.window, self.via = src, window, via  # via: a send's axis name
+        self.model = model_bytes  # where the ring formula does not say (an all-to-all)
 
     def describe(self) -> str:
         where = f"axis {self.axis.name} ranks {list(self.axis.ranks)}" if self.axis else (
@@ -79,7 +80,8 @@ class TracedOp:
             shape=tuple(self.tensor.shape),
             dtype=str(self.tensor.dtype).removeprefix("torch."),
             nbytes=int(self.nbytes),
-            model_bytes=_model_bytes(self.op, int(self.nbytes), self.axis, self.src),
+            model_bytes=(self.model if self.model is not None
+                         else _model_bytes(self.op, int(self.nbytes), self.axis, self.src)),
             sent_bytes=sent,
             start=self.start,
             end=self.rec.now(),

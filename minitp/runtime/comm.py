@@ -30,6 +30,8 @@ re-exported here); this module holds the blocking ops.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -81,6 +83,53 @@ def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     with TracedOp("reduce_scatter", axis, x, flat.numel() * flat.element_size()):
         dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
     return out
+def exchange_counts(counts, axis: Axis) -> list[int]:
+    """Rank r tells the k-th rank of `axis` ``counts[k]`` (how many rows it will send it)
+    and learns what each rank will send it: the all-to-all of n integers that precedes
+    an all-to-all of uneven size (each receiver must size its buffer)."""
+    counts = _splits(counts, axis, "counts")
+    if axis.size == 1:
+        return counts
+    send = torch.tensor(counts, dtype=torch.int64, device=_device.device())  # NCCL: on the GPU
+    out = torch.empty_like(send)
+    with TracedOp("all_to_all", axis, send, send.numel() * 8, model_bytes=(axis.size - 1) * 8):
+        dist.all_to_all_single(out, send, group=axis.group)
+    return out.tolist()
+
+
+def all_to_all(x: torch.Tensor, axis: Axis, send_splits, recv_splits=None) -> torch.Tensor:
+    """Rank r sends the k-th run of `send_splits[k]` rows of `x` (dim 0, in order) to the
+    k-th rank of `axis`, and returns the rows every rank sent it, in rank order:
+    `recv_splits[k]` from the k-th. Without `recv_splits`, `exchange_counts` finds them
+    first. The model's bytes are what this rank sends to the others (its own run stays)."""
+    send_splits = _splits(send_splits, axis, "send_splits")
+    if sum(send_splits) != x.shape[0]:
+        raise ValueError(f"all_to_all: send_splits {send_splits} add up to {sum(send_splits)} "
+                         f"rows, but x has {x.shape[0]}")
+    if recv_splits is None:
+        recv_splits = exchange_counts(send_splits, axis)
+    recv_splits = _splits(recv_splits, axis, "recv_splits")
+    if axis.size == 1:
+        return x.detach().clone()
+    payload = x.detach().contiguous()
+    row = math.prod(payload.shape[1:]) * payload.element_size()  # bytes of one row
+    out = payload.new_empty((sum(recv_splits), *payload.shape[1:]))
+    others = sum(s for k, s in enumerate(send_splits) if k != axis.rank)
+    with TracedOp("all_to_all", axis, payload, payload.numel() * payload.element_size(),
+                  model_bytes=others * row):
+        dist.all_to_all_single(out, payload, output_split_sizes=recv_splits,
+                               input_split_sizes=send_splits, group=axis.group)
+    return out
+
+
+def _splits(splits, axis: Axis, name: str) -> list[int]:
+    splits = [int(s) for s in splits]
+    if len(splits) != axis.size or any(s < 0 for s in splits):
+        raise ValueError(f"all_to_all: {name} must be {axis.size} counts >= 0 (one per rank "
+                         f"of axis {axis.name}), got {splits}")
+    return splits
+
+
 def broadcast(x: torch.Tensor, axis: Axis, src: int = 0) -> torch.Tensor:
     """Every rank of `axis` gets the `x` of the rank at index `src` *within the axis*."""
     if not 0 <= src < axis.size:

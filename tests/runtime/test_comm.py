@@ -352,3 +352,69 @@ def test_run_trace_holds_every_event_of_every_rank(comm_run):
                     if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], list))
                 for r in range(n)]
     assert [sum(1 for e in run.trace if e.rank == r) for r in range(n)] == per_rank
+
+
+# --------------------------------------------------------------------------- all-to-all
+def _splits(r, n, rows):
+    """Uneven, with zeros: what rank r sends each rank (a router's counts look like this)."""
+    return [((r + 2 * k) % 3) * rows for k in range(n)]
+
+
+def _all_to_all(rows):
+    axis = mt.world()
+    r, n = axis.rank, axis.size
+    g = torch.Generator().manual_seed(7)
+    everyone = [torch.randn(sum(_splits(j, n, rows)), 5, generator=g, dtype=torch.float64)
+                for j in range(n)]  # every rank's x, known to all: the reference
+    send = _splits(r, n, rows)
+    mt.trace.clear()
+    got = mt.comm.all_to_all(everyone[r].to(mt.device()), axis, send)
+    events = mt.trace.events()
+    recv = [_splits(j, n, rows)[r] for j in range(n)]
+    explicit = mt.comm.all_to_all(everyone[r].to(mt.device()), axis, send, recv)
+    expected = torch.cat([everyone[j].split(_splits(j, n, rows))[r] for j in range(n)])
+    return {"error": (got.cpu() - expected).abs().max().item() if got.numel() else 0.0,
+            "same": torch.equal(got, explicit), "shape": tuple(got.shape),
+            "events": [(e.op, e.model_bytes, e.sent_bytes) for e in events],
+            "others": sum(s for k, s in enumerate(send) if k != r) * 5 * 8}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_all_to_all_with_uneven_splits_delivers_every_run_to_its_rank(n):
+    for rank, found in enumerate(mt.launch(_all_to_all, n, 4, timeout=60)):
+        assert found["error"] == 0.0, (rank, found)  # rows are moved, never added
+        assert found["same"], "recv_splits found by exchange_counts differ from the true ones"
+        counts, data = found["events"]
+        assert counts[0] == data[0] == "all_to_all"
+        assert counts[1] == (n - 1) * 8  # n int64 counts, one stays home
+        assert data[1] == found["others"]  # the model: the rows sent to the other ranks
+
+
+def test_all_to_all_measured_bytes_are_the_model_plus_one_header_per_peer():
+    """On gloo every rank sends each other rank one message (a header even when it carries
+    no rows): measured = model + (n - 1) headers, the same header for every message."""
+    headers = set()
+    for rows in (4, 40):
+        for found in mt.launch(_all_to_all, 4, rows, timeout=60):
+            for _op, model, sent in found["events"]:
+                assert sent is not None and sent >= model
+                headers.add((sent - model) / 3)
+    assert len(headers) == 1 and 0 < headers.pop() <= 256, headers
+
+
+def _bad_splits(send, x_rows):
+    try:
+        mt.comm.all_to_all(torch.zeros(x_rows, 2), mt.world(), send)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("send,x_rows,words", [
+    ([1, 2], 4, "add up to 3 rows, but x has 4"),
+    ([1, 2, 1], 4, "must be 2 counts >= 0"),
+    ([5, -1], 4, "must be 2 counts >= 0"),
+])
+def test_all_to_all_refuses_splits_that_do_not_fit(send, x_rows, words):
+    for message in mt.launch(_bad_splits, 2, send, x_rows, timeout=60):
+        assert message is not None and words in message, message

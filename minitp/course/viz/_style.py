@@ -28,6 +28,7 @@ OP_COLORS = {
     "send": "#56B4E9",
     "recv": "#F0E442",
     "barrier": "#000000",
+    "all_to_all": "#D55E00",
     "compute": COMPUTE_COLOR,
 }
 _DARK = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#000000"}  # write white text on these

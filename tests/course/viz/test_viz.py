@@ -257,3 +257,11 @@ def test_bandwidth_with_a_given_fit_or_none():
     assert np.allclose(fit_line.get_ydata(), given.predict(fit_line.get_xdata()))
     fig = viz.bandwidth(sizes, [1e-4, 1.1e-4, 1.2e-4], fit=False)
     assert [line.get_gid() for line in fig.axes[0].get_lines()] == ["points-measured"]
+
+
+def test_an_all_to_all_has_its_own_colour_and_name():
+    fig = viz.timeline([ev(0, "all_to_all", 0.0, 0.002), ev(1, "all_to_all", 0.0, 0.002)],
+                       color_by="op")
+    assert legend_labels(fig) == ["all-to-all"]
+    (bar,) = bars(fig, 0)
+    assert mcolors.to_hex(bar.get_facecolor()) == viz.OP_COLORS["all_to_all"].lower()
