@@ -43,8 +43,8 @@ __all__ = [
     "Axis", "CollectiveTimeout", "ColumnParallelLinear", "GPT", "GPTConfig", "LaunchError",
     "Mesh", "RowParallelLinear", "VocabParallelEmbedding", "calc", "check_parallel_config",
     "checkpoint", "comm", "context_parallel", "device", "grade", "labs", "launch", "layout",
-    "make_optimizer", "mappings", "memory", "parallelize", "trace", "train_step", "viz",
-    "vocab_parallel_cross_entropy", "world",
+    "make_optimizer", "mappings", "memory", "parallelize", "question", "trace", "train_step",
+    "viz", "vocab_parallel_cross_entropy", "world",
 ]
 
 
@@ -61,6 +61,15 @@ def grade(exercise: str, solutions: bool = False, path=None):
     from .course.grading import grade as run_the_grader
 
     return run_the_grader(exercise, solutions=solutions, path=path)
+
+
+def question(key: str, seed=None):
+    """``mt.question("01.ring-bytes", seed="your name")``: a graded question with your own
+    numbers; ``.check(answer)`` says whether it is right and then works it out. Part of
+    the course, imported on first use."""
+    from .course.questions import question as ask
+
+    return ask(key, seed)
 
 
 def __getattr__(name):
