@@ -1,5 +1,6 @@
 """Graded questions: asked with concrete numbers drawn for each learner, checked, and
-worked out after an attempt (`form`); one module per lesson holds its questions.
+worked out after an attempt (`form`); one module per lesson, ``lessonNN.py``, holds its
+questions in a ``QUESTIONS`` dict, keyed "NN.name" (the lesson's number first).
 
     q = mt.question("01.ring-bytes", seed="ada")
     q.check(...)
@@ -7,14 +8,22 @@ worked out after an attempt (`form`); one module per lesson holds its questions.
 
 from __future__ import annotations
 
-from . import lesson01
+import importlib
+import pkgutil
+
 from .form import Question, Verdict, Wrong
 
-QUESTIONS = {
-    "01.ring-bytes": lesson01.ring_bytes,
-    "01.ring-time": lesson01.ring_time,
-    "01.which-collective": lesson01.which_collective,
-}
+
+def _collect() -> dict:
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("lesson"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            found.update(module.QUESTIONS)
+    return found
+
+
+QUESTIONS = _collect()
 
 
 def question(key: str, seed=None) -> Question:

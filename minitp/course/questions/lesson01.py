@@ -106,3 +106,7 @@ def which_collective(seed=None) -> Question:
             "(n-1)/n·S bytes per rank, half of an all-reduce's 2(n-1)/n·S. This is ZeRO's "
             "first step (lesson 10), and sequence parallelism's (lesson 05)."),
     )
+
+
+QUESTIONS = {"01.ring-bytes": ring_bytes, "01.ring-time": ring_time,
+             "01.which-collective": which_collective}
