@@ -70,3 +70,23 @@ def test_every_lesson_has_graded_work(path):
         assert not graded, f"{path.name} has an exercise now: remove it from NO_EXERCISE_YET"
         return
     assert graded, f"{path.name} has no grader cell mt.grade(\"ex{n:02d}\")"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_lesson_asks_questions_and_shows_each(path):
+    """2 to 5 graded questions per lesson (minitp/course/questions/lessonNN.py), at least
+    one a design decision, each shown and checked in the lesson."""
+    from minitp.course.questions import QUESTIONS
+
+    n = path.name[:2]
+    mine = sorted(k for k in QUESTIONS if k.startswith(f"{n}."))
+    assert 2 <= len(mine) <= 5, f"lesson {n} asks {len(mine)} questions: {mine}"
+    assert any(QUESTIONS[k]().kind == "choice" for k in mine), f"lesson {n}: no design question"
+    code = "\n".join(_cells(path, "code"))
+    for key in mine:
+        assert f'mt.question("{key}"' in code, f"{path.name} never asks {key}"
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines()
+               if line.startswith(f"| `{path.stem}` |"))
+    names = row.rpartition("questions: ")[2].split(" | ")[0].split(", ")
+    assert sorted(names) == sorted(k.split(".", 1)[1] for k in mine), (
+        f"README's row for {path.stem} does not list its questions")
