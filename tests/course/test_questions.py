@@ -56,3 +56,12 @@ def test_a_choice_is_read_whatever_its_case_and_an_unknown_key_is_refused():
     assert mt.question("01.which-collective").check(" B ").right is True
     with pytest.raises(ValueError, match="unknown question '99.nothing'"):
         mt.question("99.nothing")
+
+
+def test_a_formula_is_compared_at_random_points_and_its_errors_are_told():
+    q = mt.question("01.ring-bytes-formula", seed="ada")
+    assert q.check(lambda n, S: 2 * S * (n - 1) / n).right is True  # any equal form
+    assert q.check(lambda n, S: 2 * S).says.startswith("that is the limit")
+    assert "not an answer of this kind" in q.check(42).says  # not a function
+    raised = q.check(lambda n, S: S / (n - n)).says
+    assert "your function raised ZeroDivisionError" in raised

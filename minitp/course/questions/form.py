@@ -4,6 +4,7 @@ checked, and its worked answer shown only after an attempt.
     q = mt.question("01.ring-bytes", seed="ada")   # your own numbers, drawn from the seed
     q                                               # the question
     q.check(3.5e9)                                  # right, or which mistake it looks like
+    q.check(lambda n, S: 2 * (n - 1) / n * S)       # a formula: kind "formula"
 
 A `Question` draws its parameters from the seed (the same seed, the same numbers; another
 seed, other numbers, so answers cannot be copied), computes the right answer from them
@@ -21,6 +22,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+KINDS = ("number", "choice", "formula")
+
 
 @dataclass
 class Wrong:
@@ -33,7 +36,9 @@ class Wrong:
 @dataclass
 class Question:
     """One question. `draw(rng)` picks the parameters; `text`, `right`, `worked` and every
-    `Wrong` are computed from them. `kind`: "number" (within `rel_tol`) or "choice"."""
+    `Wrong` are computed from them. `kind`: "number" (within `rel_tol`), "choice", or
+    "formula": a function of the named `symbols`, compared with the right one at random
+    points drawn from `points` (symbol -> (low, high), whole numbers where both are int)."""
 
     key: str
     draw: Callable[[random.Random], dict]
@@ -44,10 +49,11 @@ class Question:
     kind: str = "number"
     rel_tol: float = 0.01
     seed: str | None = None
+    points: dict = field(default_factory=dict)  # formula: symbol -> (low, high)
 
     def __post_init__(self):
-        if self.kind not in ("number", "choice"):
-            raise ValueError(f"a question's kind is 'number' or 'choice', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"a question's kind is one of {KINDS}, got {self.kind!r}")
         digest = hashlib.sha256(f"{self.key}/{self.seed}".encode()).digest()
         self.params = self.draw(random.Random(int.from_bytes(digest[:8], "big")))
 
@@ -77,10 +83,28 @@ class Question:
     def _same(self, answer, expected) -> bool:
         if self.kind == "choice":
             return str(answer).strip().lower() == str(expected).lower()
+        if self.kind == "formula":
+            return self._same_formula(answer, expected)
         answer = float(answer)
         if not math.isfinite(answer):
             raise ValueError(f"{answer} is not a finite number")
         return math.isclose(answer, float(expected), rel_tol=self.rel_tol)
+
+    def _same_formula(self, answer, expected) -> bool:
+        """Equal at 20 random points of `points` (the same points for every answer)."""
+        if not callable(answer):
+            raise TypeError("a formula is a function of the symbols, e.g. lambda n, S: ...")
+        rng = random.Random(self.key)
+        for _ in range(20):
+            at = {name: (rng.randint(lo, hi) if isinstance(lo, int) and isinstance(hi, int)
+                         else rng.uniform(lo, hi)) for name, (lo, hi) in self.points.items()}
+            try:
+                got = float(answer(**at))
+            except Exception as exc:  # the learner's function: any error is an answer's fault
+                raise ValueError(f"your function raised {type(exc).__name__} at {at}") from exc
+            if not math.isclose(got, float(expected(**at)), rel_tol=self.rel_tol):
+                return False
+        return True
 
 
 @dataclass

@@ -108,5 +108,27 @@ def which_collective(seed=None) -> Question:
     )
 
 
-QUESTIONS = {"01.ring-bytes": ring_bytes, "01.ring-time": ring_time,
-             "01.which-collective": which_collective}
+def ring_bytes_formula(seed=None) -> Question:
+    return Question(
+        key="01.ring-bytes-formula", seed=seed, draw=lambda rng: {}, kind="formula",
+        points={"n": (2, 64), "S": (1e3, 1e9)}, rel_tol=1e-9,
+        text=lambda p: ("Now in general: write the bytes each rank sends in a ring all-reduce "
+                        "of S bytes over n ranks as a function, `lambda n, S: ...` (checked at "
+                        "random n and S)."),
+        right=lambda p: lambda n, S: 2 * (n - 1) / n * S,
+        wrong=[
+            Wrong(lambda p: lambda n, S: (n - 1) / n * S,
+                  "that is a reduce-scatter's (or an all-gather's): an all-reduce is both"),
+            Wrong(lambda p: lambda n, S: 2 * S, "that is the limit as n grows, not the bytes at n"),
+            Wrong(lambda p: lambda n, S: S, "that is the tensor's size, not what a rank sends"),
+            Wrong(lambda p: lambda n, S: 2 * (n - 1) * S,
+                  "each of the 2(n-1) steps sends one chunk of S/n, not all of S"),
+        ],
+        worked=lambda p: ("2(n-1)·S/n: n-1 steps of reduce-scatter and n-1 of all-gather, one "
+                          "chunk of S/n each; it tends to 2S as n grows, so the bytes per rank "
+                          "hardly depend on n (`minitp.rules.ring_wire_bytes`)."),
+    )
+
+
+QUESTIONS = {"01.ring-bytes": ring_bytes, "01.ring-bytes-formula": ring_bytes_formula,
+             "01.ring-time": ring_time, "01.which-collective": which_collective}
