@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...calc.cluster import H100_80GB
+from ...calc.cluster import GB, H100_80GB
 from ...calc.flops import flops_per_iteration, model_flops
 from ...calc.memory import activation_bytes, activation_bytes_per_layer, model_state_bytes
 from ...calc.params import params_per_rank
 from .form import Question, Wrong
 
-GB = 10**9
 # (layers l, hidden h, heads a) of published models, sequence length 2048 and a vocabulary of
 # 51,200 (GPT-3: Brown et al. 2020, Table 2.1; 22B: Korthikanti et al. 2022, Table 3).
 MODELS = {"GPT-3 6.7B": (32, 4096, 32), "the 22B model": (48, 6144, 64),

@@ -3,10 +3,9 @@ when to send the gradients."""
 
 from __future__ import annotations
 
+from ...calc.cluster import GB
 from ...calc.memory import model_state_bytes
 from .form import Question, Wrong
-
-GB = 1e9
 
 
 def token_weight(seed=None) -> Question:

@@ -3,21 +3,14 @@ when a plan does not fit."""
 
 from __future__ import annotations
 
-from ...calc.cluster import A100_80GB
+from ...calc.cluster import A100_80GB, GiB
 from ...calc.memory import activation_bytes, activation_bytes_per_layer, memory_per_gpu
 from ...calc.timing import step_time
-from ...model import GPTConfig
 from .form import Question, Wrong
+from .models import gpt
 
-GiB = 2**30
-
-
-def _gpt(h, heads, layers):
-    return GPTConfig(vocab_size=51200, seq_len=2048, n_layer=layers, n_head=heads, d_model=h)
-
-
-MODELS = {"GPT-3 175B": _gpt(12288, 96, 96), "a 39B GPT": _gpt(8192, 64, 48),
-          "a 13B GPT": _gpt(5120, 40, 40)}
+MODELS = {"GPT-3 175B": gpt(12288, 96, 96), "a 39B GPT": gpt(8192, 64, 48),
+          "a 13B GPT": gpt(5120, 40, 40)}
 
 
 def first_stage_activations(seed=None) -> Question:

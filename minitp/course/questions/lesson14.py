@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 
+from ...calc.cluster import GiB
 from ...calc.comm import dp_comm_bytes, tp_comm_bytes
 from ...calc.memory import model_state_bytes
-from ...model import GPTConfig
 from .form import Question, Wrong
+from .models import gpt
 
-GiB = 2**30
 LETTERS = "abcd"  # ZeRO stages 0, 1, 2, 3
 MICROBATCHES = 8
 
@@ -85,12 +85,8 @@ def which_stage(seed=None) -> Question:
     )
 
 
-def _gpt(h, heads, layers):
-    return GPTConfig(vocab_size=51200, seq_len=2048, n_layer=layers, n_head=heads, d_model=h)
-
-
-MODELS = {"1.3B": _gpt(2048, 16, 24), "13B": _gpt(5120, 40, 40),
-          "GPT-3 175B": _gpt(12288, 96, 96)}
+MODELS = {"1.3B": gpt(2048, 16, 24), "13B": gpt(5120, 40, 40),
+          "GPT-3 175B": gpt(12288, 96, 96)}
 
 
 def break_even(seed=None) -> Question:
