@@ -27,13 +27,18 @@ def dense_name(name: str, layer_offset: int = 0) -> str:
     return re.sub(r"^blocks\.(\d+)", lambda m: f"blocks.{int(m[1]) + layer_offset}", name)
 
 
-def gather_dense(named_tensors, tp: Axis, layer_offset: int = 0) -> dict[str, torch.Tensor]:
+def gather_dense(named_tensors, tp: Axis, layer_offset: int = 0,
+                 ep: Axis | None = None) -> dict[str, torch.Tensor]:
     """{plain name: dense tensor} from (shard name, parameter, tensor) triples,
-    gathered over `tp` where the parameter is split (on every rank; untraced:
-    bookkeeping, not training). A None tensor (no gradient) stays None."""
+    gathered over `tp` where the parameter is split, and over `ep` where it is a run of
+    experts (on every rank; untraced: bookkeeping, not training). A None tensor (no
+    gradient) stays None."""
     dense = {}
     with trace.paused():
         for name, param, value in named_tensors:
+            ep_dim = tag(param, "ep_split_dim")
+            if value is not None and ep_dim is not None and ep is not None:
+                value = comm.all_gather(value, ep, dim=ep_dim)
             dim = tag(param, "tp_split_dim")
             if value is not None and dim is not None:
                 value = comm.all_gather(value, tp, dim=dim)

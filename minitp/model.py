@@ -29,6 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .mixed_precision import loss_precision
+from .moe import MoE
+from .moe_rules import check_moe_config
 from .rules import IGNORE_INDEX, check_positive_int, check_token_ids
 
 ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
@@ -44,6 +46,16 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, attention probabilities and both residual branches
     bias: bool = True  # biases in Linear layers and LayerNorms, as GPT-2
     attention: str = "math"  # "math": written out; "sdpa": one fused kernel (AttentionCore)
+    # Mixture of experts (`minitp.moe`, `minitp.routing`); n_experts=0: every MLP dense.
+    n_experts: int = 0  # E expert MLPs in each MoE layer
+    top_k: int = 2  # experts per token
+    moe_every: int = 1  # layers moe_every-1, 2·moe_every-1, … are MoE (1: all; 2: every other)
+    capacity_factor: float | None = None  # None: dropless; f: ⌈f·T·k/E⌉ per expert per sequence
+    router: str = "softmax"  # "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
+    balance: str = "aux"  # "aux" (Switch's loss), "bias" (DeepSeek-V3's, loss-free), "none"
+    aux_loss_coef: float = 0.01  # the aux loss's weight (Switch Transformer's α)
+    bias_update_rate: float = 0.001  # the bias's step per optimizer step (DeepSeek-V3's γ)
+    shared_expert: bool = False  # one dense MLP every token also goes through (DeepSeek-V3)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
@@ -62,6 +74,14 @@ class GPTConfig:
                 "attention='sdpa' draws its dropout masks inside the fused kernel, where "
                 "minitp's dropout (each rank the masks one device would draw) cannot reach; "
                 f"use attention='math' with dropout={self.dropout}, or dropout=0")
+        if self.n_experts:
+            for name in ("n_experts", "top_k", "moe_every"):
+                check_positive_int(f"GPTConfig.{name}", getattr(self, name))
+            check_moe_config(self)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` holds a mixture of experts rather than a dense MLP."""
+        return self.n_experts > 0 and index % self.moe_every == self.moe_every - 1
 
     @property
     def head_dim(self) -> int:
@@ -128,12 +148,14 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, moe: bool = False):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        # a mixture of experts in the MLP's place (`minitp.moe`), same name: the block's
+        # forward does not change
+        self.mlp = MoE(cfg, MLP(cfg) if cfg.shared_expert else None) if moe else MLP(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -197,7 +219,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = LearnedPositions(cfg.seq_len, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, cfg.is_moe_layer(i)) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.head = TiedOutput(self.wte)
         self.loss = CrossEntropy(cfg.vocab_size)

@@ -7,6 +7,9 @@ axis's module, and a new axis is one more step:
    layers for sharded ones, by a plan table;
 2. context parallelism (cp > 1) — `minitp.context_parallel`: ring attention,
    each rank's global positions, the loss over the cp group;
+   then expert parallelism — `minitp.expert_parallel`: each MoE layer's experts
+   shared out over ep (folded into dp×cp), tokens exchanged by all-to-all, the
+   routing statistics reduced over the ranks that split a sequence;
 3. activation recomputation — `minitp.recompute`;
 4. trace labels — name the pieces ("embedding", "layer3", "head", "loss") so
    every collective says what it belongs to;
@@ -27,6 +30,7 @@ import copy
 
 from .context_parallel.plan import apply_context_parallel
 from .data_parallel.zero import attach_data_parallel
+from .expert_parallel.plan import apply_expert_parallel
 from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
 from .model import GPT
 from .parallel_gpt import ParallelGPT
@@ -90,6 +94,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
         model.to(param_dtype)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel, tp_overlap)
     apply_context_parallel(model, mesh.cp)
+    apply_expert_parallel(model, mesh, sequence_parallel)
     apply_recompute(model, recompute)
     label_pieces(model)
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
@@ -101,7 +106,8 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
         if zero_stage < 2:  # before the dp hooks: they read what these collect
             attach_main_grads(stages)  # (stages 2-3 keep float32 only in the shards)
     attach_data_parallel(stages, mesh.dp_cp, zero_stage, bucket_bytes,
-                         master_dtype=MASTER_DTYPE if param_dtype is not None else None)
+                         master_dtype=MASTER_DTYPE if param_dtype is not None else None,
+                         expert_dp=mesh.expert_dp)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline
     # the dense parameters as this model holds them: in param_dtype when it cast them (the

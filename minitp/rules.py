@@ -1,10 +1,9 @@
 """The rules every other file shares: the ground floor of minitp.
 
-Nothing here imports the rest of minitp, and nothing here needs torch: the
-calculator (`minitp.calc`, pure arithmetic) may import this module and no other.
+Nothing here needs torch or imports the rest of minitp but its MoE rules
+(`minitp.moe_rules`): the calculator (`minitp.calc`, pure arithmetic) may import these two.
 Each rule is written once, here, and every file that needs it imports it:
-
-* what must divide what for a (dp, pp, cp, tp) split — `check_parallel_config`;
+* what must divide what for a (dp, pp, cp, tp, ep) split — `check_parallel_config`;
 * context parallelism's load-balanced chunks: which two of a sequence's 2·cp
   chunks each cp rank holds — `cp_chunks`, `check_context_split`;
 * the pipeline schedule names and the interleaved schedule's constraint;
@@ -21,6 +20,8 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+
+from .moe_rules import check_expert_parallel
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
 SEQ_DIM = 1  # token ids are (batch, seq); activations (batch, seq, hidden)
@@ -139,18 +140,18 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                           cp: int = 1, sequence_parallel: bool = False, recompute=None,
                           virtual_stages: int = 1, world_size: int | None = None,
                           schedule=None, microbatches: int | None = None,
-                          batch_size: int | None = None, zero_stage: int = 0,
+                          batch_size: int | None = None, zero_stage: int = 0, ep: int = 1,
                           param_dtype: str | None = None, tp_overlap: bool = False) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way: the one validator of a parallel configuration. Call it in the parent
     with the sizes, before any process starts (the CLI, the graders, the calculator);
-    `parallelize` calls it again on every rank with its `mesh` (whose axis sizes and
-    world size stand for dp, pp, cp, tp and world_size), and `train_step` with the
-    schedule, microbatches and batch size it was given."""
+    `parallelize` calls it again on every rank with its `mesh` (whose axis sizes and world
+    size stand for dp, pp, cp, tp, ep and world_size), and `train_step` with the schedule,
+    microbatches and batch size it was given. ep: `minitp.moe_rules.check_expert_parallel`."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
-        world_size = mesh.world_size
-    for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp),
+        ep, world_size = mesh.ep.size, mesh.world_size
+    for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp), ("ep", ep),
                         ("virtual_stages", virtual_stages)):
         check_positive_int(name, value)
     if cfg.n_head % tp:
@@ -184,6 +185,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_tp_overlap(tp_overlap, sequence_parallel, tp)
     check_zero_stage(zero_stage)
     check_param_dtype(param_dtype)
+    check_expert_parallel(cfg, ep, dp, cp, zero_stage)
     if world_size is not None and dp * pp * cp * tp != world_size:
         if cp == 1:
             raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "

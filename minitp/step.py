@@ -6,6 +6,7 @@ import torch
 
 from .context_parallel.split import split_sequence
 from .grads import finalize_grads
+from .moe import moe_layers, update_expert_bias
 from .pipeline.schedules import SCHEDULES
 from .pipeline.stages import run_schedule
 from .rules import (
@@ -59,9 +60,12 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
         if syncs[k] is not None:
             syncs[k].arm(i == last)  # only the last microbatch's gradient is final
 
+    for layer in moe_layers(model):  # the aux loss: a mean over the global batch's sequences
+        layer.aux_rows = x.shape[0]
     loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward)
     finalize_grads(model, mesh)  # every reduction after backward, in order (minitp.grads)
     optimizer.step()
+    update_expert_bias(model)  # DeepSeek-V3's balancing, from the whole step's load
     return _batch_loss(loss, mesh)
 
 

@@ -21,6 +21,10 @@ TAG_DEFAULTS = {
     # the parameter is applied to this rank's slice of the sequence (sequence
     # parallelism), so the true gradient is the sum over the group
     "grad_partial_over_tp": False,
+    # expert parallelism (`minitp.expert_parallel`): the dimension (the experts') along
+    # which this parameter is split over the ep axis; its gradient is then summed over
+    # the expert-data-parallel group, not over dp. None: not an expert shard
+    "ep_split_dim": None,
 }
 
 

@@ -33,6 +33,7 @@ import torch.nn as nn
 from ..mixed_precision import grad_of, set_grad
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
+from ..tags import tag
 
 
 def grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
@@ -101,9 +102,36 @@ class GradSync:
         self.handles = []
 
 
-def attach_grad_sync(stages, dp: Axis, bucket_bytes: int = 1 << 20) -> None:
+class GradSyncs:
+    """Several `GradSync`s armed and finished as one: the dense parameters' over dp×cp
+    and the expert shards' over the expert-data-parallel group (`minitp.expert_parallel`)."""
+
+    def __init__(self, syncs: list[GradSync]):
+        self.syncs = syncs
+
+    def arm(self, armed: bool = True) -> None:
+        for sync in self.syncs:
+            sync.arm(armed)
+
+    def finish(self) -> None:
+        for sync in self.syncs:
+            sync.finish()
+
+    def remove(self) -> None:
+        for sync in self.syncs:
+            sync.remove()
+
+
+def attach_grad_sync(stages, dp: Axis, bucket_bytes: int = 1 << 20,
+                     expert_dp: Axis | None = None) -> None:
     """Give every stage a bucketed gradient all-reduce over `dp` (none when dp is 1);
-    `train_step` arms it for the last microbatch."""
+    `train_step` arms it for the last microbatch. Expert shards (tag ``ep_split_dim``)
+    sum over `expert_dp` instead: the ranks that hold the same experts."""
     for stage in stages:
-        stage.grad_sync = (GradSync(list(stage.parameters()), dp, bucket_bytes)
-                           if dp.size > 1 else None)
+        params = list(stage.parameters())
+        experts = [p for p in params if tag(p, "ep_split_dim") is not None]
+        dense = [p for p in params if tag(p, "ep_split_dim") is None]
+        syncs = [GradSync(group, axis, bucket_bytes)
+                 for group, axis in ((dense, dp), (experts, expert_dp))
+                 if group and axis is not None and axis.size > 1]
+        stage.grad_sync = None if not syncs else syncs[0] if len(syncs) == 1 else GradSyncs(syncs)

@@ -76,16 +76,18 @@ from .zero_units import InFlight, Unit, make_units
 
 # --------------------------------------------------------------------------- attaching
 def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: int = 1 << 20,
-                         master_dtype: torch.dtype | None = None) -> None:
+                         master_dtype: torch.dtype | None = None,
+                         expert_dp: Axis | None = None) -> None:
     """Step 5 of `minitp.parallelize`: what every stage does over the dp axis.
 
     0: a bucketed all-reduce of the gradients (`GradSync`); 1: nothing here (the
     ZeRO-1 optimizer reduce-scatters at its step); 2: units whose gradients are
     reduce-scattered during backward; 3: also the parameters sharded. master_dtype
-    (mixed precision, stages 2-3): the shards' dtype, float32 under bf16 parameters."""
+    (mixed precision, stages 2-3): the shards' dtype, float32 under bf16 parameters.
+    expert_dp: the group expert shards sum their gradients over (`Mesh.expert_dp`)."""
     check_zero_stage(zero_stage)
     if zero_stage == 0:
-        attach_grad_sync(stages, dp, bucket_bytes)
+        attach_grad_sync(stages, dp, bucket_bytes, expert_dp)
         return
     inflight = InFlight()  # one bound for the rank, whichever stage's units post
     for stage in stages:

@@ -80,16 +80,26 @@ def world() -> Axis:
     return Axis("world", tuple(range(size)), dist.get_rank(), None)
 
 
-def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1) -> dict[str, list[list[int]]]:
+def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1,
+           ep: int = 1) -> dict[str, list[list[int]]]:
     """Every group of every dimension for a (dp, pp, cp, tp) mesh, without any processes.
-    The "cp" and "dp_cp" groups are listed only when cp > 1.
+    The "cp" and "dp_cp" groups are listed only when cp > 1; "ep" and "expert_dp" only
+    when ep > 1: expert parallelism is folded into dp×cp, each dp_cp group cut into runs
+    of ep consecutive ranks (an "ep" group shares out the experts), and "expert_dp" the
+    ranks at the same place of every run (they hold the same experts).
 
     >>> layout(dp=2, pp=2, tp=2)["tp"]
     [[0, 1], [2, 3], [4, 5], [6, 7]]
     >>> layout(dp=2, cp=2)["cp"], layout(dp=2, cp=2)["dp_cp"]
     ([[0, 1], [2, 3]], [[0, 1, 2, 3]])
+    >>> layout(dp=4, tp=2, ep=2)["ep"], layout(dp=4, tp=2, ep=2)["expert_dp"]
+    ([[0, 2], [4, 6], [1, 3], [5, 7]], [[0, 4], [2, 6], [1, 5], [3, 7]])
     """
     _check_sizes(dp, pp, tp, cp)
+    check_positive_int("ep", ep)
+    if (dp * cp) % ep:
+        raise ValueError(f"ep={ep} does not divide dp*cp={dp * cp}: expert parallelism is "
+                         "folded into the data-parallel ranks")
     grid = torch.arange(dp * pp * cp * tp).reshape(pp, dp, cp, tp)  # tp fastest, then cp
     groups = {
         "tp": grid.reshape(-1, tp).tolist(),
@@ -99,6 +109,10 @@ def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1) -> dict[str, l
     if cp > 1:
         groups["cp"] = grid.permute(0, 1, 3, 2).reshape(-1, cp).tolist()  # (pp, dp, tp, cp)
         groups["dp_cp"] = grid.permute(0, 3, 1, 2).reshape(-1, dp * cp).tolist()  # (pp, tp, dp·cp)
+    if ep > 1:
+        dp_cp = grid.permute(0, 3, 1, 2).reshape(-1, dp * cp // ep, ep)  # (pp·tp, runs, ep)
+        groups["ep"] = dp_cp.reshape(-1, ep).tolist()
+        groups["expert_dp"] = dp_cp.transpose(1, 2).reshape(-1, dp * cp // ep).tolist()
     return groups
 
 
@@ -154,7 +168,7 @@ class Mesh:
     of one rank (it talks to nobody) and ``mesh.dp_cp`` is ``mesh.dp`` itself.
     """
 
-    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1):
+    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1):
         _check_sizes(dp, pp, tp, cp)
         _require_initialized("mt.Mesh(...)")
         world_size = dist.get_world_size()
@@ -166,9 +180,10 @@ class Mesh:
                 f"but this run has world size {world_size}"
             )
         self.dp_size, self.pp_size, self.cp_size, self.tp_size = dp, pp, cp, tp
+        self.ep_size = ep
         me = dist.get_rank()
         axes = {}
-        for name, groups in layout(dp, pp, tp, cp=cp).items():
+        for name, groups in layout(dp, pp, tp, cp=cp, ep=ep).items():
             mine = None
             for ranks in groups:  # every rank must create every group, in the same order
                 group = dist.new_group(ranks) if len(ranks) < world_size else dist.group.WORLD
@@ -181,6 +196,10 @@ class Mesh:
         # one rank, no group: an axis of one rank never communicates (`minitp.runtime.comm`)
         self.cp: Axis = axes.get("cp", Axis("cp", (me,), 0, None))
         self.dp_cp: Axis = axes.get("dp_cp", self.dp)
+        # expert parallelism (`minitp.expert_parallel`): the ranks that share out the
+        # experts, and those holding the same ones (whose expert gradients are summed)
+        self.ep: Axis = axes.get("ep", Axis("ep", (me,), 0, None))
+        self.expert_dp: Axis = axes.get("expert_dp", self.dp_cp)
         self.rank = me
         self.world_size = world_size
 
@@ -197,7 +216,8 @@ class Mesh:
         return (
             f"Mesh(dp={self.dp_size}, pp={self.pp_size}, "
             + (f"cp={self.cp_size}, " if cp else "")
-            + f"tp={self.tp_size}) on rank {self.rank}: "
+            + f"tp={self.tp_size}"
+            + (f", ep={self.ep_size}" if self.ep_size > 1 else "") + f") on rank {self.rank}: "
             f"tp {self.tp.rank}/{self.tp.size} {list(self.tp.ranks)}, "
             + (f"cp {self.cp.rank}/{self.cp.size} {list(self.cp.ranks)}, " if cp else "")
             + f"dp {self.dp.rank}/{self.dp.size} {list(self.dp.ranks)}, "

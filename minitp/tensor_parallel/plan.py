@@ -155,6 +155,17 @@ TP_OVERLAP_PLAN = {
     "blocks.*.mlp.fc": _overlapped_column,
     "blocks.*.mlp.proj": _overlapped_row,
 }
+# A mixture of experts' shared expert (`minitp.moe`) is a dense MLP, split the same way;
+# the routed experts are not split over tp (`minitp.expert_parallel`). These rules, and
+# the dense MLP's, apply where the model has such modules (a model whose every layer is
+# a mixture of experts has no dense MLP).
+SHARED_EXPERT_PLAN = [
+    ("blocks.*.mlp.shared.fc", _column),
+    ("blocks.*.mlp.shared.proj", _row),
+]
+SHARED_EXPERT_SEQUENCE_PARALLEL_PLAN = [("blocks.*.mlp.shared.dropout", _dropout)]
+MLP_PATTERNS = ("blocks.*.mlp.",)
+
 SEQUENCE_PARALLEL_PARTIAL_GRADS = [
     "wpe.*", "ln_f.*", "blocks.*.ln1.*", "blocks.*.ln2.*",
     # the row-parallel biases are tagged by RowParallelLinear itself
@@ -169,7 +180,15 @@ def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
     plan = TENSOR_PARALLEL_PLAN
     if tp_overlap:
         plan = [(pattern, TP_OVERLAP_PLAN.get(pattern, make)) for pattern, make in plan]
-    plan = plan + (SEQUENCE_PARALLEL_PLAN if sequence_parallel else [])
+    plan = plan + SHARED_EXPERT_PLAN + (
+        SEQUENCE_PARALLEL_PLAN + SHARED_EXPERT_SEQUENCE_PARALLEL_PLAN if sequence_parallel else [])
+    if model.cfg.n_experts:  # the MLP rules only where the layers have such modules
+        names = [name for name, _ in model.named_modules()]
+        plan = [(pattern, make) for pattern, make in plan
+                if not pattern.startswith(MLP_PATTERNS)
+                or any(matches(name, pattern) for name in names)]
+    else:
+        plan = [(pattern, make) for pattern, make in plan if ".mlp.shared." not in pattern]
     apply_plan(model, plan, (tp, sequence_parallel, model))
     if sequence_parallel:
         for name, p in model.named_parameters():
