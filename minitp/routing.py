@@ -53,7 +53,14 @@ class Router(nn.Module):
         self.gate = nn.Linear(d_model, n_experts, bias=False)
         # Auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2): added to the scores only to
         # choose; updated between steps by `update_expert_bias`, never by the optimizer.
-        self.register_buffer("expert_bias", torch.zeros(n_experts))
+        self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        # The bias stays float32 whatever the model is cast to: its steps of
+        # bias_update_rate (1e-3) would round away in bf16 (Megatron-Core keeps it fp32).
+        super()._apply(fn, recurse)
+        self.expert_bias = self.expert_bias.float()
+        return self
 
     def forward(self, tokens: torch.Tensor):  # (N, C) -> experts, gates (N, k); scores (N, E)
         logits = self.gate(tokens)

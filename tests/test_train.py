@@ -88,6 +88,24 @@ def test_save_then_load_at_another_tp_continues_the_curve(tmp_path, tiny_run):
     assert max(abs(after[k] - whole[k]) for k in after) < 1e-10
 
 
+def test_experts_check_and_reshard_across_ep(tmp_path):
+    """A mixture of experts through the CLI: 3 steps at (dp 2, pp 2, ep 2) with the expert
+    bias, equal to one process; saved, and resumed at (dp 4, ep 4): the experts resharded
+    (and the bias carried) continue exactly as the one-process model loaded from the files."""
+    moe = ["--experts", "4", "--balance", "bias", "--tp", "1"]
+    ckpt = str(tmp_path / "ckpt")
+    first = _summary(_cli(*TINY, *moe, "--dp", "2", "--pp", "2", "--ep", "2", "--steps", "3",
+                          "--check", "--save", ckpt, "--out", str(tmp_path / "first")))
+    assert first["max_loss_diff"] < 1e-10
+    resumed = _summary(_cli(*TINY, *moe, "--dp", "4", "--pp", "1", "--ep", "4", "--steps", "6",
+                            "--microbatches", "1", "--load", ckpt, "--check",
+                            "--out", str(tmp_path / "resumed")))
+    assert resumed["max_loss_diff"] < 1e-10
+    assert mt.checkpoint.read_meta(ckpt)["topology"]["ep"] == 2
+    weights = mt.checkpoint.load_dense(ckpt)[0].state_dict()
+    assert any(weights[f"blocks.{i}.mlp.router.expert_bias"].abs().sum() > 0 for i in (0, 1))
+
+
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
@@ -159,6 +177,13 @@ BAD = [
     (["--tp-overlap", "--no-sp"], "--tp-overlap (--sp, --tp): tp_overlap=True needs "
                                   "sequence_parallel=True and tp > 1"),
     (["--dtype", "bfloat16", "--save", "ckpt"], "would lose its float32 master weights"),
+    (["--experts", "4", "--top-k", "5"], "top_k=5 is more than n_experts=4"),
+    (["--experts", "6", "--ep", "4", "--dp", "4", "--tp", "1"],
+     "n_experts=6 is not divisible by ep=4"),
+    (["--experts", "4", "--ep", "2"], "ep=2 does not divide dp*cp=1"),
+    (["--ep", "2", "--dp", "2"], "ep=2 needs a mixture of experts"),
+    (["--experts", "4", "--capacity-factor", "-1"], "capacity_factor must be > 0"),
+    (["--experts", "4", "--balance", "loss"], "invalid choice: 'loss'"),
 ]
 
 

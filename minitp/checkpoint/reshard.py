@@ -57,6 +57,7 @@ import torch
 from ..data_parallel import zero
 from ..model import GPT, GPTConfig
 from ..parallelize import parallelize
+from ..rules import model_chunks
 from ..runtime import _device, comm, trace
 from ..runtime.mesh import Mesh, world
 from .files import FORMAT, read_meta, write_checkpoint
@@ -114,13 +115,14 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
     zero.check_checkpointable(model, optimizer)
     with trace.paused(), zero.gathered(model):  # bookkeeping, not part of the run traced
         weights = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
+        weights.update(dense_expert_biases(model, mesh))
         optim = dense_optimizer_state(model, optimizer) if optimizer is not None else None
         if mesh.rank == 0:
             meta = {
                 "format": FORMAT, "config": asdict(model.cfg), "step": int(step),
                 "dtype": str(next(iter(weights.values())).dtype).removeprefix("torch."),
                 "topology": {"dp": mesh.dp_size, "pp": mesh.pp_size, "cp": mesh.cp_size,
-                             "tp": mesh.tp_size,
+                             "tp": mesh.tp_size, "ep": mesh.ep_size,
                              "sequence_parallel": bool(getattr(model, "sequence_parallel",
                                                                False)),
                              "zero_stage": zero.zero_stage_of(model)},
@@ -129,6 +131,24 @@ def save(model, directory: str, step: int, optimizer=None, extra: dict | None = 
             }
             write_checkpoint(directory, weights, optim, meta)
         comm.barrier(world())
+
+
+def dense_expert_biases(model, mesh: Mesh) -> dict:
+    """Every MoE layer's expert bias (a buffer the plain GPT saves in its state dict) under
+    its plain name, on every rank: each pipeline stage fills in its own layers' and the
+    stages sum the table (every layer is on one stage)."""
+    cfg = model.cfg
+    moe = [i for i in range(cfg.n_layer) if cfg.n_experts and cfg.is_moe_layer(i)]
+    if not moe:
+        return {}
+    table = torch.zeros(cfg.n_layer, cfg.n_experts, device=_device.device())
+    for chunk in model_chunks(model):
+        for j, block in enumerate(chunk.blocks):
+            layer = getattr(block, "module", block).mlp  # a recomputed block wraps it
+            if hasattr(layer, "router"):
+                table[chunk.layer_offset + j] = layer.router.expert_bias
+    table = comm.all_reduce(table, mesh.pp).cpu()
+    return {f"blocks.{i}.mlp.router.expert_bias": table[i].clone() for i in moe}
 
 
 def load_dense(directory: str) -> tuple[GPT, dict, dict | None]:
@@ -198,5 +218,9 @@ def _gpt_from(cfg: GPTConfig, tensors: dict) -> GPT:
     once, so it runs on a forked RNG: loading must not move the caller's random stream."""
     with torch.random.fork_rng(devices=[]):
         model = GPT(cfg).to(next(iter(tensors.values())).dtype)
-    model.load_state_dict(tensors, strict=True)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    # Adam's state has no expert bias (a buffer, not a parameter): only that may be missing
+    if unexpected or any(not name.endswith("router.expert_bias") for name in missing):
+        raise RuntimeError(f"checkpoint: tensors do not match the model (missing {missing}, "
+                           f"unexpected {unexpected})")
     return model

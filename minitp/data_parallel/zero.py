@@ -199,7 +199,8 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
             return MixedPrecisionOptimizer(model.parameters(), optimizer_class, **kwargs)
         return optimizer_class(model.parameters(), **kwargs)
     if stage == 1:  # over dp×cp: the group the gradients are summed over (mesh.dp_cp)
-        return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class, **kwargs)
+        return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class,
+                              expert_axis=mesh.expert_dp, **kwargs)
     return Zero23Optimizer(model, _units(model), stage, optimizer_class, **kwargs)
 
 
@@ -214,11 +215,14 @@ def _flat_layouts(optimizer):
     """(shard, dp axis, [(parameter, offset, shape)]) for each flat vector a ZeRO
     optimizer steps a slice of."""
     if isinstance(optimizer, Zero1Optimizer):
-        offsets = [0]
-        for p in optimizer.params:
-            offsets.append(offsets[-1] + p.numel())
-        return [(optimizer.shard, optimizer.axis,
-                 [(p, o, p.shape) for p, o in zip(optimizer.params, offsets, strict=False)])]
+        layouts = []
+        for flat in optimizer.flats:
+            offsets = [0]
+            for p in flat.params:
+                offsets.append(offsets[-1] + p.numel())
+            layouts.append((flat.shard, flat.axis, [(p, o, p.shape) for p, o
+                                                    in zip(flat.params, offsets, strict=False)]))
+        return layouts
     return [(u.shard, u.dp, [(p, offset, shape) for (_, _, p, offset), shape
                              in zip(u.layout, u.shapes, strict=True)]) for u in optimizer.units]
 

@@ -18,6 +18,7 @@ from ..mixed_precision import MASTER_DTYPE, has_main_grads, zero_main_grads
 from ..rules import round_up
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
+from ..tags import tag
 from .grad_sync import grad_or_zeros
 
 
@@ -38,31 +39,61 @@ class ZeroOptimizerBase:
                    if torch.is_tensor(t))
 
 
+class FlatShard:
+    """One flat vector of parameters over one axis: the parameters concatenated, padded
+    to a multiple of the axis size, and this rank's slice of it (the shard it steps)."""
+
+    def __init__(self, params: list[nn.Parameter], axis: Axis, mixed: bool):
+        self.params, self.axis = params, axis
+        numel = sum(p.numel() for p in params)
+        self.padded = round_up(numel, axis.size)  # equal slices for the collectives
+        self.shard_size = self.padded // axis.size
+        lo = axis.rank * self.shard_size
+        shard = self.flatten([p.detach() for p in params])[lo:lo + self.shard_size]
+        # Under mixed precision the shard is this rank's float32 master slice.
+        self.shard = nn.Parameter(shard.to(MASTER_DTYPE) if mixed else shard.clone())
+
+    def flatten(self, tensors) -> torch.Tensor:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.nn.functional.pad(flat, (0, self.padded - flat.numel()))
+
+    def reduce_grads(self) -> None:
+        grads = [grad_or_zeros(p) for p in self.params]
+        with trace.label("zero1 grads"), trace.phase("bwd"):
+            self.shard.grad = comm.reduce_scatter(self.flatten(grads), self.axis)
+
+    def gather_params(self) -> None:
+        with trace.label("zero1 params"):  # in the parameters' dtype: bf16 travels as bf16
+            flat = comm.all_gather(self.shard.detach().to(self.params[0].dtype), self.axis)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+
 class Zero1Optimizer(ZeroOptimizerBase):
     """An optimizer whose state lives only for this dp rank's 1/dp of the parameters.
 
     ``step()``: reduce-scatter the flat gradient over dp (sum), step the shard with
-    the inner optimizer, all-gather the updated shards into every parameter.
+    the inner optimizer, all-gather the updated shards into every parameter. Expert
+    shards (expert parallelism, tag ``ep_split_dim``) make a second flat vector over
+    `expert_axis`, the ranks that hold the same experts (`Mesh.expert_dp`).
     """
 
-    def __init__(self, params: list[nn.Parameter], axis: Axis, optimizer_class, **kwargs):
-        self.params, self.axis = [p for p in params if p.requires_grad], axis
-        numel = sum(p.numel() for p in self.params)
-        self.padded = round_up(numel, axis.size)  # equal slices for the collectives
-        self.shard_size = self.padded // axis.size
-        lo = axis.rank * self.shard_size
-        flat = self._flatten([p.detach() for p in self.params])
-        # Under mixed precision the shard is this rank's float32 master slice.
-        self.mixed = has_main_grads(self.params)
-        shard = flat[lo:lo + self.shard_size]
-        self.shard = nn.Parameter(shard.to(MASTER_DTYPE) if self.mixed else shard.clone())
-        self.masters = [self.shard] if self.mixed else []
-        self.inner = optimizer_class([self.shard], **kwargs)
+    def __init__(self, params: list[nn.Parameter], axis: Axis, optimizer_class,
+                 expert_axis: Axis | None = None, **kwargs):
+        params = [p for p in params if p.requires_grad]
+        self.mixed = has_main_grads(params)
+        experts = [p for p in params if tag(p, "ep_split_dim") is not None]
+        dense = [p for p in params if tag(p, "ep_split_dim") is None]
+        self.flats = [FlatShard(group, group_axis, self.mixed)
+                      for group, group_axis in ((dense, axis), (experts, expert_axis)) if group]
+        self.params = [p for flat in self.flats for p in flat.params]
+        shards = [flat.shard for flat in self.flats]
+        self.masters = shards if self.mixed else []
+        self.inner = optimizer_class(shards, **kwargs)
         self.param_groups, self.state = self.inner.param_groups, self.inner.state
-
-    def _flatten(self, tensors) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        return torch.nn.functional.pad(flat, (0, self.padded - flat.numel()))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.mixed:
@@ -75,14 +106,8 @@ class Zero1Optimizer(ZeroOptimizerBase):
                 p.grad.zero_()
 
     def step(self) -> None:
-        grads = [grad_or_zeros(p) for p in self.params]
-        with trace.label("zero1 grads"), trace.phase("bwd"):
-            self.shard.grad = comm.reduce_scatter(self._flatten(grads), self.axis)
+        for flat in self.flats:
+            flat.reduce_grads()
         self.inner.step()
-        with trace.label("zero1 params"):  # in the parameters' dtype: bf16 travels as bf16
-            flat = comm.all_gather(self.shard.detach().to(self.params[0].dtype), self.axis)
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        for flat in self.flats:
+            flat.gather_params()

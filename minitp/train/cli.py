@@ -36,6 +36,7 @@ import torch
 
 from .. import checkpoint, data
 from ..model import GPT
+from ..moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
 from .flags import (
@@ -86,6 +87,7 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
         _, loss = ref(x, y)
         loss.backward()
         optimizer.step()
+        update_expert_bias(ref)  # as train_step does (a no-op without bias-balanced experts)
         losses.append(float(loss.detach()))
     return ref, losses
 

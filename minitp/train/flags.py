@@ -12,6 +12,7 @@ import torch
 
 from .. import checkpoint, data
 from ..model import GPTConfig
+from ..moe_rules import BALANCES
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
@@ -44,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp-overlap", action="store_true",
       help="overlap sequence parallelism's all-gathers and reduce-scatters with the GEMMs, "
            "chunk by chunk (needs --sp and --tp > 1)")
+    a("--experts", type=int, default=0, metavar="E",
+      help="a mixture of experts in every layer's MLP place: E experts (default 0: dense)")
+    a("--top-k", type=int, default=2, metavar="K", help="experts per token (default 2)")
+    a("--ep", type=int, default=1, help="expert-parallel size, folded into dp*cp: each group "
+                                        "of ep ranks shares out the experts (default 1)")
+    a("--capacity-factor", type=float, default=None, metavar="F",
+      help="each expert takes at most ceil(F*T*K/E) tokens per sequence (default: dropless)")
+    a("--balance", choices=BALANCES, default="aux",
+      help="load balancing: Switch's aux loss, DeepSeek-V3's expert bias, or none")
     a("--recompute", choices=("selective", "full"), default=None)
     a("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
     a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
@@ -104,8 +114,8 @@ def validate(args, parser):
     virtual stages and microbatches, how the batch is cut) are
     `minitp.rules.check_parallel_config`'s, given every flag they involve, so a
     run that `train_step` would refuse on every rank is refused here, once."""
-    for name in ("dp", "pp", "cp", "tp", "microbatches", "virtual_stages", "steps", "batch_size",
-                 "eval_every", "eval_batches"):
+    for name in ("dp", "pp", "cp", "tp", "ep", "top_k", "microbatches", "virtual_stages",
+                 "steps", "batch_size", "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("lr", "temperature"):
@@ -131,13 +141,17 @@ def validate(args, parser):
             if given is not None and given != saved:
                 parser.error(f"--{flag} {given}: the checkpoint's model has {saved} (its sizes "
                              f"are the run's; leave --{flag} out)")
+        if args.experts and args.experts != cfg.n_experts:
+            parser.error(f"--experts {args.experts}: the checkpoint's model has "
+                         f"{cfg.n_experts} (leave --experts out)")
     else:
         for flag, default in MODEL_SIZES.items():
             if getattr(args, flag.replace("-", "_")) is None:
                 setattr(args, flag.replace("-", "_"), default)
         try:
             cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=args.n_layer,
-                            d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len)
+                            d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len,
+                            **moe_options(args))
         except ValueError as exc:
             parser.error(str(exc))
     world = world_size_of(args)
@@ -151,7 +165,8 @@ def validate(args, parser):
                               virtual_stages=args.virtual_stages, world_size=world,
                               schedule=args.schedule, microbatches=args.microbatches,
                               batch_size=args.batch_size, zero_stage=args.zero_stage,
-                              param_dtype="bfloat16" if uses_mixed_precision(args) else None)
+                              param_dtype="bfloat16" if uses_mixed_precision(args) else None,
+                              ep=args.ep)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -186,6 +201,16 @@ def validate(args, parser):
     return cfg, train_tokens, eval_tokens, start_step
 
 
+def moe_options(args) -> dict:
+    """GPTConfig's mixture-of-experts fields from the flags (none without --experts)."""
+    if args.experts < 0:
+        raise ValueError(f"--experts must be at least 0, got {args.experts}")
+    if not args.experts:
+        return {}
+    return dict(n_experts=args.experts, top_k=args.top_k,
+                capacity_factor=args.capacity_factor, balance=args.balance)
+
+
 def uses_mixed_precision(args) -> bool:
     return args.dtype == "bfloat16"
 
@@ -196,7 +221,7 @@ def world_size_of(args) -> int:
 
 def sizes_text(args) -> str:
     return (f"dp={args.dp} pp={args.pp} " + (f"cp={args.cp} " if args.cp > 1 else "")
-            + f"tp={args.tp}")
+            + f"tp={args.tp}" + (f" ep={args.ep}" if args.ep > 1 else ""))
 
 
 def _gib(n: float) -> str:

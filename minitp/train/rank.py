@@ -56,7 +56,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     # the dense copy for evaluation stays float32.
     dtype = torch.float32 if uses_mixed_precision(args) else getattr(torch, args.dtype)
     device = rank_device()  # cuda:local_rank under NCCL
-    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp)
+    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep)
     lead = mesh.rank == 0
 
     def new_optimizer(tensors):  # what this rank steps: parameters, or ZeRO's shards of them
@@ -83,7 +83,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         # then one all-reduce sums them: it works the same at any (dp, pp, tp).
         with trace.paused():
             with zero.gathered(model):  # stage 3 keeps only shards between steps
-                dense.load_state_dict(model.full_state_dict())
+                dense.load_state_dict({**model.full_state_dict(),
+                                       **checkpoint.dense_expert_biases(model, mesh)})
             total = torch.zeros(2, dtype=torch.float64)
             with torch.no_grad():
                 for x, y in eval_set[mesh.rank::mesh.world_size]:
