@@ -95,6 +95,11 @@ class Zero1Optimizer(ZeroOptimizerBase):
         self.inner = optimizer_class(shards, **kwargs)
         self.param_groups, self.state = self.inner.param_groups, self.inner.state
 
+    @property
+    def padded(self) -> int:
+        """Elements of the flat vector(s) this optimizer shards, padding included."""
+        return sum(flat.padded for flat in self.flats)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.mixed:
             zero_main_grads(self.params)
