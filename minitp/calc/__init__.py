@@ -15,7 +15,10 @@ Modules: `params` (counts), `memory` (model states, activations), `comm` (bytes
 per axis), `flops` (FLOPs, MFU, bubble, training time), `cluster` (hardware
 presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
 saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
-tensor parallelism of one linear layer: bytes, collectives, latency terms).
+tensor parallelism of one linear layer: bytes, collectives, latency terms), `moe`
+(a mixture of experts: total and active parameters, FLOPs from the active ones,
+published shapes `MIXTRAL_8X7B` and `DEEPSEEK_V3`, expert vs tensor parallelism, the
+step time with ep; its all-to-all bytes are in `comm`).
 """
 
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
@@ -23,12 +26,21 @@ from .comm import (
     comm_bytes,
     cp_comm_bytes,
     dp_comm_bytes,
+    moe_all_to_all_bytes,
+    moe_all_to_all_bytes_from_counts,
     pp_comm_bytes,
     ring_wire_bytes,
     tp_collectives_per_layer,
     tp_comm_bytes,
 )
-from .flops import bubble, flops_per_iteration, mfu, model_flops, training_seconds
+from .flops import (
+    bubble,
+    flops_per_iteration,
+    layer_matrix_flops,
+    mfu,
+    model_flops,
+    training_seconds,
+)
 from .memory import (
     OPTIMIZERS,
     activation_bytes,
@@ -37,21 +49,37 @@ from .memory import (
     microbatches_in_flight,
     model_state_bytes,
 )
+from .moe import (
+    DEEPSEEK_V3,
+    MIXTRAL_8X7B,
+    MoEShape,
+    MoEStepTime,
+    ep_vs_tp,
+    moe_flops_per_token,
+    moe_params,
+    moe_params_of,
+    moe_step_time,
+)
 from .params import (
     exact_param_count,
+    expert_params_per_stage,
     layer_params_per_rank,
     padded_vocab,
     param_count,
     params_per_rank,
     params_per_stage,
 )
-from .plan import Candidate, Plan, plan
+from .plan import Candidate, Plan, expert_parallel_sizes, plan
 from .timing import StepTime, microbatch_count, step_time
 from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
 
 __all__ = [
-    "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DGX2H_V100", "H100_80GB", "OPTIMIZERS",
+    "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DEEPSEEK_V3", "DGX2H_V100", "H100_80GB",
+    "MIXTRAL_8X7B", "MoEShape", "MoEStepTime", "OPTIMIZERS", "ep_vs_tp", "expert_parallel_sizes",
+    "expert_params_per_stage", "layer_matrix_flops", "moe_all_to_all_bytes",
+    "moe_all_to_all_bytes_from_counts", "moe_flops_per_token", "moe_params", "moe_params_of",
+    "moe_step_time",
     "OverlapModel", "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
     "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",

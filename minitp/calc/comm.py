@@ -132,3 +132,42 @@ def comm_bytes(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1, sp:
     if cp > 1:
         out["cp"] = cp_comm_bytes(cfg, micro_batch, cp, tp, bytes_per_value)
     return out
+
+
+def moe_all_to_all_bytes(tokens: int, top_k: int, d_model: int, ep: int,
+                         bytes_per_element: int = 2, n_experts: int | None = None,
+                         forwards: int = 1) -> dict:
+    """MODEL: bytes one rank sends for expert parallelism per MoE layer, under uniform
+    routing (every rank and expert equally loaded), no tokens dropped.
+
+    A rank routes ``tokens`` tokens to k experts each: tokens·k rows of d values. Of
+    them (ep−1)/ep go to experts on the other ranks. ``"dispatch"`` and ``"combine"``:
+    one forward's (the rows out, the same number of rows back). ``"counts"``: the table
+    exchanged before each forward's dispatch, E/ep int64 per peer, (ep−1)·(E/ep)·8
+    bytes (``n_experts``: E; none given, 0). Backward sends dispatch and combine again
+    (each gradient goes back the way its row came, `minitp.expert_parallel.dispatch`)
+    and exchanges no counts. ``"per_layer_step"``: all of it, forward and backward,
+    for ``forwards`` forwards (microbatches) of ``tokens`` each. Values exact.
+    """
+    rows = Fraction(tokens * top_k * (ep - 1), ep)
+    one = rows * d_model * bytes_per_element
+    counts = (ep - 1) * Fraction(n_experts or 0, ep) * 8
+    return {"dispatch": number(one), "combine": number(one), "counts": number(counts),
+            "per_layer_step": number(forwards * (4 * one + counts))}
+
+
+def moe_all_to_all_bytes_from_counts(send_rows_per_peer, row_bytes: int, my_rank: int,
+                                     n_experts: int | None = None) -> dict:
+    """The bytes of `moe_all_to_all_bytes` from actual counts, for one MoE layer and one
+    forward: ``send_rows_per_peer[i][j]`` = rows rank i dispatches to rank j (the ep×ep
+    table of every rank's send splits). Rank r's dispatch sends row r but its own run;
+    its combine sends back what column r received from the others. ``row_bytes``: d
+    values' bytes. Same keys; ``n_experts`` as there."""
+    table = [[int(v) for v in row] for row in send_rows_per_peer]
+    ep = len(table)
+    others = [j for j in range(ep) if j != my_rank]
+    dispatch = sum(table[my_rank][j] for j in others) * row_bytes
+    combine = sum(table[i][my_rank] for i in others) * row_bytes
+    counts = (ep - 1) * (n_experts or 0) // ep * 8
+    return {"dispatch": dispatch, "combine": combine, "counts": counts,
+            "per_layer_step": 2 * (dispatch + combine) + counts}

@@ -31,14 +31,38 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
     recomputation runs less than the papers': torch's checkpoint stops once
     backward has what it needs, so full recomputation skips each layer's last
     matmul (8Bsh²) and selective recomputation redoes QKᵀ only (2Bs²h).
+
+    A mixture of experts counts the matrices a token uses (its active parameters): an
+    MoE layer's forward is 8Bsh² (attention) + 16Bsh²·(k + 1 if a shared expert) + 2BshE
+    (the router) in place of 24Bsh² — dropless routing, every token's k assignments
+    run (a capacity factor that drops some runs fewer; not modelled).
     """
     check_recompute(recompute)
     B, s, L, h, V = global_batch, cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
     passes = 4 if recompute == "full" else 3  # forward passes' worth of the layers
-    matrices = passes * 24 * B * s * L * h * h
+    if getattr(cfg, "n_experts", 0):
+        matrices = passes * B * s * layer_matrix_flops(cfg)
+    else:
+        matrices = passes * 24 * B * s * L * h * h
     attention = {None: 12, "selective": 24, "full": 16}[recompute] * B * L * s * s * h
     output_layer = 3 * 2 * B * s * h * V
     return matrices + attention + output_layer
+
+
+def layer_matrix_flops(cfg, experts_only: bool = False) -> int:
+    """Forward FLOPs per token of every layer's weight matrices: 24h² a dense layer;
+    an MoE layer 8h² + 16h²·(k + shared) + 2hE. ``experts_only``: the routed experts'
+    16h²·k per MoE layer alone."""
+    h, total = cfg.d_model, 0
+    for i in range(cfg.n_layer):
+        if not cfg.is_moe_layer(i):
+            total += 0 if experts_only else 24 * h * h
+        elif experts_only:
+            total += 16 * h * h * cfg.top_k
+        else:
+            total += (8 * h * h + 16 * h * h * (cfg.top_k + cfg.shared_expert)
+                      + 2 * h * cfg.n_experts)
+    return total
 
 
 def model_flops(cfg, global_batch: int) -> int:

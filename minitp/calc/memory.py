@@ -9,7 +9,7 @@ from fractions import Fraction
 
 from ..rules import check_recompute, check_zero_stage, interleaving_fits
 from ._util import number
-from .params import params_per_rank
+from .params import expert_params_per_stage, params_per_stage
 
 # bytes per parameter: (parameters, gradients, optimizer state)
 OPTIMIZERS = {
@@ -25,7 +25,8 @@ OPTIMIZERS = {
 
 
 def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
-                      optimizer: str = "adam-mixed") -> dict:
+                      optimizer: str = "adam-mixed", *, expert_params: int = 0,
+                      ep: int = 1) -> dict:
     """Parameters, gradients and optimizer state on one data-parallel rank, in bytes:
     ``{"parameters", "gradients", "optimizer", "total"}``.
 
@@ -35,17 +36,31 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
     distributed optimizer is stage 1 of its 18-byte layout: 6 + 12/d bytes per
     parameter (``optimizer="megatron", zero_stage=1``). minitp runs all four stages
     (`minitp.data_parallel.zero`); tests/data_parallel/test_zero.py measures them beside this.
+
+    A mixture of experts with expert parallelism: ``expert_params`` of the ``n_params``
+    (both as one device holds them) are routed experts'. A rank holds 1/ep of them, with
+    their gradients and optimizer state; ZeRO shards those over the dp/ep ranks that hold
+    the same experts (`Mesh.expert_dp`), the dense rest over dp as before. minitp admits
+    ep > 1 with ZeRO stages 0 and 1 (`minitp.moe_rules.check_expert_parallel`).
+    tests/expert_parallel/test_moe_measured.py measures it.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     check_zero_stage(zero_stage)
+    if not 0 <= expert_params <= n_params or ep < 1 or expert_params % ep or (
+            zero_stage and dp % ep):
+        raise ValueError(f"expert_params={expert_params} of n_params={n_params} over ep={ep} "
+                         f"(dp={dp}): ep must divide the experts' parameters and, with ZeRO, dp")
     sharded = {"optimizer": zero_stage >= 1, "gradients": zero_stage >= 2,
                "parameters": zero_stage >= 3}
     result = {}
     for kind, per_param in zip(("parameters", "gradients", "optimizer"), OPTIMIZERS[optimizer],
                                strict=True):
-        total = Fraction(n_params * per_param)
-        result[kind] = number(total / dp if sharded[kind] else total)
+        dense = Fraction((n_params - expert_params) * per_param)
+        experts = Fraction(expert_params * per_param, ep)
+        if sharded[kind]:
+            dense, experts = dense / dp, experts / (dp // ep)
+        result[kind] = number(dense + experts)
     result["total"] = number(sum(Fraction(v) for v in result.values()))
     return result
 
@@ -132,13 +147,20 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
 def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
                    sp: bool = False, recompute=None, zero_stage: int = 0,
                    optimizer: str = "adam-mixed", virtual: int = 1,
-                   microbatches: int | None = None, cp: int = 1) -> dict:
+                   microbatches: int | None = None, cp: int = 1, ep: int = 1) -> dict:
     """Bytes on the busiest GPU: the model states of the largest pipeline stage
     (`params_per_rank`, `model_state_bytes`) and the first stage's activations.
     ``{"parameters", "gradients", "optimizer", "activations", "total"}``.
     With context parallelism ZeRO shards over dp·cp (as minitp does, over
-    `Mesh.dp_cp`) and the activations are divided by cp (a model)."""
-    states = model_state_bytes(params_per_rank(cfg, tp, pp), dp * cp, zero_stage, optimizer)
+    `Mesh.dp_cp`) and the activations are divided by cp (a model).
+    ``ep``: a mixture of experts' experts over ep of the dp·cp ranks (`model_state_bytes`);
+    its activations are modelled as a dense layer's (the k expert MLPs each token runs
+    keep more: not modelled)."""
+    held = params_per_stage(cfg, tp, pp, ep)
+    stage = held.index(max(held))
+    states = model_state_bytes(params_per_stage(cfg, tp, pp)[stage], dp * cp, zero_stage,
+                               optimizer, expert_params=expert_params_per_stage(cfg, pp)[stage],
+                               ep=ep)
     del states["total"]
     states["activations"] = activation_bytes(cfg, micro_batch, tp, sp, recompute, pp,
                                              virtual, microbatches, cp=cp)

@@ -6,6 +6,12 @@ accepts, keeps those whose busiest GPU fits in memory (`memory_per_gpu`), and
 ranks them by `step_time`. Everything it knows is in those two functions: a
 higher ZeRO stage fits more (model states / N_d) and costs more data-parallel
 communication (stage 3: 1.5× per microbatch).
+
+A mixture of experts (``cfg.n_experts`` > 0) adds expert parallelism to the search:
+every ep that divides dp·cp and the experts (`minitp.moe_rules.check_expert_parallel`,
+through `check_parallel_config`, decides), with the experts' memory divided by ep
+(`memory_per_gpu`) and the all-to-alls' time (`minitp.calc.moe.moe_step_time`). A
+dense config is searched and ranked exactly as before.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from ..rules import check_parallel_config, interleaving_fits
 from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu
-from .timing import StepTime, step_time
+from .moe import moe_step_time
+from .timing import StepTime
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,12 @@ class Candidate:
     time: StepTime = field(compare=False)
     zero_stage: int = 0
     cp: int = 1
+    ep: int = 1
 
     def __str__(self) -> str:
         zero = f" zero={self.zero_stage}" if self.zero_stage else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
+        cp += f" ep={self.ep}" if self.ep > 1 else ""
         return (f"dp={self.dp} pp={self.pp}{cp} tp={self.tp} b={self.micro_batch} "
                 f"m={self.microbatches} v={self.virtual} sp={self.sp} "
                 f"recompute={self.recompute}{zero}: {self.memory['total'] / GiB:.1f} GiB, "
@@ -65,6 +74,7 @@ class Plan:
         """The winner: its memory by kind, its time by part, which links each axis uses."""
         c, g = self.best, self.cluster.gpus_per_node
         spans = {"tp": c.tp, **({"cp": c.tp * c.cp} if c.cp > 1 else {}),
+                 **({"ep": c.tp * c.cp * c.ep} if c.ep > 1 else {}),
                  "dp": c.tp * c.cp * c.dp, "pp": c.tp * c.cp * c.dp * c.pp}
         lines = [f"best of {len(self.candidates)} that fit ({self.tried} tried): {c}",
                  "memory on the busiest GPU (GiB): " + ", ".join(
@@ -85,6 +95,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def expert_parallel_sizes(cfg, dp: int, cp: int = 1) -> list[int]:
+    """The ep sizes to try: (1,) for a dense config; else the divisors of dp·cp that
+    divide the experts (what `check_parallel_config` then admits is tried)."""
+    experts = getattr(cfg, "n_experts", 0)
+    return [e for e in _divisors(dp * cp) if experts % e == 0] if experts else [1]
+
+
 def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
          recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
          zero_stage=0, usable: float = 0.9, efficiency: float = 0.5, cp: int = 1) -> Plan:
@@ -93,7 +110,8 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
     the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM.
     zero_stage: one stage, or several to search, e.g. ``(0, 1, 2, 3)`` (a stage
     above 0 is tried only where dp > 1: with one replica there is nothing to shard).
-    cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp."""
+    cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp.
+    A mixture of experts: each split is tried with every ep of `expert_parallel_sizes`."""
     stages = (zero_stage,) if isinstance(zero_stage, int) else tuple(zero_stage)
     if n_gpus % cp:
         raise ValueError(f"n_gpus={n_gpus} is not divisible by cp={cp}")
@@ -109,17 +127,19 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
         m = global_batch // (dp * b)
         if v > 1 and (pp == 1 or not interleaving_fits(pp, m)):
             continue
-        try:
-            check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
-                                  recompute=rc, virtual_stages=v, zero_stage=zero)
-        except ValueError:
-            continue
-        tried += 1
-        memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m, cp=cp)
-        if memory["total"] > usable * cluster.memory:
-            continue
-        time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v, efficiency,
-                         zero_stage=zero, cp=cp)
-        fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero, cp))
+        for ep in expert_parallel_sizes(cfg, dp, cp):
+            try:
+                check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
+                                      recompute=rc, virtual_stages=v, zero_stage=zero, ep=ep)
+            except ValueError:
+                continue
+            tried += 1
+            memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m, cp=cp,
+                                    ep=ep)
+            if memory["total"] > usable * cluster.memory:
+                continue
+            time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v,
+                                 efficiency, zero_stage=zero, cp=cp, ep=ep)
+            fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero, cp, ep))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

@@ -12,16 +12,22 @@ wherever tp > 1, the 1F1B schedule without interleaving.
 
     every = every_configuration(cfg, calc.A100_80GB, 1024, 1536, memory_cap=72 * GiB)
     best = min((c for c in every if c.fits), key=lambda c: c.time.total)
+
+A mixture of experts: every ep of `minitp.calc.plan.expert_parallel_sizes` too (the key
+gains ep where ep > 1), timed by `minitp.calc.moe.moe_step_time`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 
 from ..rules import check_parallel_config
 from .cluster import Cluster
 from .memory import memory_per_gpu
-from .timing import StepTime, step_time
+from .moe import moe_step_time
+from .plan import expert_parallel_sizes
+from .timing import StepTime
 
 RECOMPUTE = (None, "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -41,9 +47,11 @@ class Configuration:
     memory: dict = field(compare=False)
     time: StepTime = field(compare=False)
     fits: bool = field(compare=False)
+    ep: int = 1
 
     def key(self) -> tuple:
-        return (self.dp, self.pp, self.tp, self.zero_stage, self.recompute)
+        base = (self.dp, self.pp, self.tp, self.zero_stage, self.recompute)
+        return base if self.ep == 1 else (*base, self.ep)
 
 
 def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
@@ -62,18 +70,18 @@ def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
             if left or global_batch % (dp * micro_batch):
                 continue
             sp, m = tp > 1, global_batch // (dp * micro_batch)
-            for zero in ZERO_STAGES:
-                for recompute in RECOMPUTE:
-                    try:
-                        check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
-                                              recompute=recompute, zero_stage=zero)
-                    except ValueError:
-                        continue
-                    memory = memory_per_gpu(cfg, micro_batch, dp, pp, tp, sp, recompute, zero,
-                                            optimizer, microbatches=m)
-                    time = step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
-                                     recompute, efficiency=efficiency, zero_stage=zero)
-                    found.append(Configuration(dp, pp, tp, zero, recompute, sp, m, memory, time,
-                                               memory["total"] <= memory_cap))
+            for zero, recompute, ep in product(ZERO_STAGES, RECOMPUTE,
+                                               expert_parallel_sizes(cfg, dp)):
+                try:
+                    check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+                                          recompute=recompute, zero_stage=zero, ep=ep)
+                except ValueError:
+                    continue
+                memory = memory_per_gpu(cfg, micro_batch, dp, pp, tp, sp, recompute, zero,
+                                        optimizer, microbatches=m, ep=ep)
+                time = moe_step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
+                                     recompute, efficiency=efficiency, zero_stage=zero, ep=ep)
+                found.append(Configuration(dp, pp, tp, zero, recompute, sp, m, memory, time,
+                                           memory["total"] <= memory_cap, ep))
     found.sort(key=lambda c: c.time.total)
     return found

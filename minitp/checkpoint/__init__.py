@@ -9,5 +9,5 @@
 from .files import FORMAT, check_save_target, read_meta
 from .reshard import dense_expert_biases, load, load_dense, load_dense_optimizer, save
 
-__all__ = ["FORMAT", "check_save_target", "dense_expert_biases", "load", "load_dense", "load_dense_optimizer",
-           "read_meta", "save"]
+__all__ = ["FORMAT", "check_save_target", "dense_expert_biases", "load", "load_dense",
+           "load_dense_optimizer", "read_meta", "save"]
