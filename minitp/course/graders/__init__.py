@@ -21,6 +21,7 @@ from . import (
     ex12,
     ex13,
     ex14,
+    ex15,
 )
 
 
@@ -60,4 +61,6 @@ EXERCISES = {
                      "and training days", ex13.run),
     "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
                      "storage, refill it in place for backward, free it again", ex14.run),
+    "ex15": Exercise("ex15_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex15.run),
 }
