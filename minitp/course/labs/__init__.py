@@ -20,6 +20,10 @@ nothing in the library imports it. Each lab is one module:
 * `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
   same ranks, measured side by side, and ZeRO-3's parameter bytes through a
   step (lesson 14);
+* `moe`: a mixture of experts trained on one device with each way of balancing its
+  load (loads and routing step by step), one step of expert parallelism traced on 4
+  ranks (all-to-all rows and bytes, each rank's expert compute, a forced straggler),
+  and the mesh against one device in float64 (lesson 15);
 * `long_sequences`: what sequence parallelism leaves whole, activation memory
   against sequence length with and without context parallelism, the ring's
   trace, and the causal work per rank with and without load balancing (lesson 08);
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import importlib
 
-LABS = ("activations", "explorer", "gpu_figures", "long_sequences", "megatron_or_zero",
+LABS = ("activations", "explorer", "gpu_figures", "long_sequences", "megatron_or_zero", "moe",
         "pipedream", "planning", "scaling", "step_timing")
 
 __all__ = list(LABS)

@@ -14,7 +14,8 @@ kinds of colour blindness; shapes and text carry the same information as colour.
 One module per kind of picture: timeline, collectives (before/after,
 bandwidth), tensor_parallel, memory (lessons 04, 05 and 07), pipeline (the Gantt chart),
 mesh (the 3D mesh), planning, scaling, zero (ZeRO-3's parameter memory), ring
-(context parallelism: the ring from a trace, causal work, memory vs length);
+(context parallelism: the ring from a trace, causal work, memory vs length), moe (a
+mixture of experts: routing per step, expert load, tokens dropped, the all-to-all);
 _style holds the palette and units they share. Everything is importable from here.
 """
 
@@ -45,6 +46,12 @@ from .memory import (  # noqa: F401
 )
 from .mesh import (  # noqa: F401
     mesh_3d,
+)
+from .moe import (  # noqa: F401
+    all_to_all,
+    dropped,
+    expert_load,
+    routing_steps,
 )
 from .pipeline import (  # noqa: F401
     pipeline_bubble,
@@ -95,9 +102,12 @@ __all__ = [
     "PHASE_NAMES",
     "SPLIT_COLORS",
     "TIME_COLORS",
+    "all_to_all",
     "bandwidth",
     "before_after",
     "causal_work",
+    "dropped",
+    "expert_load",
     "fit_alpha_beta",
     "human_bytes",
     "human_seconds",
@@ -112,6 +122,7 @@ __all__ = [
     "plan_candidates",
     "rank_color",
     "ring",
+    "routing_steps",
     "run_losses",
     "run_memory",
     "run_wire_bytes",
