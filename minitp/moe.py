@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from .expert_mlps import expert_mlps
 from .routing import (
     Router,
     attach_aux_loss,
@@ -53,15 +53,10 @@ class Experts(nn.Module):
         return self.fc_weight.shape[0]
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x (A, C): rows grouped by expert, ``counts[e]`` rows for this module's e-th."""
-        outs = []
-        for e, rows in enumerate(x.split(counts)):
-            h = rows @ self.fc_weight[e]
-            if self.fc_bias is not None:
-                h = h + self.fc_bias[e]
-            h = F.gelu(h) @ self.proj_weight[e]
-            outs.append(h + self.proj_bias[e] if self.proj_bias is not None else h)
-        return torch.cat(outs)
+        """x (A, C): rows grouped by expert, ``counts[e]`` rows for this module's e-th
+        (one autograd Function: `minitp.expert_mlps`)."""
+        return expert_mlps(x, counts, self.fc_weight, self.fc_bias, self.proj_weight,
+                           self.proj_bias)
 
 
 def permute(tokens: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor, n_experts: int):
@@ -79,12 +74,12 @@ def permute(tokens: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor, n_e
 def unpermute(rows: torch.Tensor, order: torch.Tensor, token_of: torch.Tensor,
               gates: torch.Tensor, n_tokens: int) -> torch.Tensor:
     """The inverse of `permute`, each row weighted by its gate and summed into its
-    token: (N, C), zero for a token whose every assignment was dropped."""
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    weighted = rows[inverse] * gates.unsqueeze(1)
+    token: (N, C), zero for a token whose every assignment was dropped. `gates` are in
+    assignment order, like `token_of`; row i, sorted, is assignment ``order[i]``, so it is
+    added straight into token ``token_of[order[i]]`` (no need to undo the sort first)."""
+    weighted = rows * gates[order].unsqueeze(1)
     out = rows.new_zeros(n_tokens, rows.shape[1])
-    return out.index_add(0, token_of, weighted)
+    return out.index_add(0, token_of[order], weighted)
 
 
 class LocalDispatch(nn.Module):

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitp"
 # higher ones. The package facade (minitp/__init__) is the roof: nothing imports it.
 FLOORS = [
     (0, ["rules", "tags", "module_plan", "data", "runtime.errors", "runtime.io_counters",
-         "routing", "moe_rules",
+         "routing", "moe_rules", "expert_mlps",
          "runtime._processes", "course.paths"]),
     (1, ["calc", "mixed_precision", "runtime._device", "runtime.trace", "runtime.mesh",
          "runtime.peak", "runtime._pickling", "runtime._signals", "runtime._run",

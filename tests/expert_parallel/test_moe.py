@@ -42,6 +42,26 @@ def test_the_layer_equals_the_loop_over_tokens(router, top_k):
     torch.testing.assert_close(out, _loop_reference(layer, tokens), rtol=0, atol=1e-14)
 
 
+def test_the_experts_backward_equals_plain_autograds():
+    """`minitp.expert_mlps` writes its own backward: every gradient (the rows', each
+    expert's weights and biases) equals the one autograd derives from the plain loop."""
+    torch.manual_seed(0)
+    layer = _layer().experts
+    x = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    counts = [3, 0, 6, 2]  # an expert with no rows too
+    grad_out = torch.randn(11, 8, dtype=torch.float64)
+    layer(x, counts).backward(grad_out)
+    mine = [x.grad] + [p.grad for p in layer.parameters()]
+    x.grad = None
+    layer.zero_grad()
+    outs = [F.gelu(rows @ layer.fc_weight[e] + layer.fc_bias[e]) @ layer.proj_weight[e]
+            + layer.proj_bias[e] for e, rows in enumerate(x.split(counts))]
+    torch.cat(outs).backward(grad_out)
+    plain = [x.grad] + [p.grad for p in layer.parameters()]
+    for a, b in zip(mine, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
+
+
 def test_gates_are_renormalised_over_the_chosen_experts_except_softmax_top1():
     tokens = torch.randn(5, 8, dtype=torch.float64)
     _, gates, scores = _layer(top_k=2).router(tokens)

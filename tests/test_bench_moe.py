@@ -1,0 +1,23 @@
+"""bench/moe_layer.py runs and prints its tables (a quick run; no timing is asserted)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "moe_layer.py"
+
+
+def test_the_tables_are_printed():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True,
+                          text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    layer_rows = re.findall(r"^\| (\d+) \| [\d.]+ ms \| [\d.]+ ms \| ([\d.]+) \|", proc.stdout,
+                            re.MULTILINE)
+    assert [e for e, _ in layer_rows] == ["4", "8"], proc.stdout
+    rank_rows = re.findall(r"^\| (\d) \| [\d.]+ ms \| [\d.]+ ms \|.*\| (\d+) \| [\d.]+ kB \|",
+                           proc.stdout, re.MULTILINE)
+    # 2 MoE layers: counts, dispatch, combine forward; dispatch, combine backward
+    assert rank_rows == [(str(r), "10") for r in range(4)], proc.stdout
+    assert proc.stdout.count("minitp / peer: time") == 2, proc.stdout
