@@ -42,15 +42,12 @@ class Experts(nn.Module):
 
     def __init__(self, n_experts: int, d_model: int, bias: bool, first: int = 0):
         super().__init__()
-        self.first, hidden = first, 4 * d_model
+        # how many experts this module holds (read once: ZeRO-3 empties the parameters)
+        self.first, self.count, hidden = first, n_experts, 4 * d_model
         self.fc_weight = nn.Parameter(torch.randn(n_experts, d_model, hidden) * 0.02)
         self.proj_weight = nn.Parameter(torch.randn(n_experts, hidden, d_model) * 0.02)
         self.fc_bias = nn.Parameter(torch.zeros(n_experts, hidden)) if bias else None
         self.proj_bias = nn.Parameter(torch.zeros(n_experts, d_model)) if bias else None
-
-    @property
-    def count(self) -> int:
-        return self.fc_weight.shape[0]
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x (A, C): rows grouped by expert, ``counts[e]`` rows for this module's e-th

@@ -31,7 +31,7 @@ def check_moe_config(cfg) -> None:
                          "mixture-of-experts layers have no dropout; use dropout=0.0")
 
 
-def check_expert_parallel(cfg, ep: int, dp: int, cp: int, zero_stage: int) -> None:
+def check_expert_parallel(cfg, ep: int, dp: int, cp: int) -> None:
     """What expert parallelism needs: experts to shard, and ep dividing both the experts
     and the data-parallel ranks it is folded into (dp·cp: `minitp.expert_parallel`).
     `ep` is a positive int (`minitp.rules.check_parallel_config` checked it)."""
@@ -46,9 +46,3 @@ def check_expert_parallel(cfg, ep: int, dp: int, cp: int, zero_stage: int) -> No
         raise ValueError(f"ep={ep} does not divide dp*cp={dp * cp}: expert parallelism is "
                          "folded into the data-parallel ranks (each group of ep of them "
                          "shares out the experts)")
-    if zero_stage >= 2:
-        raise ValueError(f"zero_stage={zero_stage} with ep={ep}: minitp shards experts with "
-                         "ZeRO stages 0 and 1 only (stages 2-3 would need units over the "
-                         "expert-data-parallel group); use zero_stage=1 or ep=1")
-
-

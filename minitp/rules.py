@@ -185,7 +185,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_tp_overlap(tp_overlap, sequence_parallel, tp)
     check_zero_stage(zero_stage)
     check_param_dtype(param_dtype)
-    check_expert_parallel(cfg, ep, dp, cp, zero_stage)
+    check_expert_parallel(cfg, ep, dp, cp)
     if world_size is not None and dp * pp * cp * tp != world_size:
         if cp == 1:
             raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp}, but world size is "

@@ -3,6 +3,7 @@ same model; and resuming gives the uninterrupted run's loss curve (float64, to 1
 """
 
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def test_zero_checkpoints_reshard_across_stages_and_resume_exactly(tmp_path):
         assert "ZeRO stage 3" in refused and "make_optimizer" in refused, refused
     meta = checkpoint.read_meta(directory)
     assert meta["step"] == 8 and meta["topology"] == {
-        "dp": 2, "pp": 2, "cp": 1, "tp": 1, "sequence_parallel": False, "zero_stage": 1}
+        "dp": 2, "pp": 2, "cp": 1, "tp": 1, "ep": 1, "sequence_parallel": False,
+        "zero_stage": 1}
 
 
 def test_reshard_gives_the_same_model_and_files_are_plain_tensors(tmp_path):
@@ -149,7 +151,7 @@ def test_reshard_gives_the_same_model_and_files_are_plain_tensors(tmp_path):
     assert _max_diff(weights, saved) == 0.0
     meta = checkpoint.read_meta(directory)
     assert meta["step"] == 1 and meta["topology"]["tp"] == 2 and meta["extra"] == {"note": "test"}
-    assert meta["config"] == CFG | {"dropout": 0.0, "bias": True, "attention": "math"}
+    assert meta["config"] == dataclasses.asdict(mt.GPTConfig(**CFG))  # every field, defaults too
     assert meta["dtype"] == "float64"
 
 

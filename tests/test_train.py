@@ -89,16 +89,18 @@ def test_save_then_load_at_another_tp_continues_the_curve(tmp_path, tiny_run):
 
 
 def test_experts_check_and_reshard_across_ep(tmp_path):
-    """A mixture of experts through the CLI: 3 steps at (dp 2, pp 2, ep 2) with the expert
-    bias, equal to one process; saved, and resumed at (dp 4, ep 4): the experts resharded
-    (and the bias carried) continue exactly as the one-process model loaded from the files."""
+    """A mixture of experts through the CLI: 3 steps at (dp 2, pp 2, ep 2, ZeRO-3) with the
+    expert bias, equal to one process; saved, and resumed at (dp 4, ep 4, ZeRO-2): the
+    experts and their Adam state resharded (and the bias carried) continue exactly as the
+    one-process model loaded from the files."""
     moe = ["--experts", "4", "--balance", "bias", "--tp", "1"]
     ckpt = str(tmp_path / "ckpt")
     first = _summary(_cli(*TINY, *moe, "--dp", "2", "--pp", "2", "--ep", "2", "--steps", "3",
-                          "--check", "--save", ckpt, "--out", str(tmp_path / "first")))
+                          "--zero-stage", "3", "--check", "--save", ckpt,
+                          "--out", str(tmp_path / "first")))
     assert first["max_loss_diff"] < 1e-10
     resumed = _summary(_cli(*TINY, *moe, "--dp", "4", "--pp", "1", "--ep", "4", "--steps", "6",
-                            "--microbatches", "1", "--load", ckpt, "--check",
+                            "--microbatches", "1", "--zero-stage", "2", "--load", ckpt, "--check",
                             "--out", str(tmp_path / "resumed")))
     assert resumed["max_loss_diff"] < 1e-10
     assert mt.checkpoint.read_meta(ckpt)["topology"]["ep"] == 2

@@ -40,8 +40,8 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
     A mixture of experts with expert parallelism: ``expert_params`` of the ``n_params``
     (both as one device holds them) are routed experts'. A rank holds 1/ep of them, with
     their gradients and optimizer state; ZeRO shards those over the dp/ep ranks that hold
-    the same experts (`Mesh.expert_dp`), the dense rest over dp as before. minitp admits
-    ep > 1 with ZeRO stages 0 and 1 (`minitp.moe_rules.check_expert_parallel`).
+    the same experts (`Mesh.expert_dp`), the dense rest over dp as before, at every stage
+    (`minitp.data_parallel`: a layer's experts are a unit of their own).
     tests/expert_parallel/test_moe_measured.py measures it.
     """
     if optimizer not in OPTIMIZERS:

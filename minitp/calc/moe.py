@@ -181,7 +181,8 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       runs the same experts on them (minitp does not split experts over tp), so the
       routed experts' FLOPs are (tp − 1) times more than `step_time` shares out;
     * dp: the dense gradients all-reduced over dp·cp, the E/ep experts' over the
-      dp·cp/ep ranks holding the same ones (ZeRO stages 0 and 1 only, as minitp);
+      dp·cp/ep ranks holding the same ones (with ZeRO, each layer's experts a unit over
+      those ranks, as minitp shards them);
     * ep: per microbatch and MoE layer of the busiest stage, 4 all-to-alls of the
       rank's b·s/cp (/tp under sp) tokens·k rows (6 with full recomputation) and one
       counts exchange (2), each n−1 steps of α + S/(ep·β) over a group of tp·cp·ep
@@ -192,7 +193,7 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
     base = step_time(*args)
     if not getattr(cfg, "n_experts", 0):
         return base
-    check_expert_parallel(cfg, ep, dp, cp, zero_stage)
+    check_expert_parallel(cfg, ep, dp, cp)
     m = microbatch_count(global_batch or dp * micro_batch, dp, micro_batch)
     n_gpus, speed = dp * pp * cp * tp, cluster.peak_flops * efficiency
     passes = 4 if recompute == "full" else 3

@@ -9,7 +9,9 @@ steps the shards.
 Everything is cut into *units*, one per piece of a stage: the token embedding
 (always alone — the pipeline's two copies of the tied embedding must be laid out
 alike, so their gradients can be summed elementwise), the positions, each
-transformer layer, the final LayerNorm. A unit's parameters are flattened into
+transformer layer, the final LayerNorm, and, under expert parallelism, each layer's
+run of experts (sharded over `Mesh.expert_dp`, the ranks holding the same experts,
+rather than dp). A unit's parameters are flattened into
 one vector of Ψ_u values, padded to a multiple of N_d (the dp size), and dp rank
 d owns the d-th slice: its *shard*, an ``nn.Parameter`` that the optimizer steps
 (`Zero23Optimizer`). Adam is elementwise, so stepping shards equals stepping
@@ -93,7 +95,7 @@ def attach_data_parallel(stages, dp: Axis, zero_stage: int = 0, bucket_bytes: in
     for stage in stages:
         stage.zero_stage, stage.grad_sync, stage.zero_units = zero_stage, None, []
         if zero_stage >= 2:
-            stage.zero_units = make_units(stage, dp, inflight, master_dtype)
+            stage.zero_units = make_units(stage, dp, inflight, master_dtype, expert_dp)
             stage.grad_sync = ShardedGradSync(stage.zero_units) if zero_stage == 2 else None
             if zero_stage == 3:
                 shard_parameters(stage, stage.zero_units)

@@ -108,8 +108,10 @@ def shard_parameters(stage: nn.Module, units: list[Unit]) -> None:
             order += [(unit, stage.wte)] if stage.first else []
         else:
             module = _piece_module(stage, unit.name)
-            unit.recomputed = isinstance(module, Recomputed)
-            unit.triggers = [module.module if unit.recomputed else module]
+            # under full recomputation a block runs its forward again in backward: its
+            # own unit (the Recomputed wrapper) and its experts' unit, inside it
+            unit.recomputed = isinstance(module, Recomputed) or ".module." in unit.name
+            unit.triggers = [module.module if isinstance(module, Recomputed) else module]
             order.append((unit, unit.triggers[0]))
     order += [(u, stage.head) for u in units if u.tied and stage.last]
     for unit in units:

@@ -134,22 +134,29 @@ class Unit:
             self.shard.grad = torch.zeros_like(self.shard)
 
 
-def _piece_of(name: str) -> str:
-    """The unit a stage's parameter belongs to: "wte", "wpe", "ln_f" or "blocks.<i>"."""
+def _piece_of(name: str, p: nn.Parameter) -> str:
+    """The unit a stage's parameter belongs to: "wte", "wpe", "ln_f", "blocks.<i>", or,
+    for a run of experts (expert parallelism), the experts module's own path."""
+    if tag(p, "ep_split_dim") is not None:
+        return name.rpartition(".")[0]
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
 
 
 def make_units(stage: nn.Module, dp: Axis, inflight: InFlight | None = None,
-               master_dtype: torch.dtype | None = None) -> list[Unit]:
-    """One `Unit` per piece of a pipeline stage (a `ParallelGPT`), in forward order."""
+               master_dtype: torch.dtype | None = None,
+               expert_dp: Axis | None = None) -> list[Unit]:
+    """One `Unit` per piece of a pipeline stage (a `ParallelGPT`), in forward order. A
+    layer's experts under expert parallelism are a unit of their own, sharded over
+    `expert_dp` (the ranks holding the same experts), after their layer's unit."""
     groups: dict[str, list] = {}
     for name, p in stage.named_parameters():
         owner, _, attr = name.rpartition(".")
-        groups.setdefault(_piece_of(name), []).append((stage.get_submodule(owner), attr, p))
+        groups.setdefault(_piece_of(name, p), []).append((stage.get_submodule(owner), attr, p))
     inflight = InFlight() if inflight is None else inflight
-    return [Unit(piece, params, dp, tied=piece == "wte", inflight=inflight,
-                 master_dtype=master_dtype) for piece, params in groups.items()]
+    return [Unit(piece, params, expert_dp if tag(params[0][2], "ep_split_dim") is not None
+                 else dp, tied=piece == "wte", inflight=inflight, master_dtype=master_dtype)
+            for piece, params in groups.items()]
 
 
 def _piece_module(stage: nn.Module, piece: str) -> nn.Module:

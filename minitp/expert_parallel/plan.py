@@ -93,7 +93,7 @@ def shard_experts(dense: Experts, ep: Axis) -> Experts:
     first = ep.rank * n
     shard = Experts.__new__(Experts)
     nn.Module.__init__(shard)
-    shard.first = dense.first + first
+    shard.first, shard.count = dense.first + first, n
     for name in ("fc_weight", "proj_weight", "fc_bias", "proj_bias"):
         p = getattr(dense, name)
         if p is None:

@@ -5,7 +5,8 @@ of a sample of meshes that between them cover ep 1, 2 and 4; top-k 1 and 2; the 
 and the sigmoid router; the three balancing methods; dropless and a capacity factor (the
 documented per-sequence queue, `minitp.routing.capacity_keep`); a shared expert; tensor
 parallelism with and without sequence parallelism, a pipeline with microbatches, context
-parallelism, recomputation and ZeRO 1 (and 3 at ep 1). Every step's loss and every
+parallelism, recomputation and ZeRO 1, 2 and 3 (each expert unit sharded over the
+ranks holding the same experts). Every step's loss and every
 parameter after the last step (the router and the experts included, gathered over ep and
 tp) equal the single-device model's to 1e-10, and the expert bias is the same on every
 rank after every step.
@@ -33,8 +34,12 @@ SETTINGS = [
     (dict(dp=2, tp=2, ep=2), dict(recompute="full"), dict(capacity_factor=0.75), 1),
     (dict(dp=2, pp=2, ep=2), {}, dict(router="sigmoid", balance="bias",
                                       bias_update_rate=0.05), 2),
-    (dict(dp=2, cp=2, ep=4), dict(zero_stage=1), dict(capacity_factor=0.75, top_k=1), 1),
+    (dict(dp=2, cp=2, ep=2), dict(zero_stage=2), dict(capacity_factor=0.75, top_k=1), 1),
     (dict(dp=4), dict(zero_stage=3), dict(shared_expert=True, moe_every=2), 1),
+    (dict(dp=4, ep=2), dict(zero_stage=3), dict(top_k=1), 2),
+    (dict(dp=2, tp=2, ep=2), dict(zero_stage=2, sequence_parallel=True, recompute="full"),
+     dict(balance="bias", bias_update_rate=0.05), 1),
+    (dict(dp=2, pp=2, ep=2), dict(zero_stage=3), dict(shared_expert=True), 2),
 ]
 
 

@@ -176,7 +176,6 @@ def test_bad_moe_configs_are_refused_in_one_line(overrides, message):
 @pytest.mark.parametrize("sizes,message", [
     (dict(dp=4, ep=3), "n_experts=4 is not divisible by ep=3"),
     (dict(dp=2, ep=4), "ep=4 does not divide dp\\*cp=2"),
-    (dict(dp=4, ep=2, zero_stage=2), "zero_stage=2 with ep=2"),
 ])
 def test_bad_expert_parallel_meshes_are_refused_before_any_process_starts(sizes, message):
     with pytest.raises(ValueError, match=message):
