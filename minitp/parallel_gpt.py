@@ -48,6 +48,7 @@ class ParallelGPT(GPT):
         self.zero_stage = 0           # and data parallelism (`minitp.data_parallel`): the
         self.grad_sync = None         # gradients' reduction started from backward hooks,
         self.zero_units = []          # and ZeRO-2/3's units (each with its shard)
+        self.tp_overlap = False       # the layers' GEMMs overlapped with SP's collectives
 
     def forward(self, inputs, targets=None):
         tp = self.mesh.tp

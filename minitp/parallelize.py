@@ -100,6 +100,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
     for stage in stages:
         trace.forward_phase_module(stage)
+        stage.tp_overlap = tp_overlap
     if param_dtype is not None:
         for stage in stages:
             stage.mixed_precision = True

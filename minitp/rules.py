@@ -6,7 +6,8 @@ Each rule is written once, here, and every file that needs it imports it:
 * what must divide what for a (dp, pp, cp, tp, ep) split — `check_parallel_config`;
 * context parallelism's load-balanced chunks: which two of a sequence's 2·cp
   chunks each cp rank holds — `cp_chunks`, `check_context_split`;
-* the pipeline schedule names and the interleaved schedule's constraint;
+* the pipeline schedule names and what each needs, and the units' trace labels
+  ("F3", "B3", "W3:1": `minitp.schedule_rules`, re-exported here);
 * the recompute modes and the ZeRO stages;
 * the ignore index of the loss, and what a valid token id is;
 * the trace's label formats ("layer3", "F3", "F3:1"), built and parsed by the
@@ -22,11 +23,20 @@ import re
 from fractions import Fraction
 
 from .moe_rules import check_expert_parallel
+from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
+    SCHEDULE_NAMES,
+    ZERO_BUBBLE_SCHEDULES,
+    check_schedule,
+    check_zero_bubble,
+    default_schedule,
+    interleaving_fits,
+    parse_unit_label,
+    unit_label,
+)
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
 SEQ_DIM = 1  # token ids are (batch, seq); activations (batch, seq, hidden)
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = (None, "selective", "full")
 # ZeRO (Rajbhandari et al. 2020) shards over the data-parallel axis: 0 nothing (plain
 # data parallelism), 1 the optimizer state, 2 also the gradients, 3 also the parameters.
@@ -89,26 +99,6 @@ def check_param_dtype(name) -> None:
         hint = (" (float16 also needs loss scaling, which minitp does not do)"
                 if name == "float16" else " (for one dtype throughout, cast the model itself)")
         raise ValueError(f"param_dtype must be None or bfloat16, got {name!r}{hint}")
-
-
-def check_schedule(schedule, virtual_stages: int = 1) -> None:
-    """A known schedule name (or None: the default for `virtual_stages`), and one
-    that fits the model: 'interleaved' exactly when there are virtual stages."""
-    if schedule is not None and not callable(schedule) and schedule not in SCHEDULE_NAMES:
-        raise ValueError(f"schedule must be one of {SCHEDULE_NAMES} (or None), got {schedule!r}")
-    if isinstance(schedule, str) and (schedule == "interleaved") != (virtual_stages > 1):
-        raise ValueError(f"schedule {schedule!r} does not fit virtual_stages={virtual_stages}: "
-                         "'interleaved' needs virtual_stages > 1, the other schedules 1")
-
-
-def default_schedule(virtual_stages: int = 1) -> str:
-    return "interleaved" if virtual_stages > 1 else "1f1b"
-
-
-def interleaving_fits(pp: int, microbatches: int) -> bool:
-    """The interleaved schedule sends microbatches through each chunk in groups of
-    pp (Megatron-LM's order), so it needs microbatches divisible by pp."""
-    return microbatches % pp == 0
 
 
 def cp_chunks(cp_rank: int, cp: int) -> tuple[int, int]:
@@ -193,6 +183,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
         raise ValueError(f"dp*pp*cp*tp = {dp}*{pp}*{cp}*{tp} = {dp * pp * cp * tp}, but world "
                          f"size is {world_size}")
     check_schedule(schedule, virtual_stages)
+    check_zero_bubble(schedule, pp, microbatches, zero_stage, tp_overlap)
     if microbatches is not None:
         check_positive_int("microbatches", microbatches)
         if virtual_stages > 1 and not interleaving_fits(pp, microbatches):
@@ -236,7 +227,6 @@ def check_token_ids(ids, vocab_size: int, what: str = "token id", ignore_index=N
 # --------------------------------------------------------------------------- trace labels
 LAYER_LABEL = "layer{}"
 _LAYER = re.compile(r"(?:^|\.)layer(\d+)(?:\.|$)")
-_UNIT = re.compile(r"^([FB])(\d+)(?::(\d+))?$")
 
 
 def layer_label(index: int) -> str:
@@ -248,22 +238,6 @@ def parse_layer_label(label: str) -> int | None:
     """The layer a (possibly nested, dot-joined) label belongs to, or None."""
     found = _LAYER.search(label or "")
     return int(found[1]) if found else None
-
-
-def unit_label(kind: str, microbatch: int, chunk: int = 0, virtual_stages: int = 1) -> str:
-    """A pipeline unit's trace label: "F3" is the forward of microbatch 3, "B3" its
-    backward; with virtual stages, "F3:1" runs it through this rank's chunk 1."""
-    if kind not in ("F", "B"):
-        raise ValueError(f"a pipeline unit is 'F' or 'B', got {kind!r}")
-    return f"{kind}{microbatch}" + (f":{chunk}" if virtual_stages > 1 else "")
-
-
-def parse_unit_label(label: str) -> tuple[str, int, int] | None:
-    """(kind, microbatch, chunk) of a label made by `unit_label`, or None."""
-    found = _UNIT.match(label or "")
-    if not found:
-        return None
-    return found[1], int(found[2]), int(found[3] or 0)
 
 
 # --------------------------------------------------------------------------- byte model

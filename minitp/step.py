@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from .context_parallel.split import split_sequence
+from .data_parallel.zero import zero_stage_of
+from .grad_norm import clip_grad_norm
 from .grads import finalize_grads
 from .moe import moe_layers, update_expert_bias
 from .pipeline.schedules import SCHEDULES
@@ -20,7 +22,8 @@ from .runtime import comm, trace
 from .runtime.mesh import Mesh
 
 
-def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1) -> float:
+def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1,
+               clip_grad: float | None = None) -> float:
     """Forward and backward over `microbatches` slices of this data-parallel rank's
     part of the global batch, in the pipeline `schedule`'s order; gradients summed
     over dp (bucketed, overlapped with backward — or reduce-scattered: by a ZeRO-1
@@ -34,9 +37,13 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     dp rank d takes rows [d·B/dp, (d+1)·B/dp), and with context parallelism cp rank i
     takes chunks i and 2cp−1−i of each row's 2·cp (`minitp.context_parallel`); the
     gradients are then summed over dp×cp. schedule: a name ("gpipe", "1f1b",
-    "interleaved"), None for "1f1b" (or "interleaved" for a model built with
-    virtual_stages > 1), or your own function with the built-in schedules'
-    signature ``(p, r, m, v) -> [(kind, chunk, microbatch)]`` (`minitp.pipeline.schedules`).
+    "interleaved", or the zero-bubble "zb-h1", "zb-h2", which split each backward into B
+    and W), None for "1f1b" (or "interleaved" for a model built with virtual_stages > 1),
+    or your own function with the built-in schedules' signature
+    ``(p, r, m, v) -> [(kind, chunk, microbatch)]``, kind "F", "B" or "W"
+    (`minitp.pipeline.schedules`). clip_grad: scale the gradients so their norm over
+    the whole mesh is at most this (`minitp.grad_norm`, as ``clip_grad_norm_`` on one
+    device); the norm before clipping is left in ``model.grad_norm``.
     """
     x, y = batch
     if x.shape != y.shape or x.dim() != 2:
@@ -47,7 +54,8 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     v = len(chunks)
     check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
                           virtual_stages=v, schedule=schedule, microbatches=microbatches,
-                          batch_size=x.shape[0])
+                          batch_size=x.shape[0], zero_stage=zero_stage_of(model),
+                          tp_overlap=chunks[0].tp_overlap)
     schedule = schedule or default_schedule(v)
     make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
@@ -64,6 +72,8 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
         layer.aux_rows = x.shape[0]
     loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward)
     finalize_grads(model, mesh)  # every reduction after backward, in order (minitp.grads)
+    if clip_grad is not None:  # the global norm: one all-reduce every stage must join
+        model.grad_norm = clip_grad_norm(model, mesh, optimizer, clip_grad)
     optimizer.step()
     update_expert_bias(model)  # DeepSeek-V3's balancing, from the whole step's load
     return _batch_loss(loss, mesh)

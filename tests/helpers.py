@@ -75,7 +75,7 @@ def live_bytes(model, optimizer) -> int:
 
 # --------------------------------------------------------------------------- side by side
 def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=None,
-                       optimizer_class=None, lr=1e-2, after_step=None):
+                       optimizer_class=None, lr=1e-2, after_step=None, clip_grad=None):
     """The float64 equivalence loop, written once: train the plain GPT `ref` and the
     parallel `model` (made from it by `mt.parallelize`) on the same `batches`, one
     optimizer step each per batch, and measure how far apart they are.
@@ -83,7 +83,9 @@ def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=No
     Returns ``(loss_error, (param_error, name), losses)``: the largest difference of a
     step's loss (and, after training, of the forward-only `eval_loss`), the largest
     difference of any parameter after the last step (ZeRO-3's gathered for the
-    comparison), and the parallel model's losses. `after_step(step, events)` runs after
+    comparison), and the parallel model's losses. `clip_grad`: both clip the gradients'
+    global norm to it (the reference with ``torch.nn.utils.clip_grad_norm_``; the norms
+    before clipping are compared too, into the loss error). `after_step(step, events)` runs after
     both models stepped, with the trace events of that `train_step` (``ref``'s ``.grad``
     still holds this step's gradients)."""
     import minitp as mt
@@ -100,7 +102,10 @@ def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=No
         ref_loss.backward()
         before = len(mt.trace.events())
         loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule,
-                             microbatches=microbatches)
+                             microbatches=microbatches, clip_grad=clip_grad)
+        if clip_grad is not None:
+            ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), clip_grad)
+            loss_error = max(loss_error, abs(model.grad_norm - float(ref_norm)))
         ref_opt.step()
         loss_error = max(loss_error, abs(loss - ref_loss.item()))
         losses.append(loss)

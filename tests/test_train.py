@@ -108,6 +108,19 @@ def test_experts_check_and_reshard_across_ep(tmp_path):
     assert any(weights[f"blocks.{i}.mlp.router.expert_bias"].abs().sum() > 0 for i in (0, 1))
 
 
+@pytest.mark.parametrize("mesh", [
+    ["--dp", "1", "--pp", "4", "--tp", "1", "--schedule", "zb-h2", "--microbatches", "7",
+     "--batch-size", "7"],
+    ["--dp", "2", "--pp", "2", "--tp", "2", "--schedule", "zb-h1"],
+], ids=["zb-h2-pp4", "zb-h1-dp2-pp2-tp2"])
+def test_zero_bubble_schedules_with_clipping_match_one_process(tmp_path, mesh):
+    """B/W-split schedules and global-norm clipping through the CLI: equal to the
+    one-process GPT (which clips with torch's clip_grad_norm_) in float64."""
+    done = _cli(*TINY, *mesh, "--n-layer", "4", "--clip-grad", "0.5", "--steps", "3",
+                "--check", "--out", str(tmp_path / "run"))
+    assert _summary(done)["max_loss_diff"] < 1e-10
+
+
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
@@ -186,6 +199,10 @@ BAD = [
     (["--ep", "2", "--dp", "2"], "ep=2 needs a mixture of experts"),
     (["--experts", "4", "--capacity-factor", "-1"], "capacity_factor must be > 0"),
     (["--experts", "4", "--balance", "loss"], "invalid choice: 'loss'"),
+    (["--pp", "2", "--schedule", "zb-h2", "--microbatches", "2", "--batch-size", "4"],
+     "needs microbatches >= 2*pp-1 = 3"),
+    (["--pp", "2", "--schedule", "zb-h1", "--zero-stage", "2"], "ZeRO-2/3 reduce-scatter"),
+    (["--clip-grad", "0"], "--clip-grad must be positive"),
 ]
 
 

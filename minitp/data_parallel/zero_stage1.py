@@ -94,6 +94,7 @@ class Zero1Optimizer(ZeroOptimizerBase):
         self.masters = shards if self.mixed else []
         self.inner = optimizer_class(shards, **kwargs)
         self.param_groups, self.state = self.inner.param_groups, self.inner.state
+        self.reduced = False
 
     @property
     def padded(self) -> int:
@@ -110,9 +111,17 @@ class Zero1Optimizer(ZeroOptimizerBase):
             elif p.grad is not None:
                 p.grad.zero_()
 
+    def reduce_grads(self) -> None:
+        """The reduce-scatter of the step, now (global-norm clipping reads the shards'
+        summed gradients before the step); ``step()`` then does not repeat it."""
+        if not self.reduced:
+            for flat in self.flats:
+                flat.reduce_grads()
+            self.reduced = True
+
     def step(self) -> None:
-        for flat in self.flats:
-            flat.reduce_grads()
+        self.reduce_grads()
+        self.reduced = False
         self.inner.step()
         for flat in self.flats:
             flat.gather_params()

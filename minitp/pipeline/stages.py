@@ -16,6 +16,7 @@ order cannot deadlock), compute recorded as trace regions "F3" / "B3" (with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -28,7 +29,8 @@ from ..rules import unit_label
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis, Mesh, layout
 from ..tensor_parallel.partial_grads import sum_partial_grads
-from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, simulate  # noqa: F401
+from ..weight_grad import DeferredWeightGrads
+from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, simulate, zb_h1, zb_h2  # noqa: F401
 
 
 class Skipped(nn.Module):
@@ -152,12 +154,15 @@ class PipelineGPT(nn.Module):
 
 
 def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backward=None):
-    """Run one rank's `order` of ("F"/"B", chunk, microbatch).
+    """Run one rank's `order` of ("F"/"B"/"W", chunk, microbatch).
 
     microbatches: list of (x, y); weights: each microbatch's share of the loss.
-    `before_backward(chunk_index, microbatch)` is called before each backward
-    (data parallelism arms its gradient sync there). Returns the sum of the
-    weighted losses this rank computed (0 off the last stage), float64.
+    `before_backward(chunk_index, microbatch)` is called before each backward and each
+    weight pass (data parallelism arms its gradient sync there). A "B" whose (chunk,
+    microbatch) also has a "W" in the order computes the input gradient and leaves the
+    linear layers' weight gradients to that "W" (`minitp.weight_grad`: the microbatch's
+    forward already keeps those weights out of the graph). Returns the sum
+    of the weighted losses this rank computed (0 off the last stage), float64.
     """
     pp, v = mesh.pp, len(chunks)
     p, r, m = pp.size, pp.rank, len(microbatches)
@@ -165,6 +170,8 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     sp, tp = chunks[0].sequence_parallel, mesh.tp
     cfg = chunks[0].cfg
     dtype, device = chunks[0].activation_dtype, next(chunks[0].parameters()).device
+    split = check_split_order(order, v, m)
+    deferred: dict[tuple[int, int], DeferredWeightGrads] = {}
     inputs, outputs, sends = {}, {}, []
     loss_sum = torch.zeros((), dtype=torch.float64)
 
@@ -188,7 +195,8 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                 with trace.label("pipeline"), trace.phase("fwd"):
                     inp = comm.irecv(buf, rank_of(g - 1), tag("F", g, i)).wait()
                 inp.requires_grad_()
-            with trace.region(unit_label("F", i, k, v), "fwd"):
+            store = deferred.setdefault((k, i), DeferredWeightGrads()) if (k, i) in split else None
+            with trace.region(unit_label("F", i, k, v), "fwd"), weight_grads_to(chunk, store):
                 out, loss = chunk(inp, y if g == n - 1 else None)
                 if g == n - 1 and weights[i] == 0:  # no targets: its mean is 0/0; learn nothing
                     out = out.sum() * 0.0
@@ -199,7 +207,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
             if g < n - 1:
                 with trace.label("pipeline"), trace.phase("fwd"):
                     sends.append(comm.isend(out, rank_of(g + 1), tag("F", g + 1, i)))
-        else:
+        elif kind == "B":
             out, inp = outputs.pop((k, i)), inputs.pop((k, i))
             grad = None
             if g < n - 1:
@@ -208,11 +216,56 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                                       tag("B", g, i)).wait()
             if before_backward is not None:
                 before_backward(k, i)
-            with trace.region(unit_label("B", i, k, v), "bwd"):
+            store = deferred.get((k, i))  # (a recomputed forward runs inside B: set it again)
+            with trace.region(unit_label("B", i, k, v), "bwd"), weight_grads_to(chunk, store):
                 torch.autograd.backward(out, grad)
             if g > 0:
                 with trace.label("pipeline"), trace.phase("bwd"):
                     sends.append(comm.isend(inp.grad, rank_of(g - 1), tag("B", g - 1, i)))
+        else:  # "W": the weight gradients its B left
+            if before_backward is not None:
+                before_backward(k, i)
+            with trace.region(unit_label("W", i, k, v), "bwd"):
+                deferred.pop((k, i)).run()
     for pending in sends:
         pending.wait()
     return loss_sum
+
+
+def check_split_order(order, chunks: int, microbatches: int) -> set[tuple[int, int]]:
+    """The (chunk, microbatch) pairs whose backward `order` splits into B and W, after
+    checking what the executor relies on: each W after its B, at most one of each, and
+    each chunk's last B or W the last microbatch's (so a gradient sync armed for it
+    sees every gradient final)."""
+    seen_b, split, last = set(), set(), {}
+    for kind, k, i in order:
+        if not (0 <= k < chunks and 0 <= i < microbatches):
+            raise ValueError(f"schedule unit {(kind, k, i)} names a chunk or microbatch that "
+                             f"does not exist ({chunks} chunks, {microbatches} microbatches)")
+        if kind == "W":
+            if (k, i) not in seen_b or (k, i) in split:
+                raise ValueError(f"schedule: W of chunk {k}, microbatch {i} comes before its "
+                                 "B, or twice: a weight pass needs the B that stored its work")
+            split.add((k, i))
+        if kind == "B":
+            seen_b.add((k, i))
+        if kind in ("B", "W"):
+            last[k] = i
+    if split and any(i != microbatches - 1 for i in last.values()):
+        raise ValueError("schedule: a chunk's last B or W must be the last microbatch's (the "
+                         "data-parallel gradient sync starts with it)")
+    return split
+
+
+@contextlib.contextmanager
+def weight_grads_to(chunk: nn.Module, store: DeferredWeightGrads | None):
+    """While inside, the chunk's linear layers leave their weight gradients in `store`
+    (None: they compute them at once, a whole backward)."""
+    layers = [mod for mod in chunk.modules() if hasattr(mod, "weight_grads")]
+    for layer in layers:
+        layer.weight_grads = store
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.weight_grads = None

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import weight_grad
 from ..rules import check_token_ids, round_up
 from ..runtime.mesh import Axis
 from ..tags import set_tags
@@ -66,6 +67,7 @@ class ColumnParallelLinear(nn.Module):
         set_tags(self.weight, tp_split_dim=0)
         if self.bias is not None:
             set_tags(self.bias, tp_split_dim=0)
+        self.weight_grads = None  # a B/W-split pipeline's store while its B runs (weight_grad)
 
     def forward(self, x):
         if self.sequence_parallel:
@@ -73,7 +75,7 @@ class ColumnParallelLinear(nn.Module):
             x = mappings.gather_from_sequence(x, self.axis, grad_is_partial=True)
         else:
             x = mappings.copy_to_parallel(x, self.axis)
-        y = F.linear(x, self.weight, self.bias)  # (B, T, d_out/t)
+        y = weight_grad.linear(x, self.weight, self.bias, self)  # (B, T, d_out/t)
         return mappings.gather_from_parallel(y, self.axis) if self.gather_output else y
 
     @classmethod
@@ -114,13 +116,14 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(dense.narrow(1, axis.rank * local, local).clone())
         self.bias = nn.Parameter(torch.zeros(d_out, dtype=dtype, device=device)) if bias else None
         set_tags(self.weight, tp_split_dim=1)
+        self.weight_grads = None  # a B/W-split pipeline's store while its B runs (weight_grad)
         if self.bias is not None and sequence_parallel:
             # Each rank adds it to its own sequence shard, so each rank's gradient is
             # partial: the training step must sum it over the axis (as LayerNorm's).
             set_tags(self.bias, grad_partial_over_tp=True)
 
     def forward(self, x):  # (B, T, d_in/t)
-        partial = F.linear(x, self.weight)  # (B, T, d_out), one term of the sum
+        partial = weight_grad.linear(x, self.weight, None, self)  # (B, T, d_out): one term
         if self.sequence_parallel:
             y = mappings.reduce_scatter_to_sequence(partial, self.axis)  # (B, T/t, d_out)
         else:

@@ -86,6 +86,8 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
         optimizer.zero_grad(set_to_none=True)
         _, loss = ref(x, y)
         loss.backward()
+        if args.clip_grad is not None:
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), args.clip_grad)
         optimizer.step()
         update_expert_bias(ref)  # as train_step does (a no-op without bias-balanced experts)
         losses.append(float(loss.detach()))

@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--balance", choices=BALANCES, default="aux",
       help="load balancing: Switch's aux loss, DeepSeek-V3's expert bias, or none")
     a("--recompute", choices=("selective", "full"), default=None)
-    a("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
+    a("--schedule", choices=SCHEDULE_NAMES, default="1f1b",
+      help="the pipeline's order; zb-h1 and zb-h2 split each backward into B and W "
+           "(default 1f1b)")
     a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
       help="ZeRO over the data-parallel axis: 1 shards Adam's state, 2 also the gradients, "
            "3 also the parameters (default 0: none)")
@@ -80,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "checkpoint's)")
     a("--batch-size", type=int, default=64, help="global batch, in sequences (default 64)")
     a("--lr", type=float, default=2e-3, help="Adam's peak learning rate (default 2e-3)")
+    a("--clip-grad", type=float, default=None, metavar="NORM",
+      help="clip the gradients' global norm (over the whole mesh) to NORM (default: none)")
     a("--warmup", type=int, default=0, help="steps of linear warm-up to --lr (default 0)")
     a("--lr-schedule", choices=("cosine", "constant"), default="constant",
       help="after warm-up: cosine decay to a tenth of --lr at --lr-decay-steps, or "
@@ -118,6 +122,8 @@ def validate(args, parser):
                  "steps", "batch_size", "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.clip_grad is not None and not args.clip_grad > 0:
+        parser.error(f"--clip-grad must be positive, got {args.clip_grad}")
     for name in ("lr", "temperature"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
@@ -166,7 +172,7 @@ def validate(args, parser):
                               schedule=args.schedule, microbatches=args.microbatches,
                               batch_size=args.batch_size, zero_stage=args.zero_stage,
                               param_dtype="bfloat16" if uses_mixed_precision(args) else None,
-                              ep=args.ep)
+                              ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1)
     except ValueError as exc:
         parser.error(str(exc))
     try:

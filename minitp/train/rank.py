@@ -117,7 +117,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
             if step == start_step:
                 ledger = stack.enter_context(memory.ActivationLedger(model))
             loss = train_step(model, batch, mesh, optimizer, schedule=args.schedule,
-                                 microbatches=args.microbatches)
+                                 microbatches=args.microbatches, clip_grad=args.clip_grad)
         elapsed = time.perf_counter() - started
         seconds += elapsed
         losses.append(loss)

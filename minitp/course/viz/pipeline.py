@@ -8,6 +8,7 @@ from ...rules import parse_unit_label
 from ._style import PHASE_COLORS, _new_figure, _tint
 
 IDLE_COLOR = "#E8E8E8"
+WEIGHT_PASS_COLOR = "#009E73"  # a zero-bubble schedule's W passes: their own colour
 
 
 def pipeline_units(run_or_events) -> list:
@@ -33,7 +34,8 @@ def pipeline_bubble(run_or_events) -> float:
 def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = None,
                    width: float = 10.0):
     """Forward (blue) and backward (vermillion) of each microbatch as a box per rank
-    over time, numbered by microbatch; a chunk k > 0 of an interleaved schedule in a
+    over time, numbered by microbatch — a zero-bubble schedule's B in vermillion and its
+    W (the weight gradients) in green; a chunk k > 0 of an interleaved schedule in a
     lighter shade, its box labelled "3:1". Idle time within the step is shaded
     grey, and the measured bubble (idle / busy, mean over ranks) is in the title.
     Every box is where and how long the trace says the unit ran: measured. What made
@@ -64,7 +66,7 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
     px_per_ms = width * fig.dpi * 0.8 / span
     for e in units:
         kind, _, chunk = parse_unit_label(e.label)
-        base = PHASE_COLORS["fwd" if kind == "F" else "bwd"]
+        base = WEIGHT_PASS_COLOR if kind == "W" else PHASE_COLORS["fwd" if kind == "F" else "bwd"]
         color = base if chunk == 0 else _tint(base, 0.55)
         x0, w = (e.start - t0) * 1e3, (e.end - e.start) * 1e3
         ax.add_patch(Rectangle((x0, row[e.rank] - 0.4), w, 0.8, facecolor=color,
@@ -84,7 +86,10 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
     head = title if title is not None else "Pipeline schedule"
     ax.set_title(f"{head}: measured bubble {bubble:.1%} (idle / busy)", fontsize=11, loc="left")
     handles = [Patch(facecolor=PHASE_COLORS["fwd"], label="forward"),
-               Patch(facecolor=PHASE_COLORS["bwd"], label="backward")]
+               Patch(facecolor=PHASE_COLORS["bwd"], label="backward (B: input gradient)"
+                     if any(parse_unit_label(e.label)[0] == "W" for e in units) else "backward")]
+    if any(parse_unit_label(e.label)[0] == "W" for e in units):
+        handles.append(Patch(facecolor=WEIGHT_PASS_COLOR, label="W: weight gradients"))
     if any(parse_unit_label(e.label)[2] != 0 for e in units):
         handles += [Patch(facecolor=_tint(PHASE_COLORS["fwd"], 0.55), label="forward, chunk ≥ 1"),
                     Patch(facecolor=_tint(PHASE_COLORS["bwd"], 0.55), label="backward, chunk ≥ 1")]

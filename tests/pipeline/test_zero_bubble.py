@@ -1,0 +1,109 @@
+"""Zero-bubble schedules (`minitp.pipeline.schedules.zb_h1`, `zb_h2`): the backward split
+into B and W (`minitp.weight_grad`), exact, and the bubbles and memory on paper.
+
+On real ranks, in float64, each schedule trains equal to the single-device GPT (every
+step's loss, every parameter after 3 AdamW steps) on meshes that between them cover pp 2
+and 4, tp with sequence parallelism, dp with ZeRO 0 and 1, full recomputation, mixture
+of experts, and microbatches at and above the minimum each schedule needs. On paper
+(`simulate`, unit costs F = B = W): 1F1B idles (p−1)(F+B+W), ZB-H1 (p−1)(F+B−W) with
+1F1B's peak of p microbatches on every stage, ZB-H2 never idles between a stage's first
+and last unit, holding 2p−1.
+"""
+
+import pytest
+import torch
+from helpers import random_batches, train_side_by_side
+
+import minitp as mt
+from minitp.pipeline.schedules import SCHEDULES, simulate
+from minitp.weight_grad import DeferredWeightGrads, linear
+
+TOLERANCE = 1e-10
+CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
+UNIT = dict(F=1, B=1, W=1)
+
+# (schedule, mesh sizes, parallelize options, microbatches, config overrides)
+SETTINGS = [
+    ("zb-h1", dict(pp=4), {}, 4, {}),
+    ("zb-h2", dict(pp=4), {}, 7, {}),  # 2p - 1: the fewest ZB-H2 takes
+    ("zb-h1", dict(pp=2, tp=2), dict(sequence_parallel=True, recompute="full"), 3, {}),
+    ("zb-h2", dict(pp=2, dp=2), dict(zero_stage=1), 4, {}),
+    ("zb-h1", dict(pp=2, dp=2), {}, 2, dict(n_experts=4)),
+]
+
+
+def _train(settings):
+    out = []
+    for schedule, sizes, options, microbatches, overrides in settings:
+        mesh = mt.Mesh(**sizes)
+        cfg = mt.GPTConfig(**{**CFG, **overrides})
+        torch.manual_seed(0)
+        ref = mt.GPT(cfg).double()
+        model = mt.parallelize(ref, mesh, **options)
+        batch = 2 * microbatches * sizes.get("dp", 1)
+        out.append(train_side_by_side(ref, model, mesh, random_batches(3, cfg, batch),
+                                      microbatches=microbatches, schedule=schedule)[:2])
+    return out
+
+
+def test_every_zero_bubble_schedule_equals_one_device_in_float64():
+    run = mt.launch(_train, 4, SETTINGS, timeout=300)
+    for rank, results in enumerate(run):
+        for setting, (loss_error, (param_error, name)) in zip(SETTINGS, results, strict=True):
+            where = f"rank {rank}, {setting}"
+            assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
+            assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"
+
+
+def test_b_then_w_gives_the_whole_backwards_gradients():
+    """One linear layer: B computes the input and bias gradients and stores (W, x, g);
+    W adds gᵀx to the weight's gradient — together what autograd gives."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(5, 3).double()
+    layer.weight_grads = None
+    x = torch.randn(2, 4, 5, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 4, 3, dtype=torch.float64)
+    torch.nn.functional.linear(x, layer.weight, layer.bias).backward(g)
+    whole = [x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()]
+    x.grad, layer.weight.grad, layer.bias.grad = None, None, None
+    layer.weight_grads = DeferredWeightGrads()
+    out = linear(x, layer.weight, layer.bias, layer)  # the forward of a split microbatch
+    out.backward(g)  # B
+    assert layer.weight.grad is None and x.grad is not None  # the weight's part waits
+    layer.weight_grads.run()  # W
+    for a, b in zip(whole, [x.grad, layer.weight.grad, layer.bias.grad], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (8, 16)])
+def test_bubbles_and_peaks_on_paper_match_the_papers_formulas(p, m):
+    one_f_one_b, h1, h2 = (simulate(s, p, m, costs=UNIT) for s in ("1f1b", "zb-h1", "zb-h2"))
+    assert one_f_one_b["idle"][0] == (p - 1) * 3  # (p−1)(F+B+W)
+    assert h1["idle"][0] == (p - 1) * 1  # (p−1)(F+B−W)
+    assert h2["inner_idle"] == [0] * p  # no stage idles between its first and last unit
+    assert one_f_one_b["peak"] == [p - r for r in range(p)]
+    assert h1["peak"] == [p] * p  # 1F1B's peak (its first stage's) on every stage
+    assert h2["peak"] == [2 * p - 1] * p
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+def test_every_w_follows_its_b_once_and_the_last_microbatch_ends_each_rank(schedule):
+    for p, m in [(2, 4), (4, 7), (4, 9)]:
+        for r in range(p):
+            order = SCHEDULES[schedule](p, r, m)
+            assert sorted(order) == sorted((kind, 0, i) for kind in "FBW" for i in range(m))
+            for i in range(m):
+                assert order.index(("F", 0, i)) < order.index(("B", 0, i)) < order.index(
+                    ("W", 0, i))
+            assert order[-1][2] == m - 1
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(schedule="zb-h2", pp=4, microbatches=6), "needs microbatches >= 2\\*pp-1 = 7"),
+    (dict(schedule="zb-h1", pp=2, zero_stage=2), "ZeRO-2/3 reduce-scatter"),
+    (dict(schedule="zb-h1", pp=2, tp=2, sequence_parallel=True, tp_overlap=True),
+     "overlapped GEMMs"),
+])
+def test_zero_bubble_rules_refuse_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mt.check_parallel_config(mt.GPTConfig(**CFG), **kwargs)

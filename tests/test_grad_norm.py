@@ -1,0 +1,59 @@
+"""Global gradient-norm clipping (`mt.train_step(..., clip_grad=...)`, `minitp.grad_norm`):
+the norm over the whole mesh equals the single-device model's, and clipped training
+equals ``torch.nn.utils.clip_grad_norm_`` on one device, in float64.
+
+One launch of 4 ranks, 3 AdamW steps per mesh with a max norm small enough that every
+step clips: tensor parallelism with sequence parallelism (replicated parameters counted
+once, partial gradients summed first) and a padded vocabulary; a pipeline (the tied
+embedding's two copies counted once) under 1F1B and ZB-H1; context parallelism; ZeRO 1,
+2 and 3 (shards: each rank counts its own slice); expert parallelism (experts replicated
+over their expert-data-parallel group).
+"""
+
+import torch
+from helpers import random_batches, train_side_by_side
+
+import minitp as mt
+
+TOLERANCE = 1e-10
+CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
+CLIP = 0.05
+
+# (mesh sizes, parallelize options, schedule, microbatches, config overrides)
+SETTINGS = [
+    (dict(dp=2, tp=2), dict(sequence_parallel=True), None, 1, dict(vocab_size=15)),
+    (dict(pp=2, tp=2), dict(sequence_parallel=True), "1f1b", 2, {}),
+    (dict(pp=2, dp=2), dict(zero_stage=1), "zb-h1", 2, {}),
+    (dict(pp=2, cp=2), {}, None, 2, {}),
+    (dict(dp=4), dict(zero_stage=2), None, 1, {}),
+    (dict(dp=2, tp=2), dict(zero_stage=3, sequence_parallel=True), None, 1, {}),
+    (dict(dp=4, ep=2), dict(zero_stage=1), None, 1, dict(n_experts=4)),
+    (dict(dp=4, ep=2), {}, None, 1, dict(n_experts=4)),
+]
+
+
+def _train(settings):
+    out = []
+    for sizes, options, schedule, microbatches, overrides in settings:
+        mesh = mt.Mesh(**sizes)
+        cfg = mt.GPTConfig(**{**CFG, **overrides})
+        torch.manual_seed(0)
+        ref = mt.GPT(cfg).double()
+        model = mt.parallelize(ref, mesh, **options)
+        batch = 2 * microbatches * sizes.get("dp", 1)
+        out.append(train_side_by_side(ref, model, mesh, random_batches(3, cfg, batch),
+                                      microbatches=microbatches, schedule=schedule,
+                                      clip_grad=CLIP)[:2] + (model.grad_norm,))
+    return out
+
+
+def test_the_global_norm_and_clipped_training_equal_one_device_in_float64():
+    run = mt.launch(_train, 4, SETTINGS, timeout=300)
+    for rank, results in enumerate(run):
+        for setting, (loss_error, (param_error, name), norm) in zip(SETTINGS, results,
+                                                                    strict=True):
+            where = f"rank {rank}, {setting}"
+            # loss_error includes |norm − one device's norm| at every step
+            assert loss_error < TOLERANCE, f"{where}: loss or norm differs by {loss_error:.3g}"
+            assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"
+            assert norm > CLIP, f"{where}: the last step did not clip (norm {norm:.3g})"
