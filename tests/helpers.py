@@ -122,3 +122,26 @@ def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=No
     worst = max(((dense[n] - p.detach()).abs().max().item(), n)
                 for n, p in ref.named_parameters())
     return loss_error, worst, losses
+
+
+def train_meshes(settings, base_cfg: dict, steps: int = 3, clip_grad=None) -> list:
+    """On every rank: for each (mesh sizes, parallelize options, schedule, microbatches,
+    GPTConfig overrides) of `settings`, the plain GPT and its parallel version trained
+    side by side in float64 (`train_side_by_side`, each rank's batch 2 rows per
+    microbatch). Returns, per setting, (loss error, (parameter error, name), the parallel
+    model) — the model for what a test reads off it after training."""
+    import minitp as mt
+
+    out = []
+    for sizes, options, schedule, microbatches, overrides in settings:
+        mesh = mt.Mesh(**sizes)
+        cfg = mt.GPTConfig(**{**base_cfg, **overrides})
+        torch.manual_seed(0)
+        ref = mt.GPT(cfg).double()
+        model = mt.parallelize(ref, mesh, **options)
+        batch = 2 * microbatches * sizes.get("dp", 1)
+        loss_error, worst, _ = train_side_by_side(
+            ref, model, mesh, random_batches(steps, cfg, batch), microbatches=microbatches,
+            schedule=schedule, clip_grad=clip_grad)
+        out.append((loss_error, worst, model))
+    return out

@@ -10,8 +10,7 @@ embedding's two copies counted once) under 1F1B and ZB-H1; context parallelism; 
 over their expert-data-parallel group).
 """
 
-import torch
-from helpers import random_batches, train_side_by_side
+from helpers import train_meshes
 
 import minitp as mt
 
@@ -33,18 +32,8 @@ SETTINGS = [
 
 
 def _train(settings):
-    out = []
-    for sizes, options, schedule, microbatches, overrides in settings:
-        mesh = mt.Mesh(**sizes)
-        cfg = mt.GPTConfig(**{**CFG, **overrides})
-        torch.manual_seed(0)
-        ref = mt.GPT(cfg).double()
-        model = mt.parallelize(ref, mesh, **options)
-        batch = 2 * microbatches * sizes.get("dp", 1)
-        out.append(train_side_by_side(ref, model, mesh, random_batches(3, cfg, batch),
-                                      microbatches=microbatches, schedule=schedule,
-                                      clip_grad=CLIP)[:2] + (model.grad_norm,))
-    return out
+    return [(loss_error, worst, model.grad_norm)
+            for loss_error, worst, model in train_meshes(settings, CFG, clip_grad=CLIP)]
 
 
 def test_the_global_norm_and_clipped_training_equal_one_device_in_float64():

@@ -12,7 +12,7 @@ and last unit, holding 2p−1.
 
 import pytest
 import torch
-from helpers import random_batches, train_side_by_side
+from helpers import train_meshes
 
 import minitp as mt
 from minitp.pipeline.schedules import SCHEDULES, simulate
@@ -22,28 +22,18 @@ TOLERANCE = 1e-10
 CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
 UNIT = dict(F=1, B=1, W=1)
 
-# (schedule, mesh sizes, parallelize options, microbatches, config overrides)
+# (mesh sizes, parallelize options, schedule, microbatches, config overrides)
 SETTINGS = [
-    ("zb-h1", dict(pp=4), {}, 4, {}),
-    ("zb-h2", dict(pp=4), {}, 7, {}),  # 2p - 1: the fewest ZB-H2 takes
-    ("zb-h1", dict(pp=2, tp=2), dict(sequence_parallel=True, recompute="full"), 3, {}),
-    ("zb-h2", dict(pp=2, dp=2), dict(zero_stage=1), 4, {}),
-    ("zb-h1", dict(pp=2, dp=2), {}, 2, dict(n_experts=4)),
+    (dict(pp=4), {}, "zb-h1", 4, {}),
+    (dict(pp=4), {}, "zb-h2", 7, {}),  # 2p - 1: the fewest ZB-H2 takes
+    (dict(pp=2, tp=2), dict(sequence_parallel=True, recompute="full"), "zb-h1", 3, {}),
+    (dict(pp=2, dp=2), dict(zero_stage=1), "zb-h2", 4, {}),
+    (dict(pp=2, dp=2), {}, "zb-h1", 2, dict(n_experts=4)),
 ]
 
 
 def _train(settings):
-    out = []
-    for schedule, sizes, options, microbatches, overrides in settings:
-        mesh = mt.Mesh(**sizes)
-        cfg = mt.GPTConfig(**{**CFG, **overrides})
-        torch.manual_seed(0)
-        ref = mt.GPT(cfg).double()
-        model = mt.parallelize(ref, mesh, **options)
-        batch = 2 * microbatches * sizes.get("dp", 1)
-        out.append(train_side_by_side(ref, model, mesh, random_batches(3, cfg, batch),
-                                      microbatches=microbatches, schedule=schedule)[:2])
-    return out
+    return [result[:2] for result in train_meshes(settings, CFG)]
 
 
 def test_every_zero_bubble_schedule_equals_one_device_in_float64():
