@@ -12,8 +12,8 @@ measures.
     calc.step_time(cfg, calc.A100_80GB, dp=16, pp=8, tp=8, global_batch=1536)
 
 Modules: `params` (counts), `memory` (model states, activations), `comm` (bytes
-per axis), `flops` (FLOPs, MFU, bubble, training time), `cluster` (hardware
-presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
+per axis), `flops` (FLOPs, MFU, the bubble of every schedule, training time), `cluster`
+(hardware presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
 saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
 tensor parallelism of one linear layer: bytes, collectives, latency terms), `moe`
 (a mixture of experts: total and active parameters, FLOPs from the active ones,
@@ -39,6 +39,7 @@ from .flops import (
     layer_matrix_flops,
     mfu,
     model_flops,
+    pipeline_idle,
     training_seconds,
 )
 from .memory import (
@@ -70,7 +71,7 @@ from .params import (
     params_per_stage,
 )
 from .plan import Candidate, Plan, expert_parallel_sizes, plan
-from .timing import StepTime, microbatch_count, step_time
+from .timing import StepTime, microbatch_count, schedule_bubble, step_time
 from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
 
@@ -84,7 +85,8 @@ __all__ = [
     "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
     "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
-    "param_count", "params_per_rank", "params_per_stage", "plan", "pp_comm_bytes",
+    "param_count", "params_per_rank", "params_per_stage", "pipeline_idle", "plan",
+    "pp_comm_bytes", "schedule_bubble",
     "ring_wire_bytes", "step_time", "tp1d_linear_bytes", "tp2d_linear_bytes",
     "tp2d_linear_parts", "tp_collectives_per_layer", "tp_comm_bytes", "tp_linear_latency",
     "tp_overlap_model", "training_seconds",

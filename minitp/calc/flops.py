@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import check_recompute
+from ..rules import (
+    SCHEDULE_NAMES,
+    check_recompute,
+    check_schedule,
+    check_zero_bubble,
+    default_schedule,
+)
 from ._util import number
 
 
@@ -81,13 +87,77 @@ def mfu(flops: float, seconds: float, n_gpus: int, peak: float) -> float:
     return flops / (seconds * n_gpus * peak)
 
 
-def bubble(pp: int, microbatches: int, virtual: int = 1) -> int | float:
+def pipeline_idle(schedule, pp: int, microbatches: int, virtual: int = 1, t_f=1, t_b=1,
+                  t_w=1) -> dict:
+    """How long each pipeline rank idles in one iteration, in the units of ``t_f``, ``t_b``,
+    ``t_w``: one forward, one input-gradient pass B and one weight-gradient pass W of one
+    microbatch through one chunk (the whole backward is B + W; ``simulate``'s costs).
+    ``{"idle", "stage_idle", "busy", "fraction"}``:
+
+    * ``busy``: v·m·(t_f + t_b + t_w), every rank's work;
+    * ``idle``: the iteration's length less ``busy`` — the same on every rank, what a step
+      that waits for the whole pipeline (minitp's: the tied embedding's gradient all-reduce
+      joins the first and last stage) loses; ``fraction`` = idle / busy;
+    * ``stage_idle``: the most any stage idles between its own first and last unit, the
+      "bubble size" of Qi et al. 2024, Table 2 (zero-bubble schedules need the paper's
+      optimizer post-validation, §4, for that to be a step's whole loss; minitp has none).
+
+    Closed forms, F, B, W for t_f, t_b, t_w; each equals `minitp.pipeline.simulate` with
+    those costs (tests/calc/test_zero_bubble_calc.py) where its condition holds:
+
+    * "gpipe", "1f1b", "interleaved": (p − 1)(F + B + W), any costs: the fraction
+      (p − 1)/(v·m) of Narayanan et al. 2021, §2.2.1–2.2.2;
+    * "zb-h1": (p − 1)(F + B) − (min(m, p) − 1)·W, i.e. Qi et al.'s (p − 1)(F + B − W)
+      once m ≥ p (Table 2), when W ≤ F and W ≤ B: the late W's fill the drain. A heavier
+      W leaves holes this formula misses: beyond that it is the paper's model only;
+    * "zb-h2" (m ≥ 2p − 1, or ValueError as minitp refuses it): stage_idle
+      (p − 1)·max(0, F + B − 2W), Qi et al.'s (p − 1)(F + B − 2W) (Table 2), 0 with unit
+      costs, exact for minitp's order when W ≤ F or B ≤ F; idle (p − 1)·max(F, F + B − 2W),
+      exact when B ≤ 2F: with unit costs (p − 1)F — the last stage's first forward waits
+      (p − 1)F, the first stage ends that much earlier — as much as ZB-H1's (p − 1)(F+B−W)
+      then (less when B > W, e.g. B = 2F with full recomputation).
+      minitp's zb-h2 order is the greedy one for unit costs; other costs would call for
+      another order (the paper's automatic scheduler, §3), not modelled.
+
+    GPipe, 1F1B and ZB-H1 idle their whole ``idle`` between first and last unit on the
+    first stage (stage_idle = idle).
+    """
+    schedule = default_schedule(virtual) if schedule is None else schedule
+    if schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"schedule must be one of {SCHEDULE_NAMES} (or None), got {schedule!r}")
+    check_schedule(schedule, virtual)
+    check_zero_bubble(schedule, pp, microbatches, 0, False)
+    f, b, w = (Fraction(t) for t in (t_f, t_b, t_w))
+    p, m = pp, microbatches
+    stage_idle = None
+    if schedule == "zb-h1":
+        idle = (p - 1) * (f + b) - (min(m, p) - 1) * w
+    elif schedule == "zb-h2":
+        idle = (p - 1) * max(f, f + b - 2 * w)
+        stage_idle = (p - 1) * max(Fraction(0), f + b - 2 * w)
+    else:
+        idle = (p - 1) * (f + b + w)
+    busy = virtual * m * (f + b + w)
+    stage_idle = idle if stage_idle is None else stage_idle
+    return {"idle": number(idle), "stage_idle": number(stage_idle), "busy": number(busy),
+            "fraction": number(idle / busy)}
+
+
+def bubble(pp: int, microbatches: int, virtual: int = 1, schedule=None, t_f=1, t_b=1,
+           t_w=1) -> int | float:
     """Pipeline bubble as a fraction of the ideal compute time: (p − 1)/(v·m).
 
     Narayanan et al. 2021, §2.2.1 (GPipe and 1F1B: (p − 1)/m) and §2.2.2
-    (interleaved, v model chunks per GPU: (p − 1)/(v·m)).
+    (interleaved, v model chunks per GPU: (p − 1)/(v·m)), whatever the costs.
+    ``schedule`` "zb-h1" or "zb-h2": `pipeline_idle`'s idle / busy with costs ``t_f``,
+    ``t_b``, ``t_w`` (the paper's unit costs by default): ZB-H1 (p − 1)/(3m) for m ≥ p,
+    ZB-H2 (p − 1)/(3m) too in one synchronous step (see `pipeline_idle`).
     """
-    return number(Fraction(pp - 1, virtual * microbatches))
+    if schedule is None or schedule in ("gpipe", "1f1b", "interleaved"):
+        if schedule is not None:
+            check_schedule(schedule, virtual)
+        return number(Fraction(pp - 1, virtual * microbatches))
+    return pipeline_idle(schedule, pp, microbatches, virtual, t_f, t_b, t_w)["fraction"]
 
 
 def training_seconds(tokens: float, n_params: float, n_gpus: int, flops_per_gpu: float) -> float:

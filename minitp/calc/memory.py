@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import check_recompute, check_zero_stage, interleaving_fits
+from ..rules import check_recompute, check_zero_bubble, check_zero_stage, interleaving_fits
 from ._util import number
 from .params import expert_params_per_stage, params_per_stage
 
@@ -102,25 +102,34 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
 
 
 def microbatches_in_flight(pp: int, microbatches: int | None = None,
-                           schedule: str = "1f1b") -> int:
+                           schedule: str | None = "1f1b") -> int:
     """How many microbatches' activations the first pipeline stage holds at its peak.
 
     GPipe (all forwards, then all backwards) holds all m. 1F1B limits them to the
     pipeline depth p (Narayanan et al. 2021, §2.2.1), or m if m < p; m = None
-    means m ≥ p.
+    means m ≥ p. A zero-bubble schedule holds a microbatch from its forward until its
+    W pass (`minitp.pipeline.schedules`): ZB-H1 p, as 1F1B, on every stage, or m if
+    m < p; ZB-H2 2p − 1 on every stage (Qi et al. 2024, Table 2: pM_B and (2p−1)M_B);
+    it needs m ≥ 2p − 1 (m = None means so), and minitp refuses fewer
+    (`minitp.rules.check_zero_bubble`): a ValueError here too. ``None``: 1F1B.
     """
+    schedule = "1f1b" if schedule is None else schedule
     if schedule == "gpipe":
         if microbatches is None:
             raise ValueError("schedule='gpipe' holds every microbatch: give microbatches")
         return microbatches
-    if schedule != "1f1b":
-        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    if schedule == "zb-h2":
+        check_zero_bubble(schedule, pp, microbatches, 0, False)
+        return 2 * pp - 1
+    if schedule not in ("1f1b", "zb-h1"):
+        raise ValueError("schedule must be 'gpipe', '1f1b', 'zb-h1' or 'zb-h2', "
+                         f"got {schedule!r}")
     return pp if microbatches is None else min(pp, microbatches)
 
 
 def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recompute=None,
                      pp: int = 1, virtual: int = 1, microbatches: int | None = None,
-                     schedule: str = "1f1b", cp: int = 1) -> int | float:
+                     schedule: str | None = "1f1b", cp: int = 1) -> int | float:
     """Activation bytes on a rank of the first pipeline stage, the most loaded one:
     `activation_bytes_per_layer` × l/p layers × microbatches in flight.
 
@@ -130,13 +139,19 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
     stage) holds l·(1 + (p−1)/(pv)) (same section): Megatron-LM's warm-up runs
     2(p−1) + (v−1)p forward chunks of l/(pv) layers on the first stage, plus one
     in the steady state. Left out, as the paper finds them negligible (§4.3):
-    the embedding's dropout mask and the output layer and loss.
+    the embedding's dropout mask and the output layer and loss. ``schedule``: as
+    `microbatches_in_flight` ("interleaved" or None with v > 1); a zero-bubble schedule
+    counts each microbatch waiting for its W as a whole one (an upper bound: W needs
+    less than B, Qi et al. 2024, Table 1, M_W < M_B).
     """
     per_layer = Fraction(activation_bytes_per_layer(cfg, micro_batch, tp, sp, recompute, cp))
     if cfg.n_layer % (pp * virtual):
         raise ValueError(f"n_layer={cfg.n_layer} is not divisible by pp*virtual={pp * virtual}")
     layers = Fraction(cfg.n_layer, pp)
     if virtual > 1:
+        if schedule not in (None, "1f1b", "interleaved"):
+            raise ValueError(f"schedule {schedule!r} with virtual={virtual}: only the "
+                             "interleaved schedule has virtual stages")
         if microbatches is not None and not interleaving_fits(pp, microbatches):
             raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) "
                              f"divisible by pp ({pp})")
@@ -147,7 +162,8 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
 def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
                    sp: bool = False, recompute=None, zero_stage: int = 0,
                    optimizer: str = "adam-mixed", virtual: int = 1,
-                   microbatches: int | None = None, cp: int = 1, ep: int = 1) -> dict:
+                   microbatches: int | None = None, cp: int = 1, ep: int = 1,
+                   schedule: str | None = None) -> dict:
     """Bytes on the busiest GPU: the model states of the largest pipeline stage
     (`params_per_rank`, `model_state_bytes`) and the first stage's activations.
     ``{"parameters", "gradients", "optimizer", "activations", "total"}``.
@@ -155,7 +171,8 @@ def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
     `Mesh.dp_cp`) and the activations are divided by cp (a model).
     ``ep``: a mixture of experts' experts over ep of the dp·cp ranks (`model_state_bytes`);
     its activations are modelled as a dense layer's (the k expert MLPs each token runs
-    keep more: not modelled)."""
+    keep more: not modelled). ``schedule``: the pipeline's (`activation_bytes`); None
+    is 1F1B, or the interleaved one with virtual > 1."""
     held = params_per_stage(cfg, tp, pp, ep)
     stage = held.index(max(held))
     states = model_state_bytes(params_per_stage(cfg, tp, pp)[stage], dp * cp, zero_stage,
@@ -163,6 +180,6 @@ def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
                                ep=ep)
     del states["total"]
     states["activations"] = activation_bytes(cfg, micro_batch, tp, sp, recompute, pp,
-                                             virtual, microbatches, cp=cp)
+                                             virtual, microbatches, schedule, cp)
     states["total"] = number(sum(Fraction(v) for v in states.values()))
     return states

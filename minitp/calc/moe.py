@@ -15,10 +15,9 @@ from dataclasses import dataclass, fields
 from ..rules import check_expert_parallel
 from .cluster import Cluster
 from .comm import moe_all_to_all_bytes, ring_wire_bytes
-from .flops import bubble as bubble_fraction
 from .flops import layer_matrix_flops
 from .params import exact_param_count, expert_mlp_params, expert_params_per_stage, params_per_stage
-from .timing import ContextParallelStepTime, microbatch_count, step_time
+from .timing import ContextParallelStepTime, microbatch_count, schedule_bubble, step_time
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
                   micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
                   recompute=None, virtual: int = 1, efficiency: float = 0.5,
                   bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0,
-                  cp: int = 1, ep: int = 1):
+                  cp: int = 1, ep: int = 1, schedule=None):
     """`step_time` with a mixture of experts: for a dense config exactly `step_time`.
     For an MoE config, on top of it (MODEL, nothing overlapped):
 
@@ -189,7 +188,7 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       consecutive ranks' span; and the bubble grows with the busy time.
     """
     args = (cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp, recompute, virtual,
-            efficiency, bytes_per_value, grad_bytes, zero_stage, cp)
+            efficiency, bytes_per_value, grad_bytes, zero_stage, cp, schedule)
     base = step_time(*args)
     if not getattr(cfg, "n_experts", 0):
         return base
@@ -225,6 +224,7 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
         ep_time = m * layers * ((4 + 2 * (repeat - 1)) * a2a + repeat * table)
     parts = {f.name: getattr(base, f.name) for f in fields(base)}
     busy = parts["compute"] + parts["tp"] + parts["pp"] + parts.get("cp", 0.0)
+    fraction = schedule_bubble(pp, m, virtual, schedule, recompute)
     parts.update(compute=parts["compute"] + extra, dp=dp_time, ep=ep_time,
-                 bubble=(busy + extra + ep_time) * bubble_fraction(pp, m, virtual))
+                 bubble=(busy + extra + ep_time) * fraction)
     return MoEStepTime(**parts)

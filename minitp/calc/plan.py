@@ -12,6 +12,12 @@ every ep that divides dp·cp and the experts (`minitp.moe_rules.check_expert_par
 through `check_parallel_config`, decides), with the experts' memory divided by ep
 (`memory_per_gpu`) and the all-to-alls' time (`minitp.calc.moe.moe_step_time`). A
 dense config is searched and ranked exactly as before.
+
+Pipeline schedules: 1F1B (interleaved where v > 1) unless ``schedules`` names more.
+"zb-h1" and "zb-h2" are tried where pp > 1, v = 1 and their rules hold (ZeRO 0 or 1;
+ZB-H2 m ≥ 2p − 1: `minitp.rules.check_zero_bubble`), with their bubble
+(`minitp.calc.timing.schedule_bubble`) and microbatches in flight
+(`minitp.calc.microbatches_in_flight`: ZB-H1 p, ZB-H2 2p − 1).
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import check_parallel_config, interleaving_fits
+from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, interleaving_fits
 from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu
 from .moe import moe_step_time
-from .timing import StepTime
+from .timing import StepTime, schedule_bubble
 
 
 @dataclass(frozen=True)
@@ -44,9 +50,11 @@ class Candidate:
     zero_stage: int = 0
     cp: int = 1
     ep: int = 1
+    schedule: str | None = None  # None: 1F1B, or the interleaved one where virtual > 1
 
     def __str__(self) -> str:
         zero = f" zero={self.zero_stage}" if self.zero_stage else ""
+        zero += f" schedule={self.schedule}" if self.schedule else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         cp += f" ep={self.ep}" if self.ep > 1 else ""
         return (f"dp={self.dp} pp={self.pp}{cp} tp={self.tp} b={self.micro_batch} "
@@ -81,7 +89,7 @@ class Plan:
                      f"{k} {v / GiB:.1f}" for k, v in c.memory.items()),
                  "time per iteration (s): " + ", ".join(
                      f"{k} {v:.3f}" for k, v in c.time.as_dict().items()),
-                 f"bubble fraction (p-1)/(v*m) = {bubble(c.pp, c.microbatches, c.virtual):.3f}"]
+                 _bubble_line(c)]
         for axis, span in spans.items():
             where = "inside a node" if span <= g else "across nodes"
             lines.append(f"{axis} groups span {span} consecutive GPUs: {where} ({g} per node)")
@@ -89,6 +97,13 @@ class Plan:
 
     def __str__(self) -> str:
         return self.explain()
+
+
+def _bubble_line(c: Candidate) -> str:
+    if c.schedule is None:
+        return f"bubble fraction (p-1)/(v*m) = {bubble(c.pp, c.microbatches, c.virtual):.3f}"
+    fraction = schedule_bubble(c.pp, c.microbatches, c.virtual, c.schedule, c.recompute)
+    return f"bubble fraction ({c.schedule}, F = B = W, a MODEL) = {fraction:.3f}"
 
 
 def _divisors(n: int) -> list[int]:
@@ -104,14 +119,17 @@ def expert_parallel_sizes(cfg, dp: int, cp: int = 1) -> list[int]:
 
 def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
          recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
-         zero_stage=0, usable: float = 0.9, efficiency: float = 0.5, cp: int = 1) -> Plan:
+         zero_stage=0, usable: float = 0.9, efficiency: float = 0.5, cp: int = 1,
+         schedules=(None,)) -> Plan:
     """Every split of ``n_gpus`` (dp·pp·tp) that fits in ``usable`` × the GPU's memory,
     ranked by predicted step time. Sequence parallelism is tried wherever tp > 1;
     the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM.
     zero_stage: one stage, or several to search, e.g. ``(0, 1, 2, 3)`` (a stage
     above 0 is tried only where dp > 1: with one replica there is nothing to shard).
     cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp.
-    A mixture of experts: each split is tried with every ep of `expert_parallel_sizes`."""
+    A mixture of experts: each split is tried with every ep of `expert_parallel_sizes`.
+    schedules: None (1F1B, or interleaved where v > 1) and any of "zb-h1", "zb-h2", each
+    tried where pp > 1, v = 1 and `check_parallel_config` accepts it."""
     stages = (zero_stage,) if isinstance(zero_stage, int) else tuple(zero_stage)
     if n_gpus % cp:
         raise ValueError(f"n_gpus={n_gpus} is not divisible by cp={cp}")
@@ -127,19 +145,24 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
         m = global_batch // (dp * b)
         if v > 1 and (pp == 1 or not interleaving_fits(pp, m)):
             continue
-        for ep in expert_parallel_sizes(cfg, dp, cp):
+        for ep, schedule in product(expert_parallel_sizes(cfg, dp, cp), schedules):
+            zb = schedule in ZERO_BUBBLE_SCHEDULES
+            if zb and (pp == 1 or v > 1):
+                continue
             try:
                 check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
-                                      recompute=rc, virtual_stages=v, zero_stage=zero, ep=ep)
+                                      recompute=rc, virtual_stages=v, zero_stage=zero, ep=ep,
+                                      schedule=schedule, microbatches=m if zb else None)
             except ValueError:
                 continue
             tried += 1
             memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m, cp=cp,
-                                    ep=ep)
+                                    ep=ep, schedule=schedule)
             if memory["total"] > usable * cluster.memory:
                 continue
             time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v,
-                                 efficiency, zero_stage=zero, cp=cp, ep=ep)
-            fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero, cp, ep))
+                                 efficiency, zero_stage=zero, cp=cp, ep=ep, schedule=schedule)
+            fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero, cp, ep,
+                                  schedule))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

@@ -14,7 +14,8 @@ wherever tp > 1, the 1F1B schedule without interleaving.
     best = min((c for c in every if c.fits), key=lambda c: c.time.total)
 
 A mixture of experts: every ep of `minitp.calc.plan.expert_parallel_sizes` too (the key
-gains ep where ep > 1), timed by `minitp.calc.moe.moe_step_time`.
+gains ep where ep > 1), timed by `minitp.calc.moe.moe_step_time`. ``schedules`` adds
+"zb-h1" and "zb-h2" where pp > 1 and their rules hold (the key gains the schedule).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import check_parallel_config
+from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config
 from .cluster import Cluster
 from .memory import memory_per_gpu
 from .moe import moe_step_time
@@ -48,15 +49,17 @@ class Configuration:
     time: StepTime = field(compare=False)
     fits: bool = field(compare=False)
     ep: int = 1
+    schedule: str | None = None  # None: 1F1B
 
     def key(self) -> tuple:
         base = (self.dp, self.pp, self.tp, self.zero_stage, self.recompute)
-        return base if self.ep == 1 else (*base, self.ep)
+        base = base if self.ep == 1 else (*base, self.ep)
+        return base if self.schedule is None else (*base, self.schedule)
 
 
 def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
                         memory_cap: float, micro_batch: int = 1, optimizer: str = "megatron",
-                        efficiency: float = 0.5) -> list[Configuration]:
+                        efficiency: float = 0.5, schedules=(None,)) -> list[Configuration]:
     """Every valid (dp, pp, tp, ZeRO stage, recompute) for ``n_gpus``, fastest first
     (by the model), each marked ``fits`` when its busiest GPU holds at most
     ``memory_cap`` bytes. Valid: dp·pp·tp = n_gpus, `check_parallel_config` accepts
@@ -70,18 +73,24 @@ def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
             if left or global_batch % (dp * micro_batch):
                 continue
             sp, m = tp > 1, global_batch // (dp * micro_batch)
-            for zero, recompute, ep in product(ZERO_STAGES, RECOMPUTE,
-                                               expert_parallel_sizes(cfg, dp)):
+            for zero, recompute, ep, schedule in product(ZERO_STAGES, RECOMPUTE,
+                                                         expert_parallel_sizes(cfg, dp),
+                                                         schedules):
+                zb = schedule in ZERO_BUBBLE_SCHEDULES
+                if zb and pp == 1:
+                    continue
                 try:
                     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
-                                          recompute=recompute, zero_stage=zero, ep=ep)
+                                          recompute=recompute, zero_stage=zero, ep=ep,
+                                          schedule=schedule, microbatches=m if zb else None)
                 except ValueError:
                     continue
                 memory = memory_per_gpu(cfg, micro_batch, dp, pp, tp, sp, recompute, zero,
-                                        optimizer, microbatches=m, ep=ep)
+                                        optimizer, microbatches=m, ep=ep, schedule=schedule)
                 time = moe_step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
-                                     recompute, efficiency=efficiency, zero_stage=zero, ep=ep)
+                                     recompute, efficiency=efficiency, zero_stage=zero, ep=ep,
+                                     schedule=schedule)
                 found.append(Configuration(dp, pp, tp, zero, recompute, sp, m, memory, time,
-                                           memory["total"] <= memory_cap, ep))
+                                           memory["total"] <= memory_cap, ep, schedule))
     found.sort(key=lambda c: c.time.total)
     return found

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..rules import check_parallel_config
+from ..rules import check_parallel_config, check_zero_bubble
 from .cluster import Cluster
 from .comm import tp_collectives_per_layer
 from .flops import bubble as bubble_fraction
@@ -56,11 +56,25 @@ def microbatch_count(global_batch: int, dp: int, micro_batch: int) -> int:
     return global_batch // (dp * micro_batch)
 
 
+def schedule_bubble(pp: int, microbatches: int, virtual: int = 1, schedule=None,
+                    recompute=None) -> int | float:
+    """The bubble fraction `step_time` charges: `bubble` with the costs of one microbatch
+    through one stage in forwards' worth, a MODEL from the matrices' FLOPs — F = 1, and
+    the input gradient B and weight gradient W each 1 (each is one 2mnk product, as the
+    forward is); full recomputation redoes the forward inside B: B = 2. Attention's
+    weightless products put their whole backward in B, and a schedule's order is not
+    re-fitted to these costs: neither modelled. 1F1B, GPipe and interleaved:
+    (p − 1)/(v·m) whatever the costs; ZB-H1 and ZB-H2 in one synchronous step
+    (`pipeline_idle`): (p − 1)/(3m) for m ≥ p, (p − 1)/(4m) with full recomputation."""
+    t_b = 2 if recompute == "full" else 1
+    return bubble_fraction(pp, microbatches, virtual, schedule, t_f=1, t_b=t_b, t_w=1)
+
+
 def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
               micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
               recompute=None, virtual: int = 1, efficiency: float = 0.5,
               bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0,
-              cp: int = 1) -> StepTime:
+              cp: int = 1, schedule=None) -> StepTime:
     """Predicted seconds per iteration on ``cluster`` for a (dp, pp, cp, tp) run.
 
     * compute: FLOPs executed (`flops_per_iteration`, recomputation included),
@@ -81,13 +95,16 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       none hidden behind compute (minitp's ring overlaps them: an upper bound);
       each rank then holds s/c tokens, so the tp and pp messages are 1/c the
       size and the gradients are all-reduced over dp·cp;
-    * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp).
+    * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp);
+      ``schedule`` "zb-h1" or "zb-h2" (their rules hold: `check_zero_bubble`):
+      `schedule_bubble`'s fraction in its place.
     ``global_batch`` defaults to one microbatch per data-parallel rank.
     """
     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
                           recompute=recompute, virtual_stages=virtual, zero_stage=zero_stage)
     global_batch = global_batch or dp * micro_batch
     m = microbatch_count(global_batch, dp, micro_batch)
+    check_zero_bubble(schedule, pp, m, zero_stage, False)
     n_gpus = dp * pp * cp * tp
     compute = flops_per_iteration(cfg, global_batch, recompute) / n_gpus
     compute /= cluster.peak_flops * efficiency
@@ -114,5 +131,6 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
                                              span=tp * cp * dp)
         dp_time += (m - 1) * scatter + (2 * m - 1) * gather * (zero_stage == 3)
     busy = compute + tp_time + pp_time + cp_time
-    parts = (compute, tp_time, pp_time, dp_time, busy * bubble_fraction(pp, m, virtual))
+    bubble = busy * schedule_bubble(pp, m, virtual, schedule, recompute)
+    parts = (compute, tp_time, pp_time, dp_time, bubble)
     return ContextParallelStepTime(*parts, cp_time) if cp > 1 else StepTime(*parts)
