@@ -97,3 +97,30 @@ def test_every_w_follows_its_b_once_and_the_last_microbatch_ends_each_rank(sched
 def test_zero_bubble_rules_refuse_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message):
         mt.check_parallel_config(mt.GPTConfig(**CFG), **kwargs)
+
+
+def _bf16_losses_and_weights():
+    out = {}
+    for schedule in ("1f1b", "zb-h1"):
+        mesh = mt.Mesh(pp=2, dp=2)
+        torch.manual_seed(0)
+        model = mt.parallelize(mt.GPT(mt.GPTConfig(**CFG)), mesh, param_dtype=torch.bfloat16)
+        optimizer = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
+        generator = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(3):
+            x, y = (torch.randint(0, 16, (8, 8), generator=generator) for _ in range(2))
+            losses.append(mt.train_step(model, (x, y), mesh, optimizer, schedule=schedule,
+                                        microbatches=2))
+        out[schedule] = losses, model.full_state_dict()
+    return out
+
+
+def test_bf16_mixed_precision_zb_h1_is_bit_for_bit_1f1b():
+    """Under bf16 mixed precision (float32 main_grad and masters) W adds the same bf16
+    gᵀx into the same float32 main_grad as the whole backward did: bit for bit."""
+    run = mt.launch(_bf16_losses_and_weights, 4, timeout=120)
+    for rank in run:
+        (a, weights_a), (b, weights_b) = rank["1f1b"], rank["zb-h1"]
+        assert a == b
+        assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
