@@ -1,8 +1,8 @@
-"""Lessons 00 and 12 as a learner meets them: JupyterLab on 127.0.0.1, driven by
+"""Lessons 00 and 13 as a learner meets them: JupyterLab on 127.0.0.1, driven by
 Playwright in Debian's Chromium (/usr/bin/chromium; `.ci/run` installs it with apt).
 
 Lesson 00 is run whole (Run → Run All Cells) and must end with every cell run, no
-error or stderr output, and the launches' results on the page. Lesson 12's
+error or stderr output, and the launches' results on the page. Lesson 13's
 explorer must come up as a live widget (not a text repr, not "Error displaying
 widget"), laid out well at 1440, 1280 and 1024-px windows (the explorer as wide as
 the notebook cell and nothing past it, the summary's lines whole, the figure as wide
@@ -40,7 +40,7 @@ from helpers import free_port
 
 CHROMIUM = Path(os.environ.get("MINITP_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-LESSON_00, LESSON_10 = "00_welcome.ipynb", "12_planning_a_run.ipynb"
+LESSON_00, LESSON_13 = "00_welcome.ipynb", "13_planning_a_run.ipynb"
 
 if not CHROMIUM.exists():
     pytest.skip(f"no Chromium at {CHROMIUM}: `.ci/run` installs Debian's package with "
@@ -94,7 +94,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     notebooks, settings = root / "notebooks", root / "settings"
     notebooks.mkdir()
-    for name in (LESSON_00, LESSON_10):
+    for name in (LESSON_00, LESSON_13):
         shutil.copy(NOTEBOOKS / name, notebooks / name)
     for plugin, values in LAB_SETTINGS.items():
         path = settings / f"{plugin}.jupyterlab-settings"
@@ -378,9 +378,9 @@ def _check_layout(box: dict, at: str) -> None:
 @pytest.mark.timeout(STARTUP_S * 2 + STEP_S * 4)
 def test_lesson_10_explorer_is_a_live_widget(lab, page, artifacts):
     start = time.monotonic()
-    _open(page, lab, LESSON_10)
+    _open(page, lab, LESSON_13)
     cell = _code_cell(page, "w = explorer_widget()")
-    cell.screenshot(path=artifacts / "10_explorer_as_committed.png")  # before it is run
+    cell.screenshot(path=artifacts / "13_explorer_as_committed.png")  # before it is run
     _clear_outputs(page)
     # Only the cells the explorer needs: the imports, then the widget.
     _run_cell(page, _code_cell(page, "from minitp.course.labs.explorer import"))
@@ -394,12 +394,12 @@ def test_lesson_10_explorer_is_a_live_widget(lab, page, artifacts):
             || out.querySelector('[data-mime-type="application/vnd.jupyter.stderr"]')""",
         STEP_S, lambda: f"no widget in the explorer's cell after {STEP_S} s {where}: "
                         f"{output.inner_text()[:300]!r}",
-        cell, artifacts / "10_explorer.png", arg=output.element_handle())
+        cell, artifacts / "13_explorer.png", arg=output.element_handle())
     text = output.inner_text()
     for instead_of_widget in ("Error displaying widget", "Explorer(children"):
         assert instead_of_widget not in text, (
             f"the explorer is not shown as a widget {where}: {text[:300]!r}")
-    assert not _stderr(page), f"lesson 12 printed errors {where}: {_stderr(page)}"
+    assert not _stderr(page), f"lesson 13 printed errors {where}: {_stderr(page)}"
     # the widget's own root, whatever box it is (the explorer has been a grid, a VBox)
     explorer = output.locator(".jp-OutputArea-output > .jupyter-widgets").first
     assert explorer.is_visible(), f"no widget in the explorer's cell {where}: {text[:300]!r}"
@@ -412,7 +412,7 @@ def test_lesson_10_explorer_is_a_live_widget(lab, page, artifacts):
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1400})
         page.wait_for_timeout(500)  # let Lumino lay the panels out again
-        cell.screenshot(path=artifacts / f"10_explorer_{width}px.png")
+        cell.screenshot(path=artifacts / f"13_explorer_{width}px.png")
         box = _explorer_boxes(explorer.element_handle())
         print(f"{width} px: {box}")
         _check_layout(box, f"at {width} px {where}: {box}")
@@ -429,8 +429,8 @@ def test_lesson_10_explorer_is_a_live_widget(lab, page, artifacts):
                       f"reads {summary.inner_text()[:400]!r} and the figure is "
                       f"{'new' if image.get_attribute('src') != drawn else 'the old one'} "
                       f"{where}",
-              cell, artifacts / "10_explorer_tp16.png",
+              cell, artifacts / "13_explorer_tp16.png",
               arg=[summary.element_handle(), image.element_handle(), drawn])
     assert "dp=8 x pp=16 x tp=8" not in summary.inner_text()
-    assert not _stderr(page), f"lesson 12 printed errors after tp=16 {where}: {_stderr(page)}"
-    print(f"lesson 12: explorer checked in {time.monotonic() - start:.0f} s")
+    assert not _stderr(page), f"lesson 13 printed errors after tp=16 {where}: {_stderr(page)}"
+    print(f"lesson 13: explorer checked in {time.monotonic() - start:.0f} s")

@@ -212,12 +212,12 @@ def ex09_names():
 def test_ex08_fails_a_sync_that_waits_for_backward_to_end(tmp_path):
     # Correct sums, the right buckets, but every all-reduce after backward: no overlap.
     late = _variant(
-        tmp_path, "ex10",
+        tmp_path, "ex11",
         ("        if self.arrived[k] == len(self.buckets[k]):", "        if False:"),
         ("            flat = self.pending.pop(k).wait()",
          "            flat = mt.comm.all_reduce(torch.cat([q.grad.reshape(-1) for q in bucket]), "
          "self.axis)"))
-    report = mt.grade("ex10", path=late)
+    report = mt.grade("ex11", path=late)
     assert [c.passed for c in report.checks] == [True, True, False] * 2, str(report)
     assert "started after backward ended" in report.checks[2].detail
 

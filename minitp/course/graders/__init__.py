@@ -22,6 +22,7 @@ from . import (
     ex13,
     ex14,
     ex15,
+    ex16,
 )
 
 
@@ -51,16 +52,18 @@ EXERCISES = {
     "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, the load-balanced "
                      "split and the ring step that uses it", ex08.run),
     "ex09": Exercise("ex09_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex09.run),
-    "ex10": Exercise("ex10_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
-                     ex10.run),
-    "ex11": Exercise("ex11_tp_step_time.py", "a tensor-parallel step's compute and "
-                     "communication, predicted", ex11.run),
-    "ex12": Exercise("ex12_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, and say why", ex12.run),
-    "ex13": Exercise("ex13_bytes_and_days.py", "two claims checked by hand: model-state GB "
-                     "and training days", ex13.run),
-    "ex14": Exercise("ex14_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
-                     "storage, refill it in place for backward, free it again", ex14.run),
-    "ex15": Exercise("ex15_moe_dispatch.py", "expert parallelism's dispatch and combine",
-                     ex15.run),
+    "ex10": Exercise("ex10_zb_h1_order.py", "ZB-H1's order for one pipeline stage, through "
+                     "the custom-schedule API", ex10.run),
+    "ex11": Exercise("ex11_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
+                     ex11.run),
+    "ex12": Exercise("ex12_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex12.run),
+    "ex13": Exercise("ex13_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, and say why", ex13.run),
+    "ex14": Exercise("ex14_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex14.run),
+    "ex15": Exercise("ex15_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex15.run),
+    "ex16": Exercise("ex16_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex16.run),
 }

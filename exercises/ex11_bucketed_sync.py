@@ -1,4 +1,6 @@
-"""Exercise 10: bucketed gradient sync, overlapped with backward.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex11
+# Made from solutions/ex11_bucketed_sync.py by `python -m minitp.course.make_exercises`.
+"""Exercise 11: bucketed gradient sync, overlapped with backward.
 
 Every data-parallel rank of `axis` runs backward on its own slice of the
 global batch, its loss weighted by its share of the batch's counted tokens (as
@@ -26,7 +28,7 @@ a bucket's all-reduce starts as soon as its gradients are all there; ``finish()`
 called after backward and before the optimizer step, waits for them and puts the
 sums into the ``.grad`` s. The object serves step after step.
 
-Grade it with `mt.grade("ex10")` in a notebook or `python -m minitp.course.grade ex10`:
+Grade it with `mt.grade("ex11")` in a notebook or `python -m minitp.course.grade ex11`:
 two steps at dp = 2 and 4 in float64, checked against the plain model's
 gradients, bucket by bucket, and on the trace: each all-reduce must start
 inside the backward and be waited for after it.
@@ -41,44 +43,25 @@ class OverlappedGradSync:
     """Sum the gradients of `params` over `axis` in buckets, during backward."""
 
     def __init__(self, params: list[torch.nn.Parameter], axis: mt.Axis, bucket_bytes: int):
-        # BEGIN SOLUTION
         # hint: Besides the buckets, keep what a hook needs to know when its bucket is
         # hint: complete, and what finish() needs to find the sums.
-        self.axis = axis
-        self.buckets, size = [[]], 0
-        for p in reversed(params):
-            nbytes = p.numel() * p.element_size()
-            if self.buckets[-1] and size + nbytes > bucket_bytes:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(p)
-            size += nbytes
-        self.bucket_of = {id(p): k for k, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived = [0] * len(self.buckets)  # gradients in, this backward
-        self.pending = {}  # bucket -> its all-reduce in flight
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._ready)
-        # END SOLUTION
+        raise NotImplementedError(
+            'Besides the buckets, keep what a hook needs to know when its bucket is complete,'
+            ' and what finish() needs to find the sums.'
+        )
 
     def _ready(self, p: torch.nn.Parameter) -> None:
         """Called by autograd during backward, once ``p.grad`` is final."""
-        # BEGIN SOLUTION
         # hint: Is p the last of its bucket to arrive? Then its all-reduce can start now.
-        k = self.bucket_of[id(p)]
-        self.arrived[k] += 1
-        if self.arrived[k] == len(self.buckets[k]):
-            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[k]])
-            self.pending[k] = mt.comm.all_reduce_start(flat, self.axis)
-        # END SOLUTION
+        raise NotImplementedError(
+            'Is p the last of its bucket to arrive? Then its all-reduce can start now.'
+        )
 
     def finish(self) -> None:
         """After backward, before the optimizer step: every ``p.grad`` becomes the sum."""
-        # BEGIN SOLUTION
         # hint: Wait in bucket order, the same on every rank, and leave everything ready
         # hint: for the next step's backward.
-        for k, bucket in enumerate(self.buckets):
-            flat = self.pending.pop(k).wait()
-            for p, piece in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
-                p.grad.copy_(piece.view_as(p))
-        self.arrived = [0] * len(self.buckets)
-        # END SOLUTION
+        raise NotImplementedError(
+            'Wait in bucket order, the same on every rank, and leave everything ready for the'
+            " next step's backward."
+        )

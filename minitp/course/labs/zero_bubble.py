@@ -1,0 +1,243 @@
+"""Lab: zero-bubble pipelines run on real ranks — timed, weighed, checked (lesson 10).
+
+Qi et al. 2024 ("Zero Bubble Pipeline Parallelism", ICLR 2024) split each backward in
+two: B, the input gradient the previous stage waits for, and W, the weight gradients,
+which can wait (`minitp.weight_grad`). Three experiments, each one `launch`:
+
+* `timed`: 1F1B, ZB-H1 and ZB-H2 on p ranks with the paper's unit costs SET by sleep
+  (F = B = W = ``unit`` seconds; a whole backward sleeps B + W), as lesson 09 sets its
+  costs and ``tests/pipeline/test_zero_bubble_measured.py`` checks them. The trace then
+  MEASURES the order, the waits, the bubble and the step's "grad norm" all-reduce
+  (``clip_grad`` is on). In a second, untimed step of each schedule the lab WEIGHS what a
+  stage holds: each microbatch's saved activations (`ActivationLedger` around
+  the stage's forward) and, between its B and its W, the (x, g) pairs the W pass keeps
+  (outside autograd, in a `DeferredWeightGrads`), each storage once;
+* `exactness`: a float64 run of a schedule on ``Mesh(pp=p)`` beside one device, AdamW;
+* `clipping`: each rank's sum of squared gradients, parameter by parameter, tagged with
+  what the global norm must not count twice (tp replicas, the tied embedding's copy).
+
+Costs set, everything else measured; the unit-cost formulas are a MODEL (`minitp.calc`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from ... import weight_grad
+from ...data_parallel.zero import make_optimizer
+from ...grad_norm import clip_grad_norm
+from ...memory.activations import ActivationLedger
+from ...model import GPT, GPTConfig
+from ...parallelize import parallelize
+from ...rules import model_chunks, parse_unit_label
+from ...runtime import trace
+from ...runtime._device import device
+from ...runtime.launch import launch
+from ...runtime.mesh import Mesh
+from ...step import train_step
+from ...tags import tag
+
+CFG = dict(vocab_size=64, seq_len=16, n_layer=4, n_head=4, d_model=32)
+
+
+def _batch(cfg, rows: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
+    y = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
+    return x.to(device()), y.to(device())
+
+
+# --------------------------------------------------------------------------- set costs
+@contextlib.contextmanager
+def unit_costs(model, unit: float, split: bool):
+    """While inside: every forward of a stage sleeps `unit`, every B `unit` (a whole
+    backward, B + W, ``2 * unit``), every W `unit` before its real work."""
+    run = weight_grad.DeferredWeightGrads.run
+
+    def sleepy_run(self):  # W: one unit
+        time.sleep(unit)
+        run(self)
+
+    def after_forward(_, __, output):
+        time.sleep(unit)  # F: one unit
+        out, loss = output
+        (loss if loss is not None else out).register_hook(  # B, or B + W
+            lambda grad: time.sleep(unit if split else 2 * unit))
+
+    handles = [chunk.register_forward_hook(after_forward) for chunk in model_chunks(model)]
+    weight_grad.DeferredWeightGrads.run = sleepy_run
+    try:
+        yield
+    finally:
+        weight_grad.DeferredWeightGrads.run = run
+        for handle in handles:
+            handle.remove()
+
+
+# --------------------------------------------------------------------------- weighed
+@contextlib.contextmanager
+def weighed(model):
+    """While inside: ``held["F"]`` gets the bytes each forward of this rank saves for
+    backward (the ledger, model state left out), in the order run; ``held["W"]`` the
+    bytes each W pass found waiting for it (its (x, g) pairs, each storage once)."""
+    held = {"F": [], "W": []}
+    chunks = model_chunks(model)
+    originals = [chunk.forward for chunk in chunks]
+    run = weight_grad.DeferredWeightGrads.run
+
+    def ledgered(chunk, forward):
+        def wrapper(*args, **kwargs):
+            with ActivationLedger(chunk) as ledger:
+                result = forward(*args, **kwargs)
+            held["F"].append(ledger.total_bytes)
+            return result
+        return wrapper
+
+    def weighed_run(self):
+        storages = {}
+        for _, x, g in self.pending:
+            for t in (x, g):
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        held["W"].append(sum(storages.values()))
+        run(self)
+
+    for chunk, forward in zip(chunks, originals, strict=True):
+        chunk.forward = ledgered(chunk, forward)
+    weight_grad.DeferredWeightGrads.run = weighed_run
+    try:
+        yield held
+    finally:
+        weight_grad.DeferredWeightGrads.run = run
+        for chunk in chunks:
+            del chunk.forward  # the class's forward again
+
+
+def held_over_time(order, held) -> list[int]:
+    """Bytes a stage holds after each unit of `order` (labels "F3", "B3", "W3" or
+    (kind, chunk, microbatch) tuples): a microbatch holds its forward's saved
+    activations until its B, and then, if its backward is split, the (x, g) its W needs
+    until that W. `held`: from `weighed`, in the order the units ran."""
+    units = [parse_unit_label(u)[:2] if isinstance(u, str) else (u[0], u[2]) for u in order]
+    f_bytes = iter(held["F"])
+    w_bytes = dict(zip([i for kind, i in units if kind == "W"], held["W"], strict=True))
+    activations, waiting, out = {}, {}, []
+    for kind, i in units:
+        if kind == "F":
+            activations[i] = next(f_bytes)
+        elif kind == "B":
+            activations.pop(i)
+            if i in w_bytes:  # a split backward: its W's (x, g) wait
+                waiting[i] = w_bytes[i]
+        else:
+            waiting.pop(i)
+        out.append(sum(activations.values()) + sum(waiting.values()))
+    return out
+
+
+# --------------------------------------------------------------------------- the runs
+def _timed_rank(schedules, p, m, unit, cfg, clip):
+    cfg = GPTConfig(**cfg)
+    mesh = Mesh(pp=p)
+    x, y = _batch(cfg, m)
+    out = {}
+    for schedule in schedules:
+        torch.manual_seed(0)
+        model = parallelize(GPT(cfg).to(device()), mesh)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay put
+
+        def step(model=model, optimizer=optimizer, schedule=schedule):
+            trace.clear()
+            train_step(model, (x, y), mesh, optimizer, schedule=schedule,
+                          microbatches=m, clip_grad=clip)
+            return trace.events()
+
+        step()  # warm-up
+        with unit_costs(model, unit, split=schedule.startswith("zb")):
+            events = step()
+        with weighed(model) as held:
+            order = [e.label for e in step() if e.op == "compute" and e.label
+                     and parse_unit_label(e.label)]
+        out[schedule] = dict(events=events, order=order, held=held)
+    return out
+
+
+def timed(schedules=("1f1b", "zb-h1", "zb-h2"), p: int = 4, m: int = 8, unit: float = 0.02,
+          cfg=None, clip: float = 1.0) -> dict:
+    """One launch of p ranks: per schedule, ``events`` (every rank's trace of the step
+    with the costs set: units and collectives), ``order`` (each rank's unit labels in
+    the order run, untimed step) and ``held`` (per rank, `weighed`'s bytes)."""
+    run = launch(_timed_rank, p, schedules, p, m, unit, cfg or CFG, clip, timeout=120)
+    return {s: dict(events=[e for rank in run for e in rank[s]["events"]],
+                    order=[rank[s]["order"] for rank in run],
+                    held=[rank[s]["held"] for rank in run]) for s in schedules}
+
+
+def _exact_rank(schedule, p, m, steps, cfg):
+    cfg = GPTConfig(**cfg)
+    mesh = Mesh(pp=p)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(device())
+    model = parallelize(ref, mesh)  # a copy: ref trains on its own below
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(cfg, 2 * m, seed=step)
+        ref_opt.zero_grad()
+        _, ref_loss = ref(x, y)
+        ref_loss.backward()
+        ref_opt.step()
+        loss = train_step(model, (x, y), mesh, opt, schedule=schedule, microbatches=m)
+        losses.append((loss, ref_loss.item()))
+    dense = model.full_state_dict()
+    worst = max(((dense[n] - q.detach()).abs().max().item(), n) for n, q in ref.named_parameters())
+    return losses, worst
+
+
+def exactness(schedule: str, p: int = 4, m: int = 8, steps: int = 3, cfg=None):
+    """Rank 0's (losses [(pipeline, one device)] per step, (largest parameter
+    difference after the last step, its name)) — float64, AdamW, 2 rows a microbatch."""
+    return launch(_exact_rank, p, schedule, p, m, steps, cfg or CFG, timeout=120)[0]
+
+
+def _clip_rank(sizes, m, clip, cfg):
+    cfg = GPTConfig(**cfg)
+    mesh = Mesh(**sizes)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(device())
+    model = parallelize(ref, mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # nothing moves
+    x, y = _batch(cfg, 2 * m)
+    train_step(model, (x, y), mesh, optimizer, microbatches=m)  # final gradients
+    tied = {id(c.head.weight) for c in model_chunks(model) if c.last and not c.first}
+    rows = [dict(name=name, squares=q.grad.double().square().sum().item(),
+                 tp_split=tag(q, "tp_split_dim") is not None, tied_copy=id(q) in tied)
+            for name, q in model.named_parameters() if q.grad is not None]
+    trace.clear()
+    train_step(model, (x, y), mesh, optimizer, microbatches=m, clip_grad=clip)
+    _, ref_loss = ref(x, y)
+    ref_loss.backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), clip).item()
+    return dict(pp=mesh.pp.rank, tp=mesh.tp.rank, rows=rows, norm=model.grad_norm,
+                one_device=ref_norm, clip_norm_again=_norm_after(model, mesh, optimizer))
+
+
+def _norm_after(model, mesh, optimizer) -> float:
+    """The global norm of the clipped gradients (a second count, clipping at inf)."""
+    return clip_grad_norm(model, mesh, optimizer, float("inf"))
+
+
+def clipping(sizes=None, m: int = 2, clip: float = 1.0, cfg=None) -> list[dict]:
+    """Per rank of ``Mesh(**sizes)`` (default pp = 2, tp = 2): its pp and tp rank, every
+    parameter's sum of squared gradients with its tags, the mesh's global norm from
+    ``train_step(clip_grad=clip)`` (``norm``), the norm after clipping, and one device's
+    norm (``torch.nn.utils.clip_grad_norm_``), float64."""
+    sizes = sizes or dict(pp=2, tp=2)
+    world = 1
+    for size in sizes.values():
+        world *= size
+    return list(launch(_clip_rank, world, sizes, m, clip, cfg or CFG, timeout=120))
