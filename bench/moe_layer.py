@@ -56,7 +56,7 @@ from minitp.runtime._device import synchronize
 PRESETS = {  # (tokens, d_model, experts to try, repetitions)
     "cpu": (4096, 256, (8, 32), 9),
     "gpu": (16384, 1024, (8, 64), 20),
-    "quick": (512, 64, (4, 8), 3),
+    "quick": (512, 64, (4,), 3),
 }
 ROWS = ("peer (loop over experts)", "minitp MoE")
 

@@ -15,9 +15,9 @@ def test_the_tables_are_printed():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     layer_rows = re.findall(r"^\| (\d+) \| [\d.]+ ms \| [\d.]+ ms \| ([\d.]+) \|", proc.stdout,
                             re.MULTILINE)
-    assert [e for e, _ in layer_rows] == ["4", "8"], proc.stdout
+    assert [e for e, _ in layer_rows] == ["4"], proc.stdout  # the quick preset: E = 4
     rank_rows = re.findall(r"^\| (\d) \| [\d.]+ ms \| [\d.]+ ms \|.*\| (\d+) \| [\d.]+ kB \|",
                            proc.stdout, re.MULTILINE)
     # 2 MoE layers: counts, dispatch, combine forward; dispatch, combine backward
     assert rank_rows == [(str(r), "10") for r in range(4)], proc.stdout
-    assert proc.stdout.count("minitp / peer: time") == 2, proc.stdout
+    assert proc.stdout.count("minitp / peer: time") == 1, proc.stdout

@@ -6,7 +6,7 @@ which can wait (`minitp.weight_grad`). Three experiments, each one `launch`:
 
 * `timed`: 1F1B, ZB-H1 and ZB-H2 on p ranks with the paper's unit costs SET by sleep
   (F = B = W = ``unit`` seconds; a whole backward sleeps B + W), as lesson 09 sets its
-  costs and ``tests/pipeline/test_zero_bubble_measured.py`` checks them. The trace then
+  costs (lesson 10 checks the bubbles against the formulas). The trace then
   MEASURES the order, the waits, the bubble and the step's "grad norm" all-reduce
   (``clip_grad`` is on). In a second, untimed step of each schedule the lab WEIGHS what a
   stage holds: each microbatch's saved activations (`ActivationLedger` around
