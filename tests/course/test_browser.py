@@ -376,7 +376,7 @@ def _check_layout(box: dict, at: str) -> None:
 
 
 @pytest.mark.timeout(STARTUP_S * 2 + STEP_S * 4)
-def test_lesson_10_explorer_is_a_live_widget(lab, page, artifacts):
+def test_lesson_13_explorer_is_a_live_widget(lab, page, artifacts):
     start = time.monotonic()
     _open(page, lab, LESSON_13)
     cell = _code_cell(page, "w = explorer_widget()")
