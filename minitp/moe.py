@@ -131,8 +131,16 @@ class MoE(nn.Module):
         self.dispatch = LocalDispatch()
         self.sequence = WholeSequence()
         self.shared = shared
-        self.register_buffer("load", torch.zeros(cfg.n_experts), persistent=False)
+        self.register_buffer("load", torch.zeros(cfg.n_experts, dtype=torch.float64),
+                             persistent=False)
         self.dropped, self.last_aux, self.aux_rows = 0, None, None
+
+    def _apply(self, fn, recurse=True):
+        # The load counts tokens: kept float64 whatever the model is cast to (in bf16 a count
+        # above 256 would round, and the expert bias steps by comparing counts).
+        super()._apply(fn, recurse)
+        self.load = self.load.double()
+        return self
 
     def forward(self, x):  # (B, T, C): T this rank's positions of each sequence
         B, T, C = x.shape

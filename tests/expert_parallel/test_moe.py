@@ -151,6 +151,8 @@ def test_the_bias_moves_towards_the_mean_load():
         assert block.mlp.router.expert_bias.dtype == torch.float32  # whatever the model's dtype
         torch.testing.assert_close(block.mlp.router.expert_bias, want.float())
         assert block.mlp.load.sum() == 0
+    # counts stay exact whatever the model's dtype (a bf16 count above 256 would round)
+    assert model.to(torch.bfloat16).blocks[0].mlp.load.dtype == torch.float64
 
 
 def test_moe_every_and_the_shared_expert_build_the_layers_asked_for():
