@@ -35,7 +35,7 @@ from .mixed_precision import grad_of
 from .rules import model_chunks
 from .runtime import comm, trace
 from .runtime.mesh import Mesh, world
-from .tags import tag
+from .tags import is_expert_shard, tag
 
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
@@ -77,7 +77,7 @@ def _counted(p: nn.Parameter, mesh: Mesh, tied: set[int], whole: bool) -> float:
     if id(p) in tied or (tag(p, "tp_split_dim") is None and mesh.tp.rank != 0):
         return 0.0
     if whole:
-        replicas = mesh.expert_dp if tag(p, "ep_split_dim") is not None else mesh.dp_cp
+        replicas = mesh.expert_dp if is_expert_shard(p) else mesh.dp_cp
         return 1.0 if replicas.rank == 0 else 0.0
     return 1.0
 
@@ -91,7 +91,7 @@ def _counted_grads(model, mesh: Mesh, optimizer) -> list[tuple[torch.Tensor, obj
                 if (g := grad_of(p)) is not None]
     if stage == 1:
         optimizer.reduce_grads()  # the reduce-scatter its step would do, done now
-        return [(flat.shard.grad, _shard_weights(flat, [p for p in flat.params],
+        return [(flat.shard.grad, _shard_weights(flat, flat.params,
                                                  flat.axis, mesh, tied))
                 for flat in optimizer.flats]
     return [(u.shard.grad, _shard_weights(u, [p for _, _, p, _ in u.layout], u.dp, mesh, tied))

@@ -42,3 +42,16 @@ def set_tags(param, **tags) -> None:
 def tag(param, name: str):
     """The value of tag `name` on `param` (its default where it was never set)."""
     return getattr(param, name, TAG_DEFAULTS[name])
+
+
+def is_expert_shard(param) -> bool:
+    """A run of experts under expert parallelism: its gradient is summed (and ZeRO-sharded)
+    over the ranks holding the same experts, not over all of dp."""
+    return tag(param, "ep_split_dim") is not None
+
+
+def dense_and_experts(params) -> tuple[list, list]:
+    """`params` split into (the rest, the expert shards), each in the given order."""
+    params = list(params)
+    return ([p for p in params if not is_expert_shard(p)],
+            [p for p in params if is_expert_shard(p)])

@@ -33,7 +33,7 @@ import torch.nn as nn
 from ..mixed_precision import grad_of, set_grad
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
-from ..tags import tag
+from ..tags import dense_and_experts
 
 
 def grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
@@ -128,9 +128,7 @@ def attach_grad_sync(stages, dp: Axis, bucket_bytes: int = 1 << 20,
     `train_step` arms it for the last microbatch. Expert shards (tag ``ep_split_dim``)
     sum over `expert_dp` instead: the ranks that hold the same experts."""
     for stage in stages:
-        params = list(stage.parameters())
-        experts = [p for p in params if tag(p, "ep_split_dim") is not None]
-        dense = [p for p in params if tag(p, "ep_split_dim") is None]
+        dense, experts = dense_and_experts(stage.parameters())
         syncs = [GradSync(group, axis, bucket_bytes)
                  for group, axis in ((dense, dp), (experts, expert_dp))
                  if group and axis is not None and axis.size > 1]

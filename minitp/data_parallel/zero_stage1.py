@@ -18,7 +18,7 @@ from ..mixed_precision import MASTER_DTYPE, has_main_grads, zero_main_grads
 from ..rules import round_up
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
-from ..tags import tag
+from ..tags import dense_and_experts
 from .grad_sync import grad_or_zeros
 
 
@@ -85,8 +85,7 @@ class Zero1Optimizer(ZeroOptimizerBase):
                  expert_axis: Axis | None = None, **kwargs):
         params = [p for p in params if p.requires_grad]
         self.mixed = has_main_grads(params)
-        experts = [p for p in params if tag(p, "ep_split_dim") is not None]
-        dense = [p for p in params if tag(p, "ep_split_dim") is None]
+        dense, experts = dense_and_experts(params)
         self.flats = [FlatShard(group, group_axis, self.mixed)
                       for group, group_axis in ((dense, axis), (experts, expert_axis)) if group]
         self.params = [p for flat in self.flats for p in flat.params]

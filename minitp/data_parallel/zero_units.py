@@ -15,7 +15,7 @@ import torch.nn as nn
 from ..rules import round_up
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
-from ..tags import tag
+from ..tags import is_expert_shard, tag
 
 IN_FLIGHT = 2  # gradient reduce-scatters posted and not yet waited, at most
 
@@ -137,7 +137,7 @@ class Unit:
 def _piece_of(name: str, p: nn.Parameter) -> str:
     """The unit a stage's parameter belongs to: "wte", "wpe", "ln_f", "blocks.<i>", or,
     for a run of experts (expert parallelism), the experts module's own path."""
-    if tag(p, "ep_split_dim") is not None:
+    if is_expert_shard(p):
         return name.rpartition(".")[0]
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
@@ -154,8 +154,8 @@ def make_units(stage: nn.Module, dp: Axis, inflight: InFlight | None = None,
         owner, _, attr = name.rpartition(".")
         groups.setdefault(_piece_of(name, p), []).append((stage.get_submodule(owner), attr, p))
     inflight = InFlight() if inflight is None else inflight
-    return [Unit(piece, params, expert_dp if tag(params[0][2], "ep_split_dim") is not None
-                 else dp, tied=piece == "wte", inflight=inflight, master_dtype=master_dtype)
+    return [Unit(piece, params, expert_dp if is_expert_shard(params[0][2]) else dp,
+                 tied=piece == "wte", inflight=inflight, master_dtype=master_dtype)
             for piece, params in groups.items()]
 
 

@@ -2,19 +2,16 @@
 folded into data parallelism, tokens carried to them and back by all-to-all.
 
 Public names: `apply_expert_parallel` (step of `mt.parallelize`), `AllToAllDispatch`,
-`SplitSequence` (the groups routing statistics are reduced over), `expert_load`,
-`is_expert_parameter`, `shard_experts`. The one-device layer: `minitp.moe`,
-`minitp.routing`.
+`SplitSequence` (the groups routing statistics are reduced over), `shard_experts`. The
+one-device layer: `minitp.moe`, `minitp.routing`.
 """
 
 from .dispatch import AllToAllDispatch, all_to_all, source_to_expert_major
 from .plan import (
     SplitSequence,
     apply_expert_parallel,
-    expert_load,
-    is_expert_parameter,
     shard_experts,
 )
 
 __all__ = ["AllToAllDispatch", "SplitSequence", "all_to_all", "apply_expert_parallel",
-           "expert_load", "is_expert_parameter", "shard_experts", "source_to_expert_major"]
+           "shard_experts", "source_to_expert_major"]

@@ -71,9 +71,8 @@ class SplitSequence(WholeSequence):
                 experts = comm.all_gather(experts, self.sp_axis, dim=1)
             experts = gather_sequence(experts, self.cp, dim=1)
         cp_local = local * (self.sp_axis.size if self.sp_axis is not None else 1)
-        mine = global_positions(cp_local, self.cp, experts.device)
-        if self.cp.size == 1:
-            mine = torch.arange(cp_local, device=experts.device)
+        mine = (global_positions(cp_local, self.cp, experts.device) if self.cp.size > 1
+                else torch.arange(cp_local, device=experts.device))
         if self.sp_axis is not None:
             mine = mine[self.sp_axis.rank * local:(self.sp_axis.rank + 1) * local]
         return experts, mine
@@ -118,15 +117,3 @@ def apply_expert_parallel(model: nn.Module, mesh: Mesh, sequence_parallel: bool)
         if sp_axis is not None:  # each tp rank routed its own tokens: partial gradients
             for p in (layer.router.gate.weight, *layer.experts.parameters()):
                 set_tags(p, grad_partial_over_tp=True)
-
-
-def is_expert_parameter(p: nn.Parameter) -> bool:
-    """A run of experts (its gradient sums over the expert-data-parallel group)."""
-    return getattr(p, "ep_split_dim", None) is not None
-
-
-def expert_load(model: nn.Module) -> list[torch.Tensor]:
-    """Each MoE layer's load this step, summed over every rank's tokens (no grad)."""
-    return [layer.sequence.total(layer.load) for layer in moe_layers(model)]
-
-
