@@ -32,8 +32,10 @@ def runs(folder: Path | None = None) -> list[dict]:
 
 
 def newest_gpu_run(folder: Path | None = None) -> dict | None:
-    """The newest run recorded on a CUDA device, or None when there is none."""
-    gpu = [record for record in runs(folder) if record["device_kind"] == "cuda"]
+    """The newest run recorded on a CUDA device, or None when there is none (a
+    ``--quick`` run checks the script; its numbers are not figures)."""
+    gpu = [record for record in runs(folder)
+           if record["device_kind"] == "cuda" and not record.get("quick")]
     return gpu[-1] if gpu else None
 
 

@@ -19,7 +19,7 @@ HEADER = {"script", "command", "date", "device_kind", "device_name", "gpus", "cp
 
 
 def _quick_run(tmp_path) -> dict:
-    out = tmp_path / "figures.json"
+    out = tmp_path / "figures-quick.json"  # a name the reader globs, so it could be shown
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -53,8 +53,9 @@ def test_the_quick_run_records_every_figure_measured_with_its_device(tmp_path):
     assert rec["torch"] == torch.__version__ and rec["date"].endswith("+00:00")
     assert rec["device_kind"] in ("cpu", "cuda") and rec["device_name"]
     _check_rows(rec)
-    if rec["device_kind"] == "cpu":  # never a CPU figure passed off as a GPU one
-        assert gpu_figures.newest_gpu_run(tmp_path) is None
+    assert gpu_figures.runs(tmp_path) == [rec]
+    # never a CPU figure passed off as a GPU one, nor a --quick check as figures
+    assert gpu_figures.newest_gpu_run(tmp_path) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
@@ -66,11 +67,14 @@ def test_on_a_gpu_the_one_rank_figures_run_on_cuda(tmp_path):
     _check_rows(rec)
     for lesson in ("07", "12"):  # one rank always fits a GPU
         assert all(r["device"] == "cuda:0" for r in rec["figures"][lesson] if r["tp"] == 1)
+    assert gpu_figures.newest_gpu_run(tmp_path) is None  # a --quick check is not figures
+    (tmp_path / "figures-full.json").write_text(json.dumps({**rec, "quick": False}))
     assert gpu_figures.newest_gpu_run(tmp_path)["date"] == rec["date"]
 
 
 # --------------------------------------------------------------------------- the reader
-def _write(folder: Path, name: str, kind: str, date: str, device: str) -> None:
+def _write(folder: Path, name: str, kind: str, date: str, device: str,
+           quick: bool = False) -> None:
     row = {"backend": "nccl" if device.startswith("cuda") else "gloo", "device": device}
     figures = {
         "01": [{**row, "world": 2, "alpha_s": 2e-5, "beta_s_per_byte": 1 / 200e9}],
@@ -80,7 +84,7 @@ def _write(folder: Path, name: str, kind: str, date: str, device: str) -> None:
                 "n_layer": 7, "seconds": 0.2, "comm_share": 0.3}],
     }
     (folder / f"figures-{name}.json").write_text(json.dumps(
-        {"date": date, "device_kind": kind, "device_name": name, "quick": False,
+        {"date": date, "device_kind": kind, "device_name": name, "quick": quick,
          "figures": figures}))
 
 
@@ -90,6 +94,7 @@ def test_the_reader_shows_the_newest_gpu_run_and_only_what_ran_on_a_gpu(tmp_path
     assert gpu_figures.newest_gpu_run(tmp_path) is None
     _write(tmp_path, "A100", "cuda", "2026-01-01T00:00:00+00:00", "cuda:0")
     _write(tmp_path, "H100", "cuda", "2026-06-01T00:00:00+00:00", "cuda:0")
+    _write(tmp_path, "H200-quick", "cuda", "2026-07-01T00:00:00+00:00", "cuda:0", quick=True)
     shown = gpu_figures.lines("12", "a source", tmp_path)
     assert shown[0] == "GPU, recorded 2026-06-01 on H100 by bench/gpu_figures.py:"
     assert len(shown) == 2 and "t = 1" in shown[1]  # the t = 2 row ran on the CPU
