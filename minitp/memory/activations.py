@@ -162,6 +162,8 @@ class ActivationLedger:
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if trace._in_backward():  # a recomputation, or a backward with create_graph
             return tensor
+        if tensor.numel() == 0:  # a placeholder (some torch builds' checkpoint saves one
+            return tensor        # before its inputs): no bytes; its RNG states come with them
         op, extra = self._mode.name, []
         if not op:
             op, extra = _saver_from_stack()

@@ -15,7 +15,6 @@ from fractions import Fraction
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from helpers import live_bytes
 from torch.utils.checkpoint import checkpoint
@@ -26,7 +25,6 @@ from minitp.course.labs import activations
 from minitp.course.labs.activations import SETTINGS, korthikanti_bytes
 from minitp.memory import ActivationLedger, measure_model_states
 from minitp.rules import layer_label
-from minitp.runtime._device import choose_backend
 from minitp.tensor_parallel.dropout import ShardedDropout
 
 CFG = mt.GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, dropout=0.1)
@@ -34,17 +32,13 @@ B = 2  # micro-batch
 S, H, A = CFG.seq_len, CFG.d_model, CFG.n_head
 SBH = S * B * H
 CPU_DROPOUT_MASK_BYTES = 2  # nn.Dropout on CPU keeps its noise in bf16: test_dropout_masks
-RNG_STATE_BYTES = torch.get_rng_state().nbytes  # what torch.utils.checkpoint keeps per call
+# What torch.utils.checkpoint keeps per call in the table's runs: the CPU generator's state
+# only, since `activations.activation_table` runs its ranks on gloo (the CPU) on every
+# machine (its gap items are the CPU kernels'). The first GPU run (an H200) showed that
+# expecting the GPU's state too, wherever a GPU was there, was wrong.
+RNG_STATE_BYTES = torch.get_rng_state().nbytes
 
 
-def rng_states(world: int) -> list[int]:
-    """The RNG states torch.utils.checkpoint keeps per call on the ranks of a `world`-rank
-    launch, in bytes: the CPU generator's always, and the GPU's too when the device rule
-    puts the ranks on GPUs (a CPU machine, or fewer GPUs than ranks: CPU only). The
-    expectations below are stated per device through this."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend, _ = choose_backend("auto", world, gpus, dist.is_nccl_available())
-    return [RNG_STATE_BYTES] + ([torch.cuda.get_rng_state().nbytes] if backend == "nccl" else [])
 SCALAR_BYTES = 8  # a Python number autograd keeps, as float64: test_python_scalars...
 
 
@@ -273,7 +267,7 @@ def documented_gap(setting: str, t: int) -> dict[str, int]:
         "16-bit masks": 0 if sequence_parallel or setting == "full"
         else 2 * SBH * (CPU_DROPOUT_MASK_BYTES - 1),
         "gathered inputs": 2 * (2 * SBH - 2 * SBH // t) if sequence_parallel else 0,
-        "rng state": sum(rng_states(t)) if recompute else 0,
+        "rng state": RNG_STATE_BYTES if recompute else 0,
         "scalars": SCALAR_BYTES,  # √d survives recomputation: it sits in a graph node
     }
 
@@ -296,8 +290,8 @@ def test_full_recompute_keeps_only_the_layer_input_and_rng_state(table):
         entries = table.ledgers[("full", t)].layer("layer0")
         kept = [(e.op, e.shape, e.dtype, e.nbytes) for e in entries
                 if not e.op.endswith(" scalar")]
-        assert kept == [("checkpoint", (B, S, H), "bfloat16", 2 * SBH)] + [
-            ("checkpoint rng state", (n,), "uint8", n) for n in rng_states(t)]
+        assert kept == [("checkpoint", (B, S, H), "bfloat16", 2 * SBH),
+                        ("checkpoint rng state", (RNG_STATE_BYTES,), "uint8", RNG_STATE_BYTES)]
 
 
 def _layer_inputs_and_ledger():
