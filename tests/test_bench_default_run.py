@@ -1,6 +1,7 @@
 """bench/default_run.py, the measurements docs/default-run.md's table comes from: it runs,
 prints one row per setting, and its "(the default)" row is the CLI's default."""
 
+import math
 import re
 import subprocess
 import sys
@@ -19,7 +20,9 @@ def test_the_table_is_printed_for_every_setting():
     rows = re.findall(r"^\| (.+) \| (\d+\.\d\d) \|$", proc.stdout, re.MULTILINE)
     assert len(rows) == 7, proc.stdout
     losses = [float(loss) for _, loss in rows]
-    assert all(4.0 < loss < 6.0 for loss in losses), losses  # 3 steps from ln(256) = 5.55
+    # 3 steps from ln(256) = 5.55: below it, and not absurdly far (the corpus is the running
+    # Python's standard library: on 3.12 one setting reached 3.99 where 3.11's stay above 4.6)
+    assert all(3.0 < loss < math.log(256) for loss in losses), losses
 
 
 def test_the_default_row_is_the_cli_default():
