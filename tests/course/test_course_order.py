@@ -70,6 +70,12 @@ def test_every_lesson_has_graded_work(path):
         assert not graded, f"{path.name} has an exercise now: remove it from NO_EXERCISE_YET"
         return
     assert graded, f"{path.name} has no grader cell mt.grade(\"ex{n:02d}\")"
+    # ...and a cell, checked by nbval, where the reference solution passes every check: the
+    # one place the suite grades each solution (tests/course/test_exercises.py does not)
+    reference = [s for s in _cells(path, "code")
+                 if f'mt.grade("ex{n:02d}", solutions=True)' in s]
+    assert len(reference) == 1, f"{path.name}: no cell grades the reference solution"
+    assert "assert report.passed" in reference[0] and "NBVAL" not in reference[0], reference[0]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
