@@ -35,8 +35,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import descendants, describe, wait_until_gone
 from helpers import free_port
+from processes import descendants, describe, wait_until_gone
 
 CHROMIUM = Path(os.environ.get("MINITP_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

@@ -19,7 +19,8 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import (
+from helpers import free_port
+from processes import (
     clean_env,
     descendants,
     describe,
@@ -27,7 +28,6 @@ from conftest import (
     wait_until_gone,
     worker_processes,
 )
-from helpers import free_port
 
 import minitp as mt
 

@@ -18,7 +18,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import (
+from processes import (
     clean_env,
     descendants,
     describe,
@@ -265,7 +265,7 @@ def _counts(tmp_path):
 def test_a_soak_of_fifty_mixed_launches_leaks_nothing(tmp_path, monkeypatch):
     """50 launches: results, rank exceptions and collective timeouts mixed. Process
     count, descriptors, threads, /dev/shm and the temporary directory end as they began."""
-    from conftest import worker_processes
+    from processes import worker_processes
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where rendezvous dirs go
     assert list(mt.launch(_rank_plus, 2, 0, timeout=30)) == [0, 1]  # warm-up

@@ -19,8 +19,8 @@ import sys
 import time
 
 import pytest
-from conftest import clean_env, descendants, describe, wait_until_gone
 from helpers import free_port
+from processes import clean_env, descendants, describe, wait_until_gone
 
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--batch-size", "8", "--microbatches", "2", "--eval-batches", "2",
