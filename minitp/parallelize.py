@@ -53,17 +53,18 @@ def label_pieces(model: GPT) -> None:
 
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
-                tp_overlap: bool = False, param_dtype=None) -> ParallelGPT | PipelineGPT:
+                tp_overlap: bool = False, param_dtype=None,
+                placement: str = "loop") -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
     tp: every layer is sharded by the plan table. pp: the layers are cut into
-    pp·virtual_stages equal stages; this rank holds stages r, r+pp, r+2pp, …
-    (Megatron's round-robin) — a `PipelineGPT`; without a pipeline, the single
-    stage is a `ParallelGPT`. cp: each rank runs two chunks of every sequence
-    (`train_step` splits them), attention by a ring over cp. dp: every stage gets
-    a bucketed gradient all-reduce (`minitp.data_parallel.GradSync`, buckets of
-    `bucket_bytes`; over dp×cp with cp > 1) that `train_step` arms for the last
-    microbatch.
+    pp·virtual_stages equal stages; this rank holds stages r, r+pp, r+2pp, … (Megatron's
+    round-robin), or with ``virtual_stages=2, placement="v"`` stages r and 2pp−1−r (the V
+    the "zbv" and "dualpipev" schedules run on) — a `PipelineGPT`; without a pipeline, the
+    single stage is a `ParallelGPT`. cp: each rank runs two chunks of every sequence
+    (`train_step` splits them), attention by a ring over cp. dp: every stage gets a bucketed
+    gradient all-reduce (`minitp.data_parallel.GradSync`, buckets of `bucket_bytes`; over
+    dp×cp with cp > 1) that `train_step` arms for the last microbatch.
 
     zero_stage (ZeRO, over dp): 0 none; 1 the optimizer state sharded (the
     optimizer reduce-scatters the gradients at its step); 2 also the gradients
@@ -88,7 +89,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     check_parallel_config(ref.cfg, mesh, sequence_parallel=sequence_parallel,
                           recompute=recompute, virtual_stages=virtual_stages,
                           zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
-                          tp_overlap=tp_overlap)
+                          tp_overlap=tp_overlap, placement=placement)
     model = copy.deepcopy(ref)
     if param_dtype is not None:
         model.to(param_dtype)
@@ -97,7 +98,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     apply_expert_parallel(model, mesh, sequence_parallel)
     apply_recompute(model, recompute)
     label_pieces(model)
-    stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel)
+    stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel, placement)
     for stage in stages:
         trace.forward_phase_module(stage)
         stage.tp_overlap = tp_overlap
@@ -114,4 +115,4 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     # the dense parameters as this model holds them: in param_dtype when it cast them (the
     # pipeline broadcasts each from its stage into buffers of this dtype on every rank)
     dense = {name: (tuple(p.shape), param_dtype or p.dtype) for name, p in ref.named_parameters()}
-    return PipelineGPT(stages, mesh, embedding_axis(mesh), dense)
+    return PipelineGPT(stages, mesh, embedding_axis(mesh, placement), dense, placement)

@@ -24,14 +24,22 @@ from fractions import Fraction
 
 from .moe_rules import check_expert_parallel
 from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
+    PLACEMENTS,
     SCHEDULE_NAMES,
+    V_SCHEDULES,
     ZERO_BUBBLE_SCHEDULES,
+    check_placement,
     check_schedule,
     check_zero_bubble,
     default_schedule,
+    dualpipev_microbatches,
     interleaving_fits,
     parse_unit_label,
+    placement_of,
+    rank_and_chunk,
+    stage_of,
     unit_label,
+    zb_h2_microbatches,
 )
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
@@ -59,6 +67,11 @@ def round_up(n: int, k: int) -> int:
 
 
 # --------------------------------------------------------------------------- a rank's stages
+def model_placement(model) -> str:
+    """Where a model's pipeline chunks sit ("loop" unless it was built with placement="v")."""
+    return getattr(model, "placement", "loop")
+
+
 def model_chunks(model) -> list:
     """The stages this rank's model holds: a pipeline's chunks (one per virtual stage),
     or the model itself when it is a single stage (no pipeline, or the plain GPT)."""
@@ -131,13 +144,15 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                           virtual_stages: int = 1, world_size: int | None = None,
                           schedule=None, microbatches: int | None = None,
                           batch_size: int | None = None, zero_stage: int = 0, ep: int = 1,
-                          param_dtype: str | None = None, tp_overlap: bool = False) -> None:
+                          param_dtype: str | None = None, tp_overlap: bool = False,
+                          placement: str = "loop") -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way: the one validator of a parallel configuration. Call it in the parent
     with the sizes, before any process starts (the CLI, the graders, the calculator);
     `parallelize` calls it again on every rank with its `mesh` (whose axis sizes and world
     size stand for dp, pp, cp, tp, ep and world_size), and `train_step` with the schedule,
-    microbatches and batch size it was given. ep: `minitp.moe_rules.check_expert_parallel`."""
+    microbatches and batch size it was given. ep: `minitp.moe_rules.check_expert_parallel`.
+    placement: where the pipeline's chunks sit ("loop" or "v": `minitp.schedule_rules`)."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size
@@ -182,11 +197,13 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                              f"{world_size}")
         raise ValueError(f"dp*pp*cp*tp = {dp}*{pp}*{cp}*{tp} = {dp * pp * cp * tp}, but world "
                          f"size is {world_size}")
-    check_schedule(schedule, virtual_stages)
+    check_placement(placement, pp, virtual_stages, zero_stage)
+    check_schedule(schedule, virtual_stages, placement)
     check_zero_bubble(schedule, pp, microbatches, zero_stage, tp_overlap)
     if microbatches is not None:
         check_positive_int("microbatches", microbatches)
-        if virtual_stages > 1 and not interleaving_fits(pp, microbatches):
+        if (virtual_stages > 1 and placement == "loop"
+                and not interleaving_fits(pp, microbatches)):
             raise ValueError(f"the interleaved schedule needs microbatches ({microbatches}) "
                              f"divisible by pp ({pp}): they go through each chunk in groups of pp")
     if batch_size is not None:

@@ -12,20 +12,78 @@ from __future__ import annotations
 
 import re
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
 # the schedules that split the backward into B and W (`minitp.weight_grad`)
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-h2")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-h2", "zbv", "dualpipev")
+# the schedules whose two chunks per rank sit in a V (placement "v", below)
+V_SCHEDULES = ("zbv", "dualpipev")
 UNIT_KINDS = ("F", "B", "W")
 
+# Where the pp·v stages of a pipeline live (stage g runs layers g·L/(pp·v) ...).
+# "loop": rank r holds stages r, r+pp, r+2pp, ... (Megatron-LM's round-robin, v chunks).
+# "v":    rank r holds stages r and 2pp−1−r (two chunks): the forward runs down the
+#         ranks and back up, so the first and the last stage share rank 0 and the two
+#         middle stages rank pp−1, which hands its activation to itself (Qi et al. 2024,
+#         ZB-V; DeepSeek's DualPipeV).
+PLACEMENTS = ("loop", "v")
 
-def check_schedule(schedule, virtual_stages: int = 1) -> None:
-    """A known schedule name (or None: the default for `virtual_stages`), and one
-    that fits the model: 'interleaved' exactly when there are virtual stages."""
+
+def placement_of(schedule) -> str:
+    """The placement a named schedule runs on ("loop" for a function or None)."""
+    return "v" if schedule in V_SCHEDULES else "loop"
+
+
+def stage_of(pp: int, rank: int, chunk: int, placement: str = "loop") -> int:
+    """The stage that chunk `chunk` of pipeline rank `rank` runs."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
+def rank_and_chunk(pp: int, stage: int, placement: str = "loop") -> tuple[int, int]:
+    """Which pipeline rank runs `stage`, as its which chunk (`stage_of` inverted)."""
+    if placement == "v":
+        return (stage, 0) if stage < pp else (2 * pp - 1 - stage, 1)
+    return stage % pp, stage // pp
+
+
+def check_placement(placement: str, pp: int, virtual_stages: int, zero_stage: int = 0) -> None:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    if placement == "v" and (pp < 2 or virtual_stages != 2):
+        raise ValueError(f"placement 'v' puts two chunks on each of pp ≥ 2 ranks: it needs "
+                         f"virtual_stages=2 and pp > 1 (got virtual_stages={virtual_stages}, "
+                         f"pp={pp})")
+    if placement == "v" and zero_stage >= 2:
+        raise ValueError(f"placement 'v' with zero_stage={zero_stage}: its two copies of the "
+                         "tied embedding sit on one rank, which ZeRO-2/3's sharded gradients "
+                         "do not sum; use zero_stage 0 or 1")
+
+
+def check_schedule(schedule, virtual_stages: int = 1, placement: str = "loop") -> None:
+    """A known schedule name (or None: the default for the model), and one that fits
+    the model: 'interleaved' with virtual stages placed in a loop, 'zbv' and
+    'dualpipev' with two chunks placed in a V, the others with one chunk per rank."""
     if schedule is not None and not callable(schedule) and schedule not in SCHEDULE_NAMES:
         raise ValueError(f"schedule must be one of {SCHEDULE_NAMES} (or None), got {schedule!r}")
-    if isinstance(schedule, str) and (schedule == "interleaved") != (virtual_stages > 1):
+    if not isinstance(schedule, str):
+        return
+    if schedule in V_SCHEDULES:
+        if placement != "v":
+            raise ValueError(f"schedule {schedule!r} runs two chunks per rank placed in a V: "
+                             "build the model with virtual_stages=2, placement='v'")
+    elif placement == "v":
+        raise ValueError(f"schedule {schedule!r} does not fit placement 'v': use one of "
+                         f"{V_SCHEDULES}")
+    elif (schedule == "interleaved") != (virtual_stages > 1):
         raise ValueError(f"schedule {schedule!r} does not fit virtual_stages={virtual_stages}: "
                          "'interleaved' needs virtual_stages > 1, the other schedules 1")
+
+
+def dualpipev_microbatches(pp: int) -> int:
+    """DualPipeV's warm-up sends 2·pp microbatches into the V before its steady state
+    (deepseek-ai/DualPipe, dualpipe/dualpipev.py, `step`: num_chunks >= num_ranks * 2)."""
+    return 2 * pp
 
 
 def zb_h2_microbatches(pp: int) -> int:
@@ -53,9 +111,20 @@ def check_zero_bubble(schedule, pp: int, microbatches: int | None, zero_stage: i
         raise ValueError(f"schedule 'zb-h2' needs microbatches >= 2*pp-1 = "
                          f"{zb_h2_microbatches(pp)} (got {microbatches}): its first stage "
                          "runs that many forwards before the first backward arrives")
+    if schedule == "zbv" and microbatches is not None and microbatches < zb_h2_microbatches(pp):
+        raise ValueError(f"schedule 'zbv' needs microbatches >= 2*pp-1 = "
+                         f"{zb_h2_microbatches(pp)} (got {microbatches}): rank 0 runs that "
+                         "many forwards down the V before the first backward comes back")
+    if (schedule == "dualpipev" and microbatches is not None
+            and microbatches < dualpipev_microbatches(pp)):
+        raise ValueError(f"schedule 'dualpipev' needs microbatches >= 2*pp = "
+                         f"{dualpipev_microbatches(pp)} (got {microbatches}): its warm-up "
+                         "fills the V with that many before the steady state")
 
 
-def default_schedule(virtual_stages: int = 1) -> str:
+def default_schedule(virtual_stages: int = 1, placement: str = "loop") -> str:
+    if placement == "v":
+        return "zbv"
     return "interleaved" if virtual_stages > 1 else "1f1b"
 
 

@@ -17,6 +17,7 @@ from .rules import (
     check_token_ids,
     default_schedule,
     model_chunks,
+    model_placement,
 )
 from .runtime import comm, trace
 from .runtime.mesh import Mesh
@@ -38,7 +39,9 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     takes chunks i and 2cp−1−i of each row's 2·cp (`minitp.context_parallel`); the
     gradients are then summed over dp×cp. schedule: a name ("gpipe", "1f1b",
     "interleaved", or the zero-bubble "zb-h1", "zb-h2", which split each backward into B
-    and W), None for "1f1b" (or "interleaved" for a model built with virtual_stages > 1),
+    and W, and "zbv", "dualpipev" for a model built with virtual_stages=2, placement="v"),
+    None for "1f1b" (or "interleaved" for a model built with virtual_stages > 1, "zbv" for
+    one placed in a V),
     or your own function with the built-in schedules' signature
     ``(p, r, m, v) -> [(kind, chunk, microbatch)]``, kind "F", "B" or "W"
     (`minitp.pipeline.schedules`). clip_grad: scale the gradients so their norm over
@@ -51,12 +54,12 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
     _check_ids(model, x, y)
     chunks = model_chunks(model)
-    v = len(chunks)
+    v, placement = len(chunks), model_placement(model)
     check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
                           virtual_stages=v, schedule=schedule, microbatches=microbatches,
                           batch_size=x.shape[0], zero_stage=zero_stage_of(model),
-                          tp_overlap=chunks[0].tp_overlap)
-    schedule = schedule or default_schedule(v)
+                          tp_overlap=chunks[0].tp_overlap, placement=placement)
+    schedule = schedule or default_schedule(v, placement)
     make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
     pairs, weights = _my_microbatches(x, y, mesh, microbatches)
@@ -70,7 +73,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
 
     for layer in moe_layers(model):  # the aux loss: a mean over the global batch's sequences
         layer.aux_rows = x.shape[0]
-    loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward)
+    loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward, placement)
     finalize_grads(model, mesh)  # every reduction after backward, in order (minitp.grads)
     if clip_grad is not None:  # the global norm: one all-reduce every stage must join
         model.grad_norm = clip_grad_norm(model, mesh, optimizer, clip_grad)
@@ -84,14 +87,15 @@ def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     pipeline: every chunk's forwards in turn. The same float on every rank."""
     x, y = batch
     _check_ids(model, x, y)
-    chunks = model_chunks(model)
+    chunks, placement = model_chunks(model), model_placement(model)
     check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
                           virtual_stages=len(chunks), microbatches=microbatches,
-                          batch_size=x.shape[0])
+                          batch_size=x.shape[0], placement=placement)
     pairs, weights = _my_microbatches(x, y, mesh, microbatches)
     order = [("F", k, i) for k in range(len(chunks)) for i in range(len(pairs))]
     with torch.no_grad():
-        return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights), mesh)
+        return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights,
+                                        placement=placement), mesh)
 
 
 def _check_ids(model, x, y) -> None:

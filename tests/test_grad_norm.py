@@ -23,6 +23,7 @@ SETTINGS = [
     (dict(dp=2, tp=2), dict(sequence_parallel=True), None, 1, dict(vocab_size=15)),
     (dict(pp=2, tp=2), dict(sequence_parallel=True), "1f1b", 2, {}),
     (dict(pp=2, dp=2), dict(zero_stage=1), "zb-h1", 2, {}),
+    (dict(pp=2, tp=2), dict(virtual_stages=2, placement="v"), "zbv", 3, {}),  # both copies
     (dict(pp=2, cp=2), {}, None, 2, {}),
     (dict(dp=4), dict(zero_stage=2), None, 1, {}),
     (dict(dp=2, tp=2), dict(zero_stage=3, sequence_parallel=True), None, 1, {}),

@@ -112,13 +112,15 @@ def test_experts_check_and_reshard_across_ep(tmp_path):
     assert any(weights[f"blocks.{i}.mlp.router.expert_bias"].abs().sum() > 0 for i in (0, 1))
 
 
-def test_a_zero_bubble_schedule_with_clipping_matches_one_process(tmp_path):
-    """A B/W-split schedule and global-norm clipping through the CLI, on the default mesh:
-    equal to the one-process GPT (which clips with torch's clip_grad_norm_) in float64.
-    (zb-h2 runs the same executor: tests/pipeline/test_zero_bubble.py.)"""
-    done = _cli(*TINY, "--dp", "2", "--pp", "2", "--tp", "2", "--schedule", "zb-h1",
-                "--n-layer", "4", "--clip-grad", "0.5", "--steps", "3", "--check",
-                "--out", str(tmp_path / "run"))
+def test_a_zero_bubble_v_schedule_with_clipping_matches_one_process(tmp_path):
+    """A B/W-split schedule on two chunks per rank placed in a V (the CLI sets
+    virtual_stages=2 for it) and global-norm clipping through the CLI, on the default
+    mesh: equal to the one-process GPT (which clips with torch's clip_grad_norm_) in
+    float64. (zb-h1, zb-h2 and dualpipev run the same executor:
+    tests/pipeline/test_zero_bubble.py.)"""
+    done = _cli(*TINY, "--dp", "2", "--pp", "2", "--tp", "2", "--schedule", "zbv",
+                "--n-layer", "4", "--clip-grad", "0.5", "--steps", "3", "--microbatches", "3",
+                "--batch-size", "12", "--check", "--out", str(tmp_path / "run"))
     assert _summary(done)["max_loss_diff"] < 1e-10
 
 
@@ -182,6 +184,10 @@ BAD = [
     (["--data", "/no/such/file.txt"], "no such file"),
     (["--load", "/no/such/checkpoint"], "no such checkpoint"),
     (["--schedule", "zigzag"], "invalid choice"),
+    (["--pp", "2", "--schedule", "dualpipev", "--microbatches", "2"],
+     "'dualpipev' needs microbatches >= 2*pp = 4"),
+    (["--pp", "2", "--schedule", "zbv", "--virtual-stages", "3", "--n-layer", "6"],
+     "placement 'v' puts two chunks"),
     (["--seq-len", "5", "--tp", "2", "--sp"], "seq_len=5 is not divisible by tp=2"),
     (["--lr", "0"], "--lr must be positive"),
     (["--temperature", "-1"], "--temperature must be positive"),

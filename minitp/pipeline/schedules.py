@@ -19,6 +19,15 @@ sooner and the late W's fill the drain: (p−1)(F+B−W). ZB-H2 lets every stage
 and last unit (its stages still start and end p−1 units apart, the pipeline's shape; the
 paper's optimizer post-validation removes the step's synchronization that would wait).
 
+Two chunks per rank placed in a V (rank r runs stages r and 2p−1−r; placement "v",
+`minitp.schedule_rules`) let the first and the last stage share a rank, so a backward
+starts where the forward ended. ZBV (Qi et al. 2024, §6) orders them so that with
+F = B = W no rank idles between its first and last unit while holding no more than
+1F1B's activations; DualPipeV (DeepSeek-V3's DualPipe cut in half; deepseek-ai/DualPipe,
+dualpipe/dualpipev.py) pairs one chunk's forward with the other's backward so that a
+runtime can overlap their compute and communication — minitp runs each pair one unit
+after the other, so its timeline shows the order, not the overlap.
+
 A schedule is a plain function ``(p, r, m, v) -> [(kind, chunk, microbatch)]``:
 the order in which rank r runs its forwards "F", backwards "B" and, for a backward split
 in two, weight passes "W" (a "B" whose (chunk, microbatch) has a "W" computes only the
@@ -29,7 +38,14 @@ accepts any function of this shape.
 
 from __future__ import annotations
 
-from ..rules import SCHEDULE_NAMES, interleaving_fits
+from ..rules import (
+    SCHEDULE_NAMES,
+    dualpipev_microbatches,
+    interleaving_fits,
+    placement_of,
+    stage_of,
+    zb_h2_microbatches,
+)
 
 
 def gpipe(p: int, r: int, m: int, v: int = 1) -> list[tuple[str, int, int]]:
@@ -118,11 +134,94 @@ def _greedy_orders(p: int, m: int, limit: int) -> list[list[tuple[str, int, int]
     return orders
 
 
-SCHEDULES = dict(zip(SCHEDULE_NAMES, (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2),
-                     strict=True))
+def zbv(p: int, r: int, m: int, v: int = 2) -> list[tuple[str, int, int]]:
+    """ZB-V (Qi et al. 2024, §6), chunk 0 = stage r, chunk 1 = stage 2p−1−r. Warm-up:
+    2(p−r)−1 forwards down the V; r pairs (F up, F down); then p−r times a forward up
+    followed at once by its B and W (the V's bottom turns the microbatch around). Steady:
+    (F0, B0, W0, F1, B1, W1) while forwards remain. Cool-down: r pairs (B0, B1), then p−r
+    pairs (B0, W0), then the W's left. Needs m ≥ 2p−1 (the warm-up's first forwards)."""
+    if m < zb_h2_microbatches(p):
+        raise ValueError(f"zbv needs microbatches >= 2*pp-1 = {zb_h2_microbatches(p)}, got {m}")
+    order, nxt = [], {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0, ("W", 0): 0, ("W", 1): 0}
+
+    def unit(kind, k):
+        order.append((kind, k, nxt[kind, k]))
+        nxt[kind, k] += 1
+
+    for _ in range(2 * (p - r) - 1):
+        unit("F", 0)
+    for _ in range(r):
+        unit("F", 1)
+        unit("F", 0)
+    for _ in range(p - r):
+        unit("F", 1), unit("B", 1), unit("W", 1)
+    while nxt["F", 1] < m:
+        if nxt["F", 0] < m:
+            unit("F", 0)
+        unit("B", 0), unit("W", 0), unit("F", 1), unit("B", 1), unit("W", 1)
+    for _ in range(r):
+        unit("B", 0), unit("B", 1)
+    for _ in range(p - r):
+        unit("B", 0), unit("W", 0)
+    for k in (1, 0):
+        while nxt["W", k] < m:
+            unit("W", k)
+    return order
 
 
-def simulate(schedule, p: int, m: int, v: int = 1, costs=None) -> dict:
+def dualpipev(p: int, r: int, m: int, v: int = 2) -> list[tuple[str, int, int]]:
+    """DualPipeV's order on rank r (deepseek-ai/DualPipe, dualpipe/dualpipev.py, `step`,
+    its eight phases), chunk 0 going down the V and chunk 1 back up. A backward is
+    split (B now, its W queued) in the phases that use zero bubble, whole elsewhere;
+    queued W's run first in, first out. Its "F&B" pairs (F0 with B1, F1 with B0) are
+    overlapped by DualPipe's runtime; here they run one after the other. Needs m ≥ 2p."""
+    if m < dualpipev_microbatches(p):
+        raise ValueError(f"dualpipev needs microbatches >= 2*pp = {dualpipev_microbatches(p)}, "
+                         f"got {m}")
+    order, nxt, queued = [], {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}, []
+
+    def forward(k):
+        order.append(("F", k, nxt["F", k]))
+        nxt["F", k] += 1
+
+    def backward(k, split):
+        i = nxt["B", k]
+        nxt["B", k] += 1
+        order.append(("B", k, i))
+        if split:
+            queued.append((k, i))
+
+    def weights():
+        order.append(("W", *queued.pop(0)))
+
+    for _ in range(2 * (p - r - 1)):          # 1: forwards down the V
+        forward(0)
+    for _ in range(r + 1):                    # 2: down and up
+        forward(0), forward(1)
+    for _ in range(p - r - 1):                # 3: B1 W1 F1, zero bubble
+        backward(1, True), weights(), forward(1)
+    for _ in range(m - 2 * p + r + 1):        # 4: the main phase, two F&B pairs
+        forward(0), backward(1, False), forward(1), backward(0, False)
+    for _ in range(p - r - 1):                # 5: B1, then the pair F1&B0
+        backward(1, False), forward(1), backward(0, False)
+    split = False
+    for i in range(r + 1):                    # 6: B1 B0, the second half split
+        split = split or (i == (r + 1) // 2 and r % 2 == 1)
+        backward(1, split)
+        split = split or (i == (r + 1) // 2 and r % 2 == 0)
+        backward(0, split)
+    for _ in range(p - r - 1):                # 7: W B0
+        weights(), backward(0, True)
+    while queued:                             # 8: the W's left
+        weights()
+    return order
+
+
+SCHEDULES = dict(zip(SCHEDULE_NAMES, (gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zbv,
+                                      dualpipev), strict=True))
+
+
+def simulate(schedule, p: int, m: int, v: int = 1, costs=None, placement=None) -> dict:
     """Run the schedule on paper: each unit takes its cost in ticks, a unit starts when
     its rank is free and its inputs have arrived (a B needs the next stage's B, not its
     W); a "B" with no "W" of its own is the whole backward and costs B + W. Default costs:
@@ -131,8 +230,10 @@ def simulate(schedule, p: int, m: int, v: int = 1, costs=None) -> dict:
     Returns {"ticks", "busy", "bubble", "idle", "inner_idle", "peak"}: per rank, idle =
     ticks − busy, inner_idle the idle between its first and last unit, peak the most
     microbatches it holds at once (forwarded, weight gradients not yet done); bubble =
-    the largest idle / busy."""
+    the largest idle / busy. placement: where the chunks sit (default: the one a named
+    schedule runs on, "loop" for a function)."""
     costs = {"F": 1, "B": 1, "W": 0, **(costs or {})}
+    placement = placement or placement_of(schedule)
     make = SCHEDULES[schedule] if isinstance(schedule, str) else schedule
     orders = [make(p, r, m, v) for r in range(p)]
     split = [{(k, i) for kind, k, i in order if kind == "W"} for order in orders]
@@ -144,7 +245,7 @@ def simulate(schedule, p: int, m: int, v: int = 1, costs=None) -> dict:
             if pos[r] == len(orders[r]):
                 continue
             kind, k, i = orders[r][pos[r]]
-            g = k * p + r
+            g = stage_of(p, r, k, placement)
             need = [("F", g - 1, i)] if kind == "F" and g > 0 else []
             if kind == "B":
                 need = [("F", g, i)] + ([("B", g + 1, i)] if g < n - 1 else [])

@@ -2,7 +2,8 @@
 
 `split_into_stages` cuts a (tensor-parallel) GPT into this rank's stages: with
 pp ranks and v virtual stages per rank, pp·v equal runs of layers, rank r
-holding runs r, r+pp, r+2pp, … (Megatron-LM's round-robin). Every stage is a
+holding runs r, r+pp, r+2pp, … (Megatron-LM's round-robin, placement "loop"), or, with
+two chunks in a V (placement "v"), runs r and 2pp−1−r (`minitp.schedule_rules`). Every stage is a
 `ParallelGPT` with the model's one forward; where a stage lacks the embedding
 or the head, a `Skipped` pass-through stands in (picotron's `nn.Identity`).
 
@@ -25,7 +26,7 @@ import torch.nn as nn
 
 from ..mixed_precision import grad_of, set_grad
 from ..parallel_gpt import ParallelGPT
-from ..rules import unit_label
+from ..rules import rank_and_chunk, stage_of, unit_label
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis, Mesh, layout
 from ..tensor_parallel.partial_grads import sum_partial_grads
@@ -47,14 +48,15 @@ class Skipped(nn.Module):
 
 
 def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
-                      sequence_parallel: bool = False) -> list[ParallelGPT]:
+                      sequence_parallel: bool = False,
+                      placement: str = "loop") -> list[ParallelGPT]:
     """This rank's stages of `model` (a GPT after tensor parallelism): one per
     virtual stage, in chunk order. Without a pipeline: one stage, the whole model."""
     pp, n_stages = mesh.pp.size, mesh.pp.size * virtual_stages
     per_stage = model.cfg.n_layer // n_stages
     stages = []
     for k in range(virtual_stages):
-        g = k * pp + mesh.pp.rank  # this stage's place in the whole model
+        g = stage_of(pp, mesh.pp.rank, k, placement)  # this stage's place in the whole model
         first, last = g == 0, g == n_stages - 1
         pieces = {"blocks": nn.ModuleList(model.blocks[g * per_stage:(g + 1) * per_stage])}
         for name in ("wte", "wpe", "dropout"):
@@ -64,8 +66,8 @@ def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
         if last and not first:
             # The tied embedding is also the output projection: the last stage keeps
             # its own copy (whose gradient `PipelineGPT.sync_embedding_grads` adds to
-            # the first stage's). Copy it with the head that points at it; the axis
-            # (a process group) is shared, not copied.
+            # the first stage's — on the same rank in a V). Copy it with the head that
+            # points at it; the axis (a process group) is shared, not copied.
             memo = {id(mesh.tp): mesh.tp}
             wte, pieces["head"] = copy.deepcopy((model.wte, model.head), memo)
             pieces["wte"] = Skipped(wte)
@@ -74,12 +76,13 @@ def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
     return stages
 
 
-def embedding_axis(mesh: Mesh) -> Axis | None:
+def embedding_axis(mesh: Mesh, placement: str = "loop") -> Axis | None:
     """The group of the first and last pipeline stage of this rank's pipeline,
     which both hold the tied embedding (Megatron's embedding group). Every rank
     creates every such group, in the same order, as process groups require;
-    None on ranks in neither stage or without a pipeline."""
-    if mesh.pp.size == 1:
+    None on ranks in neither stage, without a pipeline, or in a V (both stages on
+    rank 0: `PipelineGPT.sync_embedding_grads` adds the two copies there)."""
+    if mesh.pp.size == 1 or placement == "v":
         return None
     mine = None
     for ranks in layout(mesh.dp_size, mesh.pp_size, mesh.tp_size, cp=mesh.cp_size)["pp"]:
@@ -94,9 +97,11 @@ class PipelineGPT(nn.Module):
     """This rank's stages of a pipelined GPT (one per virtual stage, called its
     chunks, as in Megatron-LM), each a `ParallelGPT` over the tensor-parallel axis."""
 
-    def __init__(self, chunks, mesh: Mesh, embedding: Axis | None, dense: dict):
+    def __init__(self, chunks, mesh: Mesh, embedding: Axis | None, dense: dict,
+                 placement: str = "loop"):
         super().__init__()
         self.chunks, self.mesh, self.embedding = nn.ModuleList(chunks), mesh, embedding
+        self.placement = placement
         self._dense = dense  # plain name -> (shape, dtype) of the dense model's parameters
         self.cfg, self.sequence_parallel = chunks[0].cfg, chunks[0].sequence_parallel
 
@@ -115,6 +120,13 @@ class PipelineGPT(nn.Module):
         """The tied embedding has a copy on the first and the last stage; each got
         the gradient of its use (lookup, output projection). The true gradient is
         their sum, so both copies take the same step and stay equal."""
+        if self.placement == "v" and self.chunks[0].first:  # both copies here: add them
+            lookup, head = self.chunks[0].wte.weight, self.chunks[1].head.weight
+            grads = [grad_of(w) for w in (lookup, head)]
+            total = sum(g if g is not None else torch.zeros_like(lookup) for g in grads)
+            set_grad(lookup, total)
+            set_grad(head, total.clone())
+            return
         if self.embedding is None:
             return
         weight = self.chunks[0].wte.weight if self.chunks[0].first else self.chunks[-1].head.weight
@@ -134,16 +146,19 @@ class PipelineGPT(nn.Module):
 
     def _gather(self, dense_of) -> dict[str, torch.Tensor]:
         pp, per_chunk = self.mesh.pp, len(self.chunks[0].blocks)
+        last_stage = pp.size * len(self.chunks) - 1
         mine = {}
-        for c in self.chunks:
-            mine.update(dense_of(c))
+        for c in self.chunks:  # the first chunk first: in a V, rank 0's lookup copy of the
+            for name, value in dense_of(c).items():  # tied embedding, not the head's copy
+                mine.setdefault(name, value)
         out, device = {}, next(self.parameters()).device
         with trace.paused():
             for name, (shape, dtype) in self._dense.items():
                 if name.startswith("blocks."):
-                    owner = (int(name.split(".")[1]) // per_chunk) % pp.size
+                    stage = int(name.split(".")[1]) // per_chunk
+                    owner = rank_and_chunk(pp.size, stage, self.placement)[0]
                 elif name.startswith(("ln_f.",)):
-                    owner = pp.size - 1
+                    owner = rank_and_chunk(pp.size, last_stage, self.placement)[0]
                 else:  # wte, wpe: the first stage
                     owner = 0
                 value = mine.get(name) if pp.rank == owner else None
@@ -153,7 +168,8 @@ class PipelineGPT(nn.Module):
         return out
 
 
-def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backward=None):
+def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backward=None,
+                 placement: str = "loop"):
     """Run one rank's `order` of ("F"/"B"/"W", chunk, microbatch).
 
     microbatches: list of (x, y); weights: each microbatch's share of the loss.
@@ -161,8 +177,10 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     weight pass (data parallelism arms its gradient sync there). A "B" whose (chunk,
     microbatch) also has a "W" in the order computes the input gradient and leaves the
     linear layers' weight gradients to that "W" (`minitp.weight_grad`: the microbatch's
-    forward already keeps those weights out of the graph). Returns the sum
-    of the weighted losses this rank computed (0 off the last stage), float64.
+    forward already keeps those weights out of the graph). placement: where the chunks
+    sit ("v": a stage whose neighbour is on this rank hands it the tensor directly).
+    Returns the sum of the weighted losses this rank computed (0 off the last stage),
+    float64.
     """
     pp, v = mesh.pp, len(chunks)
     p, r, m = pp.size, pp.rank, len(microbatches)
@@ -173,16 +191,28 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     split = check_split_order(order, v, m)
     deferred: dict[tuple[int, int], DeferredWeightGrads] = {}
     inputs, outputs, sends = {}, {}, []
+    here = {}  # tag -> tensor a stage handed to a neighbouring stage on this same rank
     loss_sum = torch.zeros((), dtype=torch.float64)
 
-    def rank_of(g):
-        return pp.ranks[g % p]
+    def local(g):
+        return rank_and_chunk(p, g, placement)[0] == r
+
+    def send(tensor, g, tag_):
+        if local(g):
+            here[tag_] = tensor.detach().clone()  # as a message would: a copy, no graph
+        else:
+            sends.append(comm.isend(tensor, pp.ranks[rank_and_chunk(p, g, placement)[0]], tag_))
+
+    def receive(buf, g, tag_):
+        if local(g):
+            return here.pop(tag_)
+        return comm.irecv(buf, pp.ranks[rank_and_chunk(p, g, placement)[0]], tag_).wait()
 
     def tag(kind, g, i):  # unique per message: activation into / gradient out of chunk g
         return 2 * (g * m + i) + (kind == "B")
 
     for kind, k, i in order:
-        g = k * p + r
+        g = stage_of(p, r, k, placement)
         chunk = chunks[k]
         x, y = microbatches[i]
         if kind == "F":
@@ -193,7 +223,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                 buf = torch.empty((x.shape[0], T, cfg.d_model), dtype=dtype,
                                   device=device)  # (B, T or T/t, C)
                 with trace.label("pipeline"), trace.phase("fwd"):
-                    inp = comm.irecv(buf, rank_of(g - 1), tag("F", g, i)).wait()
+                    inp = receive(buf, g - 1, tag("F", g, i))
                 inp.requires_grad_()
             store = deferred.setdefault((k, i), DeferredWeightGrads()) if (k, i) in split else None
             with trace.region(unit_label("F", i, k, v), "fwd"), weight_grads_to(chunk, store):
@@ -206,14 +236,13 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
             inputs[(k, i)], outputs[(k, i)] = inp, out
             if g < n - 1:
                 with trace.label("pipeline"), trace.phase("fwd"):
-                    sends.append(comm.isend(out, rank_of(g + 1), tag("F", g + 1, i)))
+                    send(out, g + 1, tag("F", g + 1, i))
         elif kind == "B":
             out, inp = outputs.pop((k, i)), inputs.pop((k, i))
             grad = None
             if g < n - 1:
                 with trace.label("pipeline"), trace.phase("bwd"):
-                    grad = comm.irecv(torch.empty_like(out), rank_of(g + 1),
-                                      tag("B", g, i)).wait()
+                    grad = receive(torch.empty_like(out), g + 1, tag("B", g, i))
             if before_backward is not None:
                 before_backward(k, i)
             store = deferred.get((k, i))  # (a recomputed forward runs inside B: set it again)
@@ -221,7 +250,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                 torch.autograd.backward(out, grad)
             if g > 0:
                 with trace.label("pipeline"), trace.phase("bwd"):
-                    sends.append(comm.isend(inp.grad, rank_of(g - 1), tag("B", g - 1, i)))
+                    send(inp.grad, g - 1, tag("B", g - 1, i))
         else:  # "W": the weight gradients its B left
             if before_backward is not None:
                 before_backward(k, i)

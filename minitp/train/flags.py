@@ -14,6 +14,7 @@ from .. import checkpoint, data
 from ..model import GPTConfig
 from ..moe_rules import BALANCES
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
+from ..schedule_rules import placement_of
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
@@ -56,15 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
       help="load balancing: Switch's aux loss, DeepSeek-V3's expert bias, or none")
     a("--recompute", choices=("selective", "full"), default=None)
     a("--schedule", choices=SCHEDULE_NAMES, default="1f1b",
-      help="the pipeline's order; zb-h1 and zb-h2 split each backward into B and W "
-           "(default 1f1b)")
+      help="the pipeline's order; zb-h1 and zb-h2 split each backward into B and W, zbv and "
+           "dualpipev too, on two chunks per rank placed in a V (default 1f1b)")
     a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
       help="ZeRO over the data-parallel axis: 1 shards Adam's state, 2 also the gradients, "
            "3 also the parameters (default 0: none)")
     a("--microbatches", type=int, default=2, help="per data-parallel rank (default 2: the fewest "
                                                   "that still overlap the two stages)")
-    a("--virtual-stages", type=int, default=1, help="per pipeline rank, for --schedule "
-                                                    "interleaved (default 1)")
+    a("--virtual-stages", type=int, default=1,
+      help="per pipeline rank, for --schedule interleaved (default 1; zbv, dualpipev: 2)")
     a("--steps", type=int, default=400, help="optimizer steps in all (default 400)")
     a("--seed", type=int, default=0)
     a("--data", metavar="FILE", help="train on this text file instead of the embedded corpus")
@@ -122,6 +123,8 @@ def validate(args, parser):
                  "steps", "batch_size", "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if placement_of(args.schedule) == "v" and args.virtual_stages == 1:  # implied by a V
+        args.virtual_stages = 2
     if args.clip_grad is not None and not args.clip_grad > 0:
         parser.error(f"--clip-grad must be positive, got {args.clip_grad}")
     for name in ("lr", "temperature"):
@@ -172,7 +175,8 @@ def validate(args, parser):
                               schedule=args.schedule, microbatches=args.microbatches,
                               batch_size=args.batch_size, zero_stage=args.zero_stage,
                               param_dtype="bfloat16" if uses_mixed_precision(args) else None,
-                              ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1)
+                              ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
+                              placement=placement_of(args.schedule))
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -258,7 +262,7 @@ def memory_needed(args, cfg) -> dict:
     on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
                                   args.recompute, args.zero_stage,
                                   "megatron" if mixed else "adam-fp32", args.virtual_stages,
-                                  args.microbatches, cp=args.cp)
+                                  args.microbatches, cp=args.cp, schedule=args.schedule)
     states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
     per_rank = scale * (states + (1 if mixed else 2) * on_rank["activations"])
     dense = scale * 4 * 2 * calc.exact_param_count(cfg)  # float32 copies when mixed

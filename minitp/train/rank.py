@@ -14,6 +14,7 @@ import torch
 
 from .. import checkpoint, data
 from ..model import GPT
+from ..rules import placement_of
 from ..runtime._worker import console
 from .flags import TEMPERATURE, uses_mixed_precision
 
@@ -64,7 +65,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
 
     plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
                 virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
-                tp_overlap=args.tp_overlap)
+                tp_overlap=args.tp_overlap, placement=placement_of(args.schedule))
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16
     if args.load:

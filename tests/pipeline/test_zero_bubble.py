@@ -1,5 +1,6 @@
-"""Zero-bubble schedules (`minitp.pipeline.schedules.zb_h1`, `zb_h2`): the backward split
-into B and W (`minitp.weight_grad`), exact, and the bubbles and memory on paper.
+"""Zero-bubble schedules (`minitp.pipeline.schedules.zb_h1`, `zb_h2`, and on two chunks per
+rank placed in a V, `zbv` and `dualpipev`): the backward split into B and W
+(`minitp.weight_grad`), exact, and the bubbles and memory on paper.
 
 On real ranks, in float64, each schedule trains equal to the single-device GPT (every
 step's loss, every parameter after 3 AdamW steps) on meshes that between them cover pp 2
@@ -16,11 +17,13 @@ from helpers import train_meshes
 
 import minitp as mt
 from minitp.pipeline.schedules import SCHEDULES, simulate
+from minitp.pipeline.stages import check_split_order
 from minitp.weight_grad import DeferredWeightGrads, linear
 
 TOLERANCE = 1e-10
 CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
 UNIT = dict(F=1, B=1, W=1)
+V = dict(virtual_stages=2, placement="v")
 
 # (mesh sizes, parallelize options, schedule, microbatches, config overrides)
 SETTINGS = [
@@ -29,6 +32,11 @@ SETTINGS = [
     (dict(pp=2, tp=2), dict(sequence_parallel=True, recompute="full"), "zb-h1", 3, {}),
     (dict(pp=2, dp=2), dict(zero_stage=1), "zb-h2", 4, {}),
     (dict(pp=2, dp=2), {}, "zb-h1", 2, dict(n_experts=4)),
+    # the V: rank r runs stages r and 2p-1-r, the tied embedding's two copies on rank 0
+    (dict(pp=4), V, "zbv", 7, dict(n_layer=8)),  # 2p - 1: the fewest ZBV takes
+    (dict(pp=4), V, "dualpipev", 8, dict(n_layer=8)),  # 2p: the fewest DualPipeV takes
+    (dict(pp=2, tp=2), dict(**V, sequence_parallel=True, recompute="full"), "dualpipev", 5, {}),
+    (dict(pp=2, dp=2), dict(**V, zero_stage=1), "zbv", 4, {}),
 ]
 
 
@@ -76,6 +84,33 @@ def test_bubbles_and_peaks_on_paper_match_the_papers_formulas(p, m):
     assert h2["peak"] == [2 * p - 1] * p
 
 
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (8, 16)])
+def test_the_v_schedules_on_paper(p, m):
+    """ZBV: no rank idles between its first and last unit, and it holds what 1F1B holds
+    (2p chunk activations of half a stage each: p stages' worth). DualPipeV holds 2p+1
+    (DeepSeek's table: "PP+1" for PP = 2p stages). Both lose only the V's p−1 units of
+    fill and drain with unit costs (its F&B pairs run one after the other here)."""
+    zbv, dual = (simulate(s, p, m, 2, costs=UNIT) for s in ("zbv", "dualpipev"))
+    assert zbv["inner_idle"] == [0] * p and zbv["peak"] == [2 * p] * p
+    assert dual["peak"] == [2 * p + 1] * p
+    assert zbv["ticks"] - zbv["busy"] == dual["ticks"] - dual["busy"] == p - 1
+    assert dual["inner_idle"] == [p - 1 - r for r in range(p)]
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_each_v_order_runs_every_unit_once_w_after_b(schedule):
+    for p, m in [(2, 4), (3, 6), (4, 9)]:
+        for r in range(p):
+            order = SCHEDULES[schedule](p, r, m)
+            units = [(kind, k, i) for kind in "FB" for k in (0, 1) for i in range(m)]
+            assert sorted(u for u in order if u[0] != "W") == sorted(units)
+            for kind, k, i in order:
+                if kind == "W":
+                    assert order.index(("B", k, i)) < order.index(("W", k, i))
+            split_order = check_split_order(order, 2, m)  # what the executor relies on
+            assert split_order == {(k, i) for kind, k, i in order if kind == "W"}
+
+
 @pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
 def test_every_w_follows_its_b_once_and_the_last_microbatch_ends_each_rank(schedule):
     for p, m in [(2, 4), (4, 7), (4, 9)]:
@@ -93,10 +128,21 @@ def test_every_w_follows_its_b_once_and_the_last_microbatch_ends_each_rank(sched
     (dict(schedule="zb-h1", pp=2, zero_stage=2), "ZeRO-2/3 reduce-scatter"),
     (dict(schedule="zb-h1", pp=2, tp=2, sequence_parallel=True, tp_overlap=True),
      "overlapped GEMMs"),
+    (dict(schedule="zbv", pp=2, virtual_stages=2), "build the model with virtual_stages=2, "
+     "placement='v'"),
+    (dict(schedule="1f1b", pp=2, virtual_stages=2, placement="v"), "does not fit placement"),
+    (dict(placement="v", pp=2), "needs virtual_stages=2 and pp > 1"),
+    (dict(placement="v", pp=2, virtual_stages=2, zero_stage=2), "ZeRO-2/3's sharded"),
+    (dict(schedule="zbv", pp=4, virtual_stages=2, placement="v", microbatches=6, n_layer=8),
+     "'zbv' needs microbatches >= 2\\*pp-1 = 7"),
+    (dict(schedule="dualpipev", pp=4, virtual_stages=2, placement="v", microbatches=7,
+          n_layer=8), "'dualpipev' needs microbatches >= 2\\*pp = 8"),
+    (dict(placement="ring"), "placement must be one of"),
 ])
 def test_zero_bubble_rules_refuse_in_one_line(kwargs, message):
+    cfg = mt.GPTConfig(**{**CFG, "n_layer": kwargs.pop("n_layer", CFG["n_layer"])})
     with pytest.raises(ValueError, match=message):
-        mt.check_parallel_config(mt.GPTConfig(**CFG), **kwargs)
+        mt.check_parallel_config(cfg, **kwargs)
 
 
 def _bf16_losses_and_weights():
