@@ -11,10 +11,12 @@ from fractions import Fraction
 
 from ..rules import (
     SCHEDULE_NAMES,
+    V_SCHEDULES,
     check_recompute,
     check_schedule,
     check_zero_bubble,
     default_schedule,
+    placement_of,
 )
 from ._util import number
 
@@ -119,18 +121,32 @@ def pipeline_idle(schedule, pp: int, microbatches: int, virtual: int = 1, t_f=1,
       minitp's zb-h2 order is the greedy one for unit costs; other costs would call for
       another order (the paper's automatic scheduler, §3), not modelled.
 
+    * "zbv", "dualpipev" (virtual = 2, two chunks placed in a V; m ≥ 2p − 1 and m ≥ 2p):
+      minitp's orders are fixed ones tuned for F = B = W (Qi et al. 2024, §6; DeepSeek's
+      dualpipev.py), and only then are they modelled here (a ValueError otherwise:
+      `minitp.pipeline.simulate` plays them out for any costs): idle (p − 1)·F, the V's
+      fill and drain; stage_idle 0 for ZBV, (p − 1)·F for DualPipeV (its F&B pairs run one
+      after the other in minitp; DualPipe's runtime overlaps them, which this leaves out).
+
     GPipe, 1F1B and ZB-H1 idle their whole ``idle`` between first and last unit on the
     first stage (stage_idle = idle).
     """
     schedule = default_schedule(virtual) if schedule is None else schedule
     if schedule not in SCHEDULE_NAMES:
         raise ValueError(f"schedule must be one of {SCHEDULE_NAMES} (or None), got {schedule!r}")
-    check_schedule(schedule, virtual)
+    check_schedule(schedule, virtual, placement_of(schedule))
     check_zero_bubble(schedule, pp, microbatches, 0, False)
     f, b, w = (Fraction(t) for t in (t_f, t_b, t_w))
     p, m = pp, microbatches
     stage_idle = None
-    if schedule == "zb-h1":
+    if schedule in V_SCHEDULES:
+        if virtual != 2 or not f == b == w:
+            raise ValueError(f"schedule {schedule!r} is modelled for virtual=2 and "
+                             "t_f = t_b = t_w (its order is tuned for them); for other costs "
+                             "play it out with minitp.pipeline.simulate")
+        idle = (p - 1) * f
+        stage_idle = Fraction(0) if schedule == "zbv" else idle
+    elif schedule == "zb-h1":
         idle = (p - 1) * (f + b) - (min(m, p) - 1) * w
     elif schedule == "zb-h2":
         idle = (p - 1) * max(f, f + b - 2 * w)
@@ -155,7 +171,7 @@ def bubble(pp: int, microbatches: int, virtual: int = 1, schedule=None, t_f=1, t
     """
     if schedule is None or schedule in ("gpipe", "1f1b", "interleaved"):
         if schedule is not None:
-            check_schedule(schedule, virtual)
+            check_schedule(schedule, virtual, placement_of(schedule))
         return number(Fraction(pp - 1, virtual * microbatches))
     return pipeline_idle(schedule, pp, microbatches, virtual, t_f, t_b, t_w)["fraction"]
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import check_recompute, check_zero_bubble, check_zero_stage, interleaving_fits
+from ..rules import (
+    V_SCHEDULES,
+    check_recompute,
+    check_zero_bubble,
+    check_zero_stage,
+    interleaving_fits,
+)
 from ._util import number
 from .params import expert_params_per_stage, params_per_stage
 
@@ -111,7 +117,11 @@ def microbatches_in_flight(pp: int, microbatches: int | None = None,
     W pass (`minitp.pipeline.schedules`): ZB-H1 p, as 1F1B, on every stage, or m if
     m < p; ZB-H2 2p − 1 on every stage (Qi et al. 2024, Table 2: pM_B and (2p−1)M_B);
     it needs m ≥ 2p − 1 (m = None means so), and minitp refuses fewer
-    (`minitp.rules.check_zero_bubble`): a ValueError here too. ``None``: 1F1B.
+    (`minitp.rules.check_zero_bubble`): a ValueError here too. On two chunks placed in a
+    V (half a stage each) ZBV peaks at 2p chunks, p stages' worth, as 1F1B (Qi et al.
+    2024, §6), and DualPipeV at 2p + 1 chunks, p + 1/2 (DeepSeek's table: "PP + 1" for
+    PP = 2p stages; deepseek-ai/DualPipe, README.md), both counted from minitp's orders
+    (`minitp.pipeline.simulate`'s peak). ``None``: 1F1B.
     """
     schedule = "1f1b" if schedule is None else schedule
     if schedule == "gpipe":
@@ -121,9 +131,12 @@ def microbatches_in_flight(pp: int, microbatches: int | None = None,
     if schedule == "zb-h2":
         check_zero_bubble(schedule, pp, microbatches, 0, False)
         return 2 * pp - 1
+    if schedule in V_SCHEDULES:  # peaks of 2p and 2p+1 chunks of half a stage each
+        check_zero_bubble(schedule, pp, microbatches, 0, False)
+        return pp if schedule == "zbv" else number(Fraction(2 * pp + 1, 2))
     if schedule not in ("1f1b", "zb-h1"):
-        raise ValueError("schedule must be 'gpipe', '1f1b', 'zb-h1' or 'zb-h2', "
-                         f"got {schedule!r}")
+        raise ValueError("schedule must be 'gpipe', '1f1b', 'zb-h1', 'zb-h2', 'zbv' or "
+                         f"'dualpipev', got {schedule!r}")
     return pp if microbatches is None else min(pp, microbatches)
 
 
@@ -148,6 +161,8 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
     if cfg.n_layer % (pp * virtual):
         raise ValueError(f"n_layer={cfg.n_layer} is not divisible by pp*virtual={pp * virtual}")
     layers = Fraction(cfg.n_layer, pp)
+    if schedule in V_SCHEDULES:  # two chunks of l/(2p) layers: in_flight counts whole stages
+        return number(per_layer * layers * microbatches_in_flight(pp, microbatches, schedule))
     if virtual > 1:
         if schedule not in (None, "1f1b", "interleaved"):
             raise ValueError(f"schedule {schedule!r} with virtual={virtual}: only the "

@@ -196,3 +196,24 @@ def test_planner_prefers_zb_h2_with_full_recomputation_when_it_fits():
                      schedules=("zb-h2",))
     assert only.best.schedule == "zb-h2" and "schedule=zb-h2" in str(only.best)
     assert "bubble fraction (zb-h2, F = B = W, a MODEL)" in only.explain()
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_the_v_schedules_equal_simulate_with_unit_costs(p):
+    """ZBV and DualPipeV (two chunks per rank in a V): the calculator's idle, stage idle
+    and peak are what `simulate` counts from minitp's orders, with F = B = W."""
+    for schedule, m in product(("zbv", "dualpipev"), (2 * p, 3 * p + 1)):
+        for unit in (1, 2):
+            sim = simulate(schedule, p, m, 2, costs=dict(F=unit, B=unit, W=unit))
+            modelled = calc.pipeline_idle(schedule, p, m, 2, unit, unit, unit)
+            assert modelled["idle"] == sim["ticks"] - sim["busy"] == (p - 1) * unit
+            assert modelled["stage_idle"] == max(sim["inner_idle"])
+            assert modelled["busy"] == sim["busy"]
+        assert 2 * calc.microbatches_in_flight(p, m, schedule) == max(sim["peak"])
+
+
+def test_the_v_schedules_are_modelled_only_where_their_order_is_tuned():
+    with pytest.raises(ValueError, match="modelled for virtual=2 and t_f = t_b = t_w"):
+        calc.pipeline_idle("zbv", 4, 8, 2, t_f=1, t_b=2, t_w=1)
+    with pytest.raises(ValueError, match="'dualpipev' needs microbatches >= 2\\*pp = 8"):
+        calc.microbatches_in_flight(4, 7, "dualpipev")
