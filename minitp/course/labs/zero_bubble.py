@@ -4,7 +4,8 @@ Qi et al. 2024 ("Zero Bubble Pipeline Parallelism", ICLR 2024) split each backwa
 two: B, the input gradient the previous stage waits for, and W, the weight gradients,
 which can wait (`minitp.weight_grad`). Three experiments, each one `launch`:
 
-* `timed`: 1F1B, ZB-H1 and ZB-H2 on p ranks with the paper's unit costs SET by sleep
+* `timed`: 1F1B, ZB-H1 and ZB-H2 (or ZBV and DualPipeV, two chunks per rank in a V) on
+  p ranks with the paper's unit costs SET by sleep
   (F = B = W = ``unit`` seconds; a whole backward sleeps B + W), as lesson 09 sets its
   costs (lesson 10 checks the bubbles against the formulas). The trace then
   MEASURES the order, the waits, the bubble and the step's "grad norm" all-reduce
@@ -32,7 +33,8 @@ from ...grad_norm import clip_grad_norm
 from ...memory.activations import ActivationLedger
 from ...model import GPT, GPTConfig
 from ...parallelize import parallelize
-from ...rules import model_chunks, parse_unit_label
+from ...pipeline.schedules import SCHEDULES
+from ...rules import V_SCHEDULES, model_chunks, parse_unit_label
 from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
@@ -52,22 +54,30 @@ def _batch(cfg, rows: int, seed: int = 0):
 
 # --------------------------------------------------------------------------- set costs
 @contextlib.contextmanager
-def unit_costs(model, unit: float, split: bool):
+def unit_costs(model, unit: float, split):
     """While inside: every forward of a stage sleeps `unit`, every B `unit` (a whole
-    backward, B + W, ``2 * unit``), every W `unit` before its real work."""
+    backward, B + W, ``2 * unit``), every W `unit` before its real work. split: the
+    (chunk, microbatch) pairs whose backward the schedule splits (or True / False: all,
+    none); a chunk's forwards run in microbatch order, so its n-th is microbatch n."""
     run = weight_grad.DeferredWeightGrads.run
+    forwards = {}
 
     def sleepy_run(self):  # W: one unit
         time.sleep(unit)
         run(self)
 
-    def after_forward(_, __, output):
-        time.sleep(unit)  # F: one unit
-        out, loss = output
-        (loss if loss is not None else out).register_hook(  # B, or B + W
-            lambda grad: time.sleep(unit if split else 2 * unit))
+    def after_forward(k):
+        def hook(_, __, output):
+            time.sleep(unit)  # F: one unit
+            i = forwards[k] = forwards.get(k, -1) + 1
+            halves = split if isinstance(split, bool) else (k, i) in split
+            out, loss = output
+            (loss if loss is not None else out).register_hook(  # B, or B + W
+                lambda grad: time.sleep(unit if halves else 2 * unit))
+        return hook
 
-    handles = [chunk.register_forward_hook(after_forward) for chunk in model_chunks(model)]
+    handles = [chunk.register_forward_hook(after_forward(k))
+               for k, chunk in enumerate(model_chunks(model))]
     weight_grad.DeferredWeightGrads.run = sleepy_run
     try:
         yield
@@ -139,6 +149,16 @@ def held_over_time(order, held) -> list[int]:
 
 
 # --------------------------------------------------------------------------- the runs
+def _pipelined(ref, mesh, schedule):
+    """`ref` split for `schedule`: two chunks per rank in a V for ZBV and DualPipeV."""
+    v_shaped = dict(virtual_stages=2, placement="v") if schedule in V_SCHEDULES else {}
+    return parallelize(ref, mesh, **v_shaped)
+
+
+def _split_pairs(schedule, p, r, m) -> set:
+    return {(k, i) for kind, k, i in SCHEDULES[schedule](p, r, m) if kind == "W"}
+
+
 def _timed_rank(schedules, p, m, unit, cfg, clip):
     cfg = GPTConfig(**cfg)
     mesh = Mesh(pp=p)
@@ -146,7 +166,7 @@ def _timed_rank(schedules, p, m, unit, cfg, clip):
     out = {}
     for schedule in schedules:
         torch.manual_seed(0)
-        model = parallelize(GPT(cfg).to(device()), mesh)
+        model = _pipelined(GPT(cfg).to(device()), mesh, schedule)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay put
 
         def step(model=model, optimizer=optimizer, schedule=schedule):
@@ -156,7 +176,7 @@ def _timed_rank(schedules, p, m, unit, cfg, clip):
             return trace.events()
 
         step()  # warm-up
-        with unit_costs(model, unit, split=schedule.startswith("zb")):
+        with unit_costs(model, unit, split=_split_pairs(schedule, p, mesh.pp.rank, m)):
             events = step()
         with weighed(model) as held:
             order = [e.label for e in step() if e.op == "compute" and e.label
@@ -181,7 +201,7 @@ def _exact_rank(schedule, p, m, steps, cfg):
     mesh = Mesh(pp=p)
     torch.manual_seed(0)
     ref = GPT(cfg).double().to(device())
-    model = parallelize(ref, mesh)  # a copy: ref trains on its own below
+    model = _pipelined(ref, mesh, schedule)  # a copy: ref trains on its own below
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
     losses = []
