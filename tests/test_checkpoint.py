@@ -25,13 +25,23 @@ def _tokens():
     return torch.randint(0, CFG["vocab_size"], (500,), generator=torch.Generator().manual_seed(3))
 
 
+def _down_and_up(p, r, m, v):
+    """A schedule for two chunks per rank in a V (any m): every forward down and back up,
+    then every backward (GPipe's order on the V)."""
+    return ([("F", 0, i) for i in range(m)] + [("F", 1, i) for i in range(m)]
+            + [("B", 1, i) for i in range(m)] + [("B", 0, i) for i in range(m)])
+
+
 def _train(mesh_sizes, steps, directory, save_at=None, load=False, restore_optimizer=True,
-           sequence_parallel=False, zero_stage=0):
+           sequence_parallel=False, zero_stage=0, v_shaped=False):
     """On every rank: train from scratch (or from `directory`) and return the losses of
-    steps [start, steps) and the final dense weights; save at step `save_at`."""
+    steps [start, steps) and the final dense weights; save at step `save_at`. v_shaped:
+    two chunks per rank placed in a V (`placement="v"`)."""
     dp, pp, tp = mesh_sizes
     mesh = mt.Mesh(dp=dp, pp=pp, tp=tp)
     tokens = _tokens()
+    v = dict(virtual_stages=2, placement="v") if v_shaped else {}
+    schedule = _down_and_up if v_shaped else "1f1b"
 
     def new_optimizer(params):
         return torch.optim.Adam(params, lr=LR)
@@ -40,7 +50,7 @@ def _train(mesh_sizes, steps, directory, save_at=None, load=False, restore_optim
         model, optimizer, meta = checkpoint.load(
             directory, mesh, sequence_parallel=sequence_parallel,
             optimizer_factory=new_optimizer if restore_optimizer else None,
-            zero_stage=zero_stage)
+            zero_stage=zero_stage, **v)
         if optimizer is None:
             optimizer = mt.make_optimizer(model, mesh, new_optimizer)
         start = meta["step"]
@@ -48,13 +58,13 @@ def _train(mesh_sizes, steps, directory, save_at=None, load=False, restore_optim
         torch.manual_seed(0)
         ref = mt.GPT(mt.GPTConfig(**CFG)).double()
         model = mt.parallelize(ref, mesh, sequence_parallel=sequence_parallel,
-                               zero_stage=zero_stage)
+                               zero_stage=zero_stage, **v)
         optimizer = mt.make_optimizer(model, mesh, new_optimizer)
         start = 0
     losses = []
     for step in range(start, steps):
         batch = data.get_batch(tokens, step, BATCH, CFG["seq_len"])
-        losses.append(mt.train_step(model, batch, mesh, optimizer, schedule="1f1b",
+        losses.append(mt.train_step(model, batch, mesh, optimizer, schedule=schedule,
                                     microbatches=MICRO))
         if step + 1 == save_at:
             checkpoint.save(model, directory, step + 1, optimizer, extra={"note": "test"})
@@ -95,6 +105,23 @@ def test_resume_elsewhere_continues_the_same_curve(before, after, tmp_path):
     assert _max_diff(resumed[1], whole[1]) < TOLERANCE
     # The same resume without Adam's state drifts: the check above can tell.
     assert _max_diff(forgetful[1], whole[1]) > 1e-6
+
+
+def _v_save_then_resume(directory):
+    """Saved from a V-placed pipeline at (dp 1, pp 2, tp 2) (rank 0 holds the first and
+    the last stage, and both copies of the tied embedding), resumed at (dp 2, pp 2, tp 1)
+    in a V and at (dp 2, pp 1, tp 2) with no pipeline at all."""
+    whole = _train((1, 2, 2), 4, directory, save_at=2, v_shaped=True)
+    return (whole, _train((2, 2, 1), 4, directory, load=True, v_shaped=True),
+            _train((2, 1, 2), 4, directory, load=True))
+
+
+def test_a_v_placed_pipeline_saves_and_resumes_elsewhere(tmp_path):
+    whole, v_again, flat = mt.launch(_v_save_then_resume, 4, str(tmp_path / "ckpt"),
+                                     backend="gloo", timeout=120)[0]
+    for resumed in (v_again, flat):
+        assert max(abs(a - b) for a, b in zip(resumed[0], whole[0][2:], strict=True)) < TOLERANCE
+        assert _max_diff(resumed[1], whole[1]) < TOLERANCE
 
 
 # (dp, pp, tp), ZeRO stage: the issue's (dp 4, ZeRO-3) -> (dp 2, tp 2) -> back, then

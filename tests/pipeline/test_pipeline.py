@@ -153,11 +153,11 @@ def _timed_steps(schedule, pp, m, v, seconds, steps):
     cfg = mt.GPTConfig(**{**CFG, "n_layer": pp * v})
     torch.manual_seed(0)
     model = mt.parallelize(mt.GPT(cfg), mesh, virtual_stages=v)
-    for chunk in model.chunks:
-        _fixed_cost(chunk, seconds / v)  # a rank's stage costs the same whatever v
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randint(0, cfg.vocab_size, (m, cfg.seq_len))
     mt.train_step(model, (x, x), mesh, opt, schedule=schedule, microbatches=m)  # warm-up
+    for chunk in model.chunks:  # (after it: the warm-up needs no set costs)
+        _fixed_cost(chunk, seconds / v)  # a rank's stage costs the same whatever v
     per_step = []
     for _ in range(steps):
         mt.trace.clear()
