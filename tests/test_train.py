@@ -208,7 +208,7 @@ BAD = [
     (["--experts", "4", "--balance", "loss"], "invalid choice: 'loss'"),
     (["--pp", "2", "--schedule", "zb-h2", "--microbatches", "2", "--batch-size", "4"],
      "needs microbatches >= 2*pp-1 = 3"),
-    (["--pp", "2", "--schedule", "zb-h1", "--zero-stage", "2"], "ZeRO-2/3 reduce-scatter"),
+    (["--pp", "2", "--schedule", "zb-h1", "--zero-stage", "3"], "ZeRO-3 releases"),
     (["--clip-grad", "0"], "--clip-grad must be positive"),
 ]
 

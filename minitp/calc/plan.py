@@ -14,7 +14,7 @@ through `check_parallel_config`, decides), with the experts' memory divided by e
 dense config is searched and ranked exactly as before.
 
 Pipeline schedules: 1F1B (interleaved where v > 1) unless ``schedules`` names more.
-"zb-h1" and "zb-h2" are tried where pp > 1, v = 1 and their rules hold (ZeRO 0 or 1;
+"zb-h1" and "zb-h2" are tried where pp > 1, v = 1 and their rules hold (ZeRO 0 to 2;
 ZB-H2 m ≥ 2p − 1: `minitp.rules.check_zero_bubble`), with their bubble
 (`minitp.calc.timing.schedule_bubble`) and microbatches in flight
 (`minitp.calc.microbatches_in_flight`: ZB-H1 p, ZB-H2 2p − 1).

@@ -31,6 +31,7 @@ SETTINGS = [
     (dict(pp=4), {}, "zb-h2", 7, {}),  # 2p - 1: the fewest ZB-H2 takes
     (dict(pp=2, tp=2), dict(sequence_parallel=True, recompute="full"), "zb-h1", 3, {}),
     (dict(pp=2, dp=2), dict(zero_stage=1), "zb-h2", 4, {}),
+    (dict(pp=2, dp=2), dict(zero_stage=2), "zb-h1", 4, {}),  # stage 1: B1 before W0
     (dict(pp=2, dp=2), {}, "zb-h1", 2, dict(n_experts=4)),
     # the V: rank r runs stages r and 2p-1-r, the tied embedding's two copies on rank 0
     (dict(pp=4), V, "zbv", 7, dict(n_layer=8)),  # 2p - 1: the fewest ZBV takes
@@ -125,7 +126,7 @@ def test_every_w_follows_its_b_once_and_the_last_microbatch_ends_each_rank(sched
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(schedule="zb-h2", pp=4, microbatches=6), "needs microbatches >= 2\\*pp-1 = 7"),
-    (dict(schedule="zb-h1", pp=2, zero_stage=2), "ZeRO-2/3 reduce-scatter"),
+    (dict(schedule="zb-h1", pp=2, zero_stage=3), "ZeRO-3 releases a unit's gathered"),
     (dict(schedule="zb-h1", pp=2, tp=2, sequence_parallel=True, tp_overlap=True),
      "overlapped GEMMs"),
     (dict(schedule="zbv", pp=2, virtual_stages=2), "build the model with virtual_stages=2, "
