@@ -127,11 +127,17 @@ def weighed(model):
 
 
 def held_over_time(order, held) -> list[int]:
-    """Bytes a stage holds after each unit of `order` (labels "F3", "B3", "W3" or
-    (kind, chunk, microbatch) tuples): a microbatch holds its forward's saved
-    activations until its B, and then, if its backward is split, the (x, g) its W needs
-    until that W. `held`: from `weighed`, in the order the units ran."""
-    units = [parse_unit_label(u)[:2] if isinstance(u, str) else (u[0], u[2]) for u in order]
+    """Bytes a rank holds after each unit of `order` (labels "F3", "B3", "W3", "F3:1" or
+    (kind, chunk, microbatch) tuples): a microbatch holds, in each chunk, its forward's
+    saved activations until its B, and then, if its backward is split, the (x, g) its W
+    needs until that W. `held`: from `weighed`, in the order the units ran."""
+    def unit(u):
+        if isinstance(u, str):
+            kind, i, k = parse_unit_label(u)
+            return kind, (k, i)
+        return u[0], (u[1], u[2])
+
+    units = [unit(u) for u in order]
     f_bytes = iter(held["F"])
     w_bytes = dict(zip([i for kind, i in units if kind == "W"], held["W"], strict=True))
     activations, waiting, out = {}, {}, []
