@@ -5,7 +5,8 @@ equals ``torch.nn.utils.clip_grad_norm_`` on one device, in float64.
 One launch of 4 ranks, 3 AdamW steps per mesh with a max norm small enough that every
 step clips: tensor parallelism with sequence parallelism (replicated parameters counted
 once, partial gradients summed first) and a padded vocabulary; a pipeline (the tied
-embedding's two copies counted once) under 1F1B and ZB-H1; context parallelism; ZeRO 1,
+embedding's two copies counted once) under 1F1B, ZB-H1, ZB-H2 (with ZeRO-2), and ZBV and
+DualPipeV (both copies on rank 0 of the V); context parallelism; ZeRO 1,
 2 and 3 (shards: each rank counts its own slice); expert parallelism (experts replicated
 over their expert-data-parallel group).
 """
@@ -24,6 +25,8 @@ SETTINGS = [
     (dict(pp=2, tp=2), dict(sequence_parallel=True), "1f1b", 2, {}),
     (dict(pp=2, dp=2), dict(zero_stage=1), "zb-h1", 2, {}),
     (dict(pp=2, tp=2), dict(virtual_stages=2, placement="v"), "zbv", 3, {}),  # both copies
+    (dict(pp=4), dict(virtual_stages=2, placement="v"), "dualpipev", 8, dict(n_layer=8)),
+    (dict(pp=2, dp=2), dict(zero_stage=2), "zb-h2", 3, {}),
     (dict(pp=2, cp=2), {}, None, 2, {}),
     (dict(dp=4), dict(zero_stage=2), None, 1, {}),
     (dict(dp=2, tp=2), dict(zero_stage=3, sequence_parallel=True), None, 1, {}),
