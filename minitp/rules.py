@@ -28,18 +28,18 @@ from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
     SCHEDULE_NAMES,
     V_SCHEDULES,
     ZERO_BUBBLE_SCHEDULES,
+    check_microbatches,
     check_placement,
     check_schedule,
     check_zero_bubble,
     default_schedule,
-    dualpipev_microbatches,
     interleaving_fits,
+    minimum_microbatches,
     parse_unit_label,
     placement_of,
     rank_and_chunk,
     stage_of,
     unit_label,
-    zb_h2_microbatches,
 )
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)

@@ -80,16 +80,34 @@ def check_schedule(schedule, virtual_stages: int = 1, placement: str = "loop") -
                          "'interleaved' needs virtual_stages > 1, the other schedules 1")
 
 
-def dualpipev_microbatches(pp: int) -> int:
-    """DualPipeV's warm-up sends 2·pp microbatches into the V before its steady state
-    (deepseek-ai/DualPipe, dualpipe/dualpipev.py, `step`: num_chunks >= num_ranks * 2)."""
-    return 2 * pp
+# The fewest microbatches each schedule reaches its steady state with: (how many, why).
+# ZB-H2 and ZBV: the first stage (rank 0) runs 2p−1 forwards before the first backward
+# arrives; DualPipeV's warm-up sends 2p into the V (deepseek-ai/DualPipe,
+# dualpipe/dualpipev.py, `step`: num_chunks >= num_ranks * 2).
+_MINIMUM_MICROBATCHES = {
+    "zb-h2": (lambda pp: 2 * pp - 1, "2*pp-1", "its first stage runs that many forwards before "
+              "the first backward arrives"),
+    "zbv": (lambda pp: 2 * pp - 1, "2*pp-1", "rank 0 runs that many forwards down the V "
+            "before the first backward comes back"),
+    "dualpipev": (lambda pp: 2 * pp, "2*pp", "its warm-up fills the V with that many before "
+                  "the steady state"),
+}
 
 
-def zb_h2_microbatches(pp: int) -> int:
-    """ZB-H2 fills the warm-up with 2·pp − 1 forwards on the first stage: it needs at
-    least that many microbatches to reach its steady state without bubbles."""
-    return 2 * pp - 1
+def minimum_microbatches(schedule, pp: int) -> int:
+    """The fewest microbatches `schedule` runs with on pp ranks (1 if it has no minimum)."""
+    rule = _MINIMUM_MICROBATCHES.get(schedule)
+    return rule[0](pp) if rule else 1
+
+
+def check_microbatches(schedule, pp: int, microbatches: int | None) -> None:
+    """A ValueError in one line if `schedule` needs more microbatches than given."""
+    rule = _MINIMUM_MICROBATCHES.get(schedule)
+    if rule is None or microbatches is None or microbatches >= rule[0](pp):
+        return
+    least, formula, why = rule
+    raise ValueError(f"schedule {schedule!r} needs microbatches >= {formula} = {least(pp)} "
+                     f"(got {microbatches}): {why}")
 
 
 def check_zero_bubble(schedule, pp: int, microbatches: int | None, zero_stage: int,
@@ -109,19 +127,7 @@ def check_zero_bubble(schedule, pp: int, microbatches: int | None, zero_stage: i
     if tp_overlap:
         raise ValueError(f"schedule {schedule!r} with tp_overlap: the overlapped GEMMs "
                          "compute their weight gradients inside B; use tp_overlap=False")
-    if schedule == "zb-h2" and microbatches is not None and microbatches < zb_h2_microbatches(pp):
-        raise ValueError(f"schedule 'zb-h2' needs microbatches >= 2*pp-1 = "
-                         f"{zb_h2_microbatches(pp)} (got {microbatches}): its first stage "
-                         "runs that many forwards before the first backward arrives")
-    if schedule == "zbv" and microbatches is not None and microbatches < zb_h2_microbatches(pp):
-        raise ValueError(f"schedule 'zbv' needs microbatches >= 2*pp-1 = "
-                         f"{zb_h2_microbatches(pp)} (got {microbatches}): rank 0 runs that "
-                         "many forwards down the V before the first backward comes back")
-    if (schedule == "dualpipev" and microbatches is not None
-            and microbatches < dualpipev_microbatches(pp)):
-        raise ValueError(f"schedule 'dualpipev' needs microbatches >= 2*pp = "
-                         f"{dualpipev_microbatches(pp)} (got {microbatches}): its warm-up "
-                         "fills the V with that many before the steady state")
+    check_microbatches(schedule, pp, microbatches)
 
 
 def default_schedule(virtual_stages: int = 1, placement: str = "loop") -> str:

@@ -40,11 +40,10 @@ from __future__ import annotations
 
 from ..rules import (
     SCHEDULE_NAMES,
-    dualpipev_microbatches,
+    check_microbatches,
     interleaving_fits,
     placement_of,
     stage_of,
-    zb_h2_microbatches,
 )
 
 
@@ -140,8 +139,7 @@ def zbv(p: int, r: int, m: int, v: int = 2) -> list[tuple[str, int, int]]:
     followed at once by its B and W (the V's bottom turns the microbatch around). Steady:
     (F0, B0, W0, F1, B1, W1) while forwards remain. Cool-down: r pairs (B0, B1), then p−r
     pairs (B0, W0), then the W's left. Needs m ≥ 2p−1 (the warm-up's first forwards)."""
-    if m < zb_h2_microbatches(p):
-        raise ValueError(f"zbv needs microbatches >= 2*pp-1 = {zb_h2_microbatches(p)}, got {m}")
+    check_microbatches("zbv", p, m)
     order, nxt = [], {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0, ("W", 0): 0, ("W", 1): 0}
 
     def unit(kind, k):
@@ -175,9 +173,7 @@ def dualpipev(p: int, r: int, m: int, v: int = 2) -> list[tuple[str, int, int]]:
     split (B now, its W queued) in the phases that use zero bubble, whole elsewhere;
     queued W's run first in, first out. Its "F&B" pairs (F0 with B1, F1 with B0) are
     overlapped by DualPipe's runtime; here they run one after the other. Needs m ≥ 2p."""
-    if m < dualpipev_microbatches(p):
-        raise ValueError(f"dualpipev needs microbatches >= 2*pp = {dualpipev_microbatches(p)}, "
-                         f"got {m}")
+    check_microbatches("dualpipev", p, m)
     order, nxt, queued = [], {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}, []
 
     def forward(k):

@@ -34,7 +34,7 @@ from ...memory.activations import ActivationLedger
 from ...model import GPT, GPTConfig
 from ...parallelize import parallelize
 from ...pipeline.schedules import SCHEDULES
-from ...rules import V_SCHEDULES, model_chunks, parse_unit_label
+from ...rules import model_chunks, parse_unit_label, placement_of
 from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
@@ -157,7 +157,7 @@ def held_over_time(order, held) -> list[int]:
 # --------------------------------------------------------------------------- the runs
 def _pipelined(ref, mesh, schedule):
     """`ref` split for `schedule`: two chunks per rank in a V for ZBV and DualPipeV."""
-    v_shaped = dict(virtual_stages=2, placement="v") if schedule in V_SCHEDULES else {}
+    v_shaped = dict(virtual_stages=2, placement="v") if placement_of(schedule) == "v" else {}
     return parallelize(ref, mesh, **v_shaped)
 
 
