@@ -199,7 +199,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                          f"size is {world_size}")
     check_placement(placement, pp, virtual_stages, zero_stage)
     check_schedule(schedule, virtual_stages, placement)
-    check_zero_bubble(schedule, pp, microbatches, zero_stage, tp_overlap)
+    check_zero_bubble(schedule, pp, microbatches, tp_overlap)
     if microbatches is not None:
         check_positive_int("microbatches", microbatches)
         if (virtual_stages > 1 and placement == "loop"

@@ -110,20 +110,15 @@ def check_microbatches(schedule, pp: int, microbatches: int | None) -> None:
                      f"(got {microbatches}): {why}")
 
 
-def check_zero_bubble(schedule, pp: int, microbatches: int | None, zero_stage: int,
+def check_zero_bubble(schedule, pp: int, microbatches: int | None,
                       tp_overlap: bool) -> None:
     """What a B/W-split schedule needs: the layers' weight gradients deferred by the
     linear layers themselves (ZeRO-2 reduces whatever has arrived, which adds up:
-    `ShardedGradSync`; not ZeRO-3, which frees a unit's gathered weights and its gradients'
-    whole-size home when the unit's backward ends, before a deferred W; nor the
-    overlapped tensor-parallel GEMMs, which compute them inside their own backward), and
-    ZB-H2, ZBV and DualPipeV their microbatches."""
+    `ShardedGradSync`; ZeRO-3's W reduces its unit's weight gradients on its own:
+    `minitp.weight_grad`; not the overlapped tensor-parallel GEMMs, which compute them
+    inside their own backward), and ZB-H2, ZBV and DualPipeV their microbatches."""
     if schedule not in ZERO_BUBBLE_SCHEDULES:
         return
-    if zero_stage >= 3:
-        raise ValueError(f"schedule {schedule!r} with zero_stage={zero_stage}: ZeRO-3 "
-                         "releases a unit's gathered weights when its backward ends, before "
-                         "a deferred W; use zero_stage 0, 1 or 2")
     if tp_overlap:
         raise ValueError(f"schedule {schedule!r} with tp_overlap: the overlapped GEMMs "
                          "compute their weight gradients inside B; use tp_overlap=False")

@@ -20,6 +20,13 @@ gradient through autograd (``backward`` on the parameter itself), so every gradi
 — the data-parallel all-reduce's, mixed precision's ``main_grad`` — sees it once, as it
 would have. Everything else in the model (LayerNorms, embeddings, the output head, the experts)
 computes its gradients in B: W holds the linear layers' weight GEMMs, the bulk of it.
+
+Under ZeRO-3 a weight is a view of its unit's gathered vector, which carries
+``reduce_grad`` (`minitp.data_parallel.zero_stage3`): the vector is freed after B, so W
+hands that unit one flat gradient with its weights' slots filled, and the unit
+reduce-scatters it over dp — a second reduction beside B's (whose slots for these weights
+were zero: the two add up to the whole gradient exactly), rather than keeping a
+whole-size gradient from B until W.
 """
 
 from __future__ import annotations
@@ -32,17 +39,41 @@ class DeferredWeightGrads:
     """The weight gradients one B left for its W: (weight, input, output gradient)."""
 
     def __init__(self):
-        self.pending: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[torch.nn.Parameter | _Slot, torch.Tensor, torch.Tensor]] = []
 
     def add(self, weight, x, grad) -> None:
+        base = weight._base
+        if base is not None and hasattr(base, "reduce_grad"):  # ZeRO-3: where, not the view
+            weight = _Slot(base, weight)  # (which would keep the gathered values alive)
         self.pending.append((weight, x, grad))
 
     def run(self) -> None:
         """Pass W: every stored weight gradient, computed and accumulated."""
         pending, self.pending = self.pending, []
+        flats = {}  # ZeRO-3: reduce_grad -> its unit's flat gradient, filled slot by slot
         for weight, x, grad in pending:
             grad_weight = grad.reshape(-1, grad.shape[-1]).t().mm(x.reshape(-1, x.shape[-1]))
-            torch.autograd.backward([weight], [grad_weight.to(weight.dtype)])
+            if isinstance(weight, _Slot):
+                flat = flats.setdefault(weight.reduce_grad, weight.zeros())
+                flat[weight.offset:weight.offset + grad_weight.numel()] += (
+                    grad_weight.reshape(-1).to(flat.dtype))
+            else:
+                torch.autograd.backward([weight], [grad_weight.to(weight.dtype)])
+        for reduce_grad, flat in flats.items():
+            reduce_grad(flat)
+
+
+class _Slot:
+    """A ZeRO-3 weight's place in its unit's gathered vector: its unit's reduction, the
+    vector's size and dtype, and the weight's offset in it."""
+
+    def __init__(self, base: torch.Tensor, view: torch.Tensor):
+        self.reduce_grad = base.reduce_grad
+        self.offset = view.storage_offset() - base.storage_offset()
+        self.numel, self.dtype, self.device = base.numel(), base.dtype, base.device
+
+    def zeros(self) -> torch.Tensor:
+        return torch.zeros(self.numel, dtype=self.dtype, device=self.device)
 
 
 class _DeferredLinear(torch.autograd.Function):

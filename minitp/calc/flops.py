@@ -135,7 +135,7 @@ def pipeline_idle(schedule, pp: int, microbatches: int, virtual: int = 1, t_f=1,
     if schedule not in SCHEDULE_NAMES:
         raise ValueError(f"schedule must be one of {SCHEDULE_NAMES} (or None), got {schedule!r}")
     check_schedule(schedule, virtual, placement_of(schedule))
-    check_zero_bubble(schedule, pp, microbatches, 0, False)
+    check_zero_bubble(schedule, pp, microbatches, False)
     f, b, w = (Fraction(t) for t in (t_f, t_b, t_w))
     p, m = pp, microbatches
     stage_idle = None

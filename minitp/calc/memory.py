@@ -129,10 +129,10 @@ def microbatches_in_flight(pp: int, microbatches: int | None = None,
             raise ValueError("schedule='gpipe' holds every microbatch: give microbatches")
         return microbatches
     if schedule == "zb-h2":
-        check_zero_bubble(schedule, pp, microbatches, 0, False)
+        check_zero_bubble(schedule, pp, microbatches, False)
         return 2 * pp - 1
     if schedule in V_SCHEDULES:  # peaks of 2p and 2p+1 chunks of half a stage each
-        check_zero_bubble(schedule, pp, microbatches, 0, False)
+        check_zero_bubble(schedule, pp, microbatches, False)
         return pp if schedule == "zbv" else number(Fraction(2 * pp + 1, 2))
     if schedule not in ("1f1b", "zb-h1"):
         raise ValueError("schedule must be 'gpipe', '1f1b', 'zb-h1', 'zb-h2', 'zbv' or "

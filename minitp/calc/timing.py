@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..rules import check_parallel_config, check_zero_bubble
+from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, check_zero_bubble
 from .cluster import Cluster
 from .comm import tp_collectives_per_layer
 from .flops import bubble as bubble_fraction
@@ -89,7 +89,8 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       microbatch's gradient (as minitp, DeepSpeed and FSDP do): m − 1 more;
       stage 3 also gathers the parameters before each microbatch's forward and
       backward: 2m gathers in all, where the all-reduce counted one — for m = 1,
-      1.5× (Rajbhandari et al. 2020, §7);
+      1.5× (Rajbhandari et al. 2020, §7); with a B/W-split schedule, m more
+      reduce-scatters (each W reduces its unit again: `minitp.weight_grad`);
     * cp (cp > 1): per microbatch and layer, the ring's 2(3c−2) sends of one
       rank's K or V (`minitp.calc.cp_comm_bytes`), each a point-to-point step,
       none hidden behind compute (minitp's ring overlaps them: an upper bound);
@@ -104,7 +105,7 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
                           recompute=recompute, virtual_stages=virtual, zero_stage=zero_stage)
     global_batch = global_batch or dp * micro_batch
     m = microbatch_count(global_batch, dp, micro_batch)
-    check_zero_bubble(schedule, pp, m, zero_stage, False)
+    check_zero_bubble(schedule, pp, m, False)
     n_gpus = dp * pp * cp * tp
     compute = flops_per_iteration(cfg, global_batch, recompute) / n_gpus
     compute /= cluster.peak_flops * efficiency
@@ -130,6 +131,8 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
         scatter = cluster.collective_seconds("reduce_scatter", gradients, grads,
                                              span=tp * cp * dp)
         dp_time += (m - 1) * scatter + (2 * m - 1) * gather * (zero_stage == 3)
+        if zero_stage == 3 and schedule in ZERO_BUBBLE_SCHEDULES:  # minitp's deferred W
+            dp_time += m * scatter  # reduces its weights' slots in a second reduce-scatter
     busy = compute + tp_time + pp_time + cp_time
     bubble = busy * schedule_bubble(pp, m, virtual, schedule, recompute)
     parts = (compute, tp_time, pp_time, dp_time, bubble)

@@ -80,6 +80,7 @@ class Zero3Unit:
         else:
             full = unit.take_gathered(following)
         full.zero_gathered = True  # model state, not an activation (`minitp.memory`'s ledger)
+        full.reduce_grad = unit.start_reduce  # where a deferred W sends its gradients
         for mod, attr, _, view in unit.views(full):
             object.__setattr__(mod, attr, view)
         self.current = full
