@@ -16,7 +16,7 @@ import torch
 from helpers import train_meshes
 
 import minitp as mt
-from minitp.pipeline.schedules import SCHEDULES, simulate
+from minitp.pipeline.schedules import SCHEDULES, overlapped_pairs, simulate
 from minitp.pipeline.stages import check_split_order
 from minitp.weight_grad import DeferredWeightGrads, linear
 
@@ -99,6 +99,30 @@ def test_the_v_schedules_on_paper(p, m):
     assert dual["peak"] == [2 * p + 1] * p
     assert zbv["ticks"] - zbv["busy"] == dual["ticks"] - dual["busy"] == p - 1
     assert dual["inner_idle"] == [p - 1 - r for r in range(p)]
+
+
+# (F, B, W): B the input backward, at least F and W (DualPipe's setting: DeepSeek-V3
+# §3.2.1 splits a backward chunk into input and weight parts)
+PAIR_COSTS = [(1, 1, 1), (1, 2, 1), (2, 2, 1), (1, 3, 2)]
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 7), (4, 8), (5, 10)])
+def test_dualpipev_with_its_pairs_overlapped_idles_deepseeks_formula(p, m):
+    """DeepSeek's bubble (PP/2−1)(F&B + B − 3W) (deepseek-ai/DualPipe, README.md; PP =
+    2p stages, B a whole backward) is the worst rank's idle when each F&B pair runs as
+    one unit whose results leave at its end — for F&B from no overlap (F + whole B) to
+    whole overlap (the longer half). Run one after the other, the halves let F's
+    activation leave before B starts: with F = B = W that order idles (p−1)F, half."""
+    for f, b, w in PAIR_COSTS:
+        whole = b + w
+        for pair in (f + whole, f + whole - 1, max(f, whole)):
+            sim = simulate("dualpipev", p, m, 2, costs={"F": f, "B": b, "W": w, "F&B": pair})
+            assert max(sim["idle"]) == (p - 1) * (pair + whole - 3 * w), (f, b, w, pair)
+    assert simulate("dualpipev", p, m, 2, costs=UNIT)["idle"] == [p - 1] * p
+    # the pairs are phases 4 and 5's: 2(m − 2p + r + 1) + (p − r − 1) on rank r
+    for r in range(p):
+        pairs = [s for s in overlapped_pairs(SCHEDULES["dualpipev"](p, r, m)) if len(s) == 2]
+        assert len(pairs) == 2 * m - 3 * p + r + 1
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])

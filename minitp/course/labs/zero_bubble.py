@@ -7,7 +7,8 @@ which can wait (`minitp.weight_grad`). Three experiments, each one `launch`:
 * `timed`: 1F1B, ZB-H1 and ZB-H2 (or ZBV and DualPipeV, two chunks per rank in a V) on
   p ranks with the paper's unit costs SET by sleep
   (F = B = W = ``unit`` seconds; a whole backward sleeps B + W), as lesson 09 sets its
-  costs (lesson 10 checks the bubbles against the formulas). The trace then
+  costs (lesson 10 checks the bubbles against the formulas), or with real compute only
+  (``unit=None``: lesson 10 sets the formulas' costs from the measured medians). The trace then
   MEASURES the order, the waits, the bubble and the step's "grad norm" all-reduce
   (``clip_grad`` is on). In a second, untimed step of each schedule the lab WEIGHS what a
   stage holds: each microbatch's saved activations (`ActivationLedger` around
@@ -182,7 +183,9 @@ def _timed_rank(schedules, p, m, unit, cfg, clip):
             return trace.events()
 
         step()  # warm-up
-        with unit_costs(model, unit, split=_split_pairs(schedule, p, mesh.pp.rank, m)):
+        costs = (unit_costs(model, unit, split=_split_pairs(schedule, p, mesh.pp.rank, m))
+                 if unit else contextlib.nullcontext())
+        with costs:
             events = step()
         with weighed(model) as held:
             order = [e.label for e in step() if e.op == "compute" and e.label
@@ -195,7 +198,8 @@ def timed(schedules=("1f1b", "zb-h1", "zb-h2"), p: int = 4, m: int = 8, unit: fl
           cfg=None, clip: float = 1.0) -> dict:
     """One launch of p ranks: per schedule, ``events`` (every rank's trace of the step
     with the costs set: units and collectives), ``order`` (each rank's unit labels in
-    the order run, untimed step) and ``held`` (per rank, `weighed`'s bytes)."""
+    the order run, untimed step) and ``held`` (per rank, `weighed`'s bytes).
+    ``unit=None``: nothing set, each unit costs what its real compute takes."""
     run = launch(_timed_rank, p, schedules, p, m, unit, cfg or CFG, clip, timeout=120)
     return {s: dict(events=[e for rank in run for e in rank[s]["events"]],
                     order=[rank[s]["order"] for rank in run],
