@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, interleaving_fits
+from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, interleaving_fits, placement_of
 from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu
@@ -129,7 +129,10 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
     cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp.
     A mixture of experts: each split is tried with every ep of `expert_parallel_sizes`.
     schedules: None (1F1B, or interleaved where v > 1) and any of "zb-h1", "zb-h2", each
-    tried where pp > 1, v = 1 and `check_parallel_config` accepts it."""
+    tried where pp > 1, v = 1 and `check_parallel_config` accepts it, and "zbv",
+    "dualpipev", which bring their own two chunks per rank in a V (tried once, whatever
+    ``virtual``) and are priced where their closed forms hold (F = B = W: not with full
+    recomputation, `pipeline_idle`)."""
     stages = (zero_stage,) if isinstance(zero_stage, int) else tuple(zero_stage)
     if n_gpus % cp:
         raise ValueError(f"n_gpus={n_gpus} is not divisible by cp={cp}")
@@ -143,26 +146,34 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
         if zero and dp == 1 and len(stages) > 1:
             continue
         m = global_batch // (dp * b)
-        if v > 1 and (pp == 1 or not interleaving_fits(pp, m)):
-            continue
         for ep, schedule in product(expert_parallel_sizes(cfg, dp, cp), schedules):
-            zb = schedule in ZERO_BUBBLE_SCHEDULES
-            if zb and (pp == 1 or v > 1):
+            zb, placement = schedule in ZERO_BUBBLE_SCHEDULES, placement_of(schedule)
+            if placement == "v":  # its own two chunks: tried once, priced where F = B = W
+                if v != virtual[0] or rc == "full":
+                    continue
+                chunks = 2
+            elif zb and v > 1:
+                continue
+            else:
+                chunks = v
+            if (zb and pp == 1) or (not zb and v > 1 and (pp == 1
+                                                          or not interleaving_fits(pp, m))):
                 continue
             try:
                 check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
-                                      recompute=rc, virtual_stages=v, zero_stage=zero, ep=ep,
-                                      schedule=schedule, microbatches=m if zb else None)
+                                      recompute=rc, virtual_stages=chunks, zero_stage=zero,
+                                      ep=ep, schedule=schedule, placement=placement,
+                                      microbatches=m if zb else None)
             except ValueError:
                 continue
             tried += 1
-            memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, v, m, cp=cp,
-                                    ep=ep, schedule=schedule)
+            memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, chunks, m,
+                                    cp=cp, ep=ep, schedule=schedule)
             if memory["total"] > usable * cluster.memory:
                 continue
-            time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, v,
+            time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
                                  efficiency, zero_stage=zero, cp=cp, ep=ep, schedule=schedule)
-            fits.append(Candidate(dp, pp, tp, b, m, sp, rc, v, memory, time, zero, cp, ep,
+            fits.append(Candidate(dp, pp, tp, b, m, sp, rc, chunks, memory, time, zero, cp, ep,
                                   schedule))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config
+from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, placement_of
 from .cluster import Cluster
 from .memory import memory_per_gpu
 from .moe import moe_step_time
@@ -76,20 +76,23 @@ def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
             for zero, recompute, ep, schedule in product(ZERO_STAGES, RECOMPUTE,
                                                          expert_parallel_sizes(cfg, dp),
                                                          schedules):
-                zb = schedule in ZERO_BUBBLE_SCHEDULES
-                if zb and pp == 1:
-                    continue
+                zb, placement = schedule in ZERO_BUBBLE_SCHEDULES, placement_of(schedule)
+                chunks = 2 if placement == "v" else 1  # a V: two chunks per rank
+                if (zb and pp == 1) or (placement == "v" and recompute == "full"):
+                    continue  # (a V's closed forms hold for F = B = W: `pipeline_idle`)
                 try:
                     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
                                           recompute=recompute, zero_stage=zero, ep=ep,
+                                          virtual_stages=chunks, placement=placement,
                                           schedule=schedule, microbatches=m if zb else None)
                 except ValueError:
                     continue
                 memory = memory_per_gpu(cfg, micro_batch, dp, pp, tp, sp, recompute, zero,
-                                        optimizer, microbatches=m, ep=ep, schedule=schedule)
+                                        optimizer, chunks, microbatches=m, ep=ep,
+                                        schedule=schedule)
                 time = moe_step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
-                                     recompute, efficiency=efficiency, zero_stage=zero, ep=ep,
-                                     schedule=schedule)
+                                     recompute, chunks, efficiency=efficiency, zero_stage=zero,
+                                     ep=ep, schedule=schedule)
                 found.append(Configuration(dp, pp, tp, zero, recompute, sp, m, memory, time,
                                            memory["total"] <= memory_cap, ep, schedule))
     found.sort(key=lambda c: c.time.total)

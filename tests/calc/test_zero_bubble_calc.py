@@ -187,6 +187,27 @@ def test_planner_tries_zero_bubble_schedules_and_agrees_with_the_brute_force(cas
     assert default.best.schedule is None  # without `schedules`, the planner is unchanged
 
 
+def test_planner_tries_the_v_schedules_and_agrees_with_the_brute_force():
+    """ZBV and DualPipeV bring two chunks per rank (v = 2 whatever `virtual` says): on
+    GPT-3 over 1024 GPUs their bubble, (p−1) half-stage units, beats ZB-H1's (p−1) whole
+    ones, and the planner picks ZBV (DualPipeV ties: the same idle with F = B = W).
+    Priced only where their closed forms hold: never with full recomputation."""
+    cfg, cluster, n, batch, cap, _ = PLANS["gpt3-1024"]
+    schedules = (*ALL, "zbv", "dualpipev")
+    every = every_configuration(cfg, cluster, n, batch, cap, schedules=schedules)
+    best = next(c for c in every if c.fits)
+    capped = dataclasses.replace(cluster, memory=cap / 0.9)
+    got = calc.plan(cfg, capped, batch, n, micro_batches=(1,), zero_stage=(0, 1, 2, 3),
+                    schedules=schedules)
+    chosen = got.best
+    assert chosen.time.total == best.time.total and best.schedule in ("zbv", "dualpipev")
+    key = (chosen.dp, chosen.pp, chosen.tp, chosen.schedule, chosen.virtual)
+    assert key == (8, 16, 8, "zbv", 2)
+    v_shaped = [c for c in got.candidates if c.schedule in ("zbv", "dualpipev")]
+    assert v_shaped and all(c.virtual == 2 and c.recompute != "full" and c.zero_stage <= 1
+                            for c in v_shaped)
+
+
 def test_planner_prefers_zb_h2_with_full_recomputation_when_it_fits():
     """With full recomputation B = 2F (a MODEL): ZB-H2's step idles (p−1)F, ZB-H1's
     (p−1)·2F, so ZB-H2 wins where its 2p−1 microbatches fit."""
