@@ -31,7 +31,7 @@ from ..runtime import comm, trace
 from ..runtime.mesh import Axis, Mesh, layout
 from ..tensor_parallel.partial_grads import sum_partial_grads
 from ..weight_grad import DeferredWeightGrads
-from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, simulate, zb_h1, zb_h2  # noqa: F401
+from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, zb_h1, zb_h2  # noqa: F401
 
 
 class Skipped(nn.Module):

@@ -17,7 +17,7 @@ import pytest
 import minitp as mt
 from minitp import calc
 from minitp.calc.search import every_configuration
-from minitp.pipeline.schedules import simulate
+from minitp.pipeline.on_paper import simulate
 
 GiB = 2**30
 UNIT = dict(F=1, B=1, W=1)

@@ -16,7 +16,8 @@ import torch
 from helpers import train_meshes
 
 import minitp as mt
-from minitp.pipeline.schedules import SCHEDULES, overlapped_pairs, simulate
+from minitp.pipeline.on_paper import overlapped_pairs, simulate
+from minitp.pipeline.schedules import SCHEDULES
 from minitp.pipeline.stages import check_split_order
 from minitp.weight_grad import DeferredWeightGrads, linear
 

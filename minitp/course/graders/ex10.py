@@ -35,7 +35,7 @@ import torch
 from ...data_parallel import make_optimizer
 from ...model import GPT, GPTConfig
 from ...parallelize import parallelize
-from ...pipeline import schedules
+from ...pipeline import on_paper, schedules
 from ...runtime._device import device
 from ...runtime.errors import LaunchError
 from ...runtime.launch import launch
@@ -82,7 +82,7 @@ def run(module) -> list[Check]:
     if not valid.passed:
         why = "not checked: the order is not a pipeline order yet (see above)"
         return [valid] + [Check(name, False, why) for name in NAMES[1:4]] + [shortcut]
-    played = {(p, m): schedules.simulate(_fixed(orders, p, m), p, m, costs=UNIT_COSTS)
+    played = {(p, m): on_paper.simulate(_fixed(orders, p, m), p, m, costs=UNIT_COSTS)
               for p, m in CASES}
     return [valid, _bound(orders, played), _bubble(orders, played), _real(fn), shortcut]
 

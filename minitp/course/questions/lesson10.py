@@ -4,7 +4,7 @@ to keep a global gradient-norm clip without the step's synchronization."""
 from __future__ import annotations
 
 from ...calc.flops import pipeline_idle
-from ...pipeline.schedules import simulate
+from ...pipeline.on_paper import simulate
 from .form import Question, Wrong
 
 UNIT = dict(F=1, B=1, W=1)
