@@ -21,96 +21,20 @@ Two layout choices make the sharding a plain slice:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention_core import ATTENTIONS, AttentionCore
+from .config import GPTConfig
+from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, norm
 from .mixed_precision import loss_precision
 from .moe import MoE
-from .moe_rules import check_moe_config
-from .rules import IGNORE_INDEX, check_positive_int, check_token_ids
+from .rules import IGNORE_INDEX, check_token_ids
 
-ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
+__all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "GPTConfig",
+           "MLP", "TiedOutput"]
 
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 256  # byte-level tokens: every text is already tokenised
-    seq_len: int = 64  # the context length; learned positions are made for exactly this many
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads; tensor parallelism splits them, so tp must divide this
-    d_model: int = 64  # hidden size h; the MLP is 4h wide, as in GPT-2 and Megatron-LM
-    dropout: float = 0.0  # on embeddings, attention probabilities and both residual branches
-    bias: bool = True  # biases in Linear layers and LayerNorms, as GPT-2
-    attention: str = "math"  # "math": written out; "sdpa": one fused kernel (AttentionCore)
-    # Mixture of experts (`minitp.moe`, `minitp.routing`); n_experts=0: every MLP dense.
-    n_experts: int = 0  # E expert MLPs in each MoE layer
-    top_k: int = 2  # experts per token
-    moe_every: int = 1  # layers moe_every-1, 2·moe_every-1, … are MoE (1: all; 2: every other)
-    capacity_factor: float | None = None  # None: dropless; f: ⌈f·T·k/E⌉ per expert per sequence
-    router: str = "softmax"  # "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
-    balance: str = "aux"  # "aux" (Switch's loss), "bias" (DeepSeek-V3's, loss-free), "none"
-    aux_loss_coef: float = 0.01  # the aux loss's weight (Switch Transformer's α)
-    bias_update_rate: float = 0.001  # the bias's step per optimizer step (DeepSeek-V3's γ)
-    shared_expert: bool = False  # one dense MLP every token also goes through (DeepSeek-V3)
-
-    def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
-            check_positive_int(f"GPTConfig.{name}", getattr(self, name))
-        if self.d_model % self.n_head:
-            raise ValueError(
-                f"d_model={self.d_model} must be divisible by n_head={self.n_head} "
-                "(each head gets d_model / n_head features)"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
-        if self.attention == "sdpa" and self.dropout > 0:
-            raise ValueError(
-                "attention='sdpa' draws its dropout masks inside the fused kernel, where "
-                "minitp's dropout (each rank the masks one device would draw) cannot reach; "
-                f"use attention='math' with dropout={self.dropout}, or dropout=0")
-        if self.n_experts:
-            for name in ("n_experts", "top_k", "moe_every"):
-                check_positive_int(f"GPTConfig.{name}", getattr(self, name))
-            check_moe_config(self)
-
-    def is_moe_layer(self, index: int) -> bool:
-        """Whether layer `index` holds a mixture of experts rather than a dense MLP."""
-        return self.n_experts > 0 and index % self.moe_every == self.moe_every - 1
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-
-class AttentionCore(nn.Module):
-    """softmax(QKᵀ/√d + causal mask) · V, with dropout on the probabilities.
-
-    attention="math" writes it out: the scores and probabilities are tensors that
-    autograd keeps for backward (the 5as/h term of Korthikanti et al.'s activation
-    formula). "sdpa" calls `F.scaled_dot_product_attention`, one fused kernel (flash
-    attention on a GPU) that keeps neither and recomputes them in its backward.
-    """
-
-    def __init__(self, dropout: float, attention: str = "math"):
-        super().__init__()
-        self.attention = attention
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, q, k, v):  # each (B, nh, T, hs)
-        if self.attention == "sdpa":  # GPTConfig refuses sdpa with dropout
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        T = q.shape[-2]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = self.dropout(F.softmax(scores, dim=-1))
-        return probs @ v  # (B, nh, T, hs)
 
 
 class CausalSelfAttention(nn.Module):
@@ -137,8 +61,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.fc = nn.Linear(cfg.d_model, cfg.ffn_width, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.ffn_width, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (B, T, C)
@@ -150,12 +74,14 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, moe: bool = False):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln1 = norm(cfg)
+        grouped = cfg.n_kv_head is not None
+        self.attn = GroupedQueryAttention(cfg) if grouped else CausalSelfAttention(cfg)
+        self.ln2 = norm(cfg)
         # a mixture of experts in the MLP's place (`minitp.moe`), same name: the block's
         # forward does not change
-        self.mlp = MoE(cfg, MLP(cfg) if cfg.shared_expert else None) if moe else MLP(cfg)
+        dense = SwiGLU if cfg.mlp == "swiglu" else MLP
+        self.mlp = MoE(cfg, MLP(cfg) if cfg.shared_expert else None) if moe else dense(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -217,10 +143,11 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = LearnedPositions(cfg.seq_len, cfg.d_model)
+        self.wpe = (LearnedPositions(cfg.seq_len, cfg.d_model) if cfg.positions == "learned"
+                    else NoPositions())
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, cfg.is_moe_layer(i)) for i in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_f = norm(cfg)
         self.head = TiedOutput(self.wte)
         self.loss = CrossEntropy(cfg.vocab_size)
         self.apply(self._init_weights)

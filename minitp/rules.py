@@ -22,6 +22,7 @@ import math
 import re
 from fractions import Fraction
 
+from .head_rules import check_tp_widths, kv_layout  # noqa: F401  (re-exported)
 from .moe_rules import check_expert_parallel
 from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
     PLACEMENTS,
@@ -159,13 +160,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp), ("ep", ep),
                         ("virtual_stages", virtual_stages)):
         check_positive_int(name, value)
-    if cfg.n_head % tp:
-        raise ValueError(
-            f"n_head={cfg.n_head} is not divisible by tp={tp}: tensor parallelism gives "
-            "every rank the same number of whole attention heads"
-        )
-    if cfg.d_model % tp:
-        raise ValueError(f"d_model={cfg.d_model} (the hidden size) is not divisible by tp={tp}")
+    check_tp_widths(cfg, tp)
     if sequence_parallel and cp == 1 and cfg.seq_len % tp:
         raise ValueError(
             f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "

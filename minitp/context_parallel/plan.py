@@ -54,6 +54,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..llama_layers import Rotary
 from ..module_plan import apply_plan
 from ..rules import IGNORE_INDEX
 from ..runtime import trace
@@ -136,6 +137,25 @@ def _loss(m, cp, model):
     return ContextParallelLoss(m, cp)
 
 
+class ContextParallelRotary(Rotary):
+    """The rotary embedding of a context-parallel rank: its tokens turned by their
+    *global* positions (the two chunks of the load-balanced split), where the plain
+    `Rotary` counts from 0 — the trap: at local positions every rank would rotate its
+    tokens as if they began the sequence. Attention sees this cp rank's whole part
+    (sequence parallelism gathers it first), so its positions are the cp rank's."""
+
+    def __init__(self, rotary: Rotary, cp: Axis):
+        super().__init__(rotary.head_dim, rotary.seq_len, rotary.theta)
+        self.cp = cp
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        return global_positions(length, self.cp, device)
+
+
+def _rotary(m, cp, model):
+    return ContextParallelRotary(m, cp)
+
+
 # What each piece of the (tensor-parallel) GPT becomes on a context-parallel rank.
 CONTEXT_PARALLEL_PLAN = [
     ("blocks.*.attn.core", _ring),
@@ -148,4 +168,7 @@ def apply_context_parallel(model: nn.Module, cp: Axis) -> None:
     """Make `model` (a GPT, after tensor parallelism; changed in place) run on this cp
     rank's part of the sequence. Nothing to do on an axis of one rank."""
     if cp.size > 1:
-        apply_plan(model, CONTEXT_PARALLEL_PLAN, (cp, model))
+        rotary = model.cfg.positions == "rope"  # positions inside attention, not in wpe
+        plan = [(pattern, make) for pattern, make in CONTEXT_PARALLEL_PLAN if pattern != "wpe"
+                or not rotary] + ([("blocks.*.attn.rope", _rotary)] if rotary else [])
+        apply_plan(model, plan, (cp, model))

@@ -26,11 +26,12 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..module_plan import apply_plan, matches
-from ..rules import check_tp_overlap
+from ..rules import check_tp_overlap, kv_layout
 from ..runtime.mesh import Axis
 from ..tags import set_tags
 from . import mappings
 from .dropout import ShardedDropout
+from .kv_heads import ReplicatedKV
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .loss import vocab_parallel_cross_entropy
 from .overlap import OverlappedColumnParallelLinear, OverlappedRowParallelLinear
@@ -117,6 +118,14 @@ def _positions(m, tp, sp, model):
     return SequenceShardedPositions(m, tp)
 
 
+def _kv(m, tp, sp, model):
+    """Grouped-query attention's ``kv``: split by K/V head where tp divides them, else
+    replicated (`minitp.head_rules.kv_layout`)."""
+    if kv_layout(model.cfg, tp.size) == "split":
+        return ColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp)
+    return ReplicatedKV(m, tp, model.cfg.kv_heads, sequence_parallel=sp)
+
+
 def _overlapped_column(m, tp, sp, model):
     return OverlappedColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp)
 
@@ -129,6 +138,8 @@ def _overlapped_row(m, tp, sp, model):
 TENSOR_PARALLEL_PLAN = [
     ("wte", _vocab),  # rows split by vocabulary; also the tied output projection's weight
     ("blocks.*.attn.qkv", _column),  # columns = whole heads with their q, k, v
+    ("blocks.*.attn.q", _column),  # grouped-query attention: whole query heads
+    ("blocks.*.attn.kv", _kv),  # and whole K/V heads, or each rank its replicated one
     ("blocks.*.attn.core.dropout", _dropout),  # each rank's heads: own masks
     ("blocks.*.attn.proj", _row),
     ("blocks.*.mlp.fc", _column),
@@ -189,6 +200,12 @@ def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
                 or any(matches(name, pattern) for name in names)]
     else:
         plan = [(pattern, make) for pattern, make in plan if ".mlp.shared." not in pattern]
+    # the model's own attention and positions: fused qkv or q and kv; learned or rotary
+    attention = ".attn.qkv" if model.cfg.n_kv_head is None else (".attn.q", ".attn.kv")
+    plan = [(pattern, make) for pattern, make in plan
+            if not (pattern.endswith((".attn.qkv", ".attn.q", ".attn.kv"))
+                    and not pattern.endswith(attention))
+            and not (pattern == "wpe" and model.cfg.positions != "learned")]
     apply_plan(model, plan, (tp, sequence_parallel, model))
     if sequence_parallel:
         for name, p in model.named_parameters():

@@ -1,0 +1,37 @@
+"""The attention core: softmax(QKᵀ/√d + causal mask) · V, its own module so that
+selective recomputation, the activation ledger and context parallelism can name it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTIONS = ("math", "sdpa")  # how AttentionCore computes: see its docstring
+
+
+class AttentionCore(nn.Module):
+    """softmax(QKᵀ/√d + causal mask) · V, with dropout on the probabilities.
+
+    attention="math" writes it out: the scores and probabilities are tensors that
+    autograd keeps for backward (the 5as/h term of Korthikanti et al.'s activation
+    formula). "sdpa" calls `F.scaled_dot_product_attention`, one fused kernel (flash
+    attention on a GPU) that keeps neither and recomputes them in its backward.
+    """
+
+    def __init__(self, dropout: float, attention: str = "math"):
+        super().__init__()
+        self.attention = attention
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v):  # each (B, nh, T, hs)
+        if self.attention == "sdpa":  # GPTConfig refuses sdpa with dropout
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = self.dropout(F.softmax(scores, dim=-1))
+        return probs @ v  # (B, nh, T, hs)

@@ -1,0 +1,129 @@
+"""The plain GPT's configuration: its sizes, and which parts each layer is made of.
+
+The defaults are GPT-2's (LayerNorm, learned positions, a GELU MLP, one K/V head per
+query head, biases); `GPTConfig.llama` sets the Llama-style parts together
+(`minitp.llama_layers`). Every rule a configuration must keep is checked here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .attention_core import ATTENTIONS
+from .moe_rules import check_moe_config
+from .rules import check_positive_int
+
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+MLPS = ("gelu", "swiglu")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # byte-level tokens: every text is already tokenised
+    seq_len: int = 64  # the context length; learned positions are made for exactly this many
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads; tensor parallelism splits them, so tp must divide this
+    d_model: int = 64  # hidden size h; the MLP is 4h wide, as in GPT-2 and Megatron-LM
+    dropout: float = 0.0  # on embeddings, attention probabilities and both residual branches
+    bias: bool = True  # biases in Linear layers and LayerNorms, as GPT-2
+    attention: str = "math"  # "math": written out; "sdpa": one fused kernel (AttentionCore)
+    # Mixture of experts (`minitp.moe`, `minitp.routing`); n_experts=0: every MLP dense.
+    n_experts: int = 0  # E expert MLPs in each MoE layer
+    top_k: int = 2  # experts per token
+    moe_every: int = 1  # layers moe_every-1, 2·moe_every-1, … are MoE (1: all; 2: every other)
+    capacity_factor: float | None = None  # None: dropless; f: ⌈f·T·k/E⌉ per expert per sequence
+    router: str = "softmax"  # "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
+    balance: str = "aux"  # "aux" (Switch's loss), "bias" (DeepSeek-V3's, loss-free), "none"
+    aux_loss_coef: float = 0.01  # the aux loss's weight (Switch Transformer's α)
+    bias_update_rate: float = 0.001  # the bias's step per optimizer step (DeepSeek-V3's γ)
+    shared_expert: bool = False  # one dense MLP every token also goes through (DeepSeek-V3)
+    # The Llama-style parts (`GPTConfig.llama` sets them together); the defaults are GPT-2's.
+    norm: str = "layernorm"  # or "rmsnorm": x / rms(x) · g, no mean, no shift
+    positions: str = "learned"  # or "rope": q and k rotated by their position in attention
+    mlp: str = "gelu"  # or "swiglu": proj(silu(gate x) ⊙ up x)
+    n_kv_head: int | None = None  # None: fused qkv, a K/V head per query head (GPT-2);
+    # K (dividing n_head): separate q and kv projections, K/V heads shared by groups of
+    # n_head/K query heads (grouped-query attention; K = 1: multi-query)
+    ffn_hidden: int | None = None  # the MLP's width; None: 4h (gelu), 8h/3 up to a 16 (swiglu)
+    rope_theta: float = 10000.0  # the rotary embedding's base (RoFormer, Llama 2)
+
+    @classmethod
+    def llama(cls, **fields) -> GPTConfig:
+        """A Llama-style configuration (Touvron et al. 2023; Llama 3's layer): RMSNorm,
+        rotary positions, a SwiGLU MLP, no biases, and separate q and kv projections
+        (``n_kv_head`` defaults to ``n_head``: give fewer for grouped-query attention)."""
+        fields = dict(dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False), **fields)
+        fields.setdefault("n_kv_head", fields.get("n_head", cls.n_head))
+        return cls(**fields)
+
+    @property
+    def arch(self) -> str:
+        """"llama" for `GPTConfig.llama`'s parts, "gpt2" for the defaults, else "custom"."""
+        parts = (self.norm, self.positions, self.mlp, self.n_kv_head is not None)
+        if parts == ("rmsnorm", "rope", "swiglu", True):
+            return "llama"
+        return "gpt2" if parts == ("layernorm", "learned", "gelu", False) else "custom"
+
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads: n_kv_head, or one per query head."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def ffn_width(self) -> int:
+        """The MLP's hidden width (``ffn_hidden``, or its default for the MLP kind)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if self.mlp == "swiglu":  # Llama's 2/3 of 4h: a SwiGLU's three matrices, two's FLOPs
+            return -(-8 * self.d_model // 3 // 16) * 16
+        return 4 * self.d_model
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
+            check_positive_int(f"GPTConfig.{name}", getattr(self, name))
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by n_head={self.n_head} "
+                "(each head gets d_model / n_head features)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.attention == "sdpa" and self.dropout > 0:
+            raise ValueError(
+                "attention='sdpa' draws its dropout masks inside the fused kernel, where "
+                "minitp's dropout (each rank the masks one device would draw) cannot reach; "
+                f"use attention='math' with dropout={self.dropout}, or dropout=0")
+        for name, value, allowed in (("norm", self.norm, NORMS),
+                                     ("positions", self.positions, POSITIONS),
+                                     ("mlp", self.mlp, MLPS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.n_kv_head is not None:
+            check_positive_int("GPTConfig.n_kv_head", self.n_kv_head)
+            if self.n_head % self.n_kv_head:
+                raise ValueError(f"n_head={self.n_head} is not divisible by n_kv_head="
+                                 f"{self.n_kv_head}: each K/V head serves a whole group of "
+                                 "query heads")
+        if self.ffn_hidden is not None:
+            check_positive_int("GPTConfig.ffn_hidden", self.ffn_hidden)
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"positions='rope' rotates pairs of features: head_dim="
+                             f"{self.head_dim} (d_model/n_head) must be even")
+        if self.n_experts and self.mlp != "gelu":
+            raise ValueError(f"mlp={self.mlp!r} with n_experts={self.n_experts}: the experts "
+                             "are GELU MLPs (minitp.expert_mlps); use mlp='gelu'")
+        if self.n_experts:
+            for name in ("n_experts", "top_k", "moe_every"):
+                check_positive_int(f"GPTConfig.{name}", getattr(self, name))
+            check_moe_config(self)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` holds a mixture of experts rather than a dense MLP."""
+        return self.n_experts > 0 and index % self.moe_every == self.moe_every - 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head

@@ -1,0 +1,63 @@
+"""The Llama-style GPT (`GPTConfig.llama`: RMSNorm, rotary positions, SwiGLU, grouped-query
+attention, no biases) under every axis, equal to the single-device model in float64:
+every step's loss and every parameter after 3 AdamW steps, on 4 real ranks.
+
+The meshes cover the K/V heads split over tp (tp dividing them) and replicated (tp above
+them: a K/V head's gradient summed over the ranks that share it), multi-query attention,
+sequence parallelism (RMSNorm's gradients partial), context parallelism (the rotation at
+each token's global position after the load-balanced split), pipeline and data
+parallelism with ZeRO-1 and ZeRO-3, full recomputation and a zero-bubble schedule.
+"""
+
+import pytest
+from helpers import train_meshes
+
+import minitp as mt
+
+TOLERANCE = 1e-10
+LLAMA = dict(vocab_size=32, seq_len=16, n_layer=4, n_head=4, d_model=16, norm="rmsnorm",
+             positions="rope", mlp="swiglu", bias=False, n_kv_head=2)
+
+# (mesh sizes, parallelize options, schedule, microbatches, config overrides)
+SETTINGS = [
+    (dict(dp=2, tp=2), dict(sequence_parallel=True, zero_stage=1), None, 1, {}),  # K/V split
+    (dict(tp=4), dict(sequence_parallel=True), None, 1, {}),  # tp 4 > 2 K/V heads: replicated
+    (dict(tp=4), {}, None, 1, dict(n_kv_head=1)),  # multi-query: one K/V head on all 4
+    (dict(cp=2, tp=2), dict(sequence_parallel=True), None, 1, dict(n_kv_head=1)),  # RoPE at
+    (dict(cp=4), {}, None, 1, {}),                        # global positions, the split's chunks
+    (dict(pp=2, dp=2), dict(zero_stage=3), None, 2, {}),
+    (dict(pp=2, tp=2), dict(sequence_parallel=True, recompute="full"), "zb-h1", 2,
+     dict(n_kv_head=1)),
+    (dict(dp=4), dict(zero_stage=2), None, 1, dict(n_kv_head=4)),  # one K/V head per query
+]
+
+
+def _train(settings):
+    return [result[:2] for result in train_meshes(settings, LLAMA)]
+
+
+def test_every_mesh_equals_one_device_in_float64():
+    run = mt.launch(_train, 4, SETTINGS, timeout=300)
+    for rank, results in enumerate(run):
+        for setting, (loss_error, (param_error, name)) in zip(SETTINGS, results, strict=True):
+            where = f"rank {rank}, {setting}"
+            assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
+            assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"
+
+
+@pytest.mark.parametrize("tp,kv,message", [
+    (3, 2, "n_head=4 is not divisible by tp=3"),
+    (4, 3, "n_head=4 is not divisible by n_kv_head=3"),
+])
+def test_impossible_head_splits_are_refused_in_one_line(tp, kv, message):
+    with pytest.raises(ValueError, match=message):
+        cfg = mt.GPTConfig(**{**LLAMA, "n_kv_head": kv})
+        mt.check_parallel_config(cfg, tp=tp)
+
+
+def test_tp_neither_dividing_nor_a_multiple_of_the_kv_heads_is_refused():
+    cfg = mt.GPTConfig(**{**LLAMA, "n_head": 12, "d_model": 24, "n_kv_head": 4, "ffn_hidden": 48})
+    with pytest.raises(ValueError, match="tp=6 with n_kv_head=4: tp must divide the K/V heads"):
+        mt.check_parallel_config(cfg, tp=6)
+    for tp in (2, 4, 12):  # dividing, equal, a multiple
+        mt.check_parallel_config(cfg, tp=tp)
