@@ -145,3 +145,14 @@ def train_meshes(settings, base_cfg: dict, steps: int = 3, clip_grad=None) -> li
             schedule=schedule, clip_grad=clip_grad)
         out.append((loss_error, worst, model))
     return out
+
+
+def assert_every_mesh_matches(run, settings, tolerance: float) -> None:
+    """Every rank's (loss error, (parameter error, name)) per setting, from a launch of
+    `train_meshes`'s first two results, within `tolerance`; a failure names the rank and
+    the setting."""
+    for rank, results in enumerate(run):
+        for setting, (loss_error, (param_error, name)) in zip(settings, results, strict=True):
+            where = f"rank {rank}, {setting}"
+            assert loss_error < tolerance, f"{where}: loss differs by {loss_error:.3g}"
+            assert param_error < tolerance, f"{where}: {name} differs by {param_error:.3g}"

@@ -10,7 +10,7 @@ parallelism with ZeRO-1 and ZeRO-3, full recomputation and a zero-bubble schedul
 """
 
 import pytest
-from helpers import train_meshes
+from helpers import assert_every_mesh_matches, train_meshes
 
 import minitp as mt
 
@@ -38,11 +38,7 @@ def _train(settings):
 
 def test_every_mesh_equals_one_device_in_float64():
     run = mt.launch(_train, 4, SETTINGS, timeout=300)
-    for rank, results in enumerate(run):
-        for setting, (loss_error, (param_error, name)) in zip(SETTINGS, results, strict=True):
-            where = f"rank {rank}, {setting}"
-            assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
-            assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"
+    assert_every_mesh_matches(run, SETTINGS, TOLERANCE)
 
 
 @pytest.mark.parametrize("tp,kv,message", [

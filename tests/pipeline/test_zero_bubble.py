@@ -13,7 +13,7 @@ and last unit, holding 2p−1.
 
 import pytest
 import torch
-from helpers import train_meshes
+from helpers import assert_every_mesh_matches, train_meshes
 
 import minitp as mt
 from minitp.pipeline.on_paper import overlapped_pairs, simulate
@@ -51,11 +51,7 @@ def _train(settings):
 
 def test_every_zero_bubble_schedule_equals_one_device_in_float64():
     run = mt.launch(_train, 4, SETTINGS, timeout=300)
-    for rank, results in enumerate(run):
-        for setting, (loss_error, (param_error, name)) in zip(SETTINGS, results, strict=True):
-            where = f"rank {rank}, {setting}"
-            assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
-            assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"
+    assert_every_mesh_matches(run, SETTINGS, TOLERANCE)
 
 
 def test_b_then_w_gives_the_whole_backwards_gradients():
