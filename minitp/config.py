@@ -13,6 +13,8 @@ from .attention_core import ATTENTIONS
 from .moe_rules import check_moe_config
 from .rules import check_positive_int
 
+# What makes a configuration Llama-style (`GPTConfig.llama`, the CLI's --arch llama)
+LLAMA_PARTS = dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False)
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
@@ -53,7 +55,7 @@ class GPTConfig:
         """A Llama-style configuration (Touvron et al. 2023; Llama 3's layer): RMSNorm,
         rotary positions, a SwiGLU MLP, no biases, and separate q and kv projections
         (``n_kv_head`` defaults to ``n_head``: give fewer for grouped-query attention)."""
-        fields = dict(dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False), **fields)
+        fields = {**LLAMA_PARTS, **fields}
         fields.setdefault("n_kv_head", fields.get("n_head", cls.n_head))
         return cls(**fields)
 

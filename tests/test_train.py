@@ -132,6 +132,26 @@ def test_zero_bubble_schedules_with_clipping_match_one_process(tmp_path, schedul
     assert _summary(done)["max_loss_diff"] < 1e-10
 
 
+def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, capsys):
+    """--arch llama with 2 K/V heads: 3 steps at tp 4 (each K/V head replicated on two
+    ranks), saved, resumed at tp 2 × pp 2 (the K/V heads split, one a rank), each equal
+    to the one-process Llama-style GPT in float64 (--check; resumed from the files);
+    --arch contradicting the checkpoint is refused."""
+    llama = [*TINY, "--arch", "llama", "--n-kv-head", "2"]
+    ckpt = str(tmp_path / "ckpt")
+    first = _summary(_cli(*llama, "--dp", "1", "--pp", "1", "--tp", "4", "--steps", "3",
+                          "--check", "--save", ckpt, "--out", str(tmp_path / "first")))
+    assert first["max_loss_diff"] < 1e-10
+    assert mt.checkpoint.read_meta(ckpt)["config"]["n_kv_head"] == 2
+    resumed = _summary(_cli(*TINY, "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "5",
+                            "--load", ckpt, "--check", "--out", str(tmp_path / "resumed")))
+    assert resumed["max_loss_diff"] < 1e-10
+    with pytest.raises(SystemExit):  # refused before any process starts
+        train.main([*TINY, "--arch", "gpt2", "--tp", "2", "--pp", "1", "--dp", "1",
+                    "--steps", "5", "--load", ckpt])
+    assert "--arch gpt2: the checkpoint's model is llama" in capsys.readouterr().err
+
+
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
@@ -217,6 +237,8 @@ BAD = [
     (["--pp", "2", "--schedule", "zb-h2", "--microbatches", "2", "--batch-size", "4"],
      "needs microbatches >= 2*pp-1 = 3"),
     (["--clip-grad", "0"], "--clip-grad must be positive"),
+    (["--n-kv-head", "2"], "--n-kv-head needs --arch llama"),
+    (["--arch", "llama", "--n-kv-head", "3"], "n_head=4 is not divisible by n_kv_head=3"),
 ]
 
 

@@ -15,6 +15,7 @@ from ..model import GPTConfig
 from ..moe_rules import BALANCES
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
 from ..schedule_rules import placement_of
+from .model_options import ARCHS, arch_options, moe_options
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp-overlap", action="store_true",
       help="overlap sequence parallelism's all-gathers and reduce-scatters with the GEMMs, "
            "chunk by chunk (needs --sp and --tp > 1)")
+    a("--arch", choices=ARCHS, default=None,
+      help="gpt2 (default) or llama: RMSNorm, rotary positions, SwiGLU, no biases")
+    a("--n-kv-head", type=int, default=None, metavar="K", help="--arch llama's K/V heads, "
+      "shared by groups of query heads (default: one per query head; 1: multi-query)")
     a("--experts", type=int, default=0, metavar="E",
       help="a mixture of experts in every layer's MLP place: E experts (default 0: dense)")
     a("--top-k", type=int, default=2, metavar="K", help="experts per token (default 2)")
@@ -150,6 +155,9 @@ def validate(args, parser):
             if given is not None and given != saved:
                 parser.error(f"--{flag} {given}: the checkpoint's model has {saved} (its sizes "
                              f"are the run's; leave --{flag} out)")
+        if args.arch is not None and args.arch != cfg.arch:
+            parser.error(f"--arch {args.arch}: the checkpoint's model is {cfg.arch} (leave "
+                         "--arch out)")
         if args.experts and args.experts != cfg.n_experts:
             parser.error(f"--experts {args.experts}: the checkpoint's model has "
                          f"{cfg.n_experts} (leave --experts out)")
@@ -160,7 +168,7 @@ def validate(args, parser):
         try:
             cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=args.n_layer,
                             d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len,
-                            **moe_options(args))
+                            **arch_options(args), **moe_options(args))
         except ValueError as exc:
             parser.error(str(exc))
     world = world_size_of(args)
@@ -209,16 +217,6 @@ def validate(args, parser):
     except ValueError as exc:
         parser.error(f"{args.data or 'the corpus'}: {exc}")
     return cfg, train_tokens, eval_tokens, start_step
-
-
-def moe_options(args) -> dict:
-    """GPTConfig's mixture-of-experts fields from the flags (none without --experts)."""
-    if args.experts < 0:
-        raise ValueError(f"--experts must be at least 0, got {args.experts}")
-    if not args.experts:
-        return {}
-    return dict(n_experts=args.experts, top_k=args.top_k,
-                capacity_factor=args.capacity_factor, balance=args.balance)
 
 
 def uses_mixed_precision(args) -> bool:
