@@ -26,7 +26,9 @@ class AttentionCore(nn.Module):
         self.attention = attention
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, q, k, v):  # each (B, nh, T, hs)
+    def forward(self, q, k, v):  # (B, nh, T, hs); k, v (B, nkv, T, hs), nkv dividing nh
+        if k.shape[1] != q.shape[1]:  # grouped-query: each K/V head serves nh/nkv queries
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         if self.attention == "sdpa":  # GPTConfig refuses sdpa with dropout
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         T = q.shape[-2]

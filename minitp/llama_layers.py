@@ -71,9 +71,10 @@ class GroupedQueryAttention(nn.Module):
 
     ``q`` projects to n_head heads, ``kv`` to n_kv_head (K, V) pairs, its output features
     ordered (group, k/v, head_dim) — so a contiguous block of them is whole groups, and a
-    column split of ``kv`` *is* a split by K/V heads, as ``q``'s is by query heads. Each
-    K/V head then serves its n_head/n_kv_head query heads (``repeat_interleave``). The
-    counts are read from the projections' outputs: a tensor-parallel shard holds fewer."""
+    column split of ``kv`` *is* a split by K/V heads, as ``q``'s is by query heads. The
+    core serves each K/V head to its n_head/n_kv_head query heads (`AttentionCore`; the
+    ring of context parallelism carries them narrow). The counts are read from the
+    projections' outputs: a tensor-parallel shard holds fewer."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -94,8 +95,7 @@ class GroupedQueryAttention(nn.Module):
         k, v = kv.view(B, T, groups, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
         if self.rope is not None:
             q, k = self.rope(q, k)
-        k, v = (t.repeat_interleave(heads // groups, dim=1) for t in (k, v))  # (B, nh', T, hs)
-        y = self.core(q, k, v)
+        y = self.core(q, k, v)  # the core serves each K/V head to its group of queries
         y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
         return self.dropout(self.proj(y))
 

@@ -83,14 +83,19 @@ def cp_comm_bytes(cfg, micro_batch: int, cp: int, tp: int = 1,
     per microbatch, as minitp's ring sends them (`minitp.context_parallel`).
 
     Each message is one rank's K or V: b·(s/c)·h/t values (its heads only under
-    tensor parallelism). Forward: K and V passed c−1 hops, 2(c−1) messages;
+    tensor parallelism) — with grouped-query attention its K/V heads only,
+    b·(s/c)·k·d_head values for the k K/V heads a tp rank holds (n_kv/t, or the one it
+    shares when t is above n_kv), the ring carrying them narrow: n_kv/n_head of
+    multi-head attention's bytes. Forward: K and V passed c−1 hops, 2(c−1) messages;
     backward: K and V again, 2(c−1), and the dK/dV accumulators c hops (the last
     one home), 2c. In all 2(3c−2) messages, and nothing when c = 1. The trace
     counts the same messages (tests/context_parallel/test_context_parallel.py).
     """
     if cp == 1:
         return 0
-    message = Fraction(micro_batch * cfg.seq_len * cfg.d_model * bytes_per_value, cp * tp)
+    kv_heads = getattr(cfg, "kv_heads", cfg.n_head)  # a rank's: its share, or its one copy
+    local = kv_heads // tp if kv_heads % tp == 0 else 1
+    message = Fraction(micro_batch * cfg.seq_len * local * cfg.head_dim * bytes_per_value, cp)
     return number(2 * (3 * cp - 2) * message)
 
 

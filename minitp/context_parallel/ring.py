@@ -33,6 +33,20 @@ def _scores(q, k, causal: bool):
     return s
 
 
+def widen(kv, heads: int):
+    """Grouped-query K or V (B, nkv, c, hs) widened to the queries' heads: each K/V head
+    repeated for its group. The ring carries the narrow one: its messages are nkv/nh
+    the size."""
+    return kv if kv.shape[1] == heads else kv.repeat_interleave(heads // kv.shape[1], dim=1)
+
+
+def narrow(grad, kv_heads: int):
+    """widen's backward: a group's gradients summed into its one K/V head."""
+    if grad.shape[1] == kv_heads:
+        return grad
+    return grad.unflatten(1, (kv_heads, -1)).sum(2)
+
+
 def block_forward(q, k, v, causal: bool):
     """One block's partial output and its log-sum-exp: (B, nh, c, hs), (B, nh, c)."""
     s = _scores(q, k, causal)
@@ -94,7 +108,7 @@ class _RingAttention(torch.autograd.Function):
                 with trace.label("ring K/V"):
                     pending = _post(kv, (_K, _V), step, cp)
             src = (cp.rank - step) % cp.size
-            ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
+            ks, vs = (widen(t, q.shape[1]).chunk(2, dim=-2) for t in kv)
             for a, b, causal in _pairs(cp.rank, src, cp.size):
                 o, ell = block_forward(qs[a], ks[b], vs[b], causal)
                 if out[a] is None:
@@ -130,15 +144,15 @@ def _ring_backward(q, k, v, out, lse, grad_out, cp: Axis):
             with trace.label("ring K/V"):
                 pending = _post(kv, (_K_BWD, _V_BWD), step, cp)
         src = (cp.rank - step) % cp.size
-        ks, vs = kv[0].chunk(2, dim=-2), kv[1].chunk(2, dim=-2)
-        dk = [torch.zeros_like(ks[0]), torch.zeros_like(ks[1])]
-        dv = [torch.zeros_like(vs[0]), torch.zeros_like(vs[1])]
+        ks, vs = (widen(t, q.shape[1]).chunk(2, dim=-2) for t in kv)
+        dk = [torch.zeros_like(kv[0].chunk(2, dim=-2)[0]) for _ in range(2)]  # K/V's heads
+        dv = [torch.zeros_like(kv[1].chunk(2, dim=-2)[0]) for _ in range(2)]
         for a, b, causal in _pairs(cp.rank, src, cp.size):
             p = torch.exp(_scores(qs[a], ks[b], causal) - lses[a].unsqueeze(-1))  # (B, nh, c, c)
-            dv[b] += p.transpose(-2, -1) @ dos[a]
+            dv[b] += narrow(p.transpose(-2, -1) @ dos[a], k.shape[1])
             ds = p * (dos[a] @ vs[b].transpose(-2, -1) - deltas[a].unsqueeze(-1))
             dq[a] += ds @ ks[b] * scale
-            dk[b] += ds.transpose(-2, -1) @ qs[a] * scale
+            dk[b] += narrow(ds.transpose(-2, -1) @ qs[a] * scale, k.shape[1])
         dkv = [torch.cat(dk, dim=-2), torch.cat(dv, dim=-2)]
         if incoming is not None:  # what the ranks before added to this K/V's gradient
             before = _finish(*incoming)
@@ -158,8 +172,10 @@ def ring_attention(q, k, v, cp: Axis):
     """Causal attention of this cp rank's queries over the whole sequence's keys.
 
     q, k, v: (B, nh, 2c, hs), this rank's two chunks of the sequence
-    (`split_sequence`), concatenated. Returns (B, nh, 2c, hs): this rank's rows of
-    softmax(QKᵀ/√d + causal mask)·V over the whole sequence."""
+    (`split_sequence`), concatenated; k and v may have fewer heads, nkv dividing nh
+    (grouped-query attention: each serves nh/nkv query heads, and travels the ring
+    narrow). Returns (B, nh, 2c, hs): this rank's rows of softmax(QKᵀ/√d + causal
+    mask)·V over the whole sequence."""
     if q.shape[-2] % 2:
         raise ValueError(f"ring attention needs this rank's two equal chunks, got "
                          f"{q.shape[-2]} positions")
