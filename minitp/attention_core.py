@@ -27,10 +27,11 @@ class AttentionCore(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, q, k, v):  # (B, nh, T, hs); k, v (B, nkv, T, hs), nkv dividing nh
-        if k.shape[1] != q.shape[1]:  # grouped-query: each K/V head serves nh/nkv queries
-            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        grouped = k.shape[1] != q.shape[1]  # each K/V head serves nh/nkv query heads
         if self.attention == "sdpa":  # GPTConfig refuses sdpa with dropout
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        if grouped:  # written out: each K/V head repeated for its group
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         T = q.shape[-2]
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()

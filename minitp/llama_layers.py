@@ -40,20 +40,27 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, seq_len: int, theta: float):
         super().__init__()
         self.head_dim, self.seq_len, self.theta = head_dim, seq_len, theta
+        self._tables = {}  # (length, dtype, device) -> (cos, sin): made once, not each step
 
     def positions(self, length: int, device) -> torch.Tensor:
         return torch.arange(length, device=device)
 
     def forward(self, q, k):  # (B, nh, T, hs), (B, nkv, T, hs)
-        positions = self.positions(q.shape[-2], q.device)
+        key = (q.shape[-2], q.dtype, q.device)
+        if key not in self._tables:
+            self._tables[key] = self._table(*key)
+        cos, sin = self._tables[key]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def _table(self, length: int, dtype, device):
+        positions = self.positions(length, device)
         if int(positions.max()) >= self.seq_len:
             raise ValueError(f"a sequence of {int(positions.max()) + 1} tokens is longer than "
                              f"seq_len={self.seq_len}")
         # the angles in float64, whatever the model's dtype: bf16 cannot hold p·θ
-        half = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=q.device)
+        half = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
         angles = positions.double()[:, None] * self.theta ** (-half / self.head_dim)
-        cos, sin = (f(torch.cat([angles, angles], -1)).to(q.dtype) for f in (torch.cos, torch.sin))
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return tuple(f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}"
