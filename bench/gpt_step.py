@@ -3,6 +3,7 @@
     python bench/gpt_step.py                       # CPU, a small model (a few minutes)
     python bench/gpt_step.py --preset gpt2-small   # GPT-2 small, batch 8 × 1024 (a GPU)
     python bench/gpt_step.py --preset 1.2b         # h 1536, 40 layers, 16 heads, s 1024
+    python bench/gpt_step.py --arch llama          # the Llama-style GPT beside a Llama peer
 
 What is compared. The peer is written here, as nanoGPT writes it: one fused qkv
 linear split into q, k, v, `F.scaled_dot_product_attention`, GELU MLP, pre-LN,
@@ -24,7 +25,9 @@ memory, so a second model in the same process would read as free).
 
 The last lines are the ratios (minitp ÷ peer). The goal (issue 11): ≤ 1.1× the
 peer's step time and peak memory with "sdpa"; the parallel wrapper at world 1
-within 5% of plain.
+within 5% of plain. ``--arch llama`` (issue 25): minitp's `GPTConfig.llama` (a
+quarter as many K/V heads as query heads) beside a plain-PyTorch Llama-style peer
+(`bench/llama_peer.py`: SDPA with grouped K/V), the same goal.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from llama_peer import LlamaPeer, copy_from  # bench/ is on the path: this script's folder
 
 import minitp as mt
 from minitp.runtime._device import synchronize
@@ -113,12 +117,21 @@ def _world_of_one() -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
-def build(row: str, shape, device) -> nn.Module:
+def build(row: str, shape, device, arch: str = "gpt2") -> nn.Module:
     layers, heads, d, seq, _, vocab = shape
     torch.manual_seed(0)
     attention = "math" if row == "minitp math" else "sdpa"
-    ref = mt.GPT(mt.GPTConfig(vocab_size=vocab, seq_len=seq, n_layer=layers, n_head=heads,
-                              d_model=d, attention=attention))
+    sizes = dict(vocab_size=vocab, seq_len=seq, n_layer=layers, n_head=heads, d_model=d,
+                 attention=attention)
+    if arch == "llama":
+        cfg = mt.GPTConfig.llama(**sizes, n_kv_head=max(1, heads // 4))
+        ref = mt.GPT(cfg)
+        if row == "peer":
+            peer = LlamaPeer(layers, heads, cfg.kv_heads, d, seq, vocab, cfg.ffn_width)
+            copy_from(peer, ref)
+            return peer.to(device)
+    else:
+        ref = mt.GPT(mt.GPTConfig(**sizes))
     if row == "peer":
         peer = Peer(layers, heads, d, seq, vocab)
         _copy_into_peer(peer, ref)
@@ -149,9 +162,9 @@ def make_step(model, device, dtype):
     return step
 
 
-def time_rows(shape, device, dtype, steps):
+def time_rows(shape, device, dtype, steps, arch="gpt2"):
     x, y = batch(shape, device)
-    models = {row: build(row, shape, device) for row in ROWS}
+    models = {row: build(row, shape, device, arch) for row in ROWS}
     with torch.no_grad():  # the same arithmetic: the same first loss, to float32 rounding
         first = {row: m(x, y)[1].item() for row, m in models.items()}
     spread = max(first.values()) - min(first.values())
@@ -172,12 +185,12 @@ def time_rows(shape, device, dtype, steps):
     return {row: statistics.median(t) for row, t in seconds.items()}
 
 
-def peak_bytes_here(row, shape, device, dtype) -> int:
+def peak_bytes_here(row, shape, device, dtype, arch="gpt2") -> int:
     """Peak memory of building and stepping one model: in this process on a GPU."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    model = build(row, shape, device)
+    model = build(row, shape, device, arch)
     step = make_step(model, device, dtype)
     x, y = batch(shape, device)
     for _ in range(3):
@@ -188,10 +201,10 @@ def peak_bytes_here(row, shape, device, dtype) -> int:
     return peak
 
 
-def peak_bytes_in_a_fresh_process(row, preset, dtype) -> int:
+def peak_bytes_in_a_fresh_process(row, preset, dtype, arch="gpt2") -> int:
     """On the CPU: a process of its own, the growth of its peak resident set."""
     out = subprocess.run([sys.executable, __file__, "--measure-peak", row, "--preset", preset,
-                          "--dtype", dtype, "--device", "cpu"],
+                          "--dtype", dtype, "--device", "cpu", "--arch", arch],
                          capture_output=True, text=True, timeout=600, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -206,11 +219,11 @@ def _peak_resident_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status: peak memory needs Linux")
 
 
-def _measure_peak_here(row, shape, dtype) -> int:
+def _measure_peak_here(row, shape, dtype, arch) -> int:
     device = torch.device("cpu")
     x, y = batch(shape, device)
     before = _peak_resident_bytes()
-    model = build(row, shape, device)
+    model = build(row, shape, device, arch)
     step = make_step(model, device, dtype)
     for _ in range(3):
         step(x, y)
@@ -225,29 +238,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", choices=("fp32", "bf16", "both"), default="both")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2",
+                        help="llama: GPTConfig.llama beside a plain-PyTorch Llama-style peer")
     parser.add_argument("--measure-peak", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
     preset = args.preset or ("gpt2-small" if device.type == "cuda" else "cpu")
     shape = PRESETS[preset]
     if args.measure_peak:
-        print(_measure_peak_here(args.measure_peak, shape, args.dtype))
+        print(_measure_peak_here(args.measure_peak, shape, args.dtype, args.arch))
         return
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     dtypes = ("fp32", "bf16") if args.dtype == "both" else (args.dtype,)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     layers, heads, d, seq, b, vocab = shape
-    print(f"{preset}: {layers} layers, {heads} heads, d {d}, seq {seq}, batch {b}, vocab {vocab};"
+    print(f"{args.arch}, {preset}: {layers} layers, {heads} heads, d {d}, seq {seq}, batch {b}, "
+          f"vocab {vocab};"
           f" {name}, torch {torch.__version__}; median of {args.steps} steps, round robin",
           flush=True)
     figures, ratios = {}, []
     for dtype in dtypes:
         print(f"{dtype}: timing {len(ROWS)} models ...", flush=True)
-        seconds = time_rows(shape, device, dtype, args.steps)
+        seconds = time_rows(shape, device, dtype, args.steps, args.arch)
         print(f"{dtype}: peak memory, one model at a time ...", flush=True)
-        peaks = {row: (peak_bytes_here(row, shape, device, dtype) if device.type == "cuda"
-                       else peak_bytes_in_a_fresh_process(row, preset, dtype)) for row in ROWS}
+        peaks = {row: (peak_bytes_here(row, shape, device, dtype, args.arch)
+                       if device.type == "cuda"
+                       else peak_bytes_in_a_fresh_process(row, preset, dtype, args.arch))
+                 for row in ROWS}
         figures[dtype] = {"seconds": seconds, "peak_bytes": peaks}
         print(f"\n{dtype}:")
         print(f"  {'':36} {'step':>10} {'×peer':>6} {'peak':>10} {'×peer':>6}")
@@ -261,8 +279,9 @@ def main() -> None:
                       f"parallelize (world 1) / plain: {wrapped / plain:.2f}×")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": preset, "device": name, "torch": torch.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "figures": figures}, f, indent=1)
+            json.dump({"arch": args.arch, "preset": preset, "device": name,
+                       "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+                       "figures": figures}, f, indent=1)
     print()
     for line in ratios:
         print(line)
