@@ -111,6 +111,10 @@ class GPTConfig:
                                  "query heads")
         if self.ffn_hidden is not None:
             check_positive_int("GPTConfig.ffn_hidden", self.ffn_hidden)
+        if self.positions == "rope" and self.n_kv_head is None:
+            raise ValueError("positions='rope' rotates q and k in the attention with separate q "
+                             "and kv projections: give n_kv_head (n_head for one K/V head per "
+                             "query head), as GPTConfig.llama does")
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"positions='rope' rotates pairs of features: head_dim="
                              f"{self.head_dim} (d_model/n_head) must be even")

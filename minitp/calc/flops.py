@@ -19,6 +19,7 @@ from ..rules import (
     placement_of,
 )
 from ._util import number
+from .params import attention_weights, mlp_weights
 
 
 def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
@@ -44,33 +45,53 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
     MoE layer's forward is 8Bsh² (attention) + 16Bsh²·(k + 1 if a shared expert) + 2BshE
     (the router) in place of 24Bsh² — dropless routing, every token's k assignments
     run (a capacity factor that drops some runs fewer; not modelled).
+
+    The Llama-style parts change only the weight matrices (`layer_matrix_flops`): a
+    layer's forward is 2Bs·(its weights), 2Bs(2h² + 2Kdh + 3hf) for grouped-query
+    attention (K/V heads K, d = h/a) and a SwiGLU f wide. QKᵀ and ·V stay 4Bs²h: the
+    core repeats the K/V heads to all a query heads (grouped-query attention, Ainslie
+    et al. 2023, saves the kv projection's FLOPs and the K/V cache, not these).
+    RMSNorm, the rotary rotation (Su et al. 2021), silu and the gate's product are
+    elementwise, not matrix FLOPs: not counted, as Eq. 7 leaves out GELU, softmax and
+    LayerNorm. Selective recomputation stays Eq. 8's s/(3h) term; with full
+    recomputation the last matmul minitp skips is mlp.proj's, 2Bsfh.
     """
     check_recompute(recompute)
     B, s, L, h, V = global_batch, cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
     passes = 4 if recompute == "full" else 3  # forward passes' worth of the layers
-    if getattr(cfg, "n_experts", 0):
-        matrices = passes * B * s * layer_matrix_flops(cfg)
-    else:
-        matrices = passes * 24 * B * s * L * h * h
+    matrices = passes * B * s * layer_matrix_flops(cfg)
     attention = {None: 12, "selective": 24, "full": 16}[recompute] * B * L * s * s * h
     output_layer = 3 * 2 * B * s * h * V
     return matrices + attention + output_layer
 
 
 def layer_matrix_flops(cfg, experts_only: bool = False) -> int:
-    """Forward FLOPs per token of every layer's weight matrices: 24h² a dense layer;
-    an MoE layer 8h² + 16h²·(k + shared) + 2hE. ``experts_only``: the routed experts'
-    16h²·k per MoE layer alone."""
-    h, total = cfg.d_model, 0
+    """Forward FLOPs per token of every layer's weight matrices, 2 per weight (a
+    (1×k)·(k×n) product is 2kn): 24h² a dense GPT-2 layer; an MoE layer 8h² +
+    16h²·(k + shared) + 2hE. ``experts_only``: the routed experts' 16h²·k per MoE
+    layer alone.
+
+    Other parts (`minitp.calc.params.attention_weights`, `mlp_weights`): attention
+    2·(2h² + 2Kdh) with separate q and kv (the kv projection is 2Kd wide, K/V heads K,
+    d = h/a: Ainslie et al. 2023), 8h² fused; the MLP 2·3hf for a SwiGLU (gate and up
+    h×f each, proj f×h: Shazeer 2020), 2·2hf for GELU (f = 4h: 16h²). A Llama layer:
+    4h² + 4Kdh + 6hf (Touvron et al. 2023's 8h/3-wide SwiGLU: 16h², GELU's at 4h)."""
+    total = 0
+    attention = 2 * attention_weights(cfg)
     for i in range(cfg.n_layer):
-        if not cfg.is_moe_layer(i):
-            total += 0 if experts_only else 24 * h * h
+        if not _is_moe_layer(cfg, i):
+            total += 0 if experts_only else attention + 2 * mlp_weights(cfg)
         elif experts_only:
-            total += 16 * h * h * cfg.top_k
+            total += 16 * cfg.d_model ** 2 * cfg.top_k
         else:
-            total += (8 * h * h + 16 * h * h * (cfg.top_k + cfg.shared_expert)
+            h = cfg.d_model
+            total += (attention + 16 * h * h * (cfg.top_k + cfg.shared_expert)
                       + 2 * h * cfg.n_experts)
     return total
+
+
+def _is_moe_layer(cfg, index: int) -> bool:
+    return getattr(cfg, "n_experts", 0) > 0 and cfg.is_moe_layer(index)
 
 
 def model_flops(cfg, global_batch: int) -> int:

@@ -13,9 +13,10 @@ from ..rules import (
     check_zero_bubble,
     check_zero_stage,
     interleaving_fits,
+    kv_layout,
 )
 from ._util import number
-from .params import expert_params_per_stage, params_per_stage
+from .params import expert_params_per_stage, ffn_width, grouped, params_per_stage, swiglu
 
 # bytes per parameter: (parameters, gradients, optimizer state)
 OPTIMIZERS = {
@@ -88,6 +89,35 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     Full recomputation keeps the layer's input, 2sbh; with sequence parallelism
     that input is a sequence shard, 2sbh/t (not a row of Table 2).
 
+    The Llama-style parts (`minitp.GPTConfig.llama`; a MODEL: Table 2's tensor-by-tensor
+    count carried over to them, the same 16-bit activations and 1-byte masks). f is the
+    MLP's width (``cfg.ffn_width``), d = h/a the head dimension, K the K/V heads:
+
+    * RMSNorm (Zhang and Sennrich 2019) keeps its input, as LayerNorm: the 10sbh is
+      unchanged (the two norms' inputs 4sbh, the attention's and the MLP's inputs 4sbh,
+      the two dropout masks 2sbh; q and kv read one input, kept once);
+    * rotary positions (Su et al. 2021): the rotated q and k are what attention keeps;
+      the rotation multiplies by fixed cos/sin tables, so autograd keeps the tables, not
+      the unrotated q and k: no term of its own;
+    * grouped-query attention (Ainslie et al. 2023): the kv projection gives K heads;
+      the attention core repeats them to its a heads (Megatron-LM's unfused core does
+      the same) and QKᵀ and ·V keep the repeated K and V, 4sbh/t as GPT-2's. Under
+      selective recomputation the core's inputs are kept instead, K and V still at
+      their K heads: 4sbd·K/t (each rank's K/t), or 4sbd where t exceeds K (each rank
+      computes its one replicated K/V head, `minitp.tensor_parallel.kv_heads`);
+    * the MLP: GELU keeps its input and output, 2sbf + 2sbf (16sbh at f = 4h); a
+      SwiGLU (Shazeer 2020) its fc output 2f wide (silu's input and the up half,
+      4sbf), silu's output (2sbf) and the product, proj's input (2sbf): 8sbf, split by t.
+
+    So GPT-2's 24sbh/t is (4sbh + 4sbh [K, V] + 4sbf [GELU]) / t in general, and a
+    Llama layer keeps sbh(10 + (8 + 8f/h)/t) + 5as²b/t: 10 + (8 + 64/3)/t at f = 8h/3.
+    With ``cfg.dropout`` = 0 torch keeps no dropout masks and the attention dropout's
+    output is the softmax's (2sbh, /t with sequence parallelism, and 3as²b/t fewer):
+    the formula, as Table 2, counts them anyway. tests/calc/test_llama_calc.py sets
+    the `ActivationLedger` beside it on minitp's models, every byte of the difference
+    named (torch's CPU RMSNorm keeps a float32 input and x/rms, the rotary cos/sin
+    tables, kv's own sequence gather, ...).
+
     Context parallelism (cp = c > 1) is a MODEL here, not in the paper: each rank
     holds s/c of the sequence, so every term is divided by c — the attention term
     counted as this rank's s/c queries against all s keys, 5as²b/(tc), which a
@@ -102,9 +132,22 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     if recompute == "full":
         return number(Fraction(2 * sbh, (tp if sp else 1) * cp))
     replicated = Fraction(10 * sbh, tp if sp else 1)
-    split = Fraction(24 * sbh, tp)
+    q_and_proj_input = Fraction(4 * sbh, tp)
+    if recompute == "selective":  # the core's inputs: K and V at this rank's K/V heads
+        k_and_v = 4 * s * b * Fraction(h, a) * _kv_heads_per_rank(cfg, tp)
+    else:  # QKᵀ and ·V keep K and V repeated to this rank's a/t heads
+        k_and_v = Fraction(4 * sbh, tp)
+    mlp = Fraction((8 if swiglu(cfg) else 4) * s * b * ffn_width(cfg), tp)
     attention = 0 if recompute == "selective" else Fraction(5 * a * s * s * b, tp)
-    return number((replicated + split + attention) / cp)
+    return number((replicated + q_and_proj_input + k_and_v + mlp + attention) / cp)
+
+
+def _kv_heads_per_rank(cfg, tp: int) -> Fraction:
+    """The K/V heads one tp rank computes: K/t, or 1 where t exceeds K (replicated);
+    a GPT-2 layer has a K/V head per query head, a/t."""
+    if not grouped(cfg):
+        return Fraction(cfg.n_head, tp)
+    return Fraction(cfg.kv_heads, tp) if kv_layout(cfg, tp) == "split" else Fraction(1)
 
 
 def microbatches_in_flight(pp: int, microbatches: int | None = None,

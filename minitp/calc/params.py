@@ -3,6 +3,17 @@
 Symbols as in Narayanan et al. 2021 (arXiv 2104.04473): l layers, h hidden
 size, V vocabulary, s sequence length. Every count here is an exact integer.
 
+The layer's parts follow the configuration (`minitp.GPTConfig`; GPT-2's when a shape has
+no such field): LayerNorm (weight, and a shift with ``cfg.bias``) or RMSNorm (weight only,
+Zhang and Sennrich 2019); learned positions (sh) or rotary ones (none: Su et al. 2021);
+one fused qkv projection h→3h or, with ``n_kv_head`` = K, q (h→h) and kv (h→2K·d, d the
+head dimension: grouped-query attention, Ainslie et al. 2023); a GELU MLP h→f→h or a
+SwiGLU one, fc h→2f (gate and up) and proj f→h (Shazeer 2020), f = ``cfg.ffn_width``
+(4h; a SwiGLU 8h/3 rounded up to 16, as Touvron et al. 2023). Under tp the q, kv, qkv
+and fc weights (and biases) are column-split, attn.proj and mlp.proj row-split (their
+biases whole), the norms whole; kv is split by K/V head where tp divides K and whole on
+every rank where tp exceeds K (`minitp.head_rules.kv_layout`: "replicated").
+
 A mixture of experts (``cfg.n_experts`` = E > 0) changes the layers ``cfg.is_moe_layer``
 picks: their MLP becomes a router (h×E, no bias), E expert MLPs (h→4h→h, biases with
 ``cfg.bias``) and, with ``cfg.shared_expert``, one more dense MLP. minitp splits the
@@ -13,7 +24,85 @@ shared expert over tp like a dense MLP, but not the router nor the routed expert
 
 from __future__ import annotations
 
-from ..rules import check_parallel_config, round_up
+from ..rules import check_parallel_config, kv_layout, round_up
+
+
+# --------------------------------------------------------------------------- the layer's parts
+# Read with GPT-2's defaults, so that a bare shape (a SimpleNamespace with the sizes, as the
+# lessons' questions pass) is a GPT-2 layer.
+def ffn_width(cfg) -> int:
+    """The MLP's hidden width f: ``cfg.ffn_width``, 4h for a shape without one."""
+    return getattr(cfg, "ffn_width", 4 * cfg.d_model)
+
+
+def swiglu(cfg) -> bool:
+    """Whether the MLP is a SwiGLU (Shazeer 2020): gate and up, three h×f matrices."""
+    return getattr(cfg, "mlp", "gelu") == "swiglu"
+
+
+def grouped(cfg) -> bool:
+    """Whether attention has separate q and kv projections (``n_kv_head`` set)."""
+    return getattr(cfg, "n_kv_head", None) is not None
+
+
+def kv_width(cfg) -> int:
+    """The kv projection's output features, 2·K·d (K/V heads times head dimension)."""
+    return 2 * cfg.kv_heads * cfg.head_dim
+
+
+def learned_positions(cfg) -> bool:
+    return getattr(cfg, "positions", "learned") == "learned"
+
+
+def norm_params(cfg) -> int:
+    """One norm: LayerNorm h weights (+ h shift with ``cfg.bias``), RMSNorm h weights."""
+    if getattr(cfg, "norm", "layernorm") == "rmsnorm":
+        return cfg.d_model
+    return 2 * cfg.d_model if cfg.bias else cfg.d_model
+
+
+def gpt2_layer(cfg) -> bool:
+    """Whether the layer is Narayanan et al.'s: fused qkv, GELU MLP 4h wide, LayerNorm,
+    learned positions (biases or not)."""
+    return (not grouped(cfg) and not swiglu(cfg) and ffn_width(cfg) == 4 * cfg.d_model
+            and getattr(cfg, "norm", "layernorm") == "layernorm" and learned_positions(cfg))
+
+
+def attention_weights(cfg) -> int:
+    """Attention's weight matrices: 4h² fused (h×3h + h×h); grouped q, kv and proj,
+    2h² + 2K·d·h (Ainslie et al. 2023: the kv projection is K/n_head of GPT-2's k and v)."""
+    h = cfg.d_model
+    return 2 * h * h + (kv_width(cfg) * h if grouped(cfg) else 2 * h * h)
+
+
+def mlp_weights(cfg) -> int:
+    """The dense MLP's weight matrices: 2hf (GELU: fc, proj), 3hf (SwiGLU: gate, up, proj)."""
+    return (3 if swiglu(cfg) else 2) * cfg.d_model * ffn_width(cfg)
+
+
+def _attention_split(cfg, tp: int) -> tuple[int, int]:
+    """Attention's parameters on a tp rank: (split over tp, whole on each rank).
+
+    Split: the column-parallel qkv (or q, and kv when tp divides the K/V heads) with their
+    biases and the row-parallel proj's weight; whole: proj's bias (added after the
+    all-reduce) and a replicated kv (tp above the K/V heads: `ReplicatedKV`)."""
+    h, bias = cfg.d_model, cfg.bias
+    split, whole = h * h, h if bias else 0  # proj: weight split by rows, bias whole
+    if not grouped(cfg):
+        return split + 3 * h * h + (3 * h if bias else 0), whole
+    split += h * h + (h if bias else 0)  # q
+    kv = kv_width(cfg) * h + (kv_width(cfg) if bias else 0)
+    if kv_layout(cfg, tp) == "split":
+        return split + kv, whole
+    return split, whole + kv
+
+
+def _mlp_split(cfg) -> tuple[int, int]:
+    """The dense MLP's parameters on a tp rank: (split: fc's weight and bias, proj's
+    weight; whole: proj's bias)."""
+    fc_out = (2 if swiglu(cfg) else 1) * ffn_width(cfg)
+    bias = cfg.bias
+    return mlp_weights(cfg) + (fc_out if bias else 0), cfg.d_model if bias else 0
 
 
 def param_count(cfg) -> int:
@@ -22,25 +111,34 @@ def param_count(cfg) -> int:
     Multiplied out: 12lh² (four weight matrices, h×3h + h×h + h×4h + 4h×h) +
     13lh (per layer: 9h of biases and two LayerNorms of 2h) + (V + s)h (token
     and position embeddings; the output layer is tied to the token embedding).
-    It has no final LayerNorm: see `exact_param_count`.
+    It has no final LayerNorm: see `exact_param_count`. Eq. 2 is printed for GPT-2's
+    layer (`gpt2_layer`) and is returned as printed for it, whatever ``cfg.bias``.
+
+    Any other layer (RMSNorm, rotary positions, SwiGLU, grouped-query attention, an MLP
+    not 4h wide): Eq. 2 generalized, its same terms counted for the parts the config has
+    — l layers as `layer_params_per_rank` counts them + Vh (+ sh for learned positions),
+    no final norm — i.e. `exact_param_count` less the final norm.
     """
     V, s, L, h = cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.d_model
-    return 12 * L * h * h + 13 * L * h + (V + s) * h
+    if gpt2_layer(cfg):
+        return 12 * L * h * h + 13 * L * h + (V + s) * h
+    return exact_param_count(cfg) - norm_params(cfg)
 
 
 def exact_param_count(cfg) -> int:
-    """Parameters of minitp's own `GPT(cfg)`: Eq. 2 plus the final LayerNorm's 2h.
+    """Parameters of minitp's own `GPT(cfg)`: l layers, the token embedding Vh, learned
+    positions' sh, the final norm — for GPT-2's layer with biases Eq. 2 plus ln_f's 2h.
 
     With ``cfg.bias=False`` the layers have no biases and the LayerNorms no
     shift: 2h per layer (two LayerNorm scales) instead of 13h, and h for ln_f.
-    A mixture of experts: every layer counted as `layer_params_per_rank` counts it.
+    A Llama-style layer (no biases, RMSNorm, K/V heads K, SwiGLU f wide, rotary):
+    l(2h² + 2Kdh + 3hf + 2h) + Vh + h. Each layer as `layer_params_per_rank` counts it.
     """
     if _moe(cfg):
         return params_per_stage(cfg)[0]
     V, s, L, h = cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.d_model
-    if cfg.bias:
-        return param_count(cfg) + 2 * h
-    return 12 * L * h * h + 2 * L * h + (V + s) * h + h
+    positions = s * h if learned_positions(cfg) else 0
+    return L * layer_params_per_rank(cfg) + V * h + positions + norm_params(cfg)
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -71,21 +169,27 @@ def layer_params_per_rank(cfg, tp: int = 1, index: int | None = None, ep: int = 
     parallel layers (qkv 3h, fc 4h). Whole on every rank: the row-parallel
     biases (2h) and both LayerNorms (4h). Without biases: 12h²/t + 2h.
 
+    Other parts (see the module docstring): split (2h² + 3hf + 2Kdh)/t, whole the two
+    RMSNorms' 2h, for a Llama layer whose t divides K; where t exceeds K the kv
+    projection is whole on every rank: (2h² + 3hf)/t + 2Kdh + 2h. With biases, q's h,
+    kv's 2Kd and fc's f (GELU) or 2f (SwiGLU) go with their weights, the row-parallel
+    biases (2h) are whole.
+
     Layer ``index`` of a mixture of experts, where ``cfg.is_moe_layer(index)``:
-    attention and LayerNorms as above, (4h² + 3h)/t + 5h (no bias: 4h²/t + 2h), the
+    attention and norms as above (GPT-2's: (4h² + 3h)/t + 5h, no bias: 4h²/t + 2h), the
     router hE, the shared expert (8h² + 4h)/t + h if any, and E/ep whole experts.
     """
     h = cfg.d_model
     if _moe(cfg) and index is None:
         raise ValueError("a mixture of experts' layers differ: give the layer's index")
+    split, whole = _attention_split(cfg, tp)
+    whole += 2 * norm_params(cfg)
     if _moe(cfg) and cfg.is_moe_layer(index):
         shared = ((8 * h * h + 4 * h) // tp + h if cfg.bias else 8 * h * h // tp)
-        attention = (4 * h * h + 3 * h) // tp + 5 * h if cfg.bias else 4 * h * h // tp + 2 * h
-        return (attention + h * cfg.n_experts + shared * cfg.shared_expert
+        return (split // tp + whole + h * cfg.n_experts + shared * cfg.shared_expert
                 + expert_params_per_layer(cfg, ep))
-    if cfg.bias:
-        return (12 * h * h + 7 * h) // tp + 6 * h
-    return 12 * h * h // tp + 2 * h
+    mlp_split, mlp_whole = _mlp_split(cfg)
+    return (split + mlp_split) // tp + whole + mlp_whole
 
 
 def params_per_stage(cfg, tp: int = 1, pp: int = 1, ep: int = 1) -> list[int]:
@@ -94,23 +198,23 @@ def params_per_stage(cfg, tp: int = 1, pp: int = 1, ep: int = 1) -> list[int]:
     Layers are split evenly (l/p per stage). The first stage also holds the
     token embedding (its V'/t rows, V' = `padded_vocab`) and the position
     embedding (sh, whole on every TP rank); the last stage the final LayerNorm
-    and the output layer. The output layer is tied to the token embedding: with
-    p > 1, as in Megatron-LM, the last stage keeps its own copy of it (V'h/t
-    more), and the two copies' gradients are summed every step. With p = 1 it
-    is one tensor, counted once. ``ep``: a mixture of experts' experts shared out
-    over ep ranks (E/ep per MoE layer on each).
+    and the output layer (rotary positions have none). The output layer is tied
+    to the token embedding: with p > 1, as in Megatron-LM, the last stage keeps its
+    own copy of it (V'h/t more), and the two copies' gradients are summed every
+    step. With p = 1 it is one tensor, counted once. ``ep``: a mixture of experts'
+    experts shared out over ep ranks (E/ep per MoE layer on each).
     """
     check_parallel_config(cfg, tp=tp, pp=pp)
     h = cfg.d_model
     embedding = padded_vocab(cfg.vocab_size, tp) * h // tp
-    final_norm = 2 * h if cfg.bias else h
+    final_norm = norm_params(cfg)
     per = cfg.n_layer // pp
     if _moe(cfg):
         stages = [sum(layer_params_per_rank(cfg, tp, i, ep) for i in range(k * per, (k + 1) * per))
                   for k in range(pp)]
     else:
         stages = [per * layer_params_per_rank(cfg, tp)] * pp
-    stages[0] += embedding + cfg.seq_len * h
+    stages[0] += embedding + (cfg.seq_len * h if learned_positions(cfg) else 0)
     stages[-1] += final_norm + (embedding if pp > 1 else 0)
     return stages
 

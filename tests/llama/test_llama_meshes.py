@@ -86,3 +86,10 @@ def test_the_ring_carries_kv_heads_narrow():
             cfg = mt.GPTConfig(**{**LLAMA, "n_kv_head": kv})
             model = mt.calc.cp_comm_bytes(cfg, 2, 2, bytes_per_value=8) * cfg.n_layer
             assert measured == model, (kv, measured, model)
+
+
+def test_rotary_positions_without_the_q_and_kv_projections_are_refused():
+    """GPT-2's fused qkv attention has no rotary step: rope there would train a model with
+    no positions at all, so the configuration is refused rather than built."""
+    with pytest.raises(ValueError, match="positions='rope' rotates q and k"):
+        mt.GPTConfig(positions="rope")
