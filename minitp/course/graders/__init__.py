@@ -23,6 +23,7 @@ from . import (
     ex14,
     ex15,
     ex16,
+    ex17,
 )
 
 
@@ -51,19 +52,21 @@ EXERCISES = {
                      "selective recomputation of the attention core", ex07.run),
     "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, the load-balanced "
                      "split and the ring step that uses it", ex08.run),
-    "ex09": Exercise("ex09_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex09.run),
-    "ex10": Exercise("ex10_zb_h1_order.py", "ZB-H1's order for one pipeline stage, through "
-                     "the custom-schedule API", ex10.run),
-    "ex11": Exercise("ex11_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
-                     ex11.run),
-    "ex12": Exercise("ex12_tp_step_time.py", "a tensor-parallel step's compute and "
-                     "communication, predicted", ex12.run),
-    "ex13": Exercise("ex13_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, and say why", ex13.run),
-    "ex14": Exercise("ex14_bytes_and_days.py", "two claims checked by hand: model-state GB "
-                     "and training days", ex14.run),
-    "ex15": Exercise("ex15_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
-                     "storage, refill it in place for backward, free it again", ex15.run),
-    "ex16": Exercise("ex16_moe_dispatch.py", "expert parallelism's dispatch and combine",
-                     ex16.run),
+    "ex09": Exercise("ex09_kv_heads_and_positions.py", "a tensor-parallel rank's K/V heads, "
+                     "who shares them, and a context-parallel rank's positions", ex09.run),
+    "ex10": Exercise("ex10_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex10.run),
+    "ex11": Exercise("ex11_zb_h1_order.py", "ZB-H1's order for one pipeline stage, through "
+                     "the custom-schedule API", ex11.run),
+    "ex12": Exercise("ex12_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
+                     ex12.run),
+    "ex13": Exercise("ex13_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex13.run),
+    "ex14": Exercise("ex14_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, and say why", ex14.run),
+    "ex15": Exercise("ex15_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex15.run),
+    "ex16": Exercise("ex16_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex16.run),
+    "ex17": Exercise("ex17_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex17.run),
 }

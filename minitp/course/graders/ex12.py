@@ -1,120 +1,164 @@
-"""Checks for ex12: one tensor-parallel step's compute and communication seconds.
+"""Checks for ex12: bucketed gradient sync, overlapped with backward.
 
-The learner's `tp_step_seconds(cfg, t, batch, cluster, efficiency)` against
-`calc.step_time` (the course's analytical model, itself tested against the
-papers) for Megatron-LM's weak-scaling family at t = 1, 2, 4, 8, on 8×V100 and
-8×H100 nodes, at batch 8 and 20, and at an efficiency of 30% and 50%:
+At dp = 2 and 4, in float64: each rank hooks a small GPT with the learner's
+`OverlappedGradSync` and runs two steps; in each, backward on its slice of a
+batch with unevenly ignored targets (weighted by its share of the counted
+tokens, as `train_step` does), recorded as one trace region, then
+``finish()``. Per world size:
 
-* compute seconds equal, to 1e-9 relative;
-* communication seconds equal, to 1e-9 relative — with a hint that names the
-  likely slip (something at t = 1, a factor of 2 or 4, the latency);
-* the numbers were built from the pieces: `calc.step_time` and
-  `Cluster.collective_seconds` are not called while the learner's code runs.
-
-No process is launched: the grader is the calculator.
+* after ``finish()`` every gradient equals the plain model's on the whole
+  batch, at both steps (the second shows the object serves step after step);
+* each step made exactly one all-reduce per bucket (the bucket rule of the
+  exercise), carrying every gradient once, and nothing else;
+* the trace shows the overlap: every all-reduce started inside the backward
+  region (from a hook, not after it) and was waited for after it (started
+  asynchronously, not waited for on the spot, which would stall backward).
 """
 
 from __future__ import annotations
 
-from itertools import product
+import copy
 
-from ... import calc
-from ...calc import cluster as cluster_module
-from ..labs.scaling import megatron_family
-from .base import Check, crashed, no_shortcut, not_written
+import torch
 
-TS = (1, 2, 4, 8)
-CLUSTERS = {"8xV100": calc.DGX2H_V100, "8xH100": calc.H100_80GB}
-BATCHES = (8, 20)
-EFFICIENCIES = (0.3, 0.5)
-RELATIVE = 1e-9
-NAMES = ["compute seconds equal calc.step_time's (family t = 1..8, V100 and H100)",
-         "communication seconds equal calc.step_time's (all-reduces of every layer)",
-         "built from the pieces: calc.step_time and collective_seconds not called"]
-SHORTCUT = ("the point is to see where the time goes: write the FLOPs share and the ring's "
-            "steps yourself")
+from ...model import GPT, GPTConfig
+from ...runtime import trace
+from ...runtime._device import device
+from ...runtime.launch import launch
+from ...runtime.mesh import world
+from .base import Check, run_per_size
 
-
-def _cases():
-    for (name, cluster), t, batch, eff in product(CLUSTERS.items(), TS, BATCHES, EFFICIENCIES):
-        yield f"{name}, t={t}, batch {batch}, {eff:.0%} of peak", megatron_family(t), t, batch, \
-            cluster, eff
+WORLD_SIZES = (2, 4)
+STEPS = 2
+BUCKET_BYTES = 4096  # a handful of buckets for this model (~2k float64 parameters)
+CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
+TOLERANCE = 1e-12  # float64; the sum is taken in another order than the plain model's
 
 
-class _Watch:
-    """Counts calls of the calculator's shortcuts while the learner's code runs."""
+def _expected_buckets(params, bucket_bytes):
+    sizes, size = [[]], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if sizes[-1] and size + nbytes > bucket_bytes:
+            sizes.append([])
+            size = 0
+        sizes[-1].append(nbytes)
+        size += nbytes
+    return [sum(b) for b in sizes]
 
-    def __init__(self):
-        self.calls = []
 
-    def __enter__(self):
-        self._step_time = calc.step_time
-        self._collective = cluster_module.Cluster.collective_seconds
-        watch = self
-
-        def step_time(*args, **kwargs):
-            watch.calls.append("calc.step_time")
-            return watch._step_time(*args, **kwargs)
-
-        def collective_seconds(self_, *args, **kwargs):
-            watch.calls.append("Cluster.collective_seconds")
-            return watch._collective(self_, *args, **kwargs)
-
-        calc.step_time = step_time
-        cluster_module.Cluster.collective_seconds = collective_seconds
-        return self
-
-    def __exit__(self, *exc):
-        calc.step_time = self._step_time
-        cluster_module.Cluster.collective_seconds = self._collective
+def _in_rank(sync_class):
+    """Runs on every rank: the learner's sync against the plain model's gradients."""
+    axis = world()
+    cfg = GPTConfig(**CFG)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(device())
+    model = copy.deepcopy(ref)
+    params = list(model.parameters())
+    sync = sync_class(params, axis, BUCKET_BYTES)
+    generator = torch.Generator().manual_seed(1)
+    steps = []
+    for step in range(STEPS):
+        x = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        y = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        x, y = x.to(device()), y.to(device())  # drawn on the CPU: the same on every device
+        y[step, :5] = -100  # more ignored targets in dp rank 0's slice
+        ref.zero_grad()
+        model.zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        mine = slice(2 * axis.rank, 2 * axis.rank + 2)  # this rank's contiguous slice
+        share = int((y[mine] != -100).sum()) / int((y != -100).sum())  # a float64 weight
+        first = len(trace.events())
+        _, local = model(x[mine], y[mine])
+        with trace.region("backward", "bwd"):
+            (local * share).backward()
+        sync.finish()
+        events = trace.events()[first:]
+        backward = next(e for e in events if e.op == "compute" and e.label == "backward")
+        comms = [e for e in events if e.is_comm]
+        missing = [n for (n, _), p in zip(ref.named_parameters(), params, strict=True)
+                   if p.grad is None]
+        worst = max(((p.grad - q.grad).abs().max().item(), name)
+                    for (name, q), p in zip(ref.named_parameters(), params, strict=True)
+                    if p.grad is not None) if not missing else (float("inf"), missing[0])
+        steps.append({
+            "error": worst, "ops": [e.op for e in comms], "nbytes": [e.nbytes for e in comms],
+            "times": [(e.start - backward.start, e.end - backward.start) for e in comms],
+            "backward": backward.end - backward.start,
+        })
+    return {"steps": steps, "expected": _expected_buckets(params, BUCKET_BYTES)}
 
 
 def run(module) -> list[Check]:
-    cases, answers = list(_cases()), []
-    with _Watch() as watch:  # only the learner's code runs inside: the reference comes after
-        for label, cfg, t, batch, cluster, eff in cases:
-            try:
-                answers.append(module.tp_step_seconds(cfg, t, batch, cluster, eff))
-            except NotImplementedError as exc:
-                return not_written(NAMES, "tp_step_seconds", str(exc))
-            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
-                return crashed(NAMES, label, exc, "return a pair: (compute, communication)")
-    results = [(label, cfg, t, got, calc.step_time(cfg, cluster, tp=t, micro_batch=batch,
-                                                   efficiency=eff))
-               for (label, cfg, t, batch, cluster, eff), got in zip(cases, answers, strict=True)]
-    return [_compute(results), _communication(results),
-            no_shortcut(NAMES[2], watch.calls, SHORTCUT)]
+    def launch_at(n):
+        return launch(_in_rank, n, module.OverlappedGradSync, timeout=20.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="OverlappedGradSync",
+                        size="dp")
 
 
-def _relative(got, expected) -> float:
-    return abs(got - expected) / max(abs(expected), 1e-30) if expected else abs(got)
+def _names(n) -> list[str]:
+    return [f"dp={n}: gradients equal the plain model's, step after step",
+            f"dp={n}: one all-reduce per bucket",
+            f"dp={n}: every all-reduce starts during backward, waited for after it"]
 
 
-def _compute(results) -> Check:
-    for label, _cfg, _t, got, expected in results:
-        error = _relative(got[0], expected.compute)
-        if error > RELATIVE:
-            return Check(NAMES[0], False, f"{label}: {got[0]:.4g} s, expected "
-                         f"{expected.compute:.4g} s", tensor="compute", max_error=error,
-                         hint="the FLOPs of one step of the whole batch, divided among the t "
-                              "GPUs, at the fraction of peak you are given")
-    return Check(NAMES[0], True, f"{len(results)} cases")
+def _judge(n, names, per_rank) -> list[Check]:
+    return [_equality(names[0], per_rank), _count(names[1], per_rank),
+            _overlap(names[2], per_rank)]
 
 
-def _communication(results) -> Check:
-    for label, _cfg, t, got, expected in results:
-        error = _relative(got[1], expected.tp)
-        if error <= RELATIVE:
-            continue
-        ratio = got[1] / expected.tp if expected.tp else None
-        if t == 1:
-            hint = "with one GPU there is nobody to all-reduce with"
-        elif ratio and min(abs(ratio - k) for k in (0.25, 0.5, 2, 4)) < 1e-6:
-            hint = (f"off by a factor of {ratio:g}: count the all-reduces per layer in both "
-                    "passes again, and the steps of one ring")
-        else:
-            hint = ("each ring step pays the latency once and moves 1/t of the tensor; "
-                    "the tensor is batch × seq_len × d_model values of 2 bytes")
-        return Check(NAMES[1], False, f"{label}: {got[1]:.4g} s, expected {expected.tp:.4g} s",
-                     tensor="communication", max_error=error, hint=hint)
-    return Check(NAMES[1], True, f"{len(results)} cases")
+def _equality(name, per_rank) -> Check:
+    error, step, rank, tensor = max((s["error"][0], k, rank, s["error"][1])
+                                    for rank, r in enumerate(per_rank)
+                                    for k, s in enumerate(r["steps"]))
+    if error <= TOLERANCE:
+        return Check(name, True, f"largest error {error:.1e}", max_error=error)
+    where = f"step {step + 1}, rank {rank}, {tensor}.grad"
+    if error == float("inf"):
+        return Check(name, False, f"{where} is None", rank=rank, tensor=tensor,
+                     hint="copy each bucket's sum back into the gradients it came from")
+    return Check(name, False, f"{where}: largest error {error:.3g}", rank=rank, tensor=tensor,
+                 max_error=error, hint="a sum, no division (the loss weighting did it); each "
+                 "piece of the sum back into the gradient it came from; and the second step "
+                 "starts from a clean slate")
+
+
+def _count(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            others = sorted({op for op in s["ops"] if op != "all_reduce"})
+            if others:
+                return Check(name, False, f"step {k + 1}, rank {rank} called "
+                             f"{', '.join(others)}", rank=rank,
+                             hint="sum with mt.comm.all_reduce_start only, once per bucket")
+            if s["nbytes"] != r["expected"]:
+                return Check(name, False, f"step {k + 1}, rank {rank} all-reduced (and "
+                             f"waited for) {len(s['nbytes'])} tensors of {s['nbytes']} bytes; "
+                             f"expected {len(r['expected'])} buckets of {r['expected']} bytes",
+                             rank=rank, hint="read the bucket rule in the exercise again; "
+                             "every bucket's all-reduce is waited for, at every step")
+    buckets = len(per_rank[0]["expected"])
+    return Check(name, True, f"{buckets} all-reduces per step, every gradient once")
+
+
+def _overlap(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            for b, (start, end) in enumerate(s["times"]):
+                where = f"step {k + 1}, rank {rank}: all-reduce {b}"
+                if not 0 <= start < s["backward"]:
+                    when = ("after backward ended" if start >= s["backward"]
+                            else "before backward began")
+                    return Check(name, False, f"{where} started {when}", rank=rank,
+                                 hint="start each bucket's sum from a gradient hook, as soon "
+                                      "as its last gradient is in")
+                if end < s["backward"]:
+                    return Check(name, False, f"{where} was over before backward ended: "
+                                 "backward stood still while it ran", rank=rank,
+                                 hint="start it with mt.comm.all_reduce_start and wait() for "
+                                      "it in finish()")
+    leads = [s["backward"] - start for r in per_rank for s in r["steps"] for start, _ in s["times"]]
+    return Check(name, True, f"started {max(leads) * 1e3:.1f} to {min(leads) * 1e3:.1f} ms "
+                 "before backward ended")

@@ -29,7 +29,7 @@ def replica_nodes(seed=None) -> Question:
         ],
         worked=lambda p: (
             f"one replica is pp·tp = {p['pp']}·{p['tp']} = {p['pp'] * p['tp']} ranks, and with "
-            "tp fastest, then dp, then pp (lesson 11), its tp groups are adjacent ranks; "
+            "tp fastest, then dp, then pp (lesson 12), its tp groups are adjacent ranks; "
             f"{p['pp'] * p['tp']} GPUs at {GPUS_PER_NODE} a node is "
             f"{p['tp'] * p['pp'] // GPUS_PER_NODE} node(s) of GPUs (their ranks interleave "
             "with other replicas' along dp, but the count is the same)."),

@@ -1,119 +1,151 @@
-"""Lesson 09's questions: the interleaved bubble, the activations a 1F1B stage holds, and
-which schedule halves the bubble while staying synchronous."""
+"""Lesson 09's questions: the ring's bytes with grouped-query attention, the K/V weight a
+tensor-parallel rank holds when tp is above the K/V heads, and the positions a
+context-parallel rank must rotate by."""
 
 from __future__ import annotations
 
-from ...calc.flops import bubble as bubble_fraction
-from ...pipeline.schedules import SCHEDULES
+from types import SimpleNamespace
+
+from ...calc.comm import cp_comm_bytes
 from .form import Question, Wrong
 
+LETTERS = "abcd"
+# (name, n_head, n_kv, d_model): Llama 3's 8B and 70B (Meta, "The Llama 3 Herd of Models"
+# 2024, Table 3: 32 and 64 query heads, 8 K/V heads, model dimension 4096 and 8192)
+MODELS = (("Llama 3 8B", 32, 8, 4096), ("Llama 3 70B", 64, 8, 8192))
 
-def bubble(seed=None) -> Question:
+
+def _cfg(n_head, n_kv, d, seq):
+    return SimpleNamespace(n_head=n_head, kv_heads=n_kv, head_dim=d // n_head,
+                           seq_len=seq, d_model=d)
+
+
+def ring_bytes(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8))  # p > 2 keeps p/(v·m) apart from (p-1)/m
-        return {"p": p, "m": p * rng.choice((2, 4, 8)), "v": rng.choice((2, 3, 4))}
+        name, heads, kv, d = rng.choice(MODELS)
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "seq": rng.choice((8192, 16384)),
+                "cp": rng.choice((2, 4, 8))}
+
+    def mib(p, kv=None):
+        cfg = _cfg(p["heads"], p["kv"] if kv is None else kv, p["d"], p["seq"])
+        return cp_comm_bytes(cfg, 1, p["cp"], 1, bytes_per_value=2) / 2**20
 
     return Question(
-        key="09.bubble", seed=seed, draw=draw,
-        text=lambda p: (f"An interleaved 1F1B pipeline has p = {p['p']} stages, each rank "
-                        f"holding v = {p['v']} chunks of layers, and runs m = {p['m']} "
-                        "microbatches per step. What is its bubble: the idle time of a rank "
-                        "as a fraction of its busy (useful) time, on paper? (A fraction such "
-                        "as 0.25; within 1%.)"),
-        right=lambda p: bubble_fraction(p["p"], p["m"], p["v"]),
+        key="09.ring-bytes", seed=seed, draw=draw,
+        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads, "
+                        f"d_model {p['d']}) trains on sequences of {p['seq']} tokens split over "
+                        f"cp = {p['cp']} ranks by ring attention (load-balanced), one sequence "
+                        "a microbatch, bf16, no tensor parallelism. The ring passes K and V at "
+                        "their own heads: forward K and V go cp−1 hops, backward K and V again "
+                        "and the dK/dV accumulators cp hops. How many MiB does one rank send "
+                        "per layer per microbatch? (In MiB; within 1%.)"),
+        right=mib,
         wrong=[
-            Wrong(lambda p: (p["p"] - 1) / p["m"],
-                  "that is GPipe's and plain 1F1B's bubble: interleaving makes every unit 1/v "
-                  "as long, so the fill and drain take 1/v as long"),
-            Wrong(lambda p: p["p"] / (p["v"] * p["m"]),
-                  "the fill and drain take p-1 slots, not p: the first stage starts at once"),
-            Wrong(lambda p: (p["p"] - 1) / (p["v"] * p["m"] + p["p"] - 1),
-                  "that is the idle share of the whole step (idle over idle + busy); the "
-                  "bubble is counted against the busy time alone"),
+            Wrong(lambda p: mib(p, p["heads"]),
+                  "that is with a K/V head per query head: the ring would carry K and V widened "
+                  "to the query heads, which minitp's ring does not (it widens each block as it "
+                  "computes)"),
+            Wrong(lambda p: mib(p) * 2 * (p["cp"] - 1) / (2 * (3 * p["cp"] - 2)),
+                  "that is the forward's sends only; backward passes K and V again and the "
+                  "dK/dV accumulators a full turn home"),
+            Wrong(lambda p: mib(p) * 4 * (p["cp"] - 1) / (2 * (3 * p["cp"] - 2)),
+                  "that is K and V forward and backward, without the dK/dV accumulators, which "
+                  "travel a full turn (cp hops) to come home to their owner"),
         ],
         worked=lambda p: (
-            f"the fill and drain cost p-1 = {p['p'] - 1} unit slots, each unit 1/v of a "
-            f"stage's layers, against m = {p['m']} microbatches of v = {p['v']} units each: "
-            f"(p-1)/(v·m) = {p['p'] - 1}/{p['v'] * p['m']} = "
-            f"{bubble_fraction(p['p'], p['m'], p['v']):.4f} (`minitp.calc.bubble`, which "
-            "`simulate` reproduces tick for tick; a MODEL: the measured bubbles in this lesson "
-            "sit above it, each hop adding latency). The price: v times the messages."),
+            f"each message is one rank's K or V: (s/cp)·n_kv·d_head values = {p['seq']}/{p['cp']}"
+            f" × {p['kv']} × {p['d'] // p['heads']} × 2 bytes; 2(3cp−2) = "
+            f"{2 * (3 * p['cp'] - 2)} messages: {mib(p):.2f} MiB (`mt.calc.cp_comm_bytes`, a "
+            f"MODEL the trace matches in the lesson). With a K/V head per query head it would "
+            f"be {mib(p, p['heads']):.2f} MiB: n_head/n_kv = {p['heads'] // p['kv']} times."),
     )
 
 
-def in_flight(seed=None) -> Question:
+def kv_weight(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8))
-        # a middle stage (not the first, not the last) and m >= 2p
-        return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
-                "gib": rng.choice((1.5, 2.0, 3.0))}
+        name, heads, kv, d = rng.choice(MODELS)
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "tp": rng.choice((16, 32))}
 
-    def peak(p, schedule="1f1b"):
-        alive = most = 0
-        for kind, _, _ in SCHEDULES[schedule](p["p"], p["r"], p["m"]):
-            alive += 1 if kind == "F" else -1
-            most = max(most, alive)
-        return most
+    def mib(p):  # the whole K/V projection on every rank: 2·n_kv·d_head·d, bf16
+        return 2 * p["kv"] * (p["d"] // p["heads"]) * p["d"] * 2 / 2**20
 
     return Question(
-        key="09.in-flight", seed=seed, draw=draw,
-        text=lambda p: (f"A pipeline of p = {p['p']} stages (from 0) runs m = {p['m']} "
-                        "microbatches with the 1F1B schedule. On stage r = "
-                        f"{p['r']}, one microbatch's forward keeps {p['gib']:g} GiB of "
-                        "activations until its backward. How many GiB of activations does "
-                        "that stage hold at its peak? (In GiB; within 1%.)"),
-        right=lambda p: peak(p) * p["gib"],
+        key="09.kv-weight", seed=seed, draw=draw,
+        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads of "
+                        f"{p['d'] // p['heads']}, d_model {p['d']}) runs at tp = {p['tp']}, "
+                        "above its K/V heads, as minitp runs it (the whole K/V projection "
+                        "replicated on every rank, each computing its one K/V head). How many "
+                        "MiB of one layer's K/V projection weight does one tp rank hold, in "
+                        "bf16? (In MiB; within 1%.)"),
+        right=mib,
         wrong=[
-            Wrong(lambda p: p["m"] * p["gib"],
-                  "that is GPipe's peak, every microbatch's forward before any backward; 1F1B "
-                  "starts backwards after a warm-up, whatever m is"),
-            Wrong(lambda p: p["p"] * p["gib"],
-                  "that is the first stage's peak, p microbatches; stage r holds p-r"),
-            Wrong(lambda p: (p["p"] - p["r"] - 1) * p["gib"],
-                  "that counts the warm-up forwards only: the steady state runs one more "
-                  "forward before the first backward"),
+            Wrong(lambda p: mib(p) / p["tp"],
+                  "that splits the K/V projection over tp as if tp divided the K/V heads: "
+                  "there are fewer K/V heads than ranks"),
+            Wrong(lambda p: mib(p) / p["kv"],
+                  "that is one K/V head's K and V: Megatron-Core keeps only the head a rank "
+                  "reads; minitp keeps the whole projection and sums its gradient over tp"),
+            Wrong(lambda p: mib(p) / 2,
+                  "that counts K or V, not both"),
         ],
         worked=lambda p: (
-            f"stage r runs p-r-1 = {p['p'] - p['r'] - 1} warm-up forwards, then one more "
-            "before its first backward, and from then on one forward per backward: "
-            f"p-r = {peak(p)} microbatches in flight at most (counted from "
-            f"`minitp.pipeline.SCHEDULES['1f1b']`), {peak(p) * p['gib']:g} GiB. GPipe would "
-            f"hold all m = {p['m']}, {peak(p, 'gpipe') * p['gib']:g} GiB."),
+            f"2 (K and V) × n_kv × d_head × d_model × 2 bytes = 2 × {p['kv']} × "
+            f"{p['d'] // p['heads']} × {p['d']} × 2 = {mib(p):.1f} MiB on every rank "
+            f"(`ReplicatedKV`); Megatron-Core would keep one head's, {mib(p) / p['kv']:.1f} MiB, "
+            "and sum its gradient over the ranks that share it."),
     )
 
 
-def halve_bubble(seed=None) -> Question:
+def rope_positions(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8, 16))
-        return {"p": p, "m": p * rng.choice((2, 4))}
+        cp = rng.choice((2, 4, 8))
+        rank = rng.randrange(1, cp)  # rank 0's local and contiguous positions coincide
+        order = list(range(4))
+        rng.shuffle(order)  # where each kind of answer sits among (a)-(d)
+        return {"cp": cp, "rank": rank, "s": 1024 * cp, "order": order}
+
+    def chunks(p):  # 2·cp chunks of s / (2·cp) tokens: rank i holds i and 2cp−1−i
+        c, i = p["s"] // (2 * p["cp"]), p["rank"]
+        return (f"[{i * c}, {(i + 1) * c}) and [{(2 * p['cp'] - 1 - i) * c}, "
+                f"{(2 * p['cp'] - i) * c})")
+
+    def answers(p):
+        per, i, c = p["s"] // p["cp"], p["rank"], p["s"] // (2 * p["cp"])
+        return [chunks(p),                                   # right: the load-balanced split
+                f"[0, {per})",                               # local positions: the trap
+                f"[{i * per}, {(i + 1) * per})",             # the contiguous split
+                f"[{i * c}, {(i + 1) * c}) and [{(i + p['cp']) * c}, "  # chunks i and i + cp
+                f"{(i + p['cp'] + 1) * c})"]
+
+    def letter(p, kind):
+        return LETTERS[p["order"].index(kind)]
 
     return Question(
-        key="09.halve-bubble", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A 1F1B pipeline of p = {p['p']} stages runs m = {p['m']} "
-                        "microbatches per step, with the flush. You want half its bubble, "
-                        "the same global batch, and training that stays exactly synchronous "
-                        "SGD (the same result as one device). Which change? Answer 'a', 'b', "
-                        "'c' or 'd': (a) switch to GPipe; (b) interleaved 1F1B with v = 2 "
-                        "chunks per rank; (c) PipeDream: 1F1B without the flush, weights "
-                        "stashed; (d) twice as many stages, p = "
-                        f"{2 * p['p']}."),
-        right=lambda p: "b",
+        key="09.rope-positions", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A sequence of s = {p['s']} tokens is split over cp = {p['cp']} ranks "
+                        "with the load-balanced split (2·cp equal chunks; rank i holds chunks i "
+                        "and 2·cp−1−i). By which positions must cp rank "
+                        f"{p['rank']} rotate its queries and keys with RoPE? "
+                        + "; ".join(f"({LETTERS[k]}) {answers(p)[p['order'][k]]}"
+                                    for k in range(4)) + "."),
+        right=lambda p: letter(p, 0),
         wrong=[
-            Wrong(lambda p: "a", "GPipe has the same bubble as 1F1B, (p-1)/m; it only holds "
-                                 "more activations (m microbatches instead of p-r)"),
-            Wrong(lambda p: "c", "PipeDream has no bubble after the first fill, but each "
-                                 "stage's gradient is taken at stale weights of a different "
-                                 "age: a different optimiser, no longer synchronous SGD"),
-            Wrong(lambda p: "d", "more stages make the bubble larger: (2p-1)/m, not half of "
-                                 "(p-1)/m"),
+            Wrong(lambda p: letter(p, 1),
+                  "those are local positions, the trap: every rank would rotate its tokens as "
+                  "if they began the sequence, and q·k would see the wrong distances"),
+            Wrong(lambda p: letter(p, 2),
+                  "that is the contiguous split, which gives the last rank most of the causal "
+                  "work; the load-balanced split gives each rank an early and a late chunk"),
+            Wrong(lambda p: letter(p, 3),
+                  "chunks i and i + cp: the balanced split pairs chunk i with its mirror, "
+                  "chunk 2·cp−1−i, so that an early chunk and a late one share a rank"),
         ],
         worked=lambda p: (
-            f"interleaving with v = 2 makes each unit half as long, so the fill and drain "
-            f"shrink: (p-1)/(v·m) = {bubble_fraction(p['p'], p['m'], 2):.4f} instead of "
-            f"{bubble_fraction(p['p'], p['m']):.4f} (`minitp.calc.bubble`, a MODEL), and "
-            "the result is still exact: a schedule only reorders work. The price: twice the "
-            "messages between stages, and m must stay divisible by p."),
+            f"rank {p['rank']} holds chunks {p['rank']} and {2 * p['cp'] - 1 - p['rank']} of "
+            f"{2 * p['cp']}, positions {chunks(p)} (`minitp.context_parallel.split."
+            "global_positions`, which `ContextParallelRotary` uses)."),
     )
 
 
-QUESTIONS = {"09.bubble": bubble, "09.in-flight": in_flight, "09.halve-bubble": halve_bubble}
+QUESTIONS = {"09.ring-bytes": ring_bytes, "09.kv-weight": kv_weight,
+             "09.rope-positions": rope_positions}

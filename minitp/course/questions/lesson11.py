@@ -1,124 +1,126 @@
-"""Lesson 11's questions: a rank's weight in the gradient sum, ZeRO-1's model states, and
-when to send the gradients."""
+"""Lesson 11's questions: ZB-H1's idle time, the activations a ZB-H1 stage holds, and how
+to keep a global gradient-norm clip without the step's synchronization."""
 
 from __future__ import annotations
 
-from ...calc.cluster import GB
-from ...calc.memory import model_state_bytes
+from ...calc.flops import pipeline_idle
+from ...pipeline.on_paper import simulate
 from .form import Question, Wrong
 
+UNIT = dict(F=1, B=1, W=1)
 
-def token_weight(seed=None) -> Question:
+
+def zb_h1_idle(seed=None) -> Question:
     def draw(rng):
-        # k ignored targets on rank 0, at least a quarter of its slice: 1/D stays far off
-        return {"d": rng.choice((2, 4, 8)), "rows": rng.choice((4, 8)),
-                "ignored": rng.choice((1024, 1536, 2048))}
+        p = rng.choice((4, 8))
+        f = rng.choice((4, 5, 6))
+        # W lighter than F and B: the condition under which (p-1)(F+B-W) is exact
+        return {"p": p, "m": 2 * p, "F": f, "B": f + rng.choice((0, 1, 2)),
+                "W": f - rng.choice((1, 2, 3))}
 
-    def counts(p):
-        per_rank = p["rows"] * 1024
-        return per_rank - p["ignored"], p["d"] * per_rank - p["ignored"]
+    def idle(p):
+        return pipeline_idle("zb-h1", p["p"], p["m"], t_f=p["F"], t_b=p["B"], t_w=p["W"])["idle"]
 
     return Question(
-        key="11.token-weight", seed=seed, draw=draw,
-        text=lambda p: (f"A global batch is split over D = {p['d']} data-parallel ranks, "
-                        f"{p['rows']} rows of 1,024 tokens each. Rank 0's slice has "
-                        f"{p['ignored']:,} ignored targets (-100); no other rank has any. Each "
-                        "rank computes the mean loss over its own counted tokens. By what "
-                        "factor must rank 0 scale that mean loss before backward, so that an "
-                        "all-reduce with SUM leaves every rank the gradient of the global "
-                        "batch's mean loss? (A number; within 1%.)"),
-        right=lambda p: counts(p)[0] / counts(p)[1],
+        key="11.zb-h1-idle", seed=seed, draw=draw,
+        text=lambda p: (f"A ZB-H1 pipeline of p = {p['p']} stages runs m = {p['m']} "
+                        f"microbatches. Per stage, a forward takes F = {p['F']} ms, the input "
+                        f"gradient B = {p['B']} ms and the weight gradient W = {p['W']} ms. "
+                        "How many ms does each rank idle in one step, on paper? (In ms; "
+                        "within 1%.)"),
+        right=idle,
         wrong=[
-            Wrong(lambda p: 1 / p["d"],
-                  "that is averaging the ranks: right only when every slice counts the same "
-                  "tokens, and rank 0's counts fewer"),
-            Wrong(lambda p: 1.0, "a plain sum of the ranks' mean-loss gradients is about D times "
-                                 "too large, and still weights rank 0's tokens wrongly"),
-            Wrong(lambda p: 1 / counts(p)[1],
-                  "the mean loss has already divided by rank 0's own count: multiply by "
-                  "n_0/N, not divide by N once more"),
+            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
+                  "that is 1F1B's idle, (p-1)(F+B+W): ZB-H1 lets the B's run ahead and fills "
+                  "the drain with delayed W's"),
+            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] - 2 * p["W"]),
+                  "that is ZB-H2's (p-1)(F+B-2W), which holds up to 2p-1 microbatches; ZB-H1 "
+                  "keeps 1F1B's memory and fills only one W per stage of the drain"),
+            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"]),
+                  "that splits the backward but moves no W: the late W's are what fill "
+                  "(p-1)·W of the drain"),
         ],
         worked=lambda p: (
-            f"the global mean is Σ_d (n_d/N)·L_d. Rank 0 counts n_0 = "
-            f"{p['rows']}·1024 - {p['ignored']} = {counts(p)[0]:,} tokens, the batch N = "
-            f"{p['d']}·{p['rows']}·1024 - {p['ignored']} = {counts(p)[1]:,}: n_0/N = "
-            f"{counts(p)[0] / counts(p)[1]:.4f} (1/D would be {1 / p['d']:.4f}). That is what "
-            "`mt.train_step` multiplies rank 0's mean loss by (with one microbatch per step)."),
+            f"(p-1)(F+B-W) = {p['p'] - 1} × ({p['F']} + {p['B']} - {p['W']}) = {idle(p)} ms "
+            "(Qi et al. 2024, Table 2; `minitp.calc.pipeline_idle('zb-h1', ...)`, which "
+            "`simulate` reproduces with these costs: a MODEL, no message latency). 1F1B "
+            f"would idle (p-1)(F+B+W) = {(p['p'] - 1) * (p['F'] + p['B'] + p['W'])} ms."),
     )
 
 
-def zero1_bytes(seed=None) -> Question:
+def zb_h1_memory(seed=None) -> Question:
     def draw(rng):
-        return {"billions": rng.choice((7, 13, 30, 70)), "d": rng.choice((8, 16, 64))}
+        p = rng.choice((4, 8))
+        return {"p": p, "r": rng.randrange(1, p), "m": p * rng.choice((2, 3)),
+                "gib": rng.choice((1.5, 2.0, 3.0))}
 
-    def gb(p, stage):
-        return model_state_bytes(p["billions"] * 10**9, dp=p["d"], zero_stage=stage,
-                                 optimizer="adam-mixed")["total"] / GB
+    def held(p, schedule="zb-h1"):
+        return simulate(schedule, p["p"], p["m"], costs=UNIT)["peak"][p["r"]]
 
     return Question(
-        key="11.zero1-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"A model of Ψ = {p['billions']}B parameters trains with Adam in mixed "
-                        "precision: 16-bit parameters and gradients (2 + 2 bytes each), and an "
-                        "fp32 copy of the parameters, momentum and variance (12 bytes), as "
-                        "ZeRO counts them (Rajbhandari et al. 2020, §3.1). With ZeRO stage 1 "
-                        f"over d = {p['d']} data-parallel ranks, how many GB (10^9 bytes) of "
-                        "model states (parameters, gradients, optimizer state) does each rank "
-                        "hold? (In GB; within 1%.)"),
-        right=lambda p: gb(p, 1),
+        key="11.zb-h1-memory", seed=seed, draw=draw,
+        text=lambda p: (f"A ZB-H1 pipeline of p = {p['p']} stages (from 0) runs m = {p['m']} "
+                        f"microbatches. On stage r = {p['r']}, a microbatch keeps "
+                        f"{p['gib']:g} GiB from its forward until its W pass (count it whole "
+                        "until then, as the paper's bound does). How many GiB does that stage "
+                        "hold at its peak? (In GiB; within 1%.)"),
+        right=lambda p: held(p) * p["gib"],
         wrong=[
-            Wrong(lambda p: gb(p, 0), "that is every rank holding all 16 bytes a parameter: "
-                                      "no ZeRO"),
-            Wrong(lambda p: gb(p, 2), "that shards the gradients too: ZeRO stage 2"),
-            Wrong(lambda p: gb(p, 3), "that shards everything, 16Ψ/d: ZeRO stage 3; stage 1 "
-                                      "shards only the optimizer state"),
-            Wrong(lambda p: 12 * p["billions"] / p["d"],
-                  "that is the optimizer state alone; the parameters and gradients, 4 bytes "
-                  "each in all, stay whole on every rank"),
+            Wrong(lambda p: (p["p"] - p["r"]) * p["gib"],
+                  "that is 1F1B's peak on stage r, p-r: ZB-H1 keeps the first r microbatches "
+                  "past their B, waiting for their delayed W"),
+            Wrong(lambda p: (2 * p["p"] - 1) * p["gib"],
+                  "that is ZB-H2's peak, 2p-1: it runs extra forwards in the warm-up; ZB-H1 "
+                  "keeps 1F1B's order of forwards"),
+            Wrong(lambda p: p["m"] * p["gib"],
+                  "that is GPipe's peak, every microbatch at once"),
         ],
         worked=lambda p: (
-            f"stage 1 shards the 12 bytes of optimizer state over d and keeps the 2 + 2 "
-            f"whole: (4 + 12/d)·Ψ = (4 + 12/{p['d']})·{p['billions']}·10^9 bytes = "
-            f"{gb(p, 1):.2f} GB (`minitp.calc.model_state_bytes`, a MODEL; this lesson measured "
-            f"1/d of the optimizer state at d = 4, in fp32), against {gb(p, 0):.0f} GB "
-            "without ZeRO."),
+            f"stage r holds 1F1B's p-r = {p['p'] - p['r']} microbatches between forward and "
+            f"B, plus the r = {p['r']} whose W it delays: p = {held(p)} on every stage "
+            f"(`simulate('zb-h1', ...)['peak']`), {held(p) * p['gib']:g} GiB — 1F1B's first "
+            "stage's peak (Qi et al. 2024, Table 2: pM_B). An upper bound: between B and W "
+            "a microbatch keeps only the linear layers' (x, g), as this lesson weighed."),
     )
 
 
-def when_to_send(seed=None) -> Question:
+def clip_sync(seed=None) -> Question:
     def draw(rng):
-        return {"m": rng.choice((4, 8, 16)), "tensors": rng.choice((148, 292, 580))}
+        return {"p": rng.choice((4, 8, 16)), "clip": rng.choice((0.5, 1.0, 2.0))}
 
     return Question(
-        key="11.when-to-send", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A data-parallel step runs m = {p['m']} microbatches, gradients "
-                        f"accumulating, on a model of {p['tensors']} parameter tensors. How "
-                        "should the gradients be summed over the ranks, to move the fewest "
-                        "bytes and hide the sum behind computation? Answer 'a', 'b', 'c' or "
-                        "'d': (a) one all-reduce of all the gradients after the last backward; "
-                        "(b) one all-reduce per parameter tensor, each as soon as its gradient "
-                        "is ready; (c) buckets of several tensors in reverse order, each "
-                        "all-reduced as soon as its last gradient of the last microbatch is "
-                        "in, waited for before the optimizer step; (d) buckets all-reduced "
-                        "during every microbatch's backward."),
-        right=lambda p: "c",
+        key="11.clip-sync", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"You train with ZB-H2 on p = {p['p']} stages and clip the gradients' "
+                        f"global norm to {p['clip']:g}, as one device would. The all-reduce of "
+                        "the norm makes every stage wait for the last one before it may step, "
+                        "which brings the bubble back. Which change removes that wait and "
+                        "still trains exactly as one device? Answer 'a', 'b', 'c' or 'd': "
+                        "(a) each stage clips by the norm of its own gradients, no all-reduce; "
+                        "(b) every stage steps at once, the norm is reduced meanwhile, and the "
+                        "rare step that should have clipped (or met a NaN) is rolled back and "
+                        "redone; (c) clip by the previous step's global norm, known already; "
+                        "(d) each rank sums the squares of every gradient it holds and the "
+                        "all-reduce moves to the next step's warm-up."),
+        right=lambda p: "b",
         wrong=[
-            Wrong(lambda p: "a", "the right bytes, but nothing overlaps: the network idles "
-                                 "during backward and the processors during the all-reduce"),
-            Wrong(lambda p: "b", "it overlaps, but pays one message's latency per tensor, "
-                                 "many small all-reduces instead of a few large ones"),
-            Wrong(lambda p: "d", "while microbatches accumulate the gradients are partial: "
-                                 "sending them every microbatch moves m times the bytes"),
+            Wrong(lambda p: "a", "a stage's own norm is smaller than the global one and "
+                                 "different on every stage: the stages scale their gradients "
+                                 "differently, so the update is not one device's"),
+            Wrong(lambda p: "c", "the previous step's norm is not this step's: a step with a "
+                                 "large gradient would go through unclipped"),
+            Wrong(lambda p: "d", "a per-rank sum counts tp-replicated parameters and the tied "
+                                 "embedding more than once, and moving the all-reduce later "
+                                 "still leaves the step waiting for it"),
         ],
         worked=lambda p: (
-            "buckets, in reverse parameter order because backward reaches the last layers "
-            "first, each all-reduce started by a post-accumulate-grad hook as soon as the "
-            "bucket is complete, armed only for the last microbatch: each gradient is sent "
-            f"once, in a few messages instead of {p['tensors']}, and not {p['m']} times; the "
-            "sums of the last layers are in flight while earlier layers' gradients are still "
-            "being computed (the lesson's trace: every bucket started inside the last "
-            "backward). PyTorch DDP and Megatron-LM do the same."),
+            "post-validation (Qi et al. 2024, §4): clipping and NaNs are rare in stable "
+            "training, so each stage steps as soon as its last W is done, assuming no clip; "
+            "the global norm is reduced meanwhile and checked after; when the check fails, "
+            "the step is rolled back and redone with the right scale. Exact, and no stage "
+            "waits. minitp does not implement it: `train_step(clip_grad=...)` waits for the "
+            "all-reduce."),
     )
 
 
-QUESTIONS = {"11.token-weight": token_weight, "11.zero1-bytes": zero1_bytes,
-             "11.when-to-send": when_to_send}
+QUESTIONS = {"11.zb-h1-idle": zb_h1_idle, "11.zb-h1-memory": zb_h1_memory,
+             "11.clip-sync": clip_sync}

@@ -1,121 +1,124 @@
-"""Lesson 12's questions: weak-scaling efficiency from step times and FLOPs, and which change
-lowers tensor parallelism's share of a step."""
+"""Lesson 12's questions: a rank's weight in the gradient sum, ZeRO-1's model states, and
+when to send the gradients."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ...calc.cluster import DGX2H_V100, H100_80GB
-from ...calc.flops import flops_per_iteration
-from ...calc.timing import step_time
-from ..labs.scaling import megatron_family, strong_efficiency, weak_efficiency
+from ...calc.cluster import GB
+from ...calc.memory import model_state_bytes
 from .form import Question, Wrong
 
-BATCH = 8  # global batch of the lesson's weak-scaling runs
 
-
-def weak_eff(seed=None) -> Question:
+def token_weight(seed=None) -> Question:
     def draw(rng):
-        # t = 2 is left out: there F_2 is within 1% of 2·F_1, so E and T1/T2 would coincide.
-        t, t1 = rng.choice((4, 8)), rng.choice((200, 250, 300, 400))
-        return {"t": t, "t1": t1, "tt": round(t1 * rng.choice((1.10, 1.20, 1.30, 1.45)))}
+        # k ignored targets on rank 0, at least a quarter of its slice: 1/D stays far off
+        return {"d": rng.choice((2, 4, 8)), "rows": rng.choice((4, 8)),
+                "ignored": rng.choice((1024, 1536, 2048))}
 
-    def flops(t):
-        return flops_per_iteration(megatron_family(t), BATCH)
-
-    def right(p):
-        return 100 * weak_efficiency(flops(1), p["t1"], flops(p["t"]), p["tt"], p["t"])
+    def counts(p):
+        per_rank = p["rows"] * 1024
+        return per_rank - p["ignored"], p["d"] * per_rank - p["ignored"]
 
     return Question(
-        key="12.weak-efficiency", seed=seed, draw=draw,
-        text=lambda p: (f"A weak-scaling run of Megatron-LM's family (Shoeybi et al. 2019, Table "
-                        f"1), global batch {BATCH}: the 1.2B model on one GPU does F_1 = "
-                        f"{flops(1):.4e} FLOPs a step in T_1 = {p['t1']} ms; the t = {p['t']} "
-                        f"model on {p['t']} GPUs does F_{p['t']} = {flops(p['t']):.4e} FLOPs a "
-                        f"step in T_{p['t']} = {p['tt']} ms (timings made up for this "
-                        "question, about an H100's). What is its weak-scaling efficiency E, "
-                        "FLOP/s per GPU over one GPU's? (A percentage; within 1%.)"),
-        right=right,
+        key="12.token-weight", seed=seed, draw=draw,
+        text=lambda p: (f"A global batch is split over D = {p['d']} data-parallel ranks, "
+                        f"{p['rows']} rows of 1,024 tokens each. Rank 0's slice has "
+                        f"{p['ignored']:,} ignored targets (-100); no other rank has any. Each "
+                        "rank computes the mean loss over its own counted tokens. By what "
+                        "factor must rank 0 scale that mean loss before backward, so that an "
+                        "all-reduce with SUM leaves every rank the gradient of the global "
+                        "batch's mean loss? (A number; within 1%.)"),
+        right=lambda p: counts(p)[0] / counts(p)[1],
         wrong=[
-            Wrong(lambda p: 100 * p["t1"] / p["tt"],
-                  "that is the step-time ratio T_1/T_t: it equals E only when each GPU's share "
-                  "F_t/t equals F_1, and in this family it is smaller"),
-            Wrong(lambda p: 100 * strong_efficiency(p["t1"], p["tt"], p["t"]),
-                  "that is the strong-scaling efficiency T_1/(t·T_t), for one model on more "
-                  "GPUs; here the model grew with t, so its FLOPs count"),
-            Wrong(lambda p: 100 * (flops(p["t"]) / p["tt"]) / (flops(1) / p["t1"]),
-                  "that is the whole run's FLOP/s over one GPU's: divide by the t GPUs to get "
-                  "the throughput per GPU"),
-            Wrong(lambda p: 100 * (flops(1) / p["t1"]) / (flops(p["t"]) / (p["t"] * p["tt"])),
-                  "that is the ratio upside down: one GPU's FLOP/s is the baseline, below"),
+            Wrong(lambda p: 1 / p["d"],
+                  "that is averaging the ranks: right only when every slice counts the same "
+                  "tokens, and rank 0's counts fewer"),
+            Wrong(lambda p: 1.0, "a plain sum of the ranks' mean-loss gradients is about D times "
+                                 "too large, and still weights rank 0's tokens wrongly"),
+            Wrong(lambda p: 1 / counts(p)[1],
+                  "the mean loss has already divided by rank 0's own count: multiply by "
+                  "n_0/N, not divide by N once more"),
         ],
         worked=lambda p: (
-            f"E = (F_t/(t·T_t)) / (F_1/T_1). Per GPU at t = {p['t']}: "
-            f"{flops(p['t']):.4e}/({p['t']}·{p['tt'] / 1e3} s) = "
-            f"{flops(p['t']) / p['t'] / (p['tt'] / 1e3) / 1e12:.1f} TFLOP/s; one GPU: "
-            f"{flops(1):.4e}/{p['t1'] / 1e3} s = {flops(1) / (p['t1'] / 1e3) / 1e12:.1f} "
-            f"TFLOP/s; E = {right(p):.1f}% (`scaling.weak_efficiency`). The plain ratio "
-            f"T_1/T_t = {100 * p['t1'] / p['tt']:.1f}% flatters the larger run, whose GPUs each "
-            f"did only {flops(p['t']) / p['t'] / flops(1):.2f} of one GPU's work."),
+            f"the global mean is Σ_d (n_d/N)·L_d. Rank 0 counts n_0 = "
+            f"{p['rows']}·1024 - {p['ignored']} = {counts(p)[0]:,} tokens, the batch N = "
+            f"{p['d']}·{p['rows']}·1024 - {p['ignored']} = {counts(p)[1]:,}: n_0/N = "
+            f"{counts(p)[0] / counts(p)[1]:.4f} (1/D would be {1 / p['d']:.4f}). That is what "
+            "`mt.train_step` multiplies rank 0's mean loss by (with one microbatch per step)."),
     )
 
 
-CLUSTERS = {"v100": DGX2H_V100, "h100": H100_80GB}
-SOURCES = {"v100": "a DGX-2H node of V100s (Shoeybi et al. 2019, §5: 130 TFLOP/s peak, "
-                   "NVSwitch 150 GB/s each way)",
-           "h100": "a DGX H100 node (NVIDIA's H100 datasheet, SXM: 989 TFLOP/s dense bf16, "
-                   "NVLink 450 GB/s each way)"}
-
-
-def _tp_share(cfg, cluster, t, batch):
-    st = step_time(cfg, cluster, tp=t, micro_batch=batch, global_batch=batch, efficiency=0.4)
-    return st.tp / st.total
-
-
-def lower_comm_share(seed=None) -> Question:
+def zero1_bytes(seed=None) -> Question:
     def draw(rng):
-        return {"gpu": rng.choice(tuple(CLUSTERS)), "t": rng.choice((2, 4)),
-                "batch": rng.choice((1, 8))}
+        return {"billions": rng.choice((7, 13, 30, 70)), "d": rng.choice((8, 16, 64))}
 
-    def shares(p):
-        cfg, cluster, t, b = megatron_family(p["t"]), CLUSTERS[p["gpu"]], p["t"], p["batch"]
-        wide = replace(cfg, d_model=2 * cfg.d_model, n_head=2 * cfg.n_head)
-        fast = replace(cluster, peak_flops=2 * cluster.peak_flops)
-        return {"now": _tp_share(cfg, cluster, t, b), "a": _tp_share(cfg, cluster, t, 2 * b),
-                "b": _tp_share(cfg, fast, t, b), "c": _tp_share(wide, cluster, t, b),
-                "d": _tp_share(cfg, cluster, 2 * t, b)}
-
-    def text(p):
-        cfg = megatron_family(p["t"])
-        return (f"On {SOURCES[p['gpu']]}, Megatron-LM's t = {p['t']} model (h = {cfg.d_model}, "
-                f"{cfg.n_layer} layers) trains with t = {p['t']} tensor-parallel GPUs, "
-                f"{p['batch']} sequence{'s' if p['batch'] > 1 else ''} of {cfg.seq_len} tokens a "
-                "step, at 40% of peak (this question's assumption): "
-                f"`calc.step_time` puts its all-reduces at {shares(p)['now']:.1%} of the step (a "
-                "MODEL). Which single change lowers that share the most, as this lesson's "
-                "formula prices it? Answer 'a', 'b', 'c' or 'd': (a) twice the batch; (b) GPUs "
-                "twice as fast, on the same links; (c) a model twice as wide (2h, twice the "
-                f"heads), still on {p['t']} GPUs; (d) twice the GPUs, t = {2 * p['t']}.")
+    def gb(p, stage):
+        return model_state_bytes(p["billions"] * 10**9, dp=p["d"], zero_stage=stage,
+                                 optimizer="adam-mixed")["total"] / GB
 
     return Question(
-        key="12.lower-comm-share", seed=seed, draw=draw, kind="choice", text=text,
+        key="12.zero1-bytes", seed=seed, draw=draw,
+        text=lambda p: (f"A model of Ψ = {p['billions']}B parameters trains with Adam in mixed "
+                        "precision: 16-bit parameters and gradients (2 + 2 bytes each), and an "
+                        "fp32 copy of the parameters, momentum and variance (12 bytes), as "
+                        "ZeRO counts them (Rajbhandari et al. 2020, §3.1). With ZeRO stage 1 "
+                        f"over d = {p['d']} data-parallel ranks, how many GB (10^9 bytes) of "
+                        "model states (parameters, gradients, optimizer state) does each rank "
+                        "hold? (In GB; within 1%.)"),
+        right=lambda p: gb(p, 1),
+        wrong=[
+            Wrong(lambda p: gb(p, 0), "that is every rank holding all 16 bytes a parameter: "
+                                      "no ZeRO"),
+            Wrong(lambda p: gb(p, 2), "that shards the gradients too: ZeRO stage 2"),
+            Wrong(lambda p: gb(p, 3), "that shards everything, 16Ψ/d: ZeRO stage 3; stage 1 "
+                                      "shards only the optimizer state"),
+            Wrong(lambda p: 12 * p["billions"] / p["d"],
+                  "that is the optimizer state alone; the parameters and gradients, 4 bytes "
+                  "each in all, stay whole on every rank"),
+        ],
+        worked=lambda p: (
+            f"stage 1 shards the 12 bytes of optimizer state over d and keeps the 2 + 2 "
+            f"whole: (4 + 12/d)·Ψ = (4 + 12/{p['d']})·{p['billions']}·10^9 bytes = "
+            f"{gb(p, 1):.2f} GB (`minitp.calc.model_state_bytes`, a MODEL; this lesson measured "
+            f"1/d of the optimizer state at d = 4, in fp32), against {gb(p, 0):.0f} GB "
+            "without ZeRO."),
+    )
+
+
+def when_to_send(seed=None) -> Question:
+    def draw(rng):
+        return {"m": rng.choice((4, 8, 16)), "tensors": rng.choice((148, 292, 580))}
+
+    return Question(
+        key="12.when-to-send", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A data-parallel step runs m = {p['m']} microbatches, gradients "
+                        f"accumulating, on a model of {p['tensors']} parameter tensors. How "
+                        "should the gradients be summed over the ranks, to move the fewest "
+                        "bytes and hide the sum behind computation? Answer 'a', 'b', 'c' or "
+                        "'d': (a) one all-reduce of all the gradients after the last backward; "
+                        "(b) one all-reduce per parameter tensor, each as soon as its gradient "
+                        "is ready; (c) buckets of several tensors in reverse order, each "
+                        "all-reduced as soon as its last gradient of the last microbatch is "
+                        "in, waited for before the optimizer step; (d) buckets all-reduced "
+                        "during every microbatch's backward."),
         right=lambda p: "c",
         wrong=[
-            Wrong(lambda p: "a", "the batch appears only in the latency term: the bandwidth "
-                                 "term, (2/9)·(t-1)/h·F/B, does not move, so the share barely "
-                                 "falls"),
-            Wrong(lambda p: "b", "a faster GPU raises F/B: the compute shrinks, the bytes do "
-                                 "not, and communication's share grows"),
-            Wrong(lambda p: "d", "more GPUs raise (t-1) in the bandwidth term and t(t-1) in the "
-                                 "latency term: the share grows"),
+            Wrong(lambda p: "a", "the right bytes, but nothing overlaps: the network idles "
+                                 "during backward and the processors during the all-reduce"),
+            Wrong(lambda p: "b", "it overlaps, but pays one message's latency per tensor, "
+                                 "many small all-reduces instead of a few large ones"),
+            Wrong(lambda p: "d", "while microbatches accumulate the gradients are partial: "
+                                 "sending them every microbatch moves m times the bytes"),
         ],
         worked=lambda p: (
-            "communication over compute is (2/9)·(t-1)/h·F/B + t(t-1)/9·αF/(bsh²): the width h "
-            "divides both terms (h² the latency one). `calc.step_time`, a MODEL: now "
-            f"{shares(p)['now']:.1%}; (a) {shares(p)['a']:.1%}, (b) {shares(p)['b']:.1%}, "
-            f"(c) {shares(p)['c']:.1%}, (d) {shares(p)['d']:.1%}. Compute per token grows as "
-            "h², tensor parallelism's bytes as h: wide layers are what keep it efficient."),
+            "buckets, in reverse parameter order because backward reaches the last layers "
+            "first, each all-reduce started by a post-accumulate-grad hook as soon as the "
+            "bucket is complete, armed only for the last microbatch: each gradient is sent "
+            f"once, in a few messages instead of {p['tensors']}, and not {p['m']} times; the "
+            "sums of the last layers are in flight while earlier layers' gradients are still "
+            "being computed (the lesson's trace: every bucket started inside the last "
+            "backward). PyTorch DDP and Megatron-LM do the same."),
     )
 
 
-QUESTIONS = {"12.weak-efficiency": weak_eff, "12.lower-comm-share": lower_comm_share}
+QUESTIONS = {"12.token-weight": token_weight, "12.zero1-bytes": zero1_bytes,
+             "12.when-to-send": when_to_send}

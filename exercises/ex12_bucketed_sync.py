@@ -1,6 +1,6 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex11
-# Made from solutions/ex11_bucketed_sync.py by `python -m minitp.course.make_exercises`.
-"""Exercise 11: bucketed gradient sync, overlapped with backward.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex12
+# Made from solutions/ex12_bucketed_sync.py by `python -m minitp.course.make_exercises`.
+"""Exercise 12: bucketed gradient sync, overlapped with backward.
 
 Every data-parallel rank of `axis` runs backward on its own slice of the
 global batch, its loss weighted by its share of the batch's counted tokens (as
@@ -28,7 +28,7 @@ a bucket's all-reduce starts as soon as its gradients are all there; ``finish()`
 called after backward and before the optimizer step, waits for them and puts the
 sums into the ``.grad`` s. The object serves step after step.
 
-Grade it with `mt.grade("ex11")` in a notebook or `python -m minitp.course.grade ex11`:
+Grade it with `mt.grade("ex12")` in a notebook or `python -m minitp.course.grade ex12`:
 two steps at dp = 2 and 4 in float64, checked against the plain model's
 gradients, bucket by bucket, and on the trace: each all-reduce must start
 inside the backward and be waited for after it.

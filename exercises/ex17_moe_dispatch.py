@@ -1,4 +1,6 @@
-"""Exercise 16: expert parallelism's dispatch and combine.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex17
+# Made from solutions/ex17_moe_dispatch.py by `python -m minitp.course.make_exercises`.
+"""Exercise 17: expert parallelism's dispatch and combine.
 
 A rank of the ep group (`axis`, ep ranks) holds E/ep of the E experts, a run of
 them: rank j holds experts j·E/ep … (j+1)·E/ep − 1 (`expert_module`, whose
@@ -39,7 +41,7 @@ What you may use:
   expert, ``counts[e]`` rows for the e-th local expert (a list of ints);
 * `inverse(perm)` (below).
 
-Grade it with `mt.grade("ex16")` in a notebook or `python -m minitp.course.grade ex16`:
+Grade it with `mt.grade("ex17")` in a notebook or `python -m minitp.course.grade ex17`:
 on 4 ranks in float64, your function against the one-device layer (the split
 sizes of each all-to-all, the output, the gradients), then installed in a
 MoE GPT on ``Mesh(dp=4, ep=2)`` for a training step against one device.
@@ -81,31 +83,30 @@ def dispatch_and_combine(tokens: torch.Tensor, experts: torch.Tensor, gates: tor
 
     # 2. exchange counts: arrived (ep, local), row s: the rows source rank s sends you, per
     # local expert; send[j] and recv[s]: the rows for rank j, and from rank s (lists of ints).
-    # BEGIN SOLUTION
     # hint: counts.view(ep, local): row j is what you send rank j's experts. All-to-all that
     # hint: integer table, one row to each rank (mt.comm.all_to_all), then sum its rows.
-    table = counts.view(ep, local)
-    arrived = mt.comm.all_to_all(table, axis, [1] * ep, [1] * ep)
-    send, recv = table.sum(1).tolist(), arrived.sum(1).tolist()
-    # END SOLUTION
+    raise NotImplementedError(
+        "counts.view(ep, local): row j is what you send rank j's experts. All-to-all that "
+        'integer table, one row to each rank (mt.comm.all_to_all), then sum its rows.'
+    )
 
     # 3-5. dispatch, run the local experts expert-major, combine: `back` (A, C) holds the
     # expert outputs of `rows`, row for row.
-    # BEGIN SOLUTION
     # hint: all_to_all the rows (phase "dispatch"); regroup what arrived expert-major, run
     # hint: expert_module, undo the regroup; all_to_all back with the splits swapped
     # hint: (phase "combine").
-    got = all_to_all(rows, axis, send, recv, "dispatch")
-    regroup = source_to_expert_major(arrived)
-    out = expert_module(got[regroup], arrived.sum(0).tolist())
-    back = all_to_all(out[inverse(regroup)], axis, recv, send, "combine")
-    # END SOLUTION
+    raise NotImplementedError(
+        'all_to_all the rows (phase "dispatch"); regroup what arrived expert-major, run '
+        'expert_module, undo the regroup; all_to_all back with the splits swapped (phase '
+        '"combine").'
+    )
 
     # 6. un-permute and weight by the gate.
-    # BEGIN SOLUTION
     # hint: row i of back is assignment order[i]: put the rows back in assignment order,
     # hint: weight each by its gate (gates[keep]), and sum each into its token
     # hint: (index_add over token_of).
-    weighted = back[inverse(order)] * gates[keep].unsqueeze(1)
-    return tokens.new_zeros(N, tokens.shape[1]).index_add(0, token_of, weighted)
-    # END SOLUTION
+    raise NotImplementedError(
+        'row i of back is assignment order[i]: put the rows back in assignment order, weight '
+        'each by its gate (gates[keep]), and sum each into its token (index_add over '
+        'token_of).'
+    )

@@ -1,4 +1,6 @@
-"""Exercise 09: run one 1F1B training step on one pipeline stage.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex10
+# Made from solutions/ex10_one_f_one_b.py by `python -m minitp.course.make_exercises`.
+"""Exercise 10: run one 1F1B training step on one pipeline stage.
 
 A pipeline of p stages trains on m microbatches; this process is stage r (rank
 r of p). The grader hands you `stage`, which computes; everything between the
@@ -20,14 +22,14 @@ Messages: ``mt.comm.irecv(buffer, rank)`` and ``mt.comm.isend(tensor, rank)`` po
 a message and return a `Pending` at once; its ``wait()`` finishes it (an irecv's
 returns the filled buffer). Wait for every send you posted before you return.
 
-The schedule is 1F1B (PipeDream-Flush; lesson 09 prints its order): microbatches
+The schedule is 1F1B (PipeDream-Flush; lesson 10 prints its order): microbatches
 in order, forward and backward alike; each stage starts a microbatch's
 backward as early as the pipeline lets it, and from then on runs one forward
 and one backward in turn, so that it never holds more than p − r microbatches'
 activations, whatever m. A stage holds a microbatch from its forward until its
 backward, and not a moment longer: keep nothing after the step.
 
-Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.course.grade ex09`:
+Grade it with `mt.grade("ex10")` in a notebook or `python -m minitp.course.grade ex10`:
 four real processes run your function at m = 5 and m = 2 in float64; a deadlock
 is reported as the ranks that never met.
 """
@@ -39,41 +41,15 @@ import minitp as mt
 
 def one_f_one_b_step(stage, m: int) -> None:
     """Run the forwards and backwards of microbatches 0 … m−1 on this stage, in 1F1B order."""
-    # BEGIN SOLUTION
     # hint: Start with the last stage, which can run each backward right after its
     # hint: forward. How many forwards must stage r run before microbatch 0's gradient
     # hint: can come back to it? Write one function for a forward (receive, compute, send,
     # hint: keep) and one for a backward (take back what you kept, receive, compute, send),
     # hint: then call them in 1F1B's order.
-    held = {}  # microbatch -> (x, out): what its backward needs, from its forward until then
-    sends = []  # posted sends; each holds its tensor until waited for
-
-    def forward(i):
-        x = None
-        if stage.prev is not None:
-            x = mt.comm.irecv(stage.activation_buffer(), stage.prev).wait().requires_grad_()
-        out = stage.forward(i, x)
-        if stage.next is not None:
-            sends.append(mt.comm.isend(out, stage.next))
-        held[i] = (x, out)
-
-    def backward(i):
-        x, out = held.pop(i)  # popped: after this backward, nothing of microbatch i is kept
-        grad = None
-        if stage.next is not None:
-            grad = mt.comm.irecv(torch.empty_like(out), stage.next).wait()
-        stage.backward(i, out, grad)
-        if stage.prev is not None:
-            sends.append(mt.comm.isend(x.grad, stage.prev))
-
-    warmup = min(stage.p - stage.r - 1, m)  # the forwards the stages below need first
-    for i in range(warmup):
-        forward(i)
-    for i in range(m - warmup):
-        forward(warmup + i)
-        backward(i)
-    for i in range(m - warmup, m):
-        backward(i)
-    for pending in sends:
-        pending.wait()
-    # END SOLUTION
+    raise NotImplementedError(
+        'Start with the last stage, which can run each backward right after its forward. How '
+        "many forwards must stage r run before microbatch 0's gradient can come back to it? "
+        'Write one function for a forward (receive, compute, send, keep) and one for a '
+        "backward (take back what you kept, receive, compute, send), then call them in 1F1B's"
+        ' order.'
+    )

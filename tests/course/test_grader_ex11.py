@@ -1,8 +1,8 @@
-"""The grader of ex10 (ZB-H1's order for one stage, lesson 10) names the usual mistakes:
+"""The grader of ex11 (ZB-H1's order for one stage, lesson 11) names the usual mistakes:
 every wrong answer here is the reference solution with one mistake built in, and each
 diagnosis the grader can give has a test. That the solution passes every check and the
 untouched exercise fails every one is tests/course/test_exercises.py's (parametrized over
-every exercise, ex10 included); here the blank's message is checked word for word.
+every exercise, ex11 included); here the blank's message is checked word for word.
 
 The checks, in order: 0 the dependencies on paper (every unit once, each W after its B,
 the pipeline runs to its end), 1 at most p microbatches in flight, 2 the bubble with unit
@@ -16,7 +16,7 @@ import pytest
 from test_exercises import _variant
 
 import minitp as mt
-from minitp.course.graders import ex10
+from minitp.course.graders import ex11
 from minitp.pipeline import schedules
 from minitp.pipeline.on_paper import simulate
 
@@ -32,11 +32,11 @@ REFUSED = "not checked: the order is not a pipeline order yet (see above)"
 @pytest.fixture
 def on_paper(monkeypatch):
     """The paper checks alone: no real ranks."""
-    monkeypatch.setattr(ex10, "STEP_CHECK", False)
+    monkeypatch.setattr(ex11, "STEP_CHECK", False)
 
 
 def _grade(tmp_path, *edits):
-    return mt.grade("ex10", path=_variant(tmp_path, "ex10", *edits)).checks
+    return mt.grade("ex11", path=_variant(tmp_path, "ex11", *edits)).checks
 
 
 def _refused(checks):
@@ -48,7 +48,7 @@ def _refused(checks):
 
 
 def test_the_blank_says_what_is_not_written_and_gives_its_hint():
-    checks = mt.grade("ex10").checks
+    checks = mt.grade("ex11").checks
     assert not any(c.passed for c in checks), checks
     assert checks[0].detail == "zb_h1_order is not written yet"
     assert checks[0].hint.startswith("Start from 1F1B: p − r − 1 forwards (at most m)")
@@ -58,11 +58,11 @@ def test_the_blank_says_what_is_not_written_and_gives_its_hint():
 def test_the_solution_is_zb_h1_and_its_numbers_are_the_checks():
     """The reference the checks' numbers come from: the solution's order is zb_h1's, its
     peak p and its idle p − 1 on every rank, for every m ≥ p the checks try."""
-    module = mt.course.grading.load(mt.course.grading.exercise_path("ex10", solutions=True))
-    for p, m in ex10.CASES:
+    module = mt.course.grading.load(mt.course.grading.exercise_path("ex11", solutions=True))
+    for p, m in ex11.CASES:
         orders = [module.zb_h1_order(p, r, m) for r in range(p)]
         assert orders == [schedules.zb_h1(p, r, m) for r in range(p)]
-        played = simulate("zb-h1", p, m, costs=ex10.UNIT_COSTS)
+        played = simulate("zb-h1", p, m, costs=ex11.UNIT_COSTS)
         assert max(played["peak"]) <= p
         if m >= p:
             assert played["idle"] == [p - 1] * p
@@ -89,7 +89,7 @@ def test_w_not_delayed_is_exact_but_idles_2_p_minus_1(tmp_path):
         "p − 1 = 3: W not delayed: on stage 1 each W runs right after its B, so the B's "
         "reach the first stage later and no W is left for the drain")
     assert checks[2].rank == 1 and "delayed by r microbatches" in checks[2].hint
-    assert checks[3].max_error < ex10.TOLERANCE
+    assert checks[3].max_error < ex11.TOLERANCE
 
 
 def test_all_w_at_the_end_holds_every_microbatch(tmp_path, on_paper):
@@ -148,14 +148,14 @@ def test_the_deadlock_finder_agrees_with_simulate():
                 for unit in ([(kind, k, i)] + ([("W", k, i)] if kind == "B" else []))]
 
     for make in (schedules.zb_h1, schedules.zb_h2, reversed_warmup):
-        for p, m in ex10.CASES:
+        for p, m in ex11.CASES:
             orders = [make(p, r, m) for r in range(p)]
             try:
                 simulate(make, p, m)
                 deadlocks = False
             except RuntimeError:
                 deadlocks = True
-            assert (ex10._deadlock(orders, p) is not None) == deadlocks, (make, p, m)
+            assert (ex11._deadlock(orders, p) is not None) == deadlocks, (make, p, m)
 
 
 def test_a_unit_missing(tmp_path, on_paper):

@@ -1,4 +1,6 @@
-"""Exercise 10: write ZB-H1's order for one pipeline stage.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex11
+# Made from solutions/ex11_zb_h1_order.py by `python -m minitp.course.make_exercises`.
+"""Exercise 11: write ZB-H1's order for one pipeline stage.
 
 A pipeline of p stages trains on m microbatches; this function is stage r's
 schedule (r = 0 is the first stage). It returns the order in which stage r runs
@@ -12,7 +14,7 @@ stage), in the custom-schedule form `mt.train_step(schedule=...)` accepts:
                   waits for (`minitp.weight_grad`)
 
 The idea (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ZB-H1): keep 1F1B's
-order of forwards and backwards (lesson 09; you may call
+order of forwards and backwards (lesson 10; you may call
 `minitp.pipeline.schedules.one_f_one_b(p, r, m)` for it, or write it again), split
 each backward into B and W, and delay stage r's W passes by r microbatches: the first
 r B's of stage r go without their W, and every later B is followed by the oldest W not
@@ -36,29 +38,20 @@ What the grader requires (any order with these properties passes, not only this 
 
 Check yourself on paper first: ``simulate(lambda p, r, m, v: zb_h1_order(p, r, m), 4, 8,
 costs=dict(F=1, B=1, W=1))`` from `minitp.pipeline.schedules` gives the ticks, each
-rank's idle and each stage's peak. Grade it with `mt.grade("ex10")` in a notebook or
-`python -m minitp.course.grade ex10`.
+rank's idle and each stage's peak. Grade it with `mt.grade("ex11")` in a notebook or
+`python -m minitp.course.grade ex11`.
 """
 
 
 def zb_h1_order(p: int, r: int, m: int) -> list[tuple[str, int, int]]:
     """Stage r's ZB-H1 order of ("F", 0, i), ("B", 0, i) and ("W", 0, i), i = 0 … m−1."""
-    # BEGIN SOLUTION
     # hint: Start from 1F1B: p − r − 1 forwards (at most m), then one forward and one
     # hint: backward in turn, then the backwards left. Walk through it: after each B,
     # hint: once stage r has run r B's without their W, append the oldest W not yet run.
     # hint: Append the W's still owed at the end.
-    warmup = min(p - r - 1, m)  # 1F1B's forwards before the first backward
-    f_and_b = [("F", 0, i) for i in range(warmup)]
-    for i in range(m - warmup):
-        f_and_b += [("F", 0, warmup + i), ("B", 0, i)]
-    f_and_b += [("B", 0, i) for i in range(m - warmup, m)]
-    order, next_w = [], 0  # next_w: the oldest microbatch whose W has not run
-    for kind, chunk, i in f_and_b:
-        order.append((kind, chunk, i))
-        if kind == "B" and i >= r:  # the first r B's go without their W
-            order.append(("W", 0, next_w))
-            next_w += 1
-    order += [("W", 0, i) for i in range(next_w, m)]  # the W's owed fill the drain
-    return order
-    # END SOLUTION
+    raise NotImplementedError(
+        'Start from 1F1B: p − r − 1 forwards (at most m), then one forward and one backward '
+        'in turn, then the backwards left. Walk through it: after each B, once stage r has '
+        "run r B's without their W, append the oldest W not yet run. Append the W's still "
+        'owed at the end.'
+    )
