@@ -83,16 +83,16 @@ def kv_weight(seed=None) -> Question:
                   "that splits the K/V projection over tp as if tp divided the K/V heads: "
                   "there are fewer K/V heads than ranks"),
             Wrong(lambda p: mib(p) / p["kv"],
-                  "that is one K/V head's K and V: Megatron-Core keeps only the head a rank "
-                  "reads; minitp keeps the whole projection and sums its gradient over tp"),
+                  "that is one K/V head's K and V, what a rank would keep if it held only the "
+                  "head it reads; minitp keeps the whole projection and sums its gradient over tp"),
             Wrong(lambda p: mib(p) / 2,
                   "that counts K or V, not both"),
         ],
         worked=lambda p: (
             f"2 (K and V) × n_kv × d_head × d_model × 2 bytes = 2 × {p['kv']} × "
             f"{p['d'] // p['heads']} × {p['d']} × 2 = {mib(p):.1f} MiB on every rank "
-            f"(`ReplicatedKV`); Megatron-Core would keep one head's, {mib(p) / p['kv']:.1f} MiB, "
-            "and sum its gradient over the ranks that share it."),
+            f"(`ReplicatedKV`); keeping only the head a rank reads would be {mib(p) / p['kv']:.1f} "
+            "MiB, its gradient then summed over the ranks that share it."),
     )
 
 
