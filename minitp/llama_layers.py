@@ -86,6 +86,9 @@ class GroupedQueryAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
+        # the one input q and kv both read: tensor parallelism maps it here, once (its f, or
+        # its sequence all-gather), so that two projections cost one collective, not two
+        self.shared_input = nn.Identity()
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=cfg.bias)
         self.rope = (Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
@@ -95,6 +98,7 @@ class GroupedQueryAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (B, T, C)
+        x = self.shared_input(x)
         q, kv = self.q(x), self.kv(x)  # (B, T, nh'·hs), (B, T, nkv'·2·hs)
         B, T, _ = q.shape
         heads, groups = q.shape[-1] // self.head_dim, kv.shape[-1] // (2 * self.head_dim)

@@ -32,9 +32,9 @@ class ReplicatedKV(nn.Module):
     layer's: the input gradient of its one head is partial too, and f sums it."""
 
     def __init__(self, dense: nn.Linear, axis: Axis, kv_heads: int,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, input_mapped: bool = False):
         super().__init__()
-        self.axis, self.sequence_parallel = axis, sequence_parallel
+        self.axis, self.sequence_parallel, self.input_mapped = axis, sequence_parallel, input_mapped
         self.kv_heads, self.head = kv_heads, axis.rank * kv_heads // axis.size
         self.weight = nn.Parameter(dense.weight.detach().clone())
         self.bias = (nn.Parameter(dense.bias.detach().clone()) if dense.bias is not None
@@ -46,10 +46,8 @@ class ReplicatedKV(nn.Module):
                 set_tags(p, grad_partial_over_tp=True)
 
     def forward(self, x) -> torch.Tensor:  # (B, T or T/t, C) -> (B, T, 2·hs)
-        if self.sequence_parallel:
-            x = mappings.gather_from_sequence(x, self.axis, grad_is_partial=True)
-        else:
-            x = mappings.copy_to_parallel(x, self.axis)
+        if not self.input_mapped:  # (`ParallelInput` did it for q and kv together)
+            x = mappings.to_column_parallel(x, self.axis, self.sequence_parallel)
         bias = self.bias[self.rows] if self.bias is not None else None
         return F.linear(x, self.weight[self.rows], bias)
 

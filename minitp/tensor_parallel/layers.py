@@ -54,9 +54,11 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, d_in: int, d_out: int, axis: Axis, gather_output: bool = False,
-                 sequence_parallel: bool = False, bias: bool = True, dtype=None, device=None):
+                 sequence_parallel: bool = False, bias: bool = True, dtype=None, device=None,
+                 input_mapped: bool = False):
         super().__init__()
         self.axis, self.sequence_parallel = axis, sequence_parallel
+        self.input_mapped = input_mapped  # x already went through f (`ParallelInput`)
         self.gather_output = gather_output
         self.d_in, self.d_out = d_in, d_out
         local = _shard_size(d_out, axis, "d_out")
@@ -70,11 +72,8 @@ class ColumnParallelLinear(nn.Module):
         self.weight_grads = None  # a B/W-split pipeline's store while its B runs (weight_grad)
 
     def forward(self, x):
-        if self.sequence_parallel:
-            # (B, T/t, C) -> (B, T, C); each rank's branch gives a partial gradient
-            x = mappings.gather_from_sequence(x, self.axis, grad_is_partial=True)
-        else:
-            x = mappings.copy_to_parallel(x, self.axis)
+        if not self.input_mapped:
+            x = mappings.to_column_parallel(x, self.axis, self.sequence_parallel)
         y = weight_grad.linear(x, self.weight, self.bias, self)  # (B, T, d_out/t)
         return mappings.gather_from_parallel(y, self.axis) if self.gather_output else y
 

@@ -226,6 +226,16 @@ def gather_from_sequence(x: torch.Tensor, axis: Axis, *, grad_is_partial: bool) 
 
 
 @_identity_on_one_rank
+def to_column_parallel(x: torch.Tensor, axis: Axis, sequence_parallel: bool) -> torch.Tensor:
+    """What a column-parallel layer's input goes through: f (identity forward, all-reduce
+    of the partial input gradients backward) or, with sequence parallelism, the all-gather
+    of the sequence shards (reduce-scatter backward). Several layers reading one input
+    share it: one collective, their gradients summed before it (`ParallelInput`)."""
+    if sequence_parallel:
+        return gather_from_sequence(x, axis, grad_is_partial=True)  # (B, T/t, C) -> (B, T, C)
+    return copy_to_parallel(x, axis)
+
+
 def reduce_scatter_to_sequence(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """Reduce-scatter forward, all-gather backward. Adjoint of
     ``gather_from_sequence(grad_is_partial=True)``."""

@@ -118,12 +118,33 @@ def _positions(m, tp, sp, model):
     return SequenceShardedPositions(m, tp)
 
 
+class ParallelInput(nn.Module):
+    """The input grouped-query attention's q and kv share, mapped once for both (f, or the
+    sequence all-gather): one collective a layer where two projections would each make
+    their own, as Megatron-LM's fused qkv does."""
+
+    def __init__(self, axis: Axis, sequence_parallel: bool):
+        super().__init__()
+        self.axis, self.sequence_parallel = axis, sequence_parallel
+
+    def forward(self, x):
+        return mappings.to_column_parallel(x, self.axis, self.sequence_parallel)
+
+
+def _shared_input(m, tp, sp, model):
+    return ParallelInput(tp, sp)
+
+
+def _q(m, tp, sp, model):
+    return ColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp, input_mapped=True)
+
+
 def _kv(m, tp, sp, model):
     """Grouped-query attention's ``kv``: split by K/V head where tp divides them, else
-    replicated (`minitp.head_rules.kv_layout`)."""
+    replicated (`minitp.head_rules.kv_layout`); its input mapped by `ParallelInput`."""
     if kv_layout(model.cfg, tp.size) == "split":
-        return ColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp)
-    return ReplicatedKV(m, tp, model.cfg.kv_heads, sequence_parallel=sp)
+        return ColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp, input_mapped=True)
+    return ReplicatedKV(m, tp, model.cfg.kv_heads, sequence_parallel=sp, input_mapped=True)
 
 
 def _overlapped_column(m, tp, sp, model):
@@ -138,7 +159,8 @@ def _overlapped_row(m, tp, sp, model):
 TENSOR_PARALLEL_PLAN = [
     ("wte", _vocab),  # rows split by vocabulary; also the tied output projection's weight
     ("blocks.*.attn.qkv", _column),  # columns = whole heads with their q, k, v
-    ("blocks.*.attn.q", _column),  # grouped-query attention: whole query heads
+    ("blocks.*.attn.shared_input", _shared_input),  # grouped-query attention: x mapped once
+    ("blocks.*.attn.q", _q),  # whole query heads
     ("blocks.*.attn.kv", _kv),  # and whole K/V heads, or each rank its replicated one
     ("blocks.*.attn.core.dropout", _dropout),  # each rank's heads: own masks
     ("blocks.*.attn.proj", _row),
@@ -201,9 +223,10 @@ def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
     else:
         plan = [(pattern, make) for pattern, make in plan if ".mlp.shared." not in pattern]
     # the model's own attention and positions: fused qkv or q and kv; learned or rotary
-    attention = ".attn.qkv" if model.cfg.n_kv_head is None else (".attn.q", ".attn.kv")
+    attention = (".attn.qkv",) if model.cfg.n_kv_head is None else (
+        ".attn.shared_input", ".attn.q", ".attn.kv")
     plan = [(pattern, make) for pattern, make in plan
-            if not (pattern.endswith((".attn.qkv", ".attn.q", ".attn.kv"))
+            if not (pattern.endswith((".attn.qkv", ".attn.shared_input", ".attn.q", ".attn.kv"))
                     and not pattern.endswith(attention))
             and not (pattern == "wpe" and model.cfg.positions != "learned")]
     apply_plan(model, plan, (tp, sequence_parallel, model))

@@ -93,3 +93,32 @@ def test_rotary_positions_without_the_q_and_kv_projections_are_refused():
     no positions at all, so the configuration is refused rather than built."""
     with pytest.raises(ValueError, match="positions='rope' rotates q and k"):
         mt.GPTConfig(positions="rope")
+
+
+def _tp_collectives(sp):
+    """(op, phase) counts of the tensor-parallel collectives of one training step, GPT-2's
+    layer and the Llama-style one with its K/V heads split and replicated."""
+    counts = {}
+    for name, overrides in (("gpt2", dict(norm="layernorm", positions="learned", mlp="gelu",
+                                          n_kv_head=None)), ("split", {}),
+                            ("replicated", dict(n_kv_head=1))):
+        cfg = mt.GPTConfig(**{**LLAMA, **overrides})
+        torch.manual_seed(0)
+        mesh = mt.Mesh(tp=2)
+        model = mt.parallelize(mt.GPT(cfg).double(), mesh, sequence_parallel=sp)
+        mt.trace.clear()
+        mt.train_step(model, random_batches(1, cfg, 2)[0], mesh,
+                      torch.optim.SGD(model.parameters(), lr=0.0))
+        ops = [(e.op, e.phase) for e in mt.trace.events()
+               if e.op in ("all_reduce", "all_gather", "reduce_scatter") and "layer" in e.label]
+        counts[name] = {key: ops.count(key) for key in set(ops)}
+    return counts
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_a_llama_layer_costs_gpt2s_tensor_parallel_collectives(sp):
+    """q and kv read one input, mapped once (`ParallelInput`): the layer's collectives are
+    GPT-2's fused qkv's, 2 forward and 2 backward (4 of each half under SP)."""
+    run = mt.launch(_tp_collectives, 2, sp, timeout=120)
+    for counts in run:
+        assert counts["split"] == counts["gpt2"] == counts["replicated"], counts
