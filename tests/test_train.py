@@ -113,13 +113,13 @@ def test_experts_check_and_reshard_across_ep(tmp_path):
 
 
 # B/W-split schedules through the CLI, each on its own mesh, with global-norm clipping:
-# two chunks per rank in a V (the CLI sets virtual_stages=2 for zbv and dualpipev), ZB-H2
-# at its fewest microbatches (2p - 1); ZB-H1 runs through the CLI with experts and
-# ZeRO-3 in test_experts_check_and_reshard_across_ep
+# two chunks per rank in a V (the CLI sets virtual_stages=2 for zbv and dualpipev). ZB-H1
+# runs through the CLI with experts and ZeRO-3 (test_experts_check_and_reshard_across_ep),
+# ZB-H2 at its fewest microbatches with clipping in a resumed Llama run
+# (test_llama_saved_with_replicated_kv_heads_resumes_with_them_split)
 ZERO_BUBBLE_RUNS = {
     "zbv": ["--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "12"],
     "dualpipev": ["--dp", "2", "--pp", "2", "--tp", "1", "--microbatches", "4"],
-    "zb-h2": ["--dp", "1", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "6"],
 }
 
 
@@ -134,9 +134,10 @@ def test_zero_bubble_schedules_with_clipping_match_one_process(tmp_path, schedul
 
 def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, capsys):
     """--arch llama with 2 K/V heads: 3 steps at tp 4 (each K/V head replicated on two
-    ranks), saved, resumed at tp 2 × pp 2 (the K/V heads split, one a rank), each equal
-    to the one-process Llama-style GPT in float64 (--check; resumed from the files);
-    --arch contradicting the checkpoint is refused."""
+    ranks), saved, resumed at tp 2 × pp 2 (the K/V heads split, one a rank) with ZB-H2 at
+    its fewest microbatches (2p - 1) and clipping, each equal to the one-process
+    Llama-style GPT in float64 (--check; resumed from the files); --arch contradicting the
+    checkpoint is refused."""
     llama = [*TINY, "--arch", "llama", "--n-kv-head", "2"]
     ckpt = str(tmp_path / "ckpt")
     first = _summary(_cli(*llama, "--dp", "1", "--pp", "1", "--tp", "4", "--steps", "3",
@@ -144,7 +145,9 @@ def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, 
     assert first["max_loss_diff"] < 1e-10
     assert mt.checkpoint.read_meta(ckpt)["config"]["n_kv_head"] == 2
     resumed = _summary(_cli(*TINY, "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "5",
-                            "--load", ckpt, "--check", "--out", str(tmp_path / "resumed")))
+                            "--schedule", "zb-h2", "--microbatches", "3", "--batch-size", "6",
+                            "--clip-grad", "0.5", "--load", ckpt, "--check",
+                            "--out", str(tmp_path / "resumed")))
     assert resumed["max_loss_diff"] < 1e-10
     with pytest.raises(SystemExit):  # refused before any process starts
         train.main([*TINY, "--arch", "gpt2", "--tp", "2", "--pp", "1", "--dp", "1",
