@@ -215,11 +215,11 @@ _INTERRUPT_TRIALS = textwrap.dedent("""
                 time.sleep(0.01)
             except KeyboardInterrupt:
                 settled = time.monotonic() + 0.2
-        # A fork the forkserver had queued when the interrupt came (the throwaway warm-up
-        # child of a cold start, which exits at once) is served after the others left:
-        # twice on clean clones (2026-11-26) one was seen only after the check had found
-        # none. The forkserver answers in order, so once a probe of ours has run, nothing
-        # queued is left; then a rank that stays is what this test catches.
+        # A fork the forkserver had queued when the interrupt came (likeliest: the
+        # throwaway warm-up child of a cold start, which exits at once) is served after the
+        # others left: twice on clean clones (2026-11-26) a process was seen only after the
+        # check had found none. The forkserver answers in order, so once a probe of ours
+        # has run, nothing queued is left; then a rank that stays is what this test catches.
         quiet()
         served()
         quiet()
