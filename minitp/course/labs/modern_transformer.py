@@ -139,3 +139,21 @@ def kv_activation_bytes(kv_heads_each=(1, 2, 4), rows: int = 2, attention: str =
             layer(x)
         out[kv] = ledger.total_bytes
     return out
+
+
+def layer_activation_bytes(kv_heads_each=(1, 2, 4), rows: int = 2) -> dict:
+    """Bytes one whole layer keeps for backward, per K/V head count, weighed by
+    `ActivationLedger` around the first block of the plain model in bfloat16 (one
+    process, the core written out): what `minitp.calc.activation_bytes_per_layer`
+    models with 16-bit activations."""
+    out = {}
+    for kv in kv_heads_each:
+        cfg = GPTConfig(**{**CFG, "n_kv_head": kv})
+        torch.manual_seed(0)
+        block = GPT(cfg).to(device(), torch.bfloat16).blocks[0]
+        x = torch.randn(rows, cfg.seq_len, cfg.d_model, device=device(), dtype=torch.bfloat16,
+                        requires_grad=True)
+        with ActivationLedger() as ledger:
+            block(x)
+        out[kv] = ledger.total_bytes
+    return out
