@@ -6,7 +6,8 @@ The meshes cover the K/V heads split over tp (tp dividing them) and replicated (
 them: a K/V head's gradient summed over the ranks that share it), multi-query attention,
 sequence parallelism (RMSNorm's gradients partial), context parallelism (the rotation at
 each token's global position after the load-balanced split), pipeline and data
-parallelism with ZeRO-1 and ZeRO-3, full recomputation and a zero-bubble schedule.
+parallelism with ZeRO-1 and ZeRO-3, full recomputation and a zero-bubble schedule. (The
+ring's bytes with fewer K/V heads, measured beside `mt.calc`, are lesson 09's checked cell.)
 """
 
 import pytest
@@ -58,34 +59,6 @@ def test_tp_neither_dividing_nor_a_multiple_of_the_kv_heads_is_refused():
         mt.check_parallel_config(cfg, tp=6)
     for tp in (2, 4, 12):  # dividing, equal, a multiple
         mt.check_parallel_config(cfg, tp=tp)
-
-
-def _ring_bytes(kv_heads_each):
-    """Bytes this cp rank's ring sent in one training step, per K/V head count."""
-    out = {}
-    for kv in kv_heads_each:
-        cfg = mt.GPTConfig(**{**LLAMA, "n_kv_head": kv})
-        torch.manual_seed(0)
-        mesh = mt.Mesh(cp=2)
-        model = mt.parallelize(mt.GPT(cfg).double(), mesh)
-        x, y = random_batches(1, cfg, 2)[0]
-        mt.trace.clear()
-        mt.train_step(model, (x, y), mesh, torch.optim.SGD(model.parameters(), lr=0.0))
-        out[kv] = sum(e.nbytes for e in mt.trace.events() if e.op == "send" and "ring" in e.label)
-    return out
-
-
-def test_the_ring_carries_kv_heads_narrow():
-    """Under context parallelism the ring sends each rank's K and V with its K/V heads
-    only: multi-query attention's messages are 1/n_head of multi-head attention's,
-    measured from the trace and equal to `mt.calc.cp_comm_bytes` (a MODEL) per layer."""
-    run = mt.launch(_ring_bytes, 2, (1, 2, 4), timeout=120)
-    for sent in run:
-        assert sent[1] * 4 == sent[2] * 2 == sent[4]  # n_head = 4 query heads
-        for kv, measured in sent.items():
-            cfg = mt.GPTConfig(**{**LLAMA, "n_kv_head": kv})
-            model = mt.calc.cp_comm_bytes(cfg, 2, 2, bytes_per_value=8) * cfg.n_layer
-            assert measured == model, (kv, measured, model)
 
 
 def test_rotary_positions_without_the_q_and_kv_projections_are_refused():

@@ -13,7 +13,7 @@ One launch of 4 ranks, float64, 3 AdamW steps each, beside the single-device mod
 * ``ring_bytes``: the bytes the cp ring sends in one step for 1, 2 and 4 K/V heads
   (4 query heads), from the trace.
 
-`kv_activation_bytes` weighs, on one process, what a layer's attention keeps for backward
+`activation_bytes` weighs, on one process, what a layer's attention keeps for backward
 with 1, 2 and 4 K/V heads (`mt.memory.ActivationLedger`). Everything here is measured;
 the formulas beside it in the lesson are `minitp.calc`'s, a MODEL.
 """
@@ -34,17 +34,11 @@ from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh
 from ...step import train_step
+from .zero_bubble import _batch  # random ids on mt.device(), seeded
 
 CFG = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, norm="rmsnorm",
            positions="rope", mlp="swiglu", bias=False, n_kv_head=2)
 STEPS, LR = 3, 1e-2
-
-
-def _batch(cfg, rows: int, seed: int):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
-    y = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
-    return x.to(device()), y.to(device())
 
 
 def _side_by_side(sizes, options, cfg, spoil=None) -> dict:
@@ -124,36 +118,22 @@ def runs() -> list[dict]:
     return list(launch(_rank, 4, timeout=180))
 
 
-def kv_activation_bytes(kv_heads_each=(1, 2, 4), rows: int = 2, attention: str = "math",
-                        seq_len: int = 16) -> dict:
-    """Bytes one layer's attention keeps for backward, per K/V head count, weighed by
-    `ActivationLedger` around the attention of the plain model (one process, float32),
-    its core written out ("math") or fused ("sdpa")."""
+def activation_bytes(kv_heads_each=(1, 2, 4), rows: int = 2, attention: str = "math",
+                     whole_layer: bool = False) -> dict:
+    """Bytes one layer's attention (or, `whole_layer`, the whole first block, in bfloat16:
+    what `minitp.calc.activation_bytes_per_layer` models) keeps for backward, per K/V head
+    count, weighed by `ActivationLedger` around the plain model (one process), its core
+    written out ("math") or fused ("sdpa")."""
     out = {}
+    dtype = torch.bfloat16 if whole_layer else torch.float32
     for kv in kv_heads_each:
-        cfg = GPTConfig(**{**CFG, "n_kv_head": kv, "attention": attention, "seq_len": seq_len})
+        cfg = GPTConfig(**{**CFG, "n_kv_head": kv, "attention": attention})
         torch.manual_seed(0)
-        layer = GPT(cfg).to(device()).blocks[0].attn
-        x = torch.randn(rows, cfg.seq_len, cfg.d_model, device=device(), requires_grad=True)
-        with ActivationLedger() as ledger:
-            layer(x)
-        out[kv] = ledger.total_bytes
-    return out
-
-
-def layer_activation_bytes(kv_heads_each=(1, 2, 4), rows: int = 2) -> dict:
-    """Bytes one whole layer keeps for backward, per K/V head count, weighed by
-    `ActivationLedger` around the first block of the plain model in bfloat16 (one
-    process, the core written out): what `minitp.calc.activation_bytes_per_layer`
-    models with 16-bit activations."""
-    out = {}
-    for kv in kv_heads_each:
-        cfg = GPTConfig(**{**CFG, "n_kv_head": kv})
-        torch.manual_seed(0)
-        block = GPT(cfg).to(device(), torch.bfloat16).blocks[0]
-        x = torch.randn(rows, cfg.seq_len, cfg.d_model, device=device(), dtype=torch.bfloat16,
+        block = GPT(cfg).to(device(), dtype).blocks[0]
+        layer = block if whole_layer else block.attn
+        x = torch.randn(rows, cfg.seq_len, cfg.d_model, device=device(), dtype=dtype,
                         requires_grad=True)
         with ActivationLedger() as ledger:
-            block(x)
+            layer(x)
         out[kv] = ledger.total_bytes
     return out
