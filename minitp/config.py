@@ -49,6 +49,14 @@ class GPTConfig:
     # n_head/K query heads (grouped-query attention; K = 1: multi-query)
     ffn_hidden: int | None = None  # the MLP's width; None: 4h (gelu), 8h/3 up to a 16 (swiglu)
     rope_theta: float = 10000.0  # the rotary embedding's base (RoFormer, Llama 2)
+    causal: bool = True  # False: every position attends to every other (a vision encoder)
+    # A vision-language model (`minitp.vision`): each sequence starts with an image's
+    # vision_patches patches (one byte each: `minitp.vision_data`), read by a small encoder
+    # of vision_layers GPT-2 blocks vision_width wide; 0 patches: a text model.
+    vision_patches: int = 0
+    vision_layers: int = 2
+    vision_width: int = 32
+    vision_heads: int = 2
 
     @classmethod
     def llama(cls, **fields) -> GPTConfig:
@@ -59,9 +67,29 @@ class GPTConfig:
         fields.setdefault("n_kv_head", fields.get("n_head", cls.n_head))
         return cls(**fields)
 
+    @classmethod
+    def vlm(cls, **fields) -> GPTConfig:
+        """A vision-language model: a Llama-style decoder (`GPTConfig.llama`) whose sequences
+        start with an image of ``vision_patches`` patches (default: half the sequence, whole
+        characters of `minitp.vision_data`'s font, 4 patches each)."""
+        seq_len = fields.get("seq_len", cls.seq_len)
+        fields.setdefault("vision_patches", seq_len // 2 // 4 * 4)
+        return cls.llama(**fields)
+
+    @property
+    def vision_config(self) -> GPTConfig:
+        """The vision encoder's blocks: GPT-2's parts (a ViT's), attention not causal."""
+        return GPTConfig(vocab_size=self.vocab_size, seq_len=self.vision_patches,
+                         n_layer=self.vision_layers, n_head=self.vision_heads,
+                         d_model=self.vision_width, dropout=self.dropout,
+                         attention=self.attention, causal=False)
+
     @property
     def arch(self) -> str:
-        """"llama" for `GPTConfig.llama`'s parts, "gpt2" for the defaults, else "custom"."""
+        """"vlm" with an image, "llama" for `GPTConfig.llama`'s parts, "gpt2" for the
+        defaults, else "custom"."""
+        if self.vision_patches and self.n_kv_head is not None:
+            return "vlm" if self.positions == "rope" and self.mlp == "swiglu" else "custom"
         parts = (self.norm, self.positions, self.mlp, self.n_kv_head is not None)
         if parts == ("rmsnorm", "rope", "swiglu", True):
             return "llama"
@@ -121,10 +149,25 @@ class GPTConfig:
         if self.n_experts and self.mlp != "gelu":
             raise ValueError(f"mlp={self.mlp!r} with n_experts={self.n_experts}: the experts "
                              "are GELU MLPs (minitp.expert_mlps); use mlp='gelu'")
+        if self.vision_patches:
+            self._check_vision()
         if self.n_experts:
             for name in ("n_experts", "top_k", "moe_every"):
                 check_positive_int(f"GPTConfig.{name}", getattr(self, name))
             check_moe_config(self)
+
+    def _check_vision(self):
+        check_positive_int("GPTConfig.vision_patches", self.vision_patches)
+        if self.vision_patches >= self.seq_len:
+            raise ValueError(f"vision_patches={self.vision_patches} leaves no text in a sequence "
+                             f"of seq_len={self.seq_len}: give fewer patches or longer sequences")
+        if self.vocab_size < 256:
+            raise ValueError(f"vocab_size={self.vocab_size}: an image's patches are byte ids "
+                             "(0..255), so a vision-language model needs vocab_size >= 256")
+        if self.n_experts or self.dropout:
+            raise ValueError("a vision-language model is built dense and without dropout: "
+                             f"got n_experts={self.n_experts}, dropout={self.dropout}")
+        _ = self.vision_config  # its own checks: width divisible by heads, positive sizes
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer `index` holds a mixture of experts rather than a dense MLP."""

@@ -93,7 +93,7 @@ class GroupedQueryAttention(nn.Module):
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=cfg.bias)
         self.rope = (Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
                      if cfg.positions == "rope" else None)
-        self.core = AttentionCore(cfg.dropout, cfg.attention)
+        self.core = AttentionCore(cfg.dropout, cfg.attention, cfg.causal)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 

@@ -5,8 +5,8 @@ builds each rank's shard from its weights, following a plan table; the tests
 then check that the two compute the same function, loss and gradients.
 
 One forward serves every way of running the model. Each step of it is a module
-— token embedding, positions, dropout, blocks, final LayerNorm, output head,
-loss — so parallelism is applied by *replacing modules*, never by a second
+— token embedding, a vision-language model's image (`minitp.vision`), positions,
+dropout, blocks, final LayerNorm, output head, loss — so parallelism is applied by *replacing modules*, never by a second
 forward: tensor parallelism swaps in sharded ones (`minitp.tensor_parallel`),
 and a pipeline stage that lacks the embedding or the head holds a pass-through
 in its place (`minitp.pipeline`), as picotron does.
@@ -31,6 +31,7 @@ from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, norm
 from .mixed_precision import loss_precision
 from .moe import MoE
 from .rules import IGNORE_INDEX, check_token_ids
+from .vision import NoVision, VisionPrefix
 
 __all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "GPTConfig",
            "MLP", "TiedOutput"]
@@ -43,7 +44,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         # Output features ordered (head, q/k/v, head_dim): see the module docstring.
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.core = AttentionCore(cfg.dropout, cfg.attention)
+        self.core = AttentionCore(cfg.dropout, cfg.attention, cfg.causal)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -143,6 +144,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.vision = VisionPrefix(cfg, Block) if cfg.vision_patches else NoVision()
         self.wpe = (LearnedPositions(cfg.seq_len, cfg.d_model) if cfg.positions == "learned"
                     else NoPositions())
         self.dropout = nn.Dropout(cfg.dropout)
@@ -165,7 +167,8 @@ class GPT(nn.Module):
         as they are. Returns (logits, loss); loss is None without targets."""
         if not inputs.is_floating_point():  # ids, not activations: the rule every model keeps
             check_token_ids(inputs, self.cfg.vocab_size, "input id")
-        x = self.dropout(self.wpe(self.wte(inputs)))  # (B, T, C)
+        x = self.vision(self.wte(inputs), inputs)  # an image's tokens first, if any
+        x = self.dropout(self.wpe(x))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))  # (B, T, V)

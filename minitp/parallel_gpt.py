@@ -38,7 +38,7 @@ class ParallelGPT(GPT):
         nn.Module.__init__(self)
         self.cfg, self.mesh, self.sequence_parallel = cfg, mesh, sequence_parallel
         self.first, self.last, self.layer_offset = first, last, layers.start
-        for name in ("wte", "wpe", "dropout", "blocks", "ln_f", "head", "loss"):
+        for name in ("wte", "vision", "wpe", "dropout", "blocks", "ln_f", "head", "loss"):
             setattr(self, name, pieces[name])
         # What the pipeline sends: the dtype its layers compute in, read now, since ZeRO-3
         # will leave the stage only its shards (float32 under mixed precision).

@@ -40,11 +40,14 @@ from .rules import check_parallel_config, layer_label
 from .runtime import trace
 from .runtime.mesh import Mesh
 from .tensor_parallel.plan import apply_tensor_parallel
+from .tensor_parallel.vision import apply_vision_parallel
 
 
 def label_pieces(model: GPT) -> None:
     """Trace labels for the model's pieces (forward hooks: the model has no tracing code)."""
     trace.label_module(model.wte, "embedding")
+    if model.cfg.vision_patches:
+        trace.label_module(model.vision, "vision")
     for index, block in enumerate(model.blocks):
         trace.label_module(block, layer_label(index))
     trace.label_module(model.head, "head")
@@ -53,8 +56,8 @@ def label_pieces(model: GPT) -> None:
 
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
-                tp_overlap: bool = False, param_dtype=None,
-                placement: str = "loop") -> ParallelGPT | PipelineGPT:
+                tp_overlap: bool = False, param_dtype=None, placement: str = "loop",
+                vision_layout: str = "replicated") -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
     tp: every layer is sharded by the plan table. pp: the layers are cut into
@@ -89,11 +92,13 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     check_parallel_config(ref.cfg, mesh, sequence_parallel=sequence_parallel,
                           recompute=recompute, virtual_stages=virtual_stages,
                           zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
-                          tp_overlap=tp_overlap, placement=placement)
+                          tp_overlap=tp_overlap, placement=placement,
+                          vision_layout=vision_layout)
     model = copy.deepcopy(ref)
     if param_dtype is not None:
         model.to(param_dtype)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel, tp_overlap)
+    apply_vision_parallel(model, mesh.tp, sequence_parallel, vision_layout)
     apply_context_parallel(model, mesh.cp)
     apply_expert_parallel(model, mesh, sequence_parallel)
     apply_recompute(model, recompute)

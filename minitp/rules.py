@@ -22,7 +22,7 @@ import math
 import re
 from fractions import Fraction
 
-from .head_rules import check_tp_widths, kv_layout  # noqa: F401  (re-exported)
+from .head_rules import check_tp_widths, check_vision_layout, kv_layout  # noqa: F401  (re-exported)
 from .moe_rules import check_expert_parallel
 from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
     PLACEMENTS,
@@ -146,14 +146,15 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                           schedule=None, microbatches: int | None = None,
                           batch_size: int | None = None, zero_stage: int = 0, ep: int = 1,
                           param_dtype: str | None = None, tp_overlap: bool = False,
-                          placement: str = "loop") -> None:
+                          placement: str = "loop", vision_layout: str = "replicated") -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way: the one validator of a parallel configuration. Call it in the parent
     with the sizes, before any process starts (the CLI, the graders, the calculator);
     `parallelize` calls it again on every rank with its `mesh` (whose axis sizes and world
     size stand for dp, pp, cp, tp, ep and world_size), and `train_step` with the schedule,
     microbatches and batch size it was given. ep: `minitp.moe_rules.check_expert_parallel`.
-    placement: where the pipeline's chunks sit ("loop" or "v": `minitp.schedule_rules`)."""
+    placement: where the pipeline's chunks sit ("loop" or "v": `minitp.schedule_rules`).
+    vision_layout: a vision-language model's encoder over tp (`minitp.head_rules`)."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size
@@ -161,6 +162,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                         ("virtual_stages", virtual_stages)):
         check_positive_int(name, value)
     check_tp_widths(cfg, tp)
+    check_vision_layout(cfg, vision_layout, tp, cp)
     if sequence_parallel and cp == 1 and cfg.seq_len % tp:
         raise ValueError(
             f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "

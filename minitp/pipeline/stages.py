@@ -59,7 +59,7 @@ def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
         g = stage_of(pp, mesh.pp.rank, k, placement)  # this stage's place in the whole model
         first, last = g == 0, g == n_stages - 1
         pieces = {"blocks": nn.ModuleList(model.blocks[g * per_stage:(g + 1) * per_stage])}
-        for name in ("wte", "wpe", "dropout"):
+        for name in ("wte", "vision", "wpe", "dropout"):
             pieces[name] = getattr(model, name) if first else Skipped()
         for name in ("ln_f", "head", "loss"):
             pieces[name] = getattr(model, name) if last else Skipped()
