@@ -20,6 +20,12 @@ POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
 
 
+def default_vision_patches(seq_len: int) -> int:
+    """A vision-language model's image by default: half the sequence, in whole characters
+    of `minitp.vision_data`'s font (4 patches each)."""
+    return seq_len // 2 // 4 * 4
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 256  # byte-level tokens: every text is already tokenised
@@ -72,8 +78,8 @@ class GPTConfig:
         """A vision-language model: a Llama-style decoder (`GPTConfig.llama`) whose sequences
         start with an image of ``vision_patches`` patches (default: half the sequence, whole
         characters of `minitp.vision_data`'s font, 4 patches each)."""
-        seq_len = fields.get("seq_len", cls.seq_len)
-        fields.setdefault("vision_patches", seq_len // 2 // 4 * 4)
+        fields.setdefault("vision_patches", default_vision_patches(fields.get("seq_len",
+                                                                             cls.seq_len)))
         return cls.llama(**fields)
 
     @property

@@ -6,10 +6,10 @@ then check that the two compute the same function, loss and gradients.
 
 One forward serves every way of running the model. Each step of it is a module
 — token embedding, a vision-language model's image (`minitp.vision`), positions,
-dropout, blocks, final LayerNorm, output head, loss — so parallelism is applied by *replacing modules*, never by a second
-forward: tensor parallelism swaps in sharded ones (`minitp.tensor_parallel`),
-and a pipeline stage that lacks the embedding or the head holds a pass-through
-in its place (`minitp.pipeline`), as picotron does.
+dropout, blocks, final LayerNorm, output head, loss — so parallelism is applied
+by *replacing modules*, never by a second forward: tensor parallelism swaps in
+sharded ones (`minitp.tensor_parallel`), and a pipeline stage that lacks the
+embedding or the head holds a pass-through in its place (`minitp.pipeline`), as picotron does.
 
 Two layout choices make the sharding a plain slice:
 * the attention projection's output features are ordered (head, q/k/v, head_dim),

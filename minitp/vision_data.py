@@ -196,3 +196,29 @@ def get_vlm_batch(tokens: torch.Tensor, step: int, batch_size: int, seq_len: int
 def image_of(x_row: torch.Tensor, image_chars: int) -> torch.Tensor:
     """The bool image a row of `get_vlm_batch`'s x starts with: what the model saw."""
     return from_patches(x_row[:image_tokens(image_chars)], image_chars)
+
+
+def image_chars_of(cfg) -> int:
+    """The characters an image of `cfg` (a GPTConfig with ``vision_patches``) shows."""
+    if cfg.vision_patches % PATCHES_PER_CHAR:
+        raise ValueError(f"vision_patches={cfg.vision_patches}: the rendered images are whole "
+                         f"characters of {PATCHES_PER_CHAR} patches each")
+    return cfg.vision_patches // PATCHES_PER_CHAR
+
+
+def batch_for(cfg, tokens: torch.Tensor, step: int, batch_size: int, seed: int = 0):
+    """The global batch of `step` for `cfg`'s model: text (`minitp.data.get_batch`), or for
+    a vision-language model an image of the text's first characters, then the text."""
+    if not cfg.vision_patches:
+        return get_batch(tokens, step, batch_size, cfg.seq_len, seed)
+    return get_vlm_batch(tokens, step, batch_size, cfg.seq_len, image_chars_of(cfg), seed)
+
+
+def prompt_image(cfg, prompt: bytes) -> torch.Tensor:
+    """(1, P) patch ids: the picture a vision-language model is shown before `prompt` (its
+    first characters, padded with spaces); (1, 0) for a text model."""
+    if not cfg.vision_patches:
+        return torch.zeros(1, 0, dtype=torch.long)
+    chars = image_chars_of(cfg)
+    shown = bytes(prompt[:chars]).ljust(chars, b" ")
+    return to_patches(render(shown)).long()[None]

@@ -155,6 +155,16 @@ def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, 
     assert "--arch gpt2: the checkpoint's model is llama" in capsys.readouterr().err
 
 
+def test_vlm_with_its_encoder_split_matches_one_process(tmp_path):
+    """--arch vlm (a rendered image of the text's first characters, then the text): the
+    encoder tensor-parallel in the pipeline's first stage (pp 2 × tp 2, SP), equal to the
+    one-process model in float64; its sample is text read after an image of the prompt."""
+    summary = _summary(_cli(*TINY, "--arch", "vlm", "--n-kv-head", "2", "--vision-layout",
+                            "tensor", "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "3",
+                            "--check", "--prompt", "def f", "--out", str(tmp_path / "run")))
+    assert summary["max_loss_diff"] < 1e-10 and math.isfinite(summary["eval_loss"])
+
+
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
@@ -242,6 +252,8 @@ BAD = [
     (["--clip-grad", "0"], "--clip-grad must be positive"),
     (["--n-kv-head", "2"], "--n-kv-head needs --arch llama"),
     (["--arch", "llama", "--n-kv-head", "3"], "n_head=4 is not divisible by n_kv_head=3"),
+    (["--vision-layout", "tensor"], "--vision-layout needs --arch vlm"),
+    (["--arch", "vlm", "--cp", "2"], "cp=2 with a vision-language model: not built"),
 ]
 
 

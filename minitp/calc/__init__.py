@@ -18,7 +18,8 @@ saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
 tensor parallelism of one linear layer: bytes, collectives, latency terms), `moe`
 (a mixture of experts: total and active parameters, FLOPs from the active ones,
 published shapes `MIXTRAL_8X7B` and `DEEPSEEK_V3`, expert vs tensor parallelism, the
-step time with ep; its all-to-all bytes are in `comm`).
+step time with ep; its all-to-all bytes are in `comm`), `vision` (a vision-language model's
+encoder replicated vs split over tp: params, bytes, FLOPs, time, the crossover width).
 """
 
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
@@ -74,6 +75,16 @@ from .plan import Candidate, Plan, expert_parallel_sizes, plan
 from .timing import StepTime, microbatch_count, schedule_bubble, step_time
 from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
+from .vision import (
+    LLAVA15_VISION,
+    VisionCrossover,
+    VisionEncoderShape,
+    VisionLayoutCost,
+    vision_crossover,
+    vision_encoder_params,
+    vision_layout,
+    vision_step_time,
+)
 
 __all__ = [
     "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DEEPSEEK_V3", "DGX2H_V100", "H100_80GB",
@@ -90,4 +101,6 @@ __all__ = [
     "ring_wire_bytes", "step_time", "tp1d_linear_bytes", "tp2d_linear_bytes",
     "tp2d_linear_parts", "tp_collectives_per_layer", "tp_comm_bytes", "tp_linear_latency",
     "tp_overlap_model", "training_seconds",
+    "LLAVA15_VISION", "VisionCrossover", "VisionEncoderShape", "VisionLayoutCost",
+    "vision_crossover", "vision_encoder_params", "vision_layout", "vision_step_time",
 ]

@@ -172,13 +172,13 @@ def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
 
 def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
          virtual_stages: int = 1, optimizer_factory=None, device=None, zero_stage: int = 0,
-         tp_overlap: bool = False, placement: str = "loop"):
+         tp_overlap: bool = False, placement: str = "loop", vision_layout: str = "replicated"):
     """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
 
     device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
     zero_stage: the ZeRO stage to resume at, whatever stage wrote the file.
-    tp_overlap, placement: as `mt.parallelize`'s (they change how a step runs, not what
-    is saved).
+    tp_overlap, placement, vision_layout: as `mt.parallelize`'s (they change how a step
+    runs, not what is saved).
 
     optimizer_factory: called with the tensors this rank steps (e.g.
     ``lambda params: torch.optim.Adam(params, lr=1e-3)``): the parallel model's
@@ -190,7 +190,7 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
     ref = ref.to(device)
     plan = dict(sequence_parallel=sequence_parallel, recompute=recompute,
                 virtual_stages=virtual_stages, zero_stage=zero_stage, tp_overlap=tp_overlap,
-                placement=placement)
+                placement=placement, vision_layout=vision_layout)
     model = parallelize(ref, mesh, **plan)
     optimizer = None
     if optimizer_factory is not None:

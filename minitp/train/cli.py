@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from .. import checkpoint, data
+from .. import checkpoint, vision_data
 from ..model import GPT
 from ..moe import update_expert_bias
 from ..runtime import peak
@@ -81,7 +81,7 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
                      mininterval=0.5, dynamic_ncols=True)
     for step in steps:
         torch.manual_seed(step_seed(args.seed, step))
-        x, y = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
+        x, y = vision_data.batch_for(cfg, train_tokens, step, args.batch_size, args.seed)
         set_lr(optimizer, lr_at(args, step))
         optimizer.zero_grad(set_to_none=True)
         _, loss = ref(x, y)

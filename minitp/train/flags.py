@@ -11,6 +11,7 @@ import os
 import torch
 
 from .. import checkpoint, data
+from ..head_rules import VISION_LAYOUTS
 from ..model import GPTConfig
 from ..moe_rules import BALANCES
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
@@ -47,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp-overlap", action="store_true",
       help="overlap sequence parallelism's all-gathers and reduce-scatters with the GEMMs, "
            "chunk by chunk (needs --sp and --tp > 1)")
-    a("--arch", choices=ARCHS, default=None,
-      help="gpt2 (default) or llama: RMSNorm, rotary positions, SwiGLU, no biases")
+    a("--arch", choices=ARCHS, default=None, help="gpt2 (default), llama (RMSNorm, rotary "
+      "positions, SwiGLU, no biases) or vlm (llama reading a rendered image of its text)")
+    a("--vision-layout", choices=VISION_LAYOUTS, default="replicated",
+      help="--arch vlm's encoder over tp: whole on every rank (default), or split (tensor)")
     a("--n-kv-head", type=int, default=None, metavar="K", help="--arch llama's K/V heads, "
       "shared by groups of query heads (default: one per query head; 1: multi-query)")
     a("--experts", type=int, default=0, metavar="E",
@@ -184,7 +187,8 @@ def validate(args, parser):
                               batch_size=args.batch_size, zero_stage=args.zero_stage,
                               param_dtype="bfloat16" if uses_mixed_precision(args) else None,
                               ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
-                              placement=placement_of(args.schedule))
+                              placement=placement_of(args.schedule),
+                              vision_layout=args.vision_layout)
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -3,20 +3,27 @@
 
 from __future__ import annotations
 
-from ..config import LLAMA_PARTS
+from ..config import LLAMA_PARTS, default_vision_patches
 
-ARCHS = ("gpt2", "llama")
+ARCHS = ("gpt2", "llama", "vlm")
 
 
 def arch_options(args) -> dict:
     """GPT-2's parts (--arch gpt2, the default: none to set) or the Llama-style ones, with
-    --n-kv-head K/V heads (default: one per query head)."""
+    --n-kv-head K/V heads (default: one per query head); --arch vlm: a Llama-style decoder
+    reading an image of half its sequence first (`GPTConfig.vlm`)."""
+    if args.arch != "vlm" and args.vision_layout != "replicated":
+        raise ValueError("--vision-layout needs --arch vlm (only it has a vision encoder)")
     if args.arch in (None, "gpt2"):
         if args.n_kv_head is not None:
-            raise ValueError("--n-kv-head needs --arch llama (GPT-2's attention has one K/V "
-                             "head per query head)")
+            raise ValueError("--n-kv-head needs --arch llama or vlm (GPT-2's attention has one "
+                             "K/V head per query head)")
         return {}
-    return dict(LLAMA_PARTS, n_kv_head=args.n_head if args.n_kv_head is None else args.n_kv_head)
+    options = dict(LLAMA_PARTS, n_kv_head=args.n_head if args.n_kv_head is None
+                   else args.n_kv_head)
+    if args.arch == "vlm":
+        options["vision_patches"] = default_vision_patches(args.seq_len)
+    return options
 
 
 def moe_options(args) -> dict:

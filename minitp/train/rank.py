@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .. import checkpoint, data
+from .. import checkpoint, data, vision_data
 from ..model import GPT
 from ..rules import placement_of
 from ..runtime._worker import console
@@ -65,7 +65,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
 
     plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
                 virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
-                tp_overlap=args.tp_overlap, placement=placement_of(args.schedule))
+                tp_overlap=args.tp_overlap, placement=placement_of(args.schedule),
+                vision_layout=args.vision_layout)
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16
     if args.load:
@@ -76,8 +77,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
         optimizer = zero.make_optimizer(model, mesh, new_optimizer)
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
-    eval_set = data.eval_batches(eval_tokens, args.eval_batches, args.batch_size, cfg.seq_len,
-                                 args.seed)
+    eval_set = [vision_data.batch_for(cfg, eval_tokens, i, args.batch_size, args.seed)
+                for i in range(args.eval_batches)]  # fixed: `data.eval_batches`, or with images
 
     def evaluate() -> float:
         # Every rank scores its share of the held-out batches with the dense model,
@@ -106,7 +107,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     flops_per_step = calc.model_flops(cfg, args.batch_size)
     for step in range(start_step, args.steps):
         torch.manual_seed(step_seed(args.seed, step))
-        batch = data.get_batch(train_tokens, step, args.batch_size, cfg.seq_len, args.seed)
+        batch = vision_data.batch_for(cfg, train_tokens, step, args.batch_size, args.seed)
         batch = tuple(t.to(device) for t in batch)
         set_lr(optimizer, lr_at(args, step))
         started = time.perf_counter()
@@ -159,12 +160,14 @@ def sample(model: GPT, prompt: str, n: int, seed: int,
     always decodes, with no replacement characters."""
     generator = torch.Generator().manual_seed(seed)
     idx = data.encode(prompt or "\n")[None]  # (1, T)
+    image = vision_data.prompt_image(model.cfg, bytes(idx[0].tolist()))  # (1, P): P = 0, text
+    window = model.cfg.seq_len - image.shape[1]
     pending: list[int] = []  # the bytes of a character begun but not finished
     with torch.no_grad():
         for i in itertools.count():
             if i >= n and not pending:
                 break
-            logits, _ = model(idx[:, -model.cfg.seq_len:])
+            logits, _ = model(torch.cat([image, idx[:, -window:]], dim=1))
             logits = logits[0, -1].double() / temperature
             logits[~_utf8_allowed(pending)] = -math.inf
             token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
