@@ -5,7 +5,8 @@ AdamW steps, on 4 real ranks.
 
 Both encoder layouts of `minitp.tensor_parallel.vision` — replicated on every tp rank
 and tensor-parallel — with and without sequence parallelism (6 image tokens over 4
-slices of 4: one rank's slice all image, one half, two none), the encoder in a
+slices of 4: one rank's slice all image, one half, two none; tp 4 with SP and the
+encoder replicated, and split without overlap, are lesson 13's checked cell), the encoder in a
 pipeline's first stage (1F1B, zb-h1 with its deferred weight gradients), data
 parallelism with ZeRO-1 and ZeRO-3 (the encoder one unit), recomputation and the
 overlapped tensor parallelism of the decoder.
@@ -26,9 +27,8 @@ REPLICATED, TENSOR = dict(vision_layout="replicated"), dict(vision_layout="tenso
 SP = dict(sequence_parallel=True)
 # (mesh sizes, parallelize options, schedule, microbatches, config overrides)
 SETTINGS = [
-    (dict(tp=4), {**SP, **REPLICATED}, None, 1, {}),  # partial encoder grads summed over tp
     (dict(tp=4), {**SP, **TENSOR, "tp_overlap": True}, None, 1, {}),  # image tokens' grads
-    (dict(tp=4), REPLICATED, None, 1, {}),            # no SP: nothing to sum    # all-reduced
+    (dict(tp=4), REPLICATED, None, 1, {}),  # no SP: nothing to sum         # all-reduced
     (dict(dp=2, tp=2), {**TENSOR, "zero_stage": 1}, None, 1, {}),
     (dict(pp=2, tp=2), {**SP, **REPLICATED, "recompute": "full"}, "1f1b", 2, {}),
     (dict(pp=2, tp=2), {**SP, **TENSOR}, "zb-h1", 2, {}),

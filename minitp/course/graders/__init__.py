@@ -24,6 +24,7 @@ from . import (
     ex15,
     ex16,
     ex17,
+    ex18,
 )
 
 
@@ -59,14 +60,16 @@ EXERCISES = {
                      "the custom-schedule API", ex11.run),
     "ex12": Exercise("ex12_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
                      ex12.run),
-    "ex13": Exercise("ex13_tp_step_time.py", "a tensor-parallel step's compute and "
-                     "communication, predicted", ex13.run),
-    "ex14": Exercise("ex14_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, and say why", ex14.run),
-    "ex15": Exercise("ex15_bytes_and_days.py", "two claims checked by hand: model-state GB "
-                     "and training days", ex15.run),
-    "ex16": Exercise("ex16_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
-                     "storage, refill it in place for backward, free it again", ex16.run),
-    "ex17": Exercise("ex17_moe_dispatch.py", "expert parallelism's dispatch and combine",
-                     ex17.run),
+    "ex13": Exercise("ex13_image_tokens.py", "a vision-language model's image tokens on a "
+                     "sequence-parallel rank, and whose gradient the encoder sums", ex13.run),
+    "ex14": Exercise("ex14_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex14.run),
+    "ex15": Exercise("ex15_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, and say why", ex15.run),
+    "ex16": Exercise("ex16_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex16.run),
+    "ex17": Exercise("ex17_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex17.run),
+    "ex18": Exercise("ex18_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex18.run),
 }

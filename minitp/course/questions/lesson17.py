@@ -1,159 +1,147 @@
-"""Lesson 17's questions: an expert's capacity per sequence, the all-to-all bytes of expert
-parallelism, and the group the aux loss's statistics are summed over (a design decision)."""
+"""Lesson 17's questions: the ZeRO stage to choose under a memory budget, and the microbatch at
+which ZeRO-3 sends fewer bytes than tensor parallelism per token of work."""
 
 from __future__ import annotations
 
 import itertools
-import math
 
-from ...calc.comm import moe_all_to_all_bytes
-from ...routing import capacity
+from ...calc.cluster import GiB
+from ...calc.comm import dp_comm_bytes, tp_comm_bytes
+from ...calc.memory import model_state_bytes
 from .form import Question, Wrong
+from .models import gpt
 
-MB = 10**6
-
-
-def _capacities(f, T, k, E, B):
-    return {"right": capacity(f, T, k, E), "no-k": math.ceil(f * T / E),
-            "no-f": math.ceil(T * k / E), "floor": math.floor(f * T * k / E),
-            "batch": capacity(f, B * T, k, E)}
+LETTERS = "abcd"  # ZeRO stages 0, 1, 2, 3
+MICROBATCHES = 8
 
 
-# Draws whose five candidate answers are all different (so each mistake can be told).
-CAPACITY_DRAWS = tuple(
-    (f, T, k, E, B) for f, T, k, E, B in itertools.product(
-        (1.0, 1.25, 1.5), (100, 250, 1000, 4096), (1, 2, 8), (6, 16, 64), (4, 8))
-    if k < E and len(set(_capacities(f, T, k, E, B).values())) == 5)
+def _states_gib(billions, n, stage):
+    return model_state_bytes(billions * 10**9, n, stage, "adam-mixed")["total"] / GiB
 
 
-def capacity_question(seed=None) -> Question:
+def _lowest_fitting(billions, n, budget):
+    return next(s for s in range(4) if _states_gib(billions, n, s) <= budget)
+
+
+def _clear(billions, n, budget):  # no stage within 3% of the budget: no near-ties
+    return all(abs(_states_gib(billions, n, s) / budget - 1) > 0.03 for s in range(4))
+
+
+# Only draws whose answer is stage 1 or 2, so that a stage below and a stage above exist.
+ZERO_DRAWS = tuple(
+    (b, n, budget) for b, n, budget in itertools.product((7, 13, 20, 30), (8, 16, 64),
+                                                         (20, 30, 40, 60))
+    if _states_gib(b, n, 3) <= budget and _lowest_fitting(b, n, budget) in (1, 2)
+    and _clear(b, n, budget))
+
+
+def which_stage(seed=None) -> Question:
     def draw(rng):
-        f, T, k, E, B = rng.choice(CAPACITY_DRAWS)
-        return {"f": f, "T": T, "k": k, "E": E, "B": B}
+        billions, n, budget = rng.choice(ZERO_DRAWS)
+        return {"billions": billions, "n": n, "budget": budget}
 
-    def value(p, which="right"):
-        return _capacities(p["f"], p["T"], p["k"], p["E"], p["B"])[which]
+    def stage(p):
+        return _lowest_fitting(p["billions"], p["n"], p["budget"])
+
+    def far(p):  # two stages from the answer: stage 0 when it is 2, stage 3 when it is 1
+        return "a" if stage(p) == 2 else "d"
+
+    def table(p):
+        return ", ".join(f"stage {s} {_states_gib(p['billions'], p['n'], s):.1f} GiB"
+                         for s in range(4))
 
     return Question(
-        key="17.capacity", seed=seed, draw=draw, rel_tol=1e-9,  # a whole number: exact
-        text=lambda p: (f"A mixture of experts routes each token to k = {p['k']} of "
-                        f"E = {p['E']} experts, with capacity factor f = {p['f']}. A batch "
-                        f"holds B = {p['B']} sequences of T = {p['T']} tokens. With minitp's "
-                        "rule (`minitp.routing`: the capacity is counted per sequence), how "
-                        "many of one sequence's assignments can one expert take at most?"),
-        right=value,
+        key="17.which-stage", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A {p['billions']}B-parameter model trains by data parallelism alone "
+                        f"over N = {p['n']} GPUs with mixed-precision Adam, 16 bytes a parameter "
+                        "(2 + 2 + 12: Rajbhandari et al. 2020, §3.1), and "
+                        f"{MICROBATCHES} microbatches a step. Each GPU has {p['budget']} GiB "
+                        "left for model states. Which ZeRO stage do you choose, the one that "
+                        "fits with the least communication (as minitp and `calc.step_time` "
+                        "run them: stages 0 and 1 send 2Ψ a step, stage 2 reduce-scatters "
+                        "every microbatch's gradient, stage 3 also gathers the parameters twice "
+                        "a microbatch)? Answer 'a', 'b', 'c' or 'd': (a) stage 0; (b) stage 1; "
+                        "(c) stage 2; (d) stage 3."),
+        right=lambda p: LETTERS[stage(p)],
         wrong=[
-            Wrong(lambda p: value(p, "no-k"),
-                  "that leaves out k: a sequence makes k·T assignments, not T"),
-            Wrong(lambda p: value(p, "no-f"),
-                  "that leaves out the capacity factor f: it scales the fair share k·T/E"),
-            Wrong(lambda p: value(p, "floor"),
-                  "that rounds down: C = ⌈f·T·k/E⌉ rounds up, so the fair share always fits"),
-            Wrong(lambda p: value(p, "batch"),
-                  "that is a capacity for the whole batch: minitp counts it per sequence, so "
-                  "that a mesh splitting the batch over ranks applies the same rule"),
+            Wrong(lambda p: LETTERS[stage(p) - 1],
+                  "that stage keeps more model states than the budget: it does not fit"),
+            Wrong(lambda p: LETTERS[stage(p) + 1],
+                  "that stage fits, but shards more than it must and sends more: stage 2 "
+                  "reduce-scatters every microbatch's gradient, stage 3 also gathers the "
+                  "parameters twice per microbatch"),
+            Wrong(lambda p: far(p),
+                  "that is two stages from the answer: stage 0 keeps 16 bytes a parameter on "
+                  "every GPU, far over the budget; stage 3 fits, but gathers the parameters "
+                  "twice a microbatch, the most bytes of all"),
         ],
         worked=lambda p: (
-            f"C = ⌈f·T·k/E⌉ = ⌈{p['f']}·{p['T']}·{p['k']}/{p['E']}⌉ = "
-            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} (`minitp.routing.capacity`). "
-            "The sequence's k·T assignments queue slot by slot (every token's first choice in "
-            "position order, then every second choice); an assignment past an expert's "
-            f"{value(p)}th is dropped."),
+            f"per GPU (`calc.model_state_bytes`, Ψ = {p['billions']}B): 16Ψ at stage 0, "
+            "4Ψ + 12Ψ/N at stage 1, 2Ψ + 14Ψ/N at stage 2, 16Ψ/N at stage 3: "
+            f"{table(p)}. The lowest stage under {p['budget']} GiB is stage {stage(p)}. With "
+            f"m = {MICROBATCHES} microbatches `calc.step_time` gives stage 2 (m + 1)/2 = "
+            f"{(MICROBATCHES + 1) / 2} times stage 1's data-parallel time and stage 3 3m/2 = "
+            f"{3 * MICROBATCHES // 2} times (lesson 17, a MODEL)."),
     )
 
 
-def a2a_bytes(seed=None) -> Question:
-    # k = 1, 2 and 4 are left out: without k the answer would be the right one (k = 1), or
-    # equal to counting the forward only (k = 2), or to another mistake.
-    def draw(rng):
-        return {"tokens": rng.choice((4096, 8192, 16384)), "d": rng.choice((4096, 7168)),
-                "k": rng.choice((6, 8)), "ep": rng.choice((8, 16, 64))}
+MODELS = {"1.3B": gpt(2048, 16, 24), "13B": gpt(5120, 40, 40),
+          "GPT-3 175B": gpt(12288, 96, 96)}
 
-    def mb(p, k=None, ep_fraction=True, passes=2):
-        tokens, d, ep = p["tokens"], p["d"], p["ep"]
-        both = moe_all_to_all_bytes(tokens, k or p["k"], d, ep, 2)["per_layer_step"]
-        if not ep_fraction:
-            both = both * ep / (ep - 1)
-        return both * passes / 2 / MB
+
+def break_even(seed=None) -> Question:
+    # t = 2 is left out: there the per-microbatch mistake (factor t) would equal the one that
+    # counts 2 all-reduces a layer (factor 2). N stays at most 64, so that (N-1)/N is > 1% from 1.
+    def draw(rng):
+        return {"model": rng.choice(tuple(MODELS)), "t": rng.choice((4, 8)),
+                "n": rng.choice((16, 32, 64))}
+
+    def tokens(p, halves=3, all_reduces=4, per_work=True, ring=True):
+        cfg = MODELS[p["model"]]
+        h, layers, t, n = cfg.d_model, cfg.n_layer, p["t"], p["n"]
+        psi = 12 * layers * h * h  # the layers' weights only, as the question says
+        zero = dp_comm_bytes(psi, n, 2, zero_stage=3) * halves / 3
+        if not ring:
+            zero = zero * n / (n - 1)
+        tp_per_token = tp_comm_bytes(cfg, 1, t) * layers / cfg.seq_len * all_reduces / 4
+        if per_work:
+            tp_per_token *= t  # a TP GPU does 1/t of its tokens' work
+        return zero / tp_per_token
+
+    def text(p):
+        cfg = MODELS[p["model"]]
+        return (f"Compare, per token of work, the bytes one GPU sends for the {p['model']} GPT "
+                f"(l = {cfg.n_layer}, h = {cfg.d_model}): Megatron tensor parallelism at "
+                f"t = {p['t']} (4 ring all-reduces of bsh values a layer) against ZeRO-3 over "
+                f"N = {p['n']} GPUs (gather, gather again, reduce-scatter: 3(N-1)/N·Ψ a "
+                "microbatch, with Ψ = 12lh², the layers' weights only), both in 16-bit values. "
+                "ZeRO-3's bytes are fixed per microbatch. From how many tokens per ZeRO-3 "
+                "microbatch does it send fewer bytes per token of work? (Tokens; within 1%.)")
 
     return Question(
-        key="17.a2a-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"Expert parallelism over ep = {p['ep']} ranks. Each rank routes its "
-                        f"{p['tokens']:,} tokens to k = {p['k']} experts each, d = {p['d']}, "
-                        "bf16 (2 bytes a value). Routing is uniform: every expert gets as "
-                        "many rows as the others, nothing is dropped. How many MB (10⁶ bytes) "
-                        "does one rank send in one MoE layer's dispatch and combine "
-                        "all-to-alls, forward and backward together (leave out the small "
-                        "counts table)?"),
-        right=mb,
+        key="17.break-even", seed=seed, draw=draw, text=text, right=tokens,
         wrong=[
-            Wrong(lambda p: mb(p, ep_fraction=False),
-                  "that counts every row as sent; the rows for this rank's own experts stay "
-                  "here: only (ep-1)/ep of them cross"),
-            Wrong(lambda p: mb(p, passes=1),
-                  "that is the forward only; backward sends every row's gradient back the "
-                  "way the row came: dispatch and combine again"),
-            Wrong(lambda p: mb(p, k=1),
-                  "that sends each token once; a token goes to k experts, k rows of d values"),
+            Wrong(lambda p: tokens(p, per_work=False),
+                  "that compares bytes per microbatch token: a TP GPU does only 1/t of each "
+                  "token's work, so per token of work it sends t times as much"),
+            Wrong(lambda p: tokens(p, halves=2),
+                  "that uses 2Ψ, plain data parallelism's (or ZeRO-1's) bytes; ZeRO-3 gathers "
+                  "the parameters a second time for backward: 3Ψ"),
+            Wrong(lambda p: tokens(p, all_reduces=2),
+                  "that counts 2 all-reduces a layer, the forward's only; backward runs 2 more"),
+            Wrong(lambda p: tokens(p, ring=False),
+                  "that leaves out the ring's (N-1)/N: each rank sends N-1 of the N chunks"),
         ],
         worked=lambda p: (
-            f"rows out per all-to-all: tokens·k·(ep-1)/ep = {p['tokens']}·{p['k']}·"
-            f"{p['ep'] - 1}/{p['ep']} = {p['tokens'] * p['k'] * (p['ep'] - 1) / p['ep']:,.0f}, "
-            f"each d·2 = {2 * p['d']:,} bytes: {mb(p) / 4:,.2f} MB. Four all-to-alls a layer "
-            f"a step (dispatch and combine, forward and backward): {mb(p):,.2f} MB "
-            "(`calc.moe_all_to_all_bytes(...)['per_layer_step']` with no counts, a MODEL)."),
+            f"per token of work, TP sends 8bsh(t-1)/t per layer for bs/t tokens: 8h(t-1) "
+            "values a layer; ZeRO-3 sends 3·12h²·(N-1)/N values a layer per microbatch of T "
+            "tokens. Equal at T = 4.5h/(t-1)·(N-1)/N = "
+            f"4.5·{MODELS[p['model']].d_model}/{p['t'] - 1}·{p['n'] - 1}/{p['n']} = "
+            f"{tokens(p):,.0f} tokens (`calc.tp_comm_bytes`, `calc.dp_comm_bytes`: ring MODELS), "
+            f"{tokens(p) / MODELS[p['model']].seq_len:.2f} sequences of 2048. Above it ZeRO-3 "
+            "sends less. The lesson's table counts the embeddings in Ψ too, so its break-even is "
+            "a little higher (0.64h to 0.69h at t = 8, N = 64)."),
     )
 
 
-LETTERS = "abcde"  # none, tp, cp, tp and cp, all dp×cp
-
-
-def stats_group(seed=None) -> Question:
-    def draw(rng):
-        return {"dp": rng.choice((2, 4)), "tp": rng.choice((2, 4)), "cp": rng.choice((2, 4)),
-                "sp": rng.choice((True, False))}
-
-    def right(p):
-        return "d" if p["sp"] else "c"
-
-    def swapped(p):
-        return "c" if p["sp"] else "d"
-
-    return Question(
-        key="17.stats-group", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A mesh of dp = {p['dp']}, tp = {p['tp']}, cp = {p['cp']}, "
-                        f"{'with' if p['sp'] else 'without'} sequence parallelism, trains a "
-                        "mixture of experts balanced by the Switch aux loss, computed per "
-                        "sequence (E·Σ f_e·P_e of each sequence's own tokens). Before a rank "
-                        "computes it, over which other ranks must it sum its statistics "
-                        "(counts and score sums) so that every mesh gives one device's loss? "
-                        "(a) none: each rank's statistics are enough; (b) the tp group; (c) "
-                        "the cp group; (d) the tp and cp groups; (e) all dp×cp ranks."),
-        right=right,
-        wrong=[
-            Wrong(lambda p: "a",
-                  "local statistics: with a sequence split over ranks, each rank sees only "
-                  "part of it, and E·Σ f_e·P_e of the parts is not the whole's (it is not "
-                  "linear in the tokens)"),
-            Wrong(lambda p: "e",
-                  "that is the group of the expert bias's load (a per-step count); the aux "
-                  "loss is per sequence, and other dp ranks hold other sequences"),
-            Wrong(swapped,
-                  "look at the tp ranks again: with sequence parallelism each holds its own "
-                  "slice of the sequence (sum over them); without it they hold the same "
-                  "tokens, and summing would count each one tp times"),
-        ],
-        worked=lambda p: (
-            "sum over the ranks that hold the other parts of the same sequences. cp splits "
-            "every sequence into chunks; "
-            + ("sequence parallelism also splits each one over the tp ranks: the tp and cp "
-               "groups (d)." if p["sp"] else
-               "without sequence parallelism the tp ranks hold the same tokens: the cp group "
-               "only (c).")
-            + " The other dp ranks hold other sequences. (minitp.expert_parallel.plan's "
-              "`SplitSequence`; lesson 17 computes the difference.)"),
-    )
-
-
-QUESTIONS = {"17.capacity": capacity_question, "17.a2a-bytes": a2a_bytes,
-             "17.stats-group": stats_group}
+QUESTIONS = {"17.which-stage": which_stage, "17.break-even": break_even}

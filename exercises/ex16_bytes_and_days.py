@@ -1,9 +1,9 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex15
-# Made from solutions/ex15_bytes_and_days.py by `python -m minitp.course.make_exercises`.
-"""Exercise 15: check two claims yourself — the memory of a model's states, and the days
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex16
+# Made from solutions/ex16_bytes_and_days.py by `python -m minitp.course.make_exercises`.
+"""Exercise 16: check two claims yourself — the memory of a model's states, and the days
 a training run takes.
 
-Lesson 15 checked popular claims with `mt.calc`. Most of them rest on two numbers;
+Lesson 16 checked popular claims with `mt.calc`. Most of them rest on two numbers;
 compute both from first principles:
 
 * ``model_states_gb(n_params, optimizer)``: the model states of ``n_params``
@@ -22,18 +22,18 @@ The grader compares your numbers with `calc.model_state_bytes` and
 `calc.training_seconds` (and its 6/8 without recomputation) for GPT-3 and other runs,
 and names the usual slips. So build them yourself: a solution that calls those two
 functions or reads `calc.OPTIMIZERS` is told so.
-Grade it with `mt.grade("ex15")` in a notebook or `python -m minitp.course.grade ex15`.
+Grade it with `mt.grade("ex16")` in a notebook or `python -m minitp.course.grade ex16`.
 """
 
 
 def model_states_gb(n_params: int, optimizer: str) -> float:
     """GB (10**9 bytes) of weights, gradients and Adam's state for ``n_params`` parameters."""
     # hint: list what mixed-precision Adam keeps for every parameter, and in how many bytes
-    # hint: (lesson 15's table): only the gradients differ between the two layouts.
+    # hint: (lesson 16's table): only the gradients differ between the two layouts.
     # hint: Then a GB is 10**9 bytes.
     raise NotImplementedError(
         'list what mixed-precision Adam keeps for every parameter, and in how many bytes '
-        "(lesson 15's table): only the gradients differ between the two layouts. Then a GB is"
+        "(lesson 16's table): only the gradients differ between the two layouts. Then a GB is"
         ' 10**9 bytes.'
     )
 

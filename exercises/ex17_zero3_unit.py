@@ -1,4 +1,6 @@
-"""Exercise 16: one ZeRO-3 unit — free the gathered parameters after the forward, and
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex17
+# Made from solutions/ex17_zero3_unit.py by `python -m minitp.course.make_exercises`.
+"""Exercise 17: one ZeRO-3 unit — free the gathered parameters after the forward, and
 refill them, in place, just before the backward needs them.
 
 ZeRO stage 3 (Rajbhandari et al. 2020; FSDP is the same design) keeps no whole
@@ -40,7 +42,7 @@ What you may need:
   computed, before it flows on to the nodes that made `t`;
 * ``mt.comm.all_gather(shard, axis)``: every rank's shard, in rank order.
 
-Grade it with `mt.grade("ex16")` in a notebook or `python -m minitp.course.grade ex16`:
+Grade it with `mt.grade("ex17")` in a notebook or `python -m minitp.course.grade ex17`:
 two units in a row, two SGD steps on the shards, at dp = 2 and 3 in float64,
 against the plain blocks on the whole batch; it measures the gathered vectors'
 storage after each unit's forward, during backward and after it, and reads the
@@ -75,34 +77,32 @@ class Zero3Unit(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         full = GatherParams.apply(self.shard, self)  # (padded,): the whole vector
         y = run_module(self, full, x)  # autograd has saved views of `full` by now
-        # BEGIN SOLUTION
         # hint: after the forward this rank holds its shard only; and the refill must run once
         # hint: backward reaches this unit, before any of its nodes: which gradient arrives then?
-        free(full)
-        if y.requires_grad:  # no backward coming (torch.no_grad()): nothing to refill
-            y.register_hook(lambda grad: self.refill(full))
-        return y
-        # END SOLUTION
+        raise NotImplementedError(
+            'after the forward this rank holds its shard only; and the refill must run once '
+            'backward reaches this unit, before any of its nodes: which gradient arrives '
+            'then?'
+        )
 
     def refill(self, full: torch.Tensor) -> None:
         """Gather the shards again, and put the whole vector back where the views of
         `full` that autograd saved will read it."""
-        # BEGIN SOLUTION
         # hint: the saved views point into full's storage, not at a name: which memory must
         # hint: hold the values? And autograd checks the version of every tensor it saved
-        values = mt.comm.all_gather(self.shard.detach(), self.axis)
-        full.untyped_storage().resize_(values.numel() * values.element_size())
-        full.data.copy_(values)  # through .data: no version bump, the values are the same
-        # END SOLUTION
+        raise NotImplementedError(
+            "the saved views point into full's storage, not at a name: which memory must hold"
+            ' the values? And autograd checks the version of every tensor it saved'
+        )
 
 
 def free(full: torch.Tensor) -> None:
     """Give back the memory of the gathered vector `full`, though tensors that view it
     (autograd's saved ones among them) stay alive."""
-    # BEGIN SOLUTION
     # hint: `del` only drops a name: autograd's saved views keep what they point to
-    full.untyped_storage().resize_(0)
-    # END SOLUTION
+    raise NotImplementedError(
+        "`del` only drops a name: autograd's saved views keep what they point to"
+    )
 
 
 def run_module(unit: Zero3Unit, full: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -127,10 +127,10 @@ class GatherParams(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_full):
-        # BEGIN SOLUTION
         # hint: the vector's whole gradient is here, so every node that read the vector has
         # hint: run: what may this rank still hold?
-        (full,) = ctx.saved_tensors
-        free(full)
-        # END SOLUTION
+        raise NotImplementedError(
+            "the vector's whole gradient is here, so every node that read the vector has run:"
+            ' what may this rank still hold?'
+        )
         return mt.comm.reduce_scatter(grad_full, ctx.unit.axis), None

@@ -1,6 +1,6 @@
-"""Exercise 13: a tensor-parallel step's compute and communication, predicted.
+"""Exercise 14: a tensor-parallel step's compute and communication, predicted.
 
-Lesson 13 found communication taking a growing share of a tensor-parallel step
+Lesson 14 found communication taking a growing share of a tensor-parallel step
 as t grows, and more so on a faster GPU. Predict that share yourself, for one
 training step of a GPT on t GPUs of one node (tensor parallelism only, one
 microbatch of ``batch`` sequences, 16-bit activations, nothing overlapped):
@@ -19,7 +19,7 @@ Return both, in seconds. The grader compares your numbers with
 `mt.calc.step_time`'s for Megatron-LM's whole model family on 8×V100 and
 8×H100 nodes — so build them from the pieces above: a solution that calls
 `calc.step_time` (or `Cluster.collective_seconds`) is told so.
-Grade it with `mt.grade("ex13")` in a notebook or `python -m minitp.course.grade ex13`.
+Grade it with `mt.grade("ex14")` in a notebook or `python -m minitp.course.grade ex14`.
 """
 
 from minitp import calc

@@ -1,6 +1,6 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex17
-# Made from solutions/ex17_moe_dispatch.py by `python -m minitp.course.make_exercises`.
-"""Exercise 17: expert parallelism's dispatch and combine.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex18
+# Made from solutions/ex18_moe_dispatch.py by `python -m minitp.course.make_exercises`.
+"""Exercise 18: expert parallelism's dispatch and combine.
 
 A rank of the ep group (`axis`, ep ranks) holds E/ep of the E experts, a run of
 them: rank j holds experts j·E/ep … (j+1)·E/ep − 1 (`expert_module`, whose
@@ -41,7 +41,7 @@ What you may use:
   expert, ``counts[e]`` rows for the e-th local expert (a list of ints);
 * `inverse(perm)` (below).
 
-Grade it with `mt.grade("ex17")` in a notebook or `python -m minitp.course.grade ex17`:
+Grade it with `mt.grade("ex18")` in a notebook or `python -m minitp.course.grade ex18`:
 on 4 ranks in float64, your function against the one-device layer (the split
 sizes of each all-to-all, the output, the gradients), then installed in a
 MoE GPT on ``Mesh(dp=4, ep=2)`` for a training step against one device.

@@ -1,6 +1,6 @@
-"""Exercise 14: choose (dp, pp, tp, recompute, ZeRO stage) for a run, and say why.
+"""Exercise 15: choose (dp, pp, tp, recompute, ZeRO stage) for a run, and say why.
 
-Lesson 14's planner tried every configuration and kept the fastest that fits. Here you
+Lesson 15's planner tried every configuration and kept the fastest that fits. Here you
 reason to a plan instead, the way Narayanan et al. 2021 (§3.3) do, and check it with
 the calculator a few times. Given a model ``cfg`` (a GPTConfig), the ``cluster`` it runs
 on (a `mt.calc.Cluster`: its GPUs' speed and links, ``cluster.gpus_per_node``),
@@ -14,7 +14,7 @@ on (a `mt.calc.Cluster`: its GPUs' speed and links, ``cluster.gpus_per_node``),
              "bubble": 0.0547}}       # (p - 1) / m
 
 with dp · pp · tp = n_gpus, recompute one of None, "selective" or "full", and a ZeRO
-stage from 0 to 3. The rest is fixed, as in lesson 14: micro-batch 1 (each replica runs
+stage from 0 to 3. The rest is fixed, as in lesson 15: micro-batch 1 (each replica runs
 m = global_batch / dp microbatches), sequence parallelism wherever tp > 1, Megatron-LM's
 18 bytes per parameter, the 1F1B schedule, 50% of peak. The justification:
 
@@ -43,7 +43,7 @@ your code may call `calc.memory_per_gpu` and `calc.step_time` at most 3 times in
 run (the grader counts them, however you import them), and never `calc.plan`. The
 arithmetic under them is yours to use freely: `calc.params_per_rank`,
 `calc.activation_bytes_per_layer`, `calc.bubble`, `cluster.collective_seconds`.
-Grade it with `mt.grade("ex14")` in a notebook or `python -m minitp.course.grade ex14`.
+Grade it with `mt.grade("ex15")` in a notebook or `python -m minitp.course.grade ex15`.
 """
 
 from minitp import calc
@@ -70,7 +70,7 @@ def choose_plan(cfg, cluster, n_gpus: int, global_batch: int, memory_cap: float)
     # hint: states. What does ZeRO-1 cost in this model? Then ask once: do tp's
     # hint: all-reduces cost more than the bubble of a pipeline twice as deep?
     # hint: Last, the four numbers of "why".
-    def by_hand(t, p, recompute):  # lesson 14's two lines, no calculator call
+    def by_hand(t, p, recompute):  # lesson 15's two lines, no calculator call
         dp = n_gpus // (t * p)
         per_param = 18 if dp == 1 else 6 + 12 / dp  # ZeRO-1 wherever dp > 1 (rule 3)
         layer = calc.activation_bytes_per_layer(cfg, 1, t, t > 1, recompute)

@@ -1,0 +1,177 @@
+"""Lab: a vision-language model across ranks (lesson 13) — the source's two encoder layouts
+run side by side on real ranks, its trap run on purpose, the pipeline's imbalance timed.
+
+`runs()`: one launch of 4 ranks (tp 4, sequence parallelism, float64, batches of rendered
+corpus lines), per layout of the vision encoder ("replicated", "tensor"):
+
+* ``exact``: the largest loss and parameter differences from one device after 3 AdamW steps;
+* ``encoder_params``: the encoder's parameters this rank holds; ``states``: every byte of
+  model state it holds (`mt.memory.measure_model_states`);
+* ``encoder_bytes``: what the encoder costs over tp in one step, from the trace: the
+  all-reduces labelled "vision" (the split layout), or how much the step's all-reduce of
+  partial gradients grew beside the same decoder reading no image (the replicated one);
+* ``seconds``: the median of 8 more steps' wall time on this machine;
+
+and ``no_sum``: the replicated layout with the encoder's partial gradients left out of the
+sum over tp — how far it goes from one device, and how far two ranks' copies of the
+encoder drift apart.
+
+`pipeline()`: 2 pipeline stages (1F1B, float32), the encoder in the first: each stage's
+forward and backward times from the trace, beside the same decoder reading no image.
+Everything here is measured; the formulas beside it in the lesson (`mt.calc.vision`) are
+a MODEL.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ...config import GPTConfig
+from ...data import load_tokens
+from ...data_parallel.zero import make_optimizer
+from ...memory.model_states import measure_model_states
+from ...model import GPT
+from ...parallelize import parallelize
+from ...runtime import comm, trace
+from ...runtime._device import device
+from ...runtime.launch import launch
+from ...runtime.mesh import Mesh
+from ...step import train_step
+from ...vision_data import batch_for
+
+CFG = dict(vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, n_kv_head=2,
+           norm="rmsnorm", positions="rope", mlp="swiglu", bias=False,
+           vision_patches=16, vision_layers=2, vision_width=32, vision_heads=4)
+LAYOUTS = ("replicated", "tensor")
+STEPS, TIMED, LR, ROWS = 3, 8, 1e-2, 4
+
+
+def _batches(cfg, steps, first=0):
+    tokens = load_tokens(max_bytes=200_000)  # a slice of the corpus: enough for these steps
+    return [tuple(t.to(device()) for t in batch_for(cfg, tokens, s, ROWS))
+            for s in range(first, first + steps)]
+
+
+def _encoder_of(model) -> list[torch.Tensor]:
+    return [p for name, p in model.named_parameters() if name.startswith("vision.")]
+
+
+def _forget_encoder_sum(model) -> None:
+    """The step's sum of partial gradients over tp, without the encoder's."""
+    encoder = {id(p) for p in _encoder_of(model)}
+    partial = model.partial_grad_parameters
+    model.partial_grad_parameters = lambda: [p for p in partial() if id(p) not in encoder]
+
+
+def _partial_sum_bytes(events) -> int:
+    return sum(e.nbytes for e in events if e.label == "sequence-parallel grads")
+
+
+def _run(cfg, layout, spoil=None, timed=0) -> dict:
+    mesh = Mesh(tp=4)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(device())
+    model = parallelize(ref, mesh, sequence_parallel=True, vision_layout=layout)
+    if spoil is not None:
+        spoil(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
+    opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
+    loss_gap, events = 0.0, []
+    for x, y in _batches(cfg, STEPS):
+        ref_opt.zero_grad()
+        _, ref_loss = ref(x, y)
+        ref_loss.backward()
+        ref_opt.step()
+        trace.clear()
+        loss = train_step(model, (x, y), mesh, opt)
+        events = trace.events()
+        loss_gap = max(loss_gap, abs(loss - ref_loss.item()))
+    dense = model.full_state_dict()
+    worst = max(((dense[n] - p.detach()).abs().max().item(), n) for n, p in ref.named_parameters())
+    seconds = []
+    with trace.paused():
+        for batch in _batches(cfg, timed, first=STEPS):
+            comm.barrier(mesh.tp)  # every rank starts the step together
+            started = time.perf_counter()
+            train_step(model, batch, mesh, opt)
+            seconds.append(time.perf_counter() - started)
+    return dict(loss_gap=loss_gap, param_gap=worst, model=model, events=events,
+                seconds=statistics.median(seconds) if seconds else None,
+                states=measure_model_states(model, opt)["total"])
+
+
+def _runs_rank() -> dict:
+    cfg = GPTConfig(**CFG)
+    text_only = _run(GPTConfig(**{**CFG, "vision_patches": 0}), "replicated")
+    out = {}
+    for layout in LAYOUTS:
+        run = _run(cfg, layout, timed=TIMED)
+        if layout == "tensor":
+            cost = sum(e.nbytes for e in run["events"]
+                       if e.op == "all_reduce" and e.label.startswith("vision"))
+        else:
+            cost = _partial_sum_bytes(run["events"]) - _partial_sum_bytes(text_only["events"])
+        out[layout] = dict(exact=(run["loss_gap"], run["param_gap"]), states=run["states"],
+                           encoder_params=sum(p.numel() for p in _encoder_of(run["model"])),
+                           encoder_bytes=cost, seconds=run["seconds"])
+    spoiled = _run(cfg, "replicated", spoil=_forget_encoder_sum)
+    encoder = torch.cat([p.detach().reshape(-1) for p in _encoder_of(spoiled["model"])])
+    out["no_sum"] = dict(loss_gap=spoiled["loss_gap"], param_gap=spoiled["param_gap"],
+                         encoder=encoder.cpu())
+    return out
+
+
+def runs(timeout: float = 300.0):
+    """Each of the 4 ranks' results (see the module docstring)."""
+    return launch(_runs_rank, 4, timeout=timeout)
+
+
+# The pipeline's model: an encoder heavy enough beside a layer of the decoder to show
+PIPELINE_CFG = {**CFG, "seq_len": 64, "n_layer": 4, "d_model": 64, "vision_patches": 32,
+                "vision_layers": 4, "vision_width": 64}
+MICROBATCHES = 4
+
+
+def _stage_times(events, rank) -> dict:
+    """Median milliseconds of this rank's forwards and backwards (trace regions "F…"/"B…")."""
+    spans = {"F": [], "B": []}
+    for e in events:
+        if e.rank == rank and e.op == "compute" and e.label[:1] in spans:
+            spans[e.label[:1]].append(1e3 * (e.end - e.start))
+    return {kind: statistics.median(ms) for kind, ms in spans.items()}
+
+
+def _pipeline_rank(steps: int) -> dict:
+    out = {}
+    for name, patches in (("vlm", PIPELINE_CFG["vision_patches"]), ("text only", 0)):
+        cfg = GPTConfig(**{**PIPELINE_CFG, "vision_patches": patches})
+        mesh = Mesh(pp=2)
+        torch.manual_seed(0)
+        model = parallelize(GPT(cfg).to(device()), mesh)
+        opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
+        times = []
+        for k, batch in enumerate(_batches(cfg, steps)):
+            trace.clear()
+            with trace.paused() if k == 0 else _nothing():  # the first step warms up
+                train_step(model, batch, mesh, opt, schedule="1f1b", microbatches=MICROBATCHES)
+            if k:
+                times.append(list(trace.events()))
+        out[name] = dict(events=times[-1], times=[_stage_times(ev, mesh.rank) for ev in times])
+    return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+
+def pipeline(steps: int = 4, timeout: float = 300.0):
+    """2 stages, 1F1B over 4 microbatches: per rank and model ("vlm", "text only"), the
+    last step's events (its timeline) and each traced step's median F and B milliseconds."""
+    return launch(_pipeline_rank, 2, steps, timeout=timeout)
