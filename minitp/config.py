@@ -155,6 +155,10 @@ class GPTConfig:
         if self.n_experts and self.mlp != "gelu":
             raise ValueError(f"mlp={self.mlp!r} with n_experts={self.n_experts}: the experts "
                              "are GELU MLPs (minitp.expert_mlps); use mlp='gelu'")
+        if self.n_experts and self.ffn_hidden is not None:
+            raise ValueError(f"ffn_hidden={self.ffn_hidden} with n_experts={self.n_experts}: the "
+                             "experts (and a shared expert) are 4·d_model wide (minitp.moe); "
+                             "leave ffn_hidden None")
         if self.vision_patches:
             self._check_vision()
         if self.n_experts:

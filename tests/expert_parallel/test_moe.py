@@ -169,6 +169,7 @@ def test_moe_every_and_the_shared_expert_build_the_layers_asked_for():
     (dict(balance="loss"), "balance must be one of"),
     (dict(dropout=0.1), "have no dropout"),
     (dict(moe_every=0), "moe_every"),
+    (dict(ffn_hidden=96), "ffn_hidden=96 with n_experts=4: the experts"),  # they are 4h wide
 ])
 def test_bad_moe_configs_are_refused_in_one_line(overrides, message):
     with pytest.raises(ValueError, match=message):
