@@ -82,6 +82,7 @@ from .vision import (
     VisionLayoutCost,
     vision_crossover,
     vision_encoder_params,
+    vision_forward_flops,
     vision_layout,
     vision_step_time,
 )
@@ -102,5 +103,6 @@ __all__ = [
     "tp2d_linear_parts", "tp_collectives_per_layer", "tp_comm_bytes", "tp_linear_latency",
     "tp_overlap_model", "training_seconds",
     "LLAVA15_VISION", "VisionCrossover", "VisionEncoderShape", "VisionLayoutCost",
-    "vision_crossover", "vision_encoder_params", "vision_layout", "vision_step_time",
+    "vision_crossover", "vision_encoder_params", "vision_forward_flops", "vision_layout",
+    "vision_step_time",
 ]

@@ -20,6 +20,7 @@ from ..rules import (
 )
 from ._util import number
 from .params import attention_weights, mlp_weights
+from .vision import vision_forward_flops
 
 
 def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
@@ -51,6 +52,10 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
     attention (K/V heads K, d = h/a) and a SwiGLU f wide. QKᵀ and ·V stay 4Bs²h: the
     core repeats the K/V heads to all a query heads (grouped-query attention, Ainslie
     et al. 2023, saves the kv projection's FLOPs and the K/V cache, not these).
+    A vision-language model (`GPTConfig.vlm`) adds its encoder's, 3× its forward
+    (`minitp.calc.vision.vision_forward_flops`; the decoder counts the image positions
+    with the text's).
+
     RMSNorm, the rotary rotation (Su et al. 2021), silu and the gate's product are
     elementwise, not matrix FLOPs: not counted, as Eq. 7 leaves out GELU, softmax and
     LayerNorm. Selective recomputation stays Eq. 8's s/(3h) term; with full
@@ -62,7 +67,8 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
     matrices = passes * B * s * layer_matrix_flops(cfg)
     attention = {None: 12, "selective": 24, "full": 16}[recompute] * B * L * s * s * h
     output_layer = 3 * 2 * B * s * h * V
-    return matrices + attention + output_layer
+    vision = 3 * vision_forward_flops(cfg, B)  # a VLM's encoder (`minitp.calc.vision`)
+    return matrices + attention + output_layer + vision
 
 
 def layer_matrix_flops(cfg, experts_only: bool = False) -> int:

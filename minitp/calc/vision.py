@@ -165,6 +165,16 @@ def _cost(shape, w, layout, t, b, m, sp, bpv, gb):
     return params, 3 * m * forward, collectives
 
 
+def vision_forward_flops(cfg, images: int) -> int:
+    """Matrix FLOPs of a vision-language `GPTConfig`'s encoder forward over `images` images
+    (0 for a text model): `vision_layout`'s count on one rank; `flops_per_iteration` adds
+    3× it (the encoder is never recomputed)."""
+    if not getattr(cfg, "vision_patches", 0):
+        return 0
+    shape = VisionEncoderShape.of(cfg)
+    return int(_cost(shape, shape.width, "replicated", 1, images, 1, False, 2, 2)[1]) // 3
+
+
 def vision_layout(shape: VisionEncoderShape, layout: str, tp: int, micro_batch: int,
                   microbatches: int = 1, sequence_parallel: bool = False,
                   bytes_per_value: int = 2, grad_bytes: int | None = None,

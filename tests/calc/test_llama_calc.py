@@ -117,6 +117,16 @@ def test_model_flops_equal_torchs_count(kw):
     assert _counted_flops(cfg, 3) == calc.model_flops(cfg, 3)
 
 
+def test_a_vision_language_models_flops_equal_torchs_count():
+    """The encoder's 3× forward counted too; torch runs one matmul less than 3×: the patch
+    embedding's input is pixels, which want no gradient (2·B·P·8·w)."""
+    cfg = mt.GPTConfig.vlm(**{**SIZES, "vocab_size": 256, "seq_len": 16}, vision_width=16)
+    B, P, w = 3, cfg.vision_patches, cfg.vision_width
+    assert calc.model_flops(cfg, B) > calc.model_flops(mt.GPTConfig.llama(
+        **{**SIZES, "vocab_size": 256, "seq_len": 16}), B)
+    assert _counted_flops(cfg, B) == calc.model_flops(cfg, B) - 2 * B * P * 8 * w
+
+
 @pytest.mark.parametrize("kw", FLOP_CFGS[:2])
 def test_recomputed_flops_in_minitp(kw):
     # torch's checkpoint stops once backward has what it needs (tests/calc/test_calc.py):
