@@ -24,6 +24,7 @@ a MODEL.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -155,20 +156,12 @@ def _pipeline_rank(steps: int) -> dict:
         times = []
         for k, batch in enumerate(_batches(cfg, steps)):
             trace.clear()
-            with trace.paused() if k == 0 else _nothing():  # the first step warms up
+            with trace.paused() if k == 0 else contextlib.nullcontext():  # the first: warm-up
                 train_step(model, batch, mesh, opt, schedule="1f1b", microbatches=MICROBATCHES)
             if k:
                 times.append(list(trace.events()))
         out[name] = dict(events=times[-1], times=[_stage_times(ev, mesh.rank) for ev in times])
     return out
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        return False
 
 
 def pipeline(steps: int = 4, timeout: float = 300.0):
