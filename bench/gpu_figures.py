@@ -23,7 +23,7 @@ not copied):
   dropout 0.1, float32) with no / selective / full recomputation at t = 1, and
   lesson 07's five settings (TP, +SP, +selective, both, full) at t = 2: the
   models take turns (`minitp.course.labs.step_timing.step_seconds`), the median step;
-* 13: a tensor-parallel training step (Adam) of lesson 14's shrunk Megatron-LM
+* 14: a tensor-parallel training step (Adam) of lesson 14's shrunk Megatron-LM
   family at t = 1, 2, 4, 8 as far as the node allows (`scaling.measure_tp`):
   the fastest step and its share in collectives.
 
@@ -176,7 +176,7 @@ def figure_14(quick: bool) -> list[dict]:
                      "batch": BATCH_13, "backend": backend, "device": device,
                      "seconds": split.seconds, "comm_seconds": split.comm_seconds,
                      "comm_share": split.comm_share, "all_seconds": list(split.all_seconds)})
-        print(f"[12] {split} ({backend})", flush=True)
+        print(f"[14] {split} ({backend})", flush=True)
     return rows
 
 

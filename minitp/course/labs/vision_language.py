@@ -18,20 +18,27 @@ encoder drift apart.
 
 `pipeline()`: 2 pipeline stages (1F1B, float32), the encoder in the first: each stage's
 forward and backward times from the trace, beside the same decoder reading no image.
-Everything here is measured; the formulas beside it in the lesson (`mt.calc.vision`) are
-a MODEL.
+
+`reading()`: does the model read? One process trains the same small VLM twice on the same
+batches, once shown the images and once a blank picture, and scores held-out batches at
+the positions the image shows and at the rest (a minute or two on a CPU: recorded by
+`bench/vlm_reads.py`, shown by `show_reading`). Everything here is measured; the formulas
+beside it in the lesson (`mt.calc.vision`) are a MODEL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ...config import GPTConfig
-from ...data import load_tokens
+from ...data import load_tokens, split
 from ...data_parallel.zero import make_optimizer
 from ...memory.model_states import measure_model_states
 from ...model import GPT
@@ -41,7 +48,8 @@ from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh
 from ...step import train_step
-from ...vision_data import batch_for
+from ...vision_data import batch_for, image_chars_of
+from ..paths import repo_root
 
 CFG = dict(vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, n_kv_head=2,
            norm="rmsnorm", positions="rope", mlp="swiglu", bias=False,
@@ -50,9 +58,9 @@ LAYOUTS = ("replicated", "tensor")
 STEPS, TIMED, LR, ROWS = 3, 8, 1e-2, 4
 
 
-def _batches(cfg, steps, first=0):
+def _batches(cfg, steps, first=0, rows=ROWS):
     tokens = load_tokens(max_bytes=200_000)  # a slice of the corpus: enough for these steps
-    return [tuple(t.to(device()) for t in batch_for(cfg, tokens, s, ROWS))
+    return [tuple(t.to(device()) for t in batch_for(cfg, tokens, s, rows))
             for s in range(first, first + steps)]
 
 
@@ -130,10 +138,10 @@ def runs(timeout: float = 300.0):
     return launch(_runs_rank, 4, timeout=timeout)
 
 
-# The pipeline's model: an encoder heavy enough beside a layer of the decoder to show
+# The pipeline's model: an encoder doing about three stages' worth of a decoder's layers
 PIPELINE_CFG = {**CFG, "seq_len": 64, "n_layer": 4, "d_model": 64, "vision_patches": 32,
-                "vision_layers": 4, "vision_width": 64}
-MICROBATCHES = 4
+                "vision_layers": 8, "vision_width": 64}
+MICROBATCHES, PIPELINE_ROWS = 4, 8
 
 
 def _stage_times(events, rank) -> dict:
@@ -154,7 +162,7 @@ def _pipeline_rank(steps: int) -> dict:
         model = parallelize(GPT(cfg).to(device()), mesh)
         opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
         times = []
-        for k, batch in enumerate(_batches(cfg, steps)):
+        for k, batch in enumerate(_batches(cfg, steps, rows=PIPELINE_ROWS)):
             trace.clear()
             with trace.paused() if k == 0 else contextlib.nullcontext():  # the first: warm-up
                 train_step(model, batch, mesh, opt, schedule="1f1b", microbatches=MICROBATCHES)
@@ -164,7 +172,74 @@ def _pipeline_rank(steps: int) -> dict:
     return out
 
 
-def pipeline(steps: int = 4, timeout: float = 300.0):
-    """2 stages, 1F1B over 4 microbatches: per rank and model ("vlm", "text only"), the
-    last step's events (its timeline) and each traced step's median F and B milliseconds."""
+def pipeline(steps: int = 6, timeout: float = 300.0):
+    """2 stages, 1F1B over 4 microbatches of 2 rows: per rank and model ("vlm", "text
+    only"), the last step's events (its timeline) and each traced step's median F and B
+    milliseconds (the first step a warm-up, untraced)."""
     return launch(_pipeline_rank, 2, steps, timeout=timeout)
+
+
+# Does it read? A model small enough to train on a laptop's CPU in a minute.
+READING_CFG = dict(seq_len=32, n_layer=2, d_model=64, n_head=4, n_kv_head=2, vision_patches=16,
+                   vision_width=64, vision_heads=4)
+RECORDED = repo_root() / "bench" / "results" / "vlm-reads.json"
+
+
+def _scores(model, cfg, batches, blank) -> dict:
+    """Mean held-out loss at the targets the image shows ("read") and at the rest."""
+    P, shown = cfg.vision_patches, image_chars_of(cfg)
+    read, rest = [], []
+    with torch.no_grad():
+        for x, y in batches:
+            if blank:
+                x = x.clone()
+                x[:, :P] = 0  # a blank picture: every pixel off
+            logits, _ = model(x)
+            loss = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # IGNORE: 0
+            read.append(loss[:, P - 1:P - 1 + shown].mean().item())
+            rest.append(loss[:, P - 1 + shown:].mean().item())
+    return {"read": statistics.fmean(read), "rest": statistics.fmean(rest)}
+
+
+def reading(steps: int = 1500, batch: int = 32, seed: int = 0, lr: float = 3e-3,
+            progress=None) -> dict:
+    """Train `READING_CFG`'s VLM for `steps` AdamW steps on rendered batches, shown the
+    images ("image") and, from the same start on the same batches, a blank picture
+    ("blank"); each scored on 8 held-out batches of 64 rows. `progress(n)` is called after
+    every step (a progress bar's update)."""
+    cfg = GPTConfig.vlm(**READING_CFG)
+    train_tokens, held_out = split(load_tokens())
+    held = [tuple(t.to(device()) for t in batch_for(cfg, held_out, i, 64)) for i in range(8)]
+    out = {"steps": steps, "batch": batch, "seed": seed, "lr": lr, "config": READING_CFG}
+    for name, blank in (("image", False), ("blank", True)):
+        torch.manual_seed(seed)
+        model = GPT(cfg).to(device())
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        for step in range(steps):
+            x, y = (t.to(device()) for t in batch_for(cfg, train_tokens, step, batch, seed))
+            if blank:
+                x[:, :cfg.vision_patches] = 0
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if progress is not None:
+                progress(1)
+        out[name] = _scores(model, cfg, held, blank)
+    return out
+
+
+def show_reading(path: Path | None = None) -> dict | None:
+    """Print the recorded `reading()` (`bench/vlm_reads.py`'s JSON): when, where, and the
+    held-out losses; return the record, or None (and say so) when none was recorded."""
+    path = Path(path or RECORDED)
+    if not path.exists():
+        print(f"No run of bench/vlm_reads.py is recorded ({path.name}): run it to see one.")
+        return None
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    print(f"recorded {rec['date'][:10]} on {rec['device_name']} by {rec['command']} "
+          f"({rec['steps']} steps of {rec['batch']} rows):")
+    print(f"{'shown':>8} {'loss where the image shows the text':>36} {'loss elsewhere':>15}")
+    for name in ("image", "blank"):
+        print(f"{name:>8} {rec[name]['read']:>36.3f} {rec[name]['rest']:>15.3f}")
+    return rec
