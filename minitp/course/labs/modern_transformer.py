@@ -34,7 +34,7 @@ from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh
 from ...step import train_step
-from .zero_bubble import _batch  # random ids on mt.device(), seeded
+from .zero_bubble import random_batch  # random ids on mt.device(), seeded
 
 CFG = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, norm="rmsnorm",
            positions="rope", mlp="swiglu", bias=False, n_kv_head=2)
@@ -54,7 +54,7 @@ def _side_by_side(sizes, options, cfg, spoil=None) -> dict:
     opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
     loss_gap = 0.0
     for step in range(STEPS):
-        x, y = _batch(cfg, 2 * sizes.get("dp", 1), seed=step)
+        x, y = random_batch(cfg, 2 * sizes.get("dp", 1), seed=step)
         ref_opt.zero_grad()
         _, ref_loss = ref(x, y)
         ref_loss.backward()
@@ -86,7 +86,8 @@ def _ring_bytes(kv_heads) -> int:
     torch.manual_seed(0)
     model = parallelize(GPT(cfg).double().to(device()), mesh)
     trace.clear()
-    train_step(model, _batch(cfg, 2, seed=0), mesh, torch.optim.SGD(model.parameters(), lr=0.0))
+    train_step(model, random_batch(cfg, 2, seed=0), mesh,
+               torch.optim.SGD(model.parameters(), lr=0.0))
     return sum(e.nbytes for e in trace.events() if e.op == "send" and "ring" in e.label)
 
 

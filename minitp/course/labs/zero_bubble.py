@@ -46,7 +46,8 @@ from ...tags import tag
 CFG = dict(vocab_size=64, seq_len=16, n_layer=4, n_head=4, d_model=32)
 
 
-def _batch(cfg, rows: int, seed: int = 0):
+def random_batch(cfg, rows: int, seed: int = 0):
+    """(x, y) of `rows` random token ids each, seeded, on `mt.device()`."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
     y = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
@@ -169,7 +170,7 @@ def _split_pairs(schedule, p, r, m) -> set:
 def _timed_rank(schedules, p, m, unit, cfg, clip):
     cfg = GPTConfig(**cfg)
     mesh = Mesh(pp=p)
-    x, y = _batch(cfg, m)
+    x, y = random_batch(cfg, m)
     out = {}
     for schedule in schedules:
         torch.manual_seed(0)
@@ -216,7 +217,7 @@ def _exact_rank(schedule, p, m, steps, cfg):
     opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
     losses = []
     for step in range(steps):
-        x, y = _batch(cfg, 2 * m, seed=step)
+        x, y = random_batch(cfg, 2 * m, seed=step)
         ref_opt.zero_grad()
         _, ref_loss = ref(x, y)
         ref_loss.backward()
@@ -241,7 +242,7 @@ def _clip_rank(sizes, m, clip, cfg):
     ref = GPT(cfg).double().to(device())
     model = parallelize(ref, mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # nothing moves
-    x, y = _batch(cfg, 2 * m)
+    x, y = random_batch(cfg, 2 * m)
     train_step(model, (x, y), mesh, optimizer, microbatches=m)  # final gradients
     tied = {id(c.head.weight) for c in model_chunks(model) if c.last and not c.first}
     rows = [dict(name=name, squares=q.grad.double().square().sum().item(),
