@@ -199,6 +199,19 @@ SHARED_EXPERT_PLAN = [
 SHARED_EXPERT_SEQUENCE_PARALLEL_PLAN = [("blocks.*.mlp.shared.dropout", _dropout)]
 MLP_PATTERNS = ("blocks.*.mlp.",)
 
+# The attention's input projections: GPT-2's fused qkv, or grouped-query attention's q and kv
+# reading one mapped input (`GPTConfig.n_kv_head`); a model has one kind or the other.
+FUSED_ATTENTION = ("blocks.*.attn.qkv",)
+GROUPED_ATTENTION = ("blocks.*.attn.shared_input", "blocks.*.attn.q", "blocks.*.attn.kv")
+
+
+def absent_modules(cfg) -> tuple[str, ...]:
+    """The plan patterns a model of `cfg` has no module for: the other kind of attention
+    input, and the learned positions of a model with rotary ones."""
+    absent = GROUPED_ATTENTION if cfg.n_kv_head is None else FUSED_ATTENTION
+    return absent + (() if cfg.positions == "learned" else ("wpe",))
+
+
 SEQUENCE_PARALLEL_PARTIAL_GRADS = [
     "wpe.*", "ln_f.*", "blocks.*.ln1.*", "blocks.*.ln2.*",
     # the row-parallel biases are tagged by RowParallelLinear itself
@@ -222,13 +235,8 @@ def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
                 or any(matches(name, pattern) for name in names)]
     else:
         plan = [(pattern, make) for pattern, make in plan if ".mlp.shared." not in pattern]
-    # the model's own attention and positions: fused qkv or q and kv; learned or rotary
-    attention = (".attn.qkv",) if model.cfg.n_kv_head is None else (
-        ".attn.shared_input", ".attn.q", ".attn.kv")
-    plan = [(pattern, make) for pattern, make in plan
-            if not (pattern.endswith((".attn.qkv", ".attn.shared_input", ".attn.q", ".attn.kv"))
-                    and not pattern.endswith(attention))
-            and not (pattern == "wpe" and model.cfg.positions != "learned")]
+    absent = absent_modules(model.cfg)
+    plan = [(pattern, make) for pattern, make in plan if pattern not in absent]
     apply_plan(model, plan, (tp, sequence_parallel, model))
     if sequence_parallel:
         for name, p in model.named_parameters():
