@@ -1,6 +1,6 @@
 """Does the vision-language model read its images? Record the answer for lesson 13.
 
-    python bench/vlm_reads.py                 # -> bench/results/vlm-reads.json (~2 min, CPU)
+    python bench/vlm_reads.py                 # -> bench/results/vlm-reads.json (~1.5 min, CPU)
     python bench/vlm_reads.py --steps 10 --out /tmp/x.json   # a check that it runs
 
 One process trains lesson 13's small VLM (`minitp.course.labs.vision_language.READING_CFG`)
@@ -19,6 +19,7 @@ import datetime
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,15 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[1:])
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    started = time.perf_counter()
     with tqdm(total=2 * args.steps, desc="image, then blank", unit="step",
               mininterval=0.5, dynamic_ncols=True) as bar:
         result = vision_language.reading(steps=args.steps, progress=bar.update)
+    seconds = time.perf_counter() - started
     device = mt.device()
     rec = {"script": "bench/vlm_reads.py", "command": shlex.join(["python", *argv]),
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                            else cpu_model()),
-           **versions(), **result}
+           "seconds": round(seconds, 1), **versions(), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}", flush=True)

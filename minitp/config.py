@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .attention_core import ATTENTIONS
 from .moe_rules import check_moe_config
 from .rules import check_positive_int
+from .vision_data import PATCHES_PER_CHAR
 
 # What makes a configuration Llama-style (`GPTConfig.llama`, the CLI's --arch llama)
 LLAMA_PARTS = dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False)
@@ -22,8 +23,8 @@ MLPS = ("gelu", "swiglu")
 
 def default_vision_patches(seq_len: int) -> int:
     """A vision-language model's image by default: half the sequence, in whole characters
-    of `minitp.vision_data`'s font (4 patches each)."""
-    return seq_len // 2 // 4 * 4
+    of `minitp.vision_data`'s font (`PATCHES_PER_CHAR` patches each)."""
+    return seq_len // 2 // PATCHES_PER_CHAR * PATCHES_PER_CHAR
 
 
 @dataclass
@@ -78,8 +79,11 @@ class GPTConfig:
         """A vision-language model: a Llama-style decoder (`GPTConfig.llama`) whose sequences
         start with an image of ``vision_patches`` patches (default: half the sequence, whole
         characters of `minitp.vision_data`'s font, 4 patches each)."""
-        fields.setdefault("vision_patches", default_vision_patches(fields.get("seq_len",
-                                                                             cls.seq_len)))
+        seq_len = fields.get("seq_len", cls.seq_len)
+        fields.setdefault("vision_patches", default_vision_patches(seq_len))
+        if not fields["vision_patches"]:
+            raise ValueError(f"seq_len={seq_len} holds no image: a vision-language model needs "
+                             f"vision_patches > 0 (by default half of seq_len >= 8)")
         return cls.llama(**fields)
 
     @property
@@ -94,9 +98,9 @@ class GPTConfig:
     def arch(self) -> str:
         """"vlm" with an image, "llama" for `GPTConfig.llama`'s parts, "gpt2" for the
         defaults, else "custom"."""
-        if self.vision_patches and self.n_kv_head is not None:
-            return "vlm" if self.positions == "rope" and self.mlp == "swiglu" else "custom"
         parts = (self.norm, self.positions, self.mlp, self.n_kv_head is not None)
+        if self.vision_patches:
+            return "vlm" if parts == ("rmsnorm", "rope", "swiglu", True) else "custom"
         if parts == ("rmsnorm", "rope", "swiglu", True):
             return "llama"
         return "gpt2" if parts == ("layernorm", "learned", "gelu", False) else "custom"

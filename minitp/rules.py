@@ -22,7 +22,7 @@ import math
 import re
 from fractions import Fraction
 
-from .head_rules import check_tp_widths, check_vision_layout, kv_layout  # noqa: F401  (re-exported)
+from .head_rules import check_tp_widths, kv_layout  # noqa: F401  (re-exported)
 from .moe_rules import check_expert_parallel
 from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
     PLACEMENTS,
@@ -42,8 +42,12 @@ from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
     stage_of,
     unit_label,
 )
+from .vision_rules import check_vision_layout
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
+# A vision-language model's image patch: 2 wide × 4 tall binary pixels, 8 bits, so exactly one
+# byte id (`minitp.vision_data` draws them, `minitp.vision` reads them, `minitp.calc` counts them)
+PATCH_W, PATCH_H = 2, 4
 SEQ_DIM = 1  # token ids are (batch, seq); activations (batch, seq, hidden)
 
 RECOMPUTE_MODES = (None, "selective", "full")
@@ -154,7 +158,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     size stand for dp, pp, cp, tp, ep and world_size), and `train_step` with the schedule,
     microbatches and batch size it was given. ep: `minitp.moe_rules.check_expert_parallel`.
     placement: where the pipeline's chunks sit ("loop" or "v": `minitp.schedule_rules`).
-    vision_layout: a vision-language model's encoder over tp (`minitp.head_rules`)."""
+    vision_layout: a vision-language model's encoder over tp (`minitp.vision_rules`)."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size

@@ -22,14 +22,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-PATCH_PIXELS = 8  # a patch is one byte: 2 wide × 4 tall binary pixels (`minitp.vision_data`)
+from .vision_data import PATCH_BITS
+
+PATCH_PIXELS = len(PATCH_BITS)  # a patch is one byte: 2 wide × 4 tall binary pixels
 
 
 def patch_pixels(ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Patch ids (..., P) -> their pixels (..., P, 8), 0 or 1, most significant bit first
-    (the top-left pixel: `minitp.vision_data`'s order)."""
-    shifts = torch.arange(PATCH_PIXELS - 1, -1, -1, device=ids.device)
-    return ((ids.unsqueeze(-1) >> shifts) & 1).to(dtype)
+    """Patch ids (..., P) -> their pixels (..., P, 8), 0 or 1, in `minitp.vision_data`'s
+    order (`PATCH_BITS`, written there once)."""
+    return ((ids.unsqueeze(-1) & PATCH_BITS.to(ids.device)) != 0).to(dtype)
 
 
 class PlacePrefix(nn.Module):
@@ -60,6 +61,9 @@ class VisionPrefix(nn.Module):
         return self.proj(self.ln(x))
 
     def forward(self, x, inputs):  # token embeddings (B, T', C), the ids (B, T)
+        if inputs.shape[1] < self.patches:
+            raise ValueError(f"a sequence of {inputs.shape[1]} ids is shorter than the image "
+                             f"it must start with ({self.patches} patches)")
         return self.place(self.encode(inputs[:, :self.patches]), x)
 
 

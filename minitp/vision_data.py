@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import torch
 
-from .data import check_length, get_batch
-from .rules import IGNORE_INDEX
+from .data import check_length, eval_batches, get_batch
+from .rules import IGNORE_INDEX, PATCH_H, PATCH_W
 
 GLYPH_W, GLYPH_H = 3, 5
 CELL_W, CELL_H = 4, 8  # one blank column after the glyph, rows above and below it
 GLYPH_TOP = 1  # the glyph's first row in its cell
-PATCH_W, PATCH_H = 2, 4  # 8 pixels: one byte
 PATCHES_PER_CHAR = (CELL_W // PATCH_W) * (CELL_H // PATCH_H)  # 4
 # Bit order, written once: byte = sum(pixel[r][c] << (7 - (r * PATCH_W + c))),
 # r in 0..3, c in 0..1 — the most significant bit is the top-left pixel.
@@ -214,9 +213,17 @@ def batch_for(cfg, tokens: torch.Tensor, step: int, batch_size: int, seed: int =
     return get_vlm_batch(tokens, step, batch_size, cfg.seq_len, image_chars_of(cfg), seed)
 
 
+def eval_batches_for(cfg, tokens: torch.Tensor, count: int, batch_size: int, seed: int = 0):
+    """`count` fixed batches for `cfg`'s model, as `minitp.data.eval_batches` draws them."""
+    if not cfg.vision_patches:
+        return eval_batches(tokens, count, batch_size, cfg.seq_len, seed)
+    return [batch_for(cfg, tokens, i, batch_size, seed) for i in range(count)]
+
+
 def prompt_image(cfg, prompt: bytes) -> torch.Tensor:
-    """(1, P) patch ids: the picture a vision-language model is shown before `prompt` (its
-    first characters, padded with spaces); (1, 0) for a text model."""
+    """(1, P) patch ids: the picture a vision-language model is shown before `prompt` — its
+    first characters, as in training; spaces where the prompt is shorter than the picture
+    (a blank there: nothing the model must read) — or (1, 0) for a text model."""
     if not cfg.vision_patches:
         return torch.zeros(1, 0, dtype=torch.long)
     chars = image_chars_of(cfg)

@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitp"
 # higher ones. The package facade (minitp/__init__) is the roof: nothing imports it.
 FLOORS = [
     (0, ["rules", "tags", "module_plan", "data", "runtime.errors", "runtime.io_counters",
-         "routing", "moe_rules", "head_rules", "expert_mlps", "schedule_rules", "weight_grad",
+         "routing", "moe_rules", "head_rules", "vision_rules", "expert_mlps", "schedule_rules",
+         "weight_grad",
          "runtime._processes", "course.paths"]),
     (1, ["calc", "mixed_precision", "config", "attention_core", "vision_data", "runtime._device",
          "runtime.trace", "runtime.mesh", "runtime.peak", "runtime._pickling",

@@ -261,6 +261,7 @@ BAD = [
     (["--arch", "llama", "--n-kv-head", "3"], "n_head=4 is not divisible by n_kv_head=3"),
     (["--vision-layout", "tensor"], "--vision-layout needs --arch vlm"),
     (["--arch", "vlm", "--cp", "2"], "cp=2 with a vision-language model: not built"),
+    (["--arch", "vlm", "--seq-len", "6"], "--arch vlm with --seq-len 6: the image takes half"),
 ]
 
 

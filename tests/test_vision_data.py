@@ -129,3 +129,16 @@ def test_vlm_batch_errors():
     short = r"corpus \(for 9 text inputs .* has 9 tokens; seq_len=9 needs at least 10"
     with pytest.raises(ValueError, match=short):
         vd.get_vlm_batch(text_tokens(9), 0, 2, 13, 1)
+
+
+def test_the_model_unpacks_each_patch_into_the_pixels_it_was_drawn_from():
+    """`minitp.vision.patch_pixels` (the model's side) inverts `to_patches` (the data's): the
+    same bit order, written once (`PATCH_BITS`). A flipped order would still train, so
+    only this test would see it."""
+    from minitp.vision import patch_pixels
+
+    image = vd.render(b"Ab~")
+    pixels = patch_pixels(vd.to_patches(image).long(), torch.float32)  # (P, 8)
+    rows, cols = image.shape[0] // vd.PATCH_H, image.shape[1] // vd.PATCH_W
+    grid = image.reshape(rows, vd.PATCH_H, cols, vd.PATCH_W).permute(0, 2, 1, 3).reshape(-1, 8)
+    assert torch.equal(pixels, grid.float())

@@ -70,6 +70,7 @@ from .params import (
     param_count,
     params_per_rank,
     params_per_stage,
+    vision_params,
 )
 from .plan import Candidate, Plan, expert_parallel_sizes, plan
 from .timing import StepTime, microbatch_count, schedule_bubble, step_time
@@ -97,7 +98,7 @@ __all__ = [
     "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
     "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
-    "param_count", "params_per_rank", "params_per_stage", "pipeline_idle", "plan",
+    "param_count", "params_per_rank", "params_per_stage", "vision_params", "pipeline_idle", "plan",
     "pp_comm_bytes", "schedule_bubble",
     "ring_wire_bytes", "step_time", "tp1d_linear_bytes", "tp2d_linear_bytes",
     "tp2d_linear_parts", "tp_collectives_per_layer", "tp_comm_bytes", "tp_linear_latency",

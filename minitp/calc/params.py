@@ -24,7 +24,10 @@ shared expert over tp like a dense MLP, but not the router nor the routed expert
 
 from __future__ import annotations
 
-from ..rules import check_parallel_config, kv_layout, round_up
+from fractions import Fraction
+
+from ..rules import PATCH_H, PATCH_W, check_parallel_config, kv_layout, round_up
+from ._util import number
 
 
 # --------------------------------------------------------------------------- the layer's parts
@@ -138,7 +141,27 @@ def exact_param_count(cfg) -> int:
         return params_per_stage(cfg)[0]
     V, s, L, h = cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.d_model
     positions = s * h if learned_positions(cfg) else 0
-    return L * layer_params_per_rank(cfg) + V * h + positions + norm_params(cfg)
+    return (L * layer_params_per_rank(cfg) + V * h + positions + norm_params(cfg)
+            + vision_params(cfg))
+
+
+def vision_params(cfg) -> int:
+    """A vision-language model's encoder and projector, whole; 0 for a text model."""
+    if not getattr(cfg, "vision_patches", 0):
+        return 0
+    return number(encoder_params(cfg.vision_layers, Fraction(cfg.vision_width),
+                                 cfg.vision_patches, cfg.d_model))
+
+
+def encoder_params(layers: int, width, patches: int, d_model: int, split: int = 1):
+    """A vision encoder's parameters on one rank (`minitp.vision`; `minitp.calc.vision`'s
+    layouts): L(12w² + 7w)/split in its blocks' matrices and column-parallel biases (split
+    over tp in the "tensor" layout), the rest whole — 6Lw (row-parallel biases, two
+    LayerNorms a block), the patch embedding 8w + w, positions Pw, the final LayerNorm 2w,
+    the projector wd + d. `width` may be a Fraction or a float (`vision_crossover`)."""
+    L, w, P, d = layers, width, patches, d_model
+    return (L * (12 * w * w + 7 * w) / split + 6 * L * w + (PATCH_W * PATCH_H + 1 + P + 2) * w
+            + w * d + d)
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -202,7 +225,9 @@ def params_per_stage(cfg, tp: int = 1, pp: int = 1, ep: int = 1) -> list[int]:
     to the token embedding: with p > 1, as in Megatron-LM, the last stage keeps its
     own copy of it (V'h/t more), and the two copies' gradients are summed every
     step. With p = 1 it is one tensor, counted once. ``ep``: a mixture of experts'
-    experts shared out over ep ranks (E/ep per MoE layer on each).
+    experts shared out over ep ranks (E/ep per MoE layer on each). A vision-language
+    model's encoder sits on the first stage, counted whole (replicated over tp, its
+    default: the split layout holds less, `minitp.calc.vision.vision_layout`).
     """
     check_parallel_config(cfg, tp=tp, pp=pp)
     h = cfg.d_model
@@ -214,7 +239,8 @@ def params_per_stage(cfg, tp: int = 1, pp: int = 1, ep: int = 1) -> list[int]:
                   for k in range(pp)]
     else:
         stages = [per * layer_params_per_rank(cfg, tp)] * pp
-    stages[0] += embedding + (cfg.seq_len * h if learned_positions(cfg) else 0)
+    stages[0] += (embedding + (cfg.seq_len * h if learned_positions(cfg) else 0)
+                  + vision_params(cfg))
     stages[-1] += final_norm + (embedding if pp > 1 else 0)
     return stages
 

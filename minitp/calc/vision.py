@@ -53,14 +53,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from types import SimpleNamespace
 
-from ..rules import check_positive_int
+from ..rules import PATCH_H, PATCH_W, check_positive_int
 from ._util import number
 from .cluster import Cluster
 from .comm import ring_wire_bytes
 from .memory import activation_bytes_per_layer, model_state_bytes
+from .params import encoder_params
 
 LAYOUTS = ("replicated", "tensor")
-PATCH_PIXELS = 8  # minitp's patch: one byte of 2×4 binary pixels (`minitp.vision`)
+PATCH_PIXELS = PATCH_W * PATCH_H  # minitp's patch: one byte of binary pixels (`minitp.vision`)
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,7 @@ def _cost(shape, w, layout, t, b, m, sp, bpv, gb):
     a Fraction for the exact values, a float for `vision_crossover`'s search."""
     L, P, d = shape.layers, shape.patches, shape.d_model
     split = t if layout == "tensor" else 1
-    whole = 6 * L * w + (PATCH_PIXELS + 1 + P + 2) * w + w * d + d
-    params = L * (12 * w * w + 7 * w) / split + whole
+    params = encoder_params(L, w, P, d, split)
     forward = L * (24 * b * P * w * w + 4 * b * P * P * w) / split + 2 * b * P * w * (
         PATCH_PIXELS + d)
     if t == 1:

@@ -23,6 +23,10 @@ def arch_options(args) -> dict:
                    else args.n_kv_head)
     if args.arch == "vlm":
         options["vision_patches"] = default_vision_patches(args.seq_len)
+        if not options["vision_patches"]:
+            raise ValueError(f"--arch vlm with --seq-len {args.seq_len}: the image takes half "
+                             "the sequence in whole characters of 4 patches; give --seq-len 8 "
+                             "or more")
     return options
 
 

@@ -77,8 +77,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
         optimizer = zero.make_optimizer(model, mesh, new_optimizer)
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
-    eval_set = [vision_data.batch_for(cfg, eval_tokens, i, args.batch_size, args.seed)
-                for i in range(args.eval_batches)]  # fixed: `data.eval_batches`, or with images
+    eval_set = vision_data.eval_batches_for(cfg, eval_tokens, args.eval_batches, args.batch_size,
+                                            args.seed)
 
     def evaluate() -> float:
         # Every rank scores its share of the held-out batches with the dense model,
@@ -157,17 +157,21 @@ def sample(model: GPT, prompt: str, n: int, seed: int,
     continuation byte with no lead, a character cut off at the end): each draw
     is restricted to the bytes that keep the text valid UTF-8 (`_utf8_allowed`),
     and sampling goes on past `n` until the last character is whole. The result
-    always decodes, with no replacement characters."""
+    always decodes, with no replacement characters. A vision-language model sees its
+    window's first characters drawn before it (`vision_data.prompt_image`; blanks while the
+    text is shorter than the picture)."""
     generator = torch.Generator().manual_seed(seed)
     idx = data.encode(prompt or "\n")[None]  # (1, T)
-    image = vision_data.prompt_image(model.cfg, bytes(idx[0].tolist()))  # (1, P): P = 0, text
-    window = model.cfg.seq_len - image.shape[1]
+    window = model.cfg.seq_len - model.cfg.vision_patches  # the text a sequence holds
     pending: list[int] = []  # the bytes of a character begun but not finished
     with torch.no_grad():
         for i in itertools.count():
             if i >= n and not pending:
                 break
-            logits, _ = model(torch.cat([image, idx[:, -window:]], dim=1))
+            text = idx[:, -window:]
+            # a VLM is shown, as in training, a picture of its text's first characters
+            image = vision_data.prompt_image(model.cfg, bytes(text[0].tolist()))  # (1, P or 0)
+            logits, _ = model(torch.cat([image, text], dim=1))
             logits = logits[0, -1].double() / temperature
             logits[~_utf8_allowed(pending)] = -math.inf
             token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))

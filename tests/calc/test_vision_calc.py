@@ -221,3 +221,15 @@ def test_errors():
         calc.vision_step_time(s, calc.H100_80GB, "replicated", 1, 1, mfu=0)
     with pytest.raises(ValueError, match="tp >= 2"):
         calc.vision_crossover(s, calc.H100_80GB, 1, 1)
+
+
+def test_the_whole_models_count_includes_the_encoder_on_the_first_stage():
+    """exact_param_count (the CLI's memory check reads it through memory_per_gpu) counts
+    the encoder: = GPT(cfg).num_parameters(); the first pipeline stage holds it."""
+    cfg = mt.GPTConfig.vlm(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=16,
+                           n_kv_head=2, vision_width=24, vision_heads=4)
+    assert calc.exact_param_count(cfg) == mt.GPT(cfg).num_parameters()
+    text = mt.GPTConfig(**{**vars(cfg), "vision_patches": 0})
+    first, last = calc.params_per_stage(cfg, pp=2)
+    assert (first, last) == (calc.params_per_stage(text, pp=2)[0] + calc.vision_params(cfg),
+                             calc.params_per_stage(text, pp=2)[1])

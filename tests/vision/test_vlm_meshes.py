@@ -8,7 +8,8 @@ and tensor-parallel — with and without sequence parallelism (6 image tokens ov
 slices of 4: one rank's slice all image, one half, two none; tp 4 with SP and the
 encoder replicated, and split without overlap, are lesson 13's checked cell), the encoder in a
 pipeline's first stage (1F1B, zb-h1 with its deferred weight gradients), data
-parallelism with ZeRO-1 and ZeRO-3 (the encoder one unit), recomputation and the
+parallelism with ZeRO-1 and ZeRO-3 (the encoder one unit; with it replicated under SP,
+a unit of gradients partial over tp), recomputation and the
 overlapped tensor parallelism of the decoder.
 """
 
@@ -33,6 +34,7 @@ SETTINGS = [
     (dict(pp=2, tp=2), {**SP, **REPLICATED, "recompute": "full"}, "1f1b", 2, {}),
     (dict(pp=2, tp=2), {**SP, **TENSOR}, "zb-h1", 2, {}),
     (dict(pp=2, dp=2), dict(zero_stage=3), None, 2, {}),
+    (dict(dp=2, tp=2), {**SP, **REPLICATED, "zero_stage": 3}, None, 2, {}),  # partial, sharded
 ]
 
 

@@ -21,7 +21,7 @@ forward and backward times from the trace, beside the same decoder reading no im
 
 `reading()`: does the model read? One process trains the same small VLM twice on the same
 batches, once shown the images and once a blank picture, and scores held-out batches at
-the positions the image shows and at the rest (a minute or two on a CPU: recorded by
+the positions the image shows and at the rest (a minute and more on a CPU: recorded by
 `bench/vlm_reads.py`, shown by `show_reading`). Everything here is measured; the formulas
 beside it in the lesson (`mt.calc.vision`) are a MODEL.
 """
@@ -138,7 +138,7 @@ def runs(timeout: float = 300.0):
     return launch(_runs_rank, 4, timeout=timeout)
 
 
-# The pipeline's model: an encoder doing about three stages' worth of a decoder's layers
+# The pipeline's model: an encoder doing more FLOPs than a stage's share of the decoder
 PIPELINE_CFG = {**CFG, "seq_len": 64, "n_layer": 4, "d_model": 64, "vision_patches": 32,
                 "vision_layers": 8, "vision_width": 64}
 MICROBATCHES, PIPELINE_ROWS = 4, 8
@@ -179,7 +179,7 @@ def pipeline(steps: int = 6, timeout: float = 300.0):
     return launch(_pipeline_rank, 2, steps, timeout=timeout)
 
 
-# Does it read? A model small enough to train on a laptop's CPU in a minute.
+# Does it read? A model small enough to train on a laptop's CPU in a minute or two.
 READING_CFG = dict(seq_len=32, n_layer=2, d_model=64, n_head=4, n_kv_head=2, vision_patches=16,
                    vision_width=64, vision_heads=4)
 RECORDED = repo_root() / "bench" / "results" / "vlm-reads.json"
@@ -238,7 +238,7 @@ def show_reading(path: Path | None = None) -> dict | None:
         return None
     rec = json.loads(path.read_text(encoding="utf-8"))
     print(f"recorded {rec['date'][:10]} on {rec['device_name']} by {rec['command']} "
-          f"({rec['steps']} steps of {rec['batch']} rows):")
+          f"({rec['steps']} steps of {rec['batch']} rows, twice, in {rec['seconds']:.0f} s):")
     print(f"{'shown':>8} {'loss where the image shows the text':>36} {'loss elsewhere':>15}")
     for name in ("image", "blank"):
         print(f"{name:>8} {rec[name]['read']:>36.3f} {rec[name]['rest']:>15.3f}")
