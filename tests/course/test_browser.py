@@ -40,7 +40,7 @@ from processes import descendants, describe, wait_until_gone
 
 CHROMIUM = Path(os.environ.get("MINITP_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-LESSON_00, LESSON_14 = "00_welcome.ipynb", "15_planning_a_run.ipynb"
+LESSON_00, LESSON_15 = "00_welcome.ipynb", "15_planning_a_run.ipynb"
 
 if not CHROMIUM.exists():
     pytest.skip(f"no Chromium at {CHROMIUM}: `.ci/run` installs Debian's package with "
@@ -94,7 +94,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     notebooks, settings = root / "notebooks", root / "settings"
     notebooks.mkdir()
-    for name in (LESSON_00, LESSON_14):
+    for name in (LESSON_00, LESSON_15):
         shutil.copy(NOTEBOOKS / name, notebooks / name)
     for plugin, values in LAB_SETTINGS.items():
         path = settings / f"{plugin}.jupyterlab-settings"
@@ -376,9 +376,9 @@ def _check_layout(box: dict, at: str) -> None:
 
 
 @pytest.mark.timeout(STARTUP_S * 2 + STEP_S * 4)
-def test_lesson_14_explorer_is_a_live_widget(lab, page, artifacts):
+def test_lesson_15_explorer_is_a_live_widget(lab, page, artifacts):
     start = time.monotonic()
-    _open(page, lab, LESSON_14)
+    _open(page, lab, LESSON_15)
     cell = _code_cell(page, "w = explorer_widget()")
     cell.screenshot(path=artifacts / "13_explorer_as_committed.png")  # before it is run
     _clear_outputs(page)
