@@ -10,12 +10,13 @@ encoder replicated, and split without overlap, are lesson 13's checked cell), th
 pipeline's first stage (1F1B, zb-h1 with its deferred weight gradients), data
 parallelism with ZeRO-1 and ZeRO-3 (the encoder one unit; with it replicated under SP,
 a unit of gradients partial over tp), recomputation and the
-overlapped tensor parallelism of the decoder.
+overlapped tensor parallelism of the decoder; and a checkpoint saved with the encoder
+split, loaded with it replicated.
 """
 
 import pytest
 import torch
-from helpers import assert_every_mesh_matches, train_meshes
+from helpers import assert_every_mesh_matches, random_batches, train_meshes
 
 import minitp as mt
 
@@ -38,13 +39,33 @@ SETTINGS = [
 ]
 
 
-def _train(settings):
-    return [result[:2] for result in train_meshes(settings, VLM)]
+def _train(settings, directory):
+    meshes = [result[:2] for result in train_meshes(settings, VLM)]
+    return meshes, _saved_split_loaded_replicated(directory)
 
 
-def test_every_mesh_equals_one_device_in_float64():
-    run = mt.launch(_train, 4, SETTINGS, timeout=300)
-    assert_every_mesh_matches(run, SETTINGS, TOLERANCE)
+def test_every_mesh_equals_one_device_in_float64_and_checkpoints_cross_layouts(tmp_path):
+    run = mt.launch(_train, 4, SETTINGS, str(tmp_path / "ckpt"), timeout=300)
+    assert_every_mesh_matches([meshes for meshes, _ in run], SETTINGS, TOLERANCE)
+    for _, (same_names, gap) in run:  # the encoder saved split, loaded replicated
+        assert same_names and gap == 0
+
+
+def _saved_split_loaded_replicated(directory):
+    """One step with the encoder split over tp 4 (SP), saved; loaded with it replicated in
+    the first stage of pp 2 × tp 2: every parameter, as the dense model, before and after."""
+    cfg = mt.GPTConfig(**VLM)
+    torch.manual_seed(0)
+    mesh = mt.Mesh(tp=4)
+    model = mt.parallelize(mt.GPT(cfg).double(), mesh, sequence_parallel=True,
+                           vision_layout="tensor")
+    optimizer = mt.make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
+    mt.train_step(model, random_batches(1, cfg, 2)[0], mesh, optimizer)
+    mt.checkpoint.save(model, directory, 1, optimizer)
+    loaded, _, _ = mt.checkpoint.load(directory, mt.Mesh(pp=2, tp=2), sequence_parallel=True,
+                                      vision_layout="replicated")
+    saved, back = model.full_state_dict(), loaded.full_state_dict()
+    return set(saved) == set(back), max((saved[n] - back[n]).abs().max().item() for n in saved)
 
 
 @pytest.mark.parametrize("overrides,options,message", [

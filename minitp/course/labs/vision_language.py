@@ -10,7 +10,7 @@ corpus lines), per layout of the vision encoder ("replicated", "tensor"):
 * ``encoder_bytes``: what the encoder costs over tp in one step, from the trace: the
   all-reduces labelled "vision" (the split layout), or how much the step's all-reduce of
   partial gradients grew beside the same decoder reading no image (the replicated one);
-* ``seconds``: the median of 8 more steps' wall time on this machine;
+* ``seconds``: the median of 5 more steps' wall time on this machine;
 
 and ``no_sum``: the replicated layout with the encoder's partial gradients left out of the
 sum over tp — how far it goes from one device, and how far two ranks' copies of the
@@ -55,7 +55,7 @@ CFG = dict(vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, n_kv_hea
            norm="rmsnorm", positions="rope", mlp="swiglu", bias=False,
            vision_patches=16, vision_layers=2, vision_width=32, vision_heads=4)
 LAYOUTS = ("replicated", "tensor")
-STEPS, TIMED, LR, ROWS = 3, 8, 1e-2, 4
+STEPS, TIMED, LR, ROWS = 3, 5, 1e-2, 4
 
 
 def _batches(cfg, steps, first=0, rows=ROWS):

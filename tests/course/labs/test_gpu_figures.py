@@ -23,7 +23,7 @@ def _quick_run(tmp_path) -> dict:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("[01]") and proc.stdout.count("[07]") and proc.stdout.count("[12]")
+    assert proc.stdout.count("[01]") and proc.stdout.count("[07]") and proc.stdout.count("[14]")
     return json.loads(out.read_text())
 
 
