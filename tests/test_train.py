@@ -116,20 +116,25 @@ def test_experts_check_and_reshard_across_ep(tmp_path):
 # two chunks per rank in a V (the CLI sets virtual_stages=2 for zbv and dualpipev). ZB-H1
 # runs through the CLI with experts and ZeRO-3 (test_experts_check_and_reshard_across_ep),
 # ZB-H2 at its fewest microbatches with clipping in a resumed Llama run
-# (test_llama_saved_with_replicated_kv_heads_resumes_with_them_split)
+# (test_llama_saved_with_replicated_kv_heads_resumes_with_them_split). The zbv run is the
+# VLM's through the CLI: --arch vlm (a rendered image of the text's first characters, then
+# the text), its encoder tensor-parallel in the V's first stage (its checkpoints across
+# layouts: tests/vision/).
 ZERO_BUBBLE_RUNS = {
-    "zbv": ["--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "12"],
+    "zbv": ["--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "12",
+            "--arch", "vlm", "--n-kv-head", "2", "--vision-layout", "tensor", "--prompt", "def f"],
     "dualpipev": ["--dp", "2", "--pp", "2", "--tp", "1", "--microbatches", "4"],
 }
 
 
 @pytest.mark.parametrize("schedule", sorted(ZERO_BUBBLE_RUNS))
 def test_zero_bubble_schedules_with_clipping_match_one_process(tmp_path, schedule):
-    """Equal to the one-process GPT (which clips with torch's clip_grad_norm_) in
-    float64, through the CLI's --check."""
+    """Equal to the one-process model (which clips with torch's clip_grad_norm_) in
+    float64, through the CLI's --check (zbv's: a VLM, its eval loss finite too)."""
     done = _cli(*TINY, *ZERO_BUBBLE_RUNS[schedule], "--schedule", schedule, "--n-layer", "4",
                 "--clip-grad", "0.5", "--steps", "3", "--check", "--out", str(tmp_path / "run"))
-    assert _summary(done)["max_loss_diff"] < 1e-10
+    summary = _summary(done)
+    assert summary["max_loss_diff"] < 1e-10 and math.isfinite(summary["eval_loss"])
 
 
 def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, capsys):
@@ -153,16 +158,6 @@ def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, 
         train.main([*TINY, "--arch", "gpt2", "--tp", "2", "--pp", "1", "--dp", "1",
                     "--steps", "5", "--load", ckpt])
     assert "--arch gpt2: the checkpoint's model is llama" in capsys.readouterr().err
-
-
-def test_vlm_with_its_encoder_split_matches_one_process(tmp_path):
-    """--arch vlm (a rendered image of the text's first characters, then the text): the
-    encoder tensor-parallel in the pipeline's first stage (pp 2 × tp 2, SP), equal to the
-    one-process model in float64. (Its checkpoints across layouts: tests/vision/.)"""
-    summary = _summary(_cli(*TINY, "--arch", "vlm", "--n-kv-head", "2", "--vision-layout",
-                            "tensor", "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "3",
-                            "--check", "--prompt", "def f", "--out", str(tmp_path / "run")))
-    assert summary["max_loss_diff"] < 1e-10 and math.isfinite(summary["eval_loss"])
 
 
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
