@@ -6,13 +6,9 @@ outputs, projected to the decoder's width C — followed by the text's token
 embeddings: T positions in all, the first P the image's. Under sequence parallelism
 each of the t tensor-parallel ranks holds one contiguous slice of the T positions:
 rank r holds positions [r·T/t, (r+1)·T/t). So rank r places only the image tokens
-that fall inside its slice — at the start of its slice, the image positions
-start .. start + mine − 1 with
-
-    start = r·T/t,    mine = max(0, min(P − start, T/t))
-
-— and keeps its own token embeddings for the rest. Rank 0 may be all image, the
-next rank half image and half text, the last ranks no image at all.
+whose positions fall inside its slice, and keeps its own token embeddings for the
+rest. Depending on P, one rank's slice may be all image, the next half image and half
+text, the last ones no image at all: your function must be right for each of them.
 
 The encoder has two layouts over tp (`minitp.tensor_parallel.vision`):
 
@@ -47,9 +43,9 @@ def place_image_tokens(image: torch.Tensor, x_local: torch.Tensor, rank: int,
                        tp: int) -> torch.Tensor:
     """This rank's slice (B, T/t, C) of [image tokens, text embeddings]."""
     # BEGIN SOLUTION
-    # hint: this rank's slice starts at global position start = rank * T/t (T/t is
-    # hint: x_local.shape[1]). mine = max(0, min(P - start, T/t)) image tokens fall in
-    # hint: it: image[:, start:start + mine], then x_local's positions from mine on.
+    # hint: T/t is x_local.shape[1]. At which global position does this rank's slice start,
+    # hint: and how many of the image's P positions lie inside it? (Can that count be below
+    # hint: zero, or above T/t?) Those image tokens come first, then the rest of x_local.
     local = x_local.shape[1]
     start = rank * local
     mine = max(0, min(image.shape[1] - start, local))

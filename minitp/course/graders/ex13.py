@@ -47,8 +47,9 @@ VLM = dict(vocab_size=256, seq_len=8, n_layer=1, n_head=2, d_model=8,
 NAMES = ["place_image_tokens: each rank's slice of the joined sequence, every rank",
          "place_image_tokens: the gradient reaches exactly the image tokens the rank placed",
          "encoder_grads_are_partial: when the encoder's gradients must be summed over tp"]
-PLACE_HINT = ("image[:, start:start + mine], then x_local[:, mine:], with start = rank·T/t and "
-              "mine = max(0, min(P - start, T/t))")
+PLACE_HINT = ("count the image positions inside this rank's slice — it starts at global "
+              "position rank·T/t and holds T/t — never fewer than 0, never more than T/t; those "
+              "image tokens first, then x_local's positions after them")
 
 # The usual slips, each as the placement it gives, and what to say when a learner's answers
 # are exactly that slip's (judged by every wrong case; tried in this order).
@@ -82,7 +83,7 @@ def _slips():
          "max(0, ...). Such a rank places no image token and keeps all its embeddings"),
         (uncapped, "overflowing: mine was not capped at T/t. A rank whose slice is all image "
          "still holds only T/t positions; the image tokens past its slice are the next "
-         "rank's, mine = max(0, min(P - start, T/t))"),
+         "rank's"),
         (rank_zero, "the whole image on rank 0 only, overflowing: rank 0 holds T/t positions, "
          "so the image tokens past them are not its own but the next ranks', each placing "
          "the ones inside its slice (and none on a rank past the image)"),
