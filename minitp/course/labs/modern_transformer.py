@@ -41,9 +41,10 @@ CFG = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, norm="rms
 STEPS, LR = 3, 1e-2
 
 
-def _side_by_side(sizes, options, cfg, spoil=None) -> dict:
-    """3 steps of the parallel model and of one device; `spoil(model)` breaks the
-    parallel one first. Largest loss and parameter differences, and the model."""
+def side_by_side(sizes, options, cfg, spoil=None, batches=None) -> dict:
+    """3 steps of the parallel model and of one device (`batches`, default 3 seeded random
+    ones); `spoil(model)` breaks the parallel one first. The largest loss and parameter
+    differences, the model, its mesh and optimizer, and the trace of its last step."""
     mesh = Mesh(**sizes)
     torch.manual_seed(0)
     ref = GPT(cfg).double().to(device())
@@ -52,18 +53,22 @@ def _side_by_side(sizes, options, cfg, spoil=None) -> dict:
         spoil(model)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
     opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
-    loss_gap = 0.0
-    for step in range(STEPS):
-        x, y = random_batch(cfg, 2 * sizes.get("dp", 1), seed=step)
+    if batches is None:
+        batches = [random_batch(cfg, 2 * sizes.get("dp", 1), seed=step) for step in range(STEPS)]
+    loss_gap, events = 0.0, []
+    for x, y in batches:
         ref_opt.zero_grad()
         _, ref_loss = ref(x, y)
         ref_loss.backward()
         ref_opt.step()
+        trace.clear()
         loss = train_step(model, (x, y), mesh, opt)
+        events = trace.events()
         loss_gap = max(loss_gap, abs(loss - ref_loss.item()))
     dense = model.full_state_dict()
     worst = max(((dense[n] - p.detach()).abs().max().item(), n) for n, p in ref.named_parameters())
-    return dict(loss_gap=loss_gap, param_gap=worst, model=model, mesh=mesh)
+    return dict(loss_gap=loss_gap, param_gap=worst, model=model, mesh=mesh, optimizer=opt,
+                events=events)
 
 
 def _forget_kv_sum(model) -> None:
@@ -98,16 +103,16 @@ def _rank():
                                  ("K/V replicated, tp 4 > 2 heads", dict(tp=4), {}),
                                  ("cp 2 x tp 2, SP, global positions", dict(cp=2, tp=2),
                                   dict(sequence_parallel=True))):
-        run = _side_by_side(sizes, options, cfg)
+        run = side_by_side(sizes, options, cfg)
         out["exact"][name] = (run["loss_gap"], run["param_gap"])
-    spoiled = _side_by_side(dict(tp=4), {}, cfg, spoil=_forget_kv_sum)
+    spoiled = side_by_side(dict(tp=4), {}, cfg, spoil=_forget_kv_sum)
     kv = spoiled["model"].blocks[0].attn.kv
     copies = [torch.zeros_like(kv.weight) for _ in range(4)]
     torch.distributed.all_gather(copies, kv.weight.detach().contiguous(),
                                  group=spoiled["mesh"].tp.group)
     out["no_kv_sum"] = dict(loss_gap=spoiled["loss_gap"], param_gap=spoiled["param_gap"],
                             copies_apart=(copies[0] - copies[1]).abs().max().item())
-    local = _side_by_side(dict(cp=4), {}, cfg, spoil=_local_positions)
+    local = side_by_side(dict(cp=4), {}, cfg, spoil=_local_positions)
     out["local_rope"] = dict(loss_gap=local["loss_gap"], param_gap=local["param_gap"],
                              positions=global_positions(4, local["mesh"].cp).tolist())
     out["ring_bytes"] = {kv: _ring_bytes(kv) for kv in (1, 2, 4)}

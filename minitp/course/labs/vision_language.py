@@ -50,6 +50,7 @@ from ...runtime.mesh import Mesh
 from ...step import train_step
 from ...vision_data import batch_for, image_chars_of
 from ..paths import repo_root
+from .modern_transformer import side_by_side
 
 CFG = dict(vocab_size=256, seq_len=32, n_layer=2, n_head=4, d_model=32, n_kv_head=2,
            norm="rmsnorm", positions="rope", mlp="swiglu", bias=False,
@@ -80,26 +81,11 @@ def _partial_sum_bytes(events) -> int:
 
 
 def _run(cfg, layout, spoil=None, timed=0) -> dict:
-    mesh = Mesh(tp=4)
-    torch.manual_seed(0)
-    ref = GPT(cfg).double().to(device())
-    model = parallelize(ref, mesh, sequence_parallel=True, vision_layout=layout)
-    if spoil is not None:
-        spoil(model)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
-    opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=LR)
-    loss_gap, events = 0.0, []
-    for x, y in _batches(cfg, STEPS):
-        ref_opt.zero_grad()
-        _, ref_loss = ref(x, y)
-        ref_loss.backward()
-        ref_opt.step()
-        trace.clear()
-        loss = train_step(model, (x, y), mesh, opt)
-        events = trace.events()
-        loss_gap = max(loss_gap, abs(loss - ref_loss.item()))
-    dense = model.full_state_dict()
-    worst = max(((dense[n] - p.detach()).abs().max().item(), n) for n, p in ref.named_parameters())
+    """Lesson 09's side by side (3 AdamW steps beside one device) on rendered batches at tp 4
+    with SP, then the median wall time of `timed` more steps and the model states held."""
+    run = side_by_side(dict(tp=4), dict(sequence_parallel=True, vision_layout=layout), cfg,
+                       spoil, batches=_batches(cfg, STEPS))
+    model, mesh, opt = run["model"], run["mesh"], run["optimizer"]
     seconds = []
     with trace.paused():
         for batch in _batches(cfg, timed, first=STEPS):
@@ -107,8 +93,7 @@ def _run(cfg, layout, spoil=None, timed=0) -> dict:
             started = time.perf_counter()
             train_step(model, batch, mesh, opt)
             seconds.append(time.perf_counter() - started)
-    return dict(loss_gap=loss_gap, param_gap=worst, model=model, events=events,
-                seconds=statistics.median(seconds) if seconds else None,
+    return dict(run, seconds=statistics.median(seconds) if seconds else None,
                 states=measure_model_states(model, opt)["total"])
 
 
