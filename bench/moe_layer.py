@@ -5,7 +5,7 @@ step's time split into compute and all-to-all, in one run.
     python bench/moe_layer.py --preset gpu     # a GPU: 16384 tokens, d 1024, E 8 and 64
     python bench/moe_layer.py --quick          # a few seconds: small shapes, for the test
 
-Part 1, one process. One forward + backward of `minitp.moe.MoE` (dropless, top-2,
+Part 1, one process. One forward + backward of `minitp.model.moe.MoE` (dropless, top-2,
 softmax router, balance "none", so no auxiliary loss) beside a peer written the way
 popular implementations write it: Hugging Face transformers' `MixtralSparseMoeBlock`
 (src/transformers/models/mixtral/modeling_mixtral.py) loops over the experts, finds
@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 
 import minitp as mt
-from minitp.moe import MoE
+from minitp.model.moe import MoE
 from minitp.runtime._device import synchronize
 
 PRESETS = {  # (tokens, d_model, experts to try, repetitions)

@@ -11,7 +11,7 @@ stage), in the custom-schedule form `mt.train_step(schedule=...)` accepts:
     ("B", 0, i)   its backward's first half: the input gradient, which the previous
                   stage waits for (and the biases', LayerNorms' and embeddings' gradients)
     ("W", 0, i)   its second half: the linear layers' weight gradients, which no one
-                  waits for (`minitp.weight_grad`)
+                  waits for (`minitp.tensor_parallel.weight_grad`)
 
 The idea (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ZB-H1): keep 1F1B's
 order of forwards and backwards (lesson 10; you may call

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .dense import gather_dense
 from .mixed_precision import grad_of
 from .model import GPT, GPTConfig
 from .runtime.mesh import Mesh
-from .tags import tag
+from .sharding.dense import gather_dense
+from .sharding.tags import tag
 from .tensor_parallel.partial_grads import sum_partial_grads
 
 

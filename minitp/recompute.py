@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from .module_plan import replace_modules
 from .rules import check_recompute
 from .runtime import trace
+from .sharding.plan import replace_modules
 
 # Which modules of the (tensor-parallel) GPT each mode wraps in `Recomputed`.
 RECOMPUTE_PLAN = {"full": "blocks.*", "selective": "blocks.*.attn.core"}

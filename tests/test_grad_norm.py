@@ -1,4 +1,4 @@
-"""Global gradient-norm clipping (`mt.train_step(..., clip_grad=...)`, `minitp.grad_norm`):
+"""Global gradient-norm clipping (`mt.train_step(..., clip_grad=...)`, `minitp.step.grad_norm`):
 the norm over the whole mesh equals the single-device model's, and clipped training
 equals ``torch.nn.utils.clip_grad_norm_`` on one device, in float64.
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minitp import data
-from minitp import vision_data as vd
+from minitp.data import images as vd
 from minitp.rules import IGNORE_INDEX
 
 
@@ -132,10 +132,10 @@ def test_vlm_batch_errors():
 
 
 def test_the_model_unpacks_each_patch_into_the_pixels_it_was_drawn_from():
-    """`minitp.vision.patch_pixels` (the model's side) inverts `to_patches` (the data's): the
+    """`minitp.model.vision.patch_pixels` (the model's side) inverts `to_patches` (the data's): the
     same bit order, written once (`PATCH_BITS`). A flipped order would still train, so
     only this test would see it."""
-    from minitp.vision import patch_pixels
+    from minitp.model.vision import patch_pixels
 
     image = vd.render(b"Ab~")
     pixels = patch_pixels(vd.to_patches(image).long(), torch.float32)  # (P, 8)

@@ -12,7 +12,7 @@ SwiGLU one, fc h→2f (gate and up) and proj f→h (Shazeer 2020), f = ``cfg.ffn
 (4h; a SwiGLU 8h/3 rounded up to 16, as Touvron et al. 2023). Under tp the q, kv, qkv
 and fc weights (and biases) are column-split, attn.proj and mlp.proj row-split (their
 biases whole), the norms whole; kv is split by K/V head where tp divides K and whole on
-every rank where tp exceeds K (`minitp.head_rules.kv_layout`: "replicated").
+every rank where tp exceeds K (`minitp.rules.heads.kv_layout`: "replicated").
 
 A mixture of experts (``cfg.n_experts`` = E > 0) changes the layers ``cfg.is_moe_layer``
 picks: their MLP becomes a router (h×E, no bias), E expert MLPs (h→4h→h, biases with
@@ -154,7 +154,7 @@ def vision_params(cfg) -> int:
 
 
 def encoder_params(layers: int, width, patches: int, d_model: int, split: int = 1):
-    """A vision encoder's parameters on one rank (`minitp.vision`; `minitp.calc.vision`'s
+    """A vision encoder's parameters on one rank (`minitp.model.vision`; `minitp.calc.vision`'s
     layouts): L(12w² + 7w)/split in its blocks' matrices and column-parallel biases (split
     over tp in the "tensor" layout), the rest whole — 6Lw (row-parallel biases, two
     LayerNorms a block), the patch embedding 8w + w, positions Pw, the final LayerNorm 2w,

@@ -8,7 +8,7 @@ higher ZeRO stage fits more (model states / N_d) and costs more data-parallel
 communication (stage 3: 1.5× per microbatch).
 
 A mixture of experts (``cfg.n_experts`` > 0) adds expert parallelism to the search:
-every ep that divides dp·cp and the experts (`minitp.moe_rules.check_expert_parallel`,
+every ep that divides dp·cp and the experts (`minitp.rules.experts.check_expert_parallel`,
 through `check_parallel_config`, decides), with the experts' memory divided by ep
 (`memory_per_gpu`) and the all-to-alls' time (`minitp.calc.moe.moe_step_time`). A
 dense config is searched and ranked exactly as before.

@@ -90,7 +90,7 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       stage 3 also gathers the parameters before each microbatch's forward and
       backward: 2m gathers in all, where the all-reduce counted one — for m = 1,
       1.5× (Rajbhandari et al. 2020, §7); with a B/W-split schedule, m more
-      reduce-scatters (each W reduces its unit again: `minitp.weight_grad`);
+      reduce-scatters (each W reduces its unit again: `minitp.tensor_parallel.weight_grad`);
     * cp (cp > 1): per microbatch and layer, the ring's 2(3c−2) sends of one
       rank's K or V (`minitp.calc.cp_comm_bytes`), each a point-to-point step,
       none hidden behind compute (minitp's ring overlaps them: an upper bound);

@@ -2,7 +2,7 @@
 FLOPs, memory and time per rank of its two layouts, and the encoder width where they
 cost the same. Every number here is a MODEL.
 
-The encoder (`minitp.vision`): a patch embedding Linear(8 → w) with bias, learned
+The encoder (`minitp.model.vision`): a patch embedding Linear(8 → w) with bias, learned
 positions (P × w), L GPT-2 blocks w wide (pre-LayerNorm, biases, fused qkv, GELU MLP 4w
 wide, attention not causal), a final LayerNorm and a projector Linear(w → d) with bias
 into the decoder's width d; its P outputs come before the text of a tensor-parallel
@@ -61,7 +61,7 @@ from .memory import activation_bytes_per_layer, model_state_bytes
 from .params import encoder_params
 
 LAYOUTS = ("replicated", "tensor")
-PATCH_PIXELS = PATCH_W * PATCH_H  # minitp's patch: one byte of binary pixels (`minitp.vision`)
+PATCH_PIXELS = PATCH_W * PATCH_H  # minitp's patch: one byte of binary pixels (`minitp.model.vision`)
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..llama_layers import Rotary
-from ..module_plan import apply_plan
+from ..model.llama_layers import Rotary
 from ..rules import IGNORE_INDEX
 from ..runtime import trace
 from ..runtime.mesh import Axis
+from ..sharding.plan import apply_plan
 from ..tensor_parallel import mappings
 from ..tensor_parallel.plan import SequenceShardedPositions
 from .ring import ring_attention

@@ -33,7 +33,7 @@ import torch.nn as nn
 from ..mixed_precision import grad_of, set_grad
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
-from ..tags import dense_and_experts
+from ..sharding.tags import dense_and_experts
 
 
 def grad_or_zeros(p: nn.Parameter) -> torch.Tensor:

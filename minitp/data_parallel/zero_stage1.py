@@ -18,7 +18,7 @@ from ..mixed_precision import MASTER_DTYPE, has_main_grads, zero_main_grads
 from ..rules import round_up
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
-from ..tags import dense_and_experts
+from ..sharding.tags import dense_and_experts
 from .grad_sync import grad_or_zeros
 
 

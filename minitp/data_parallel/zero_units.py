@@ -15,7 +15,7 @@ import torch.nn as nn
 from ..rules import round_up
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
-from ..tags import is_expert_shard, tag
+from ..sharding.tags import is_expert_shard, tag
 
 IN_FLIGHT = 2  # gradient reduce-scatters posted and not yet waited, at most
 

@@ -3,7 +3,7 @@ folded into data parallelism, tokens carried to them and back by all-to-all.
 
 Public names: `apply_expert_parallel` (step of `mt.parallelize`), `AllToAllDispatch`,
 `SplitSequence` (the groups routing statistics are reduced over), `shard_experts`. The
-one-device layer: `minitp.moe`, `minitp.routing`.
+one-device layer: `minitp.model.moe`, `minitp.model.routing`.
 """
 
 from .dispatch import AllToAllDispatch, all_to_all, source_to_expert_major

@@ -2,7 +2,7 @@
 the rank holding its expert, and back.
 
 A rank of the ep group holds E/ep experts, a run of them: rank j experts
-j·E/ep … (j+1)·E/ep − 1. After `minitp.moe.permute` sorts this rank's kept
+j·E/ep … (j+1)·E/ep − 1. After `minitp.model.moe.permute` sorts this rank's kept
 assignments by expert, the rows bound for rank j are one contiguous run, so one
 all-to-all with uneven splits sends them all (DeepSpeed's and Megatron-Core's
 "alltoall" token dispatcher):
@@ -15,7 +15,7 @@ all-to-all with uneven splits sends them all (DeepSpeed's and Megatron-Core's
    [from rank 1: …]); the local experts need them expert-major, so they are permuted
    again, run, and permuted back;
 4. combine: the reverse all-to-all (the splits swapped) returns every row to its token's
-   rank, where `minitp.moe.unpermute` weights it by its gate.
+   rank, where `minitp.model.moe.unpermute` weights it by its gate.
 
 Backward is the same two all-to-alls with the splits swapped (`_AllToAll`): the
 gradient of a row goes back the way the row came.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..moe import Experts, LocalDispatch
+from ..model.moe import Experts, LocalDispatch
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
 

@@ -33,10 +33,10 @@ import torch
 import torch.nn as nn
 
 from ..context_parallel.split import gather_sequence, global_positions
-from ..moe import Experts, WholeSequence, moe_layers
+from ..model.moe import Experts, WholeSequence, moe_layers
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis, Mesh
-from ..tags import set_tags
+from ..sharding.tags import set_tags
 from ..tensor_parallel.mappings import reduce_from_parallel
 from .dispatch import AllToAllDispatch
 

@@ -6,7 +6,7 @@ the orders). A MODEL: the costs are set, nothing is measured.
 
 from __future__ import annotations
 
-from ..schedule_rules import placement_of, stage_of
+from ..rules.schedules import placement_of, stage_of
 from .schedules import SCHEDULES
 
 

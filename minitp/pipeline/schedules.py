@@ -11,7 +11,7 @@ forward/backward is then 1/v as long and the bubble (p−1)/(v·m).
 
 Zero-bubble schedules (Qi et al. 2024) split each backward in two: B, the input
 gradient the previous stage waits for, and W, the weight gradients, which can wait
-(`minitp.weight_grad`). With unit costs F = B = W, 1F1B idles (p−1)(F+B+W) per rank;
+(`minitp.tensor_parallel.weight_grad`). With unit costs F = B = W, 1F1B idles (p−1)(F+B+W) per rank;
 ZB-H1 keeps 1F1B's order and peak memory (p microbatches in flight on every stage) but
 delays stage r's W passes by r microbatches, so the backwards reach the first stage
 sooner and the late W's fill the drain: (p−1)(F+B−W). ZB-H2 lets every stage hold up to
@@ -20,7 +20,7 @@ and last unit (its stages still start and end p−1 units apart, the pipeline's 
 paper's optimizer post-validation removes the step's synchronization that would wait).
 
 Two chunks per rank placed in a V (rank r runs stages r and 2p−1−r; placement "v",
-`minitp.schedule_rules`) let the first and the last stage share a rank, so a backward
+`minitp.rules.schedules`) let the first and the last stage share a rank, so a backward
 starts where the forward ended. ZBV (Qi et al. 2024, §6) orders them so that with
 F = B = W no rank idles between its first and last unit while holding no more than
 1F1B's activations; DualPipeV (DeepSeek-V3's DualPipe cut in half; deepseek-ai/DualPipe,
@@ -31,7 +31,7 @@ after the other, so its timeline shows the order, not the overlap.
 A schedule is a plain function ``(p, r, m, v) -> [(kind, chunk, microbatch)]``:
 the order in which rank r runs its forwards "F", backwards "B" and, for a backward split
 in two, weight passes "W" (a "B" whose (chunk, microbatch) has a "W" computes only the
-input gradient; `minitp.schedule_rules`). Pure arithmetic:
+input gradient; `minitp.rules.schedules`). Pure arithmetic:
 `minitp.pipeline.run_schedule` executes such a list, and `train_step(schedule=...)`
 accepts any function of this shape.
 """

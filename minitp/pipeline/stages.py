@@ -3,7 +3,7 @@
 `split_into_stages` cuts a (tensor-parallel) GPT into this rank's stages: with
 pp ranks and v virtual stages per rank, pp·v equal runs of layers, rank r
 holding runs r, r+pp, r+2pp, … (Megatron-LM's round-robin, placement "loop"), or, with
-two chunks in a V (placement "v"), runs r and 2pp−1−r (`minitp.schedule_rules`). Every stage is a
+two chunks in a V (placement "v"), runs r and 2pp−1−r (`minitp.rules.schedules`). Every stage is a
 `ParallelGPT` with the model's one forward; where a stage lacks the embedding
 or the head, a `Skipped` pass-through stands in (picotron's `nn.Identity`).
 
@@ -30,7 +30,7 @@ from ..rules import rank_and_chunk, stage_of, unit_label
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis, Mesh, layout
 from ..tensor_parallel.partial_grads import sum_partial_grads
-from ..weight_grad import DeferredWeightGrads
+from ..tensor_parallel.weight_grad import DeferredWeightGrads
 from .schedules import SCHEDULES, gpipe, interleaved, one_f_one_b, zb_h1, zb_h2  # noqa: F401
 
 
@@ -176,7 +176,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     `before_backward(chunk_index, microbatch)` is called before each backward and each
     weight pass (data parallelism arms its gradient sync there). A "B" whose (chunk,
     microbatch) also has a "W" in the order computes the input gradient and leaves the
-    linear layers' weight gradients to that "W" (`minitp.weight_grad`: the microbatch's
+    linear layers' weight gradients to that "W" (`minitp.tensor_parallel.weight_grad`: the microbatch's
     forward already keeps those weights out of the graph). placement: where the chunks
     sit ("v": a stage whose neighbour is on this rank hands it the tensor directly).
     Returns the sum of the weighted losses this rank computed (0 off the last stage),

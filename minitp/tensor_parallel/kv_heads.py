@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..runtime.mesh import Axis
-from ..tags import set_tags
+from ..sharding.tags import set_tags
 from . import mappings
 
 

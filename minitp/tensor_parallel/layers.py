@@ -6,7 +6,7 @@ axis)` takes that shard from an existing single-device layer, so the parallel
 layer and the dense one compute the same function. Built directly under one
 seed, the ranks' shards are slices of one dense initialisation, N(0, 0.02²)
 weights and zero biases, as if the dense layer had been built and then split.
-Each parameter declares how it is split with `minitp.tags`.
+Each parameter declares how it is split with `minitp.sharding.tags`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import weight_grad
 from ..rules import check_token_ids, round_up
 from ..runtime.mesh import Axis
-from ..tags import set_tags
-from . import mappings
+from ..sharding.tags import set_tags
+from . import mappings, weight_grad
 
 INIT_STD = 0.02  # GPT-2's and Megatron-LM's init_method_normal(0.02), as GPT._init_weights
 

@@ -13,7 +13,7 @@ reduce-scatter (all-gather backward): the same bytes, and activations 1/t the
 size. Parameters applied to sequence shards (LayerNorms, position embedding,
 row-parallel biases) then see only part of the batch on each rank, so their
 gradients are partial: they carry the tag ``grad_partial_over_tp``
-(`minitp.tags`) and `train_step` sums them over the group — forgetting it is the
+(`minitp.sharding.tags`) and `train_step` sums them over the group — forgetting it is the
 bug behind Megatron-LM issue #1446.
 
 The model keeps its one forward (`minitp.model.GPT.forward`); this module only
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..module_plan import apply_plan, matches
 from ..rules import check_tp_overlap, kv_layout
 from ..runtime.mesh import Axis
-from ..tags import set_tags
+from ..sharding.plan import apply_plan, matches
+from ..sharding.tags import set_tags
 from . import mappings
 from .dropout import ShardedDropout
 from .kv_heads import ReplicatedKV
@@ -141,7 +141,7 @@ def _q(m, tp, sp, model):
 
 def _kv(m, tp, sp, model):
     """Grouped-query attention's ``kv``: split by K/V head where tp divides them, else
-    replicated (`minitp.head_rules.kv_layout`); its input mapped by `ParallelInput`."""
+    replicated (`minitp.rules.heads.kv_layout`); its input mapped by `ParallelInput`."""
     if kv_layout(model.cfg, tp.size) == "split":
         return ColumnParallelLinear.from_dense(m, tp, sequence_parallel=sp, input_mapped=True)
     return ReplicatedKV(m, tp, model.cfg.kv_heads, sequence_parallel=sp, input_mapped=True)
@@ -188,7 +188,7 @@ TP_OVERLAP_PLAN = {
     "blocks.*.mlp.fc": _overlapped_column,
     "blocks.*.mlp.proj": _overlapped_row,
 }
-# A mixture of experts' shared expert (`minitp.moe`) is a dense MLP, split the same way;
+# A mixture of experts' shared expert (`minitp.model.moe`) is a dense MLP, split the same way;
 # the routed experts are not split over tp (`minitp.expert_parallel`). These rules, and
 # the dense MLP's, apply where the model has such modules (a model whose every layer is
 # a mixture of experts has no dense MLP).

@@ -25,16 +25,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..module_plan import apply_plan
 from ..runtime.mesh import Axis
-from ..tags import set_tags
+from ..sharding.plan import apply_plan
+from ..sharding.tags import set_tags
 from . import mappings
 from .dropout import ShardedDropout
 from .layers import ColumnParallelLinear, RowParallelLinear
 
 
 class SequenceShardedPlace(nn.Module):
-    """`minitp.vision.PlacePrefix` on a sequence-parallel rank: the image tokens that fall
+    """`minitp.model.vision.PlacePrefix` on a sequence-parallel rank: the image tokens that fall
     in this rank's slice of the sequence, in place of its first token embeddings."""
 
     def __init__(self, axis: Axis, whole_grad: bool):

@@ -34,9 +34,10 @@ import time
 
 import torch
 
-from .. import checkpoint, vision_data
+from .. import checkpoint
+from ..data import images as vision_data
 from ..model import GPT
-from ..moe import update_expert_bias
+from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
 from .flags import (

@@ -12,10 +12,10 @@ import torch
 
 from .. import checkpoint, data
 from ..model import GPTConfig
-from ..moe_rules import BALANCES
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
-from ..schedule_rules import placement_of
-from ..vision_rules import VISION_LAYOUTS
+from ..rules.experts import BALANCES
+from ..rules.schedules import placement_of
+from ..rules.vision import VISION_LAYOUTS
 from .model_options import ARCHS, arch_options, moe_options
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..config import LLAMA_PARTS, default_vision_patches
+from ..model.config import LLAMA_PARTS, default_vision_patches
 
 ARCHS = ("gpt2", "llama", "vlm")
 

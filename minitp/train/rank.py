@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from .. import checkpoint, data, vision_data
+from .. import checkpoint, data
+from ..data import images as vision_data
 from ..model import GPT
 from ..rules import placement_of
 from ..runtime._worker import console

@@ -32,8 +32,8 @@ from helpers import train_side_by_side
 import minitp as mt
 from minitp import context_parallel as cpar
 from minitp.model import AttentionCore
-from minitp.module_plan import apply_plan
 from minitp.rules import check_context_split, cp_chunks
+from minitp.sharding.plan import apply_plan
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

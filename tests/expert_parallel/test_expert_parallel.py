@@ -3,7 +3,7 @@
 One launch of 4 ranks trains, side by side with the plain MoE GPT, 3 AdamW steps on each
 of a sample of meshes that between them cover ep 1, 2 and 4; top-k 1 and 2; the softmax
 and the sigmoid router; the three balancing methods; dropless and a capacity factor (the
-documented per-sequence queue, `minitp.routing.capacity_keep`); a shared expert; tensor
+documented per-sequence queue, `minitp.model.routing.capacity_keep`); a shared expert; tensor
 parallelism with and without sequence parallelism, a pipeline with microbatches, context
 parallelism, recomputation and ZeRO 1, 2 and 3 (each expert unit sharded over the
 ranks holding the same experts). Every step's loss and every
@@ -58,7 +58,7 @@ def _train(settings, break_the_group=False):
         biases = []
 
         def after_step(step, events, ref=ref, model=model, biases=biases):
-            from minitp.moe import update_expert_bias
+            from minitp.model.moe import update_expert_bias
             from minitp.rules import model_chunks
 
             update_expert_bias(ref)  # the reference's balancing: its own step's load

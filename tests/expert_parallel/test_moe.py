@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer on one device (`minitp.moe`, `minitp.routing`): the
+"""The mixture-of-experts layer on one device (`minitp.model.moe`, `minitp.model.routing`): the
 reference expert parallelism must equal, checked against the loop a textbook writes, and
 each routing rule against a worked example."""
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import minitp as mt
-from minitp.moe import MoE, update_expert_bias
-from minitp.routing import aux_loss_per_sequence, bias_step, capacity, capacity_keep
+from minitp.model.moe import MoE, update_expert_bias
+from minitp.model.routing import aux_loss_per_sequence, bias_step, capacity, capacity_keep
 
 SMALL = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=8, n_experts=4)
 
@@ -43,7 +43,7 @@ def test_the_layer_equals_the_loop_over_tokens(router, top_k):
 
 
 def test_the_experts_backward_equals_plain_autograds():
-    """`minitp.expert_mlps` writes its own backward: every gradient (the rows', each
+    """`minitp.model.expert_mlps` writes its own backward: every gradient (the rows', each
     expert's weights and biases) equals the one autograd derives from the plain loop."""
     torch.manual_seed(0)
     layer = _layer().experts

@@ -20,7 +20,7 @@ import torch
 import minitp as mt
 import minitp.calc as calc
 from minitp import memory
-from minitp.moe import moe_layers
+from minitp.model.moe import moe_layers
 
 CFG = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=8, n_experts=4,
            shared_expert=True)

@@ -1,6 +1,6 @@
 """Zero-bubble schedules (`minitp.pipeline.schedules.zb_h1`, `zb_h2`, and on two chunks per
 rank placed in a V, `zbv` and `dualpipev`): the backward split into B and W
-(`minitp.weight_grad`), exact, and the bubbles and memory on paper.
+(`minitp.tensor_parallel.weight_grad`), exact, and the bubbles and memory on paper.
 
 On real ranks, in float64, each schedule trains equal to the single-device GPT (every
 step's loss, every parameter after 3 AdamW steps) on meshes that between them cover pp 2
@@ -19,7 +19,7 @@ import minitp as mt
 from minitp.pipeline.on_paper import overlapped_pairs, simulate
 from minitp.pipeline.schedules import SCHEDULES
 from minitp.pipeline.stages import check_split_order
-from minitp.weight_grad import DeferredWeightGrads, linear
+from minitp.tensor_parallel.weight_grad import DeferredWeightGrads, linear
 
 TOLERANCE = 1e-10
 CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)

@@ -11,7 +11,7 @@ invariants that the equivalence tests take for granted.
   ``F.cross_entropy`` gives on one device: a NaN loss (0/0) and zero gradients.
 * The direct constructors, under one seed, give each rank its slice of one dense
   initialisation (Megatron-LM's test_initialization invariant).
-* The layers declare their parameters' tags through `minitp.tags`.
+* The layers declare their parameters' tags through `minitp.sharding.tags`.
 
 Proofs run on real processes against single-device float64 references.
 """
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 import minitp as mt
-from minitp import tags
 from minitp.rules import IGNORE_INDEX
 from minitp.runtime.mesh import Axis
+from minitp.sharding import tags
 from minitp.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minitp as mt
-from minitp.tags import tag
+from minitp.sharding.tags import tag
 from minitp.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,

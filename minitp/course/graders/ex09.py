@@ -2,7 +2,7 @@
 (grouped-query attention), and a context-parallel rank's global positions.
 
 The reference is what minitp builds, not a second copy of the arithmetic: the K/V
-heads come from the parallel model's own rules (`minitp.head_rules.kv_layout`: split
+heads come from the parallel model's own rules (`minitp.rules.heads.kv_layout`: split
 over tp, or a head replicated to ``ReplicatedKV.head``), the positions from
 `minitp.context_parallel.split.global_positions`, which `ContextParallelRotary` turns
 q and k by. Each common mistake is named: a rank with no K/V head when tp is above
@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ...context_parallel.split import global_positions
-from ...head_rules import kv_layout
+from ...rules.heads import kv_layout
 from .base import Check, crashed, not_written
 
 # (tp, n_head, n_kv): split (tp divides n_kv), equal, replicated (tp above n_kv), MQA

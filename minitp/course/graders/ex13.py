@@ -33,14 +33,14 @@ import torch
 from ...model import GPT, GPTConfig
 from ...runtime._device import device
 from ...runtime.mesh import Axis
-from ...tags import tag
+from ...sharding.tags import tag
 from ...tensor_parallel.vision import SequenceShardedPlace, apply_vision_parallel
 from .base import Check, crashed, not_written
 
 B, C = 2, 3  # batch, the decoder's width
 CASES = ((2, 12, 3), (6, 16, 4), (8, 12, 3), (5, 8, 2))  # (P image tokens, T positions, t)
 SETTINGS = (("replicated", True), ("tensor", True), ("replicated", False), ("tensor", False))
-UNKNOWN = "tensor_parallel"  # a layout minitp does not have (`minitp.vision_rules.VISION_LAYOUTS`)
+UNKNOWN = "tensor_parallel"  # a layout minitp does not have (`minitp.rules.vision.VISION_LAYOUTS`)
 TOLERANCE = 1e-12  # float64: a cat of slices is exact
 VLM = dict(vocab_size=256, seq_len=8, n_layer=1, n_head=2, d_model=8,
            vision_patches=2, vision_layers=1, vision_width=8, vision_heads=2)

@@ -10,7 +10,7 @@ routing, so it knows what each step of its run should hold, and checks:
   rows from each rank) and the combine's, swapped. Every all-to-all is watched:
   the ranks compare their splits before it runs, so splits that do not match
   stop every rank with a diagnosis, never a hang;
-* the output equals the one-device layer's (`minitp.moe.LocalDispatch` with all
+* the output equals the one-device layer's (`minitp.model.moe.LocalDispatch` with all
   E experts). If not, the first step that went wrong is named: the rows sent,
   the results sent back (the regroup not undone, or undone by itself), the
   un-permute (by `order` rather than its inverse) or the gates (forgotten, or
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ...data_parallel import make_optimizer
 from ...expert_parallel import shard_experts, source_to_expert_major
 from ...model import GPT, GPTConfig
-from ...moe import Experts, LocalDispatch, moe_layers, permute
+from ...model.moe import Experts, LocalDispatch, moe_layers, permute
 from ...parallelize import parallelize
 from ...runtime import comm
 from ...runtime._device import device

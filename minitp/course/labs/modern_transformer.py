@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from ...config import GPTConfig
 from ...context_parallel.split import global_positions
 from ...data_parallel.zero import make_optimizer
-from ...llama_layers import Rotary
 from ...memory.activations import ActivationLedger
 from ...model import GPT
+from ...model.config import GPTConfig
+from ...model.llama_layers import Rotary
 from ...parallelize import parallelize
 from ...runtime import trace
 from ...runtime._device import device

@@ -26,7 +26,7 @@ import torch
 
 from ... import data
 from ...model import GPT, GPTConfig
-from ...moe import moe_layers, update_expert_bias
+from ...model.moe import moe_layers, update_expert_bias
 from ...parallelize import parallelize
 from ...runtime import trace
 from ...runtime._device import device

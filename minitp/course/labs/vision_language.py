@@ -37,18 +37,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...config import GPTConfig
 from ...data import load_tokens, split
+from ...data.images import batch_for, image_chars_of
 from ...data_parallel.zero import make_optimizer
 from ...memory.model_states import measure_model_states
 from ...model import GPT
+from ...model.config import GPTConfig
 from ...parallelize import parallelize
 from ...runtime import comm, trace
 from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh
 from ...step import train_step
-from ...vision_data import batch_for, image_chars_of
 from ..paths import repo_root
 from .modern_transformer import side_by_side
 

@@ -2,7 +2,7 @@
 
 Qi et al. 2024 ("Zero Bubble Pipeline Parallelism", ICLR 2024) split each backward in
 two: B, the input gradient the previous stage waits for, and W, the weight gradients,
-which can wait (`minitp.weight_grad`). Three experiments, each one `launch`:
+which can wait (`minitp.tensor_parallel.weight_grad`). Three experiments, each one `launch`:
 
 * `timed`: 1F1B, ZB-H1 and ZB-H2 (or ZBV and DualPipeV, two chunks per rank in a V) on
   p ranks with the paper's unit costs SET by sleep
@@ -28,9 +28,7 @@ import time
 
 import torch
 
-from ... import weight_grad
 from ...data_parallel.zero import make_optimizer
-from ...grad_norm import clip_grad_norm
 from ...memory.activations import ActivationLedger
 from ...model import GPT, GPTConfig
 from ...parallelize import parallelize
@@ -40,8 +38,10 @@ from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh
+from ...sharding.tags import tag
 from ...step import train_step
-from ...tags import tag
+from ...step.grad_norm import clip_grad_norm
+from ...tensor_parallel import weight_grad
 
 CFG = dict(vocab_size=64, seq_len=16, n_layer=4, n_head=4, d_model=32)
 

@@ -7,7 +7,7 @@ import itertools
 import math
 
 from ...calc.comm import moe_all_to_all_bytes
-from ...routing import capacity
+from ...model.routing import capacity
 from .form import Question, Wrong
 
 MB = 10**6
@@ -39,7 +39,7 @@ def capacity_question(seed=None) -> Question:
         text=lambda p: (f"A mixture of experts routes each token to k = {p['k']} of "
                         f"E = {p['E']} experts, with capacity factor f = {p['f']}. A batch "
                         f"holds B = {p['B']} sequences of T = {p['T']} tokens. With minitp's "
-                        "rule (`minitp.routing`: the capacity is counted per sequence), how "
+                        "rule (`minitp.model.routing`: the capacity is counted per sequence), how "
                         "many of one sequence's assignments can one expert take at most?"),
         right=value,
         wrong=[
@@ -55,7 +55,7 @@ def capacity_question(seed=None) -> Question:
         ],
         worked=lambda p: (
             f"C = ⌈f·T·k/E⌉ = ⌈{p['f']}·{p['T']}·{p['k']}/{p['E']}⌉ = "
-            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} (`minitp.routing.capacity`). "
+            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} (`minitp.model.routing.capacity`). "
             "The sequence's k·T assignments queue slot by slot (every token's first choice in "
             "position order, then every second choice); an assignment past an expert's "
             f"{value(p)}th is dropped."),

@@ -3,7 +3,7 @@
 Megatron-Core sets these with `set_tensor_model_parallel_attributes` over a
 table of defaults; minitp does the same. A tag is set once, when the layer that
 owns the parameter is built, and read by the code that must treat the parameter
-specially: gathering dense state (`minitp.dense`), summing partial gradients
+specially: gathering dense state (`minitp.sharding.dense`), summing partial gradients
 (`minitp.tensor_parallel.partial_grads`), checkpoints. A parameter with no tags is replicated:
 every rank of the tensor-parallel group holds the same whole tensor.
 """

@@ -1,10 +1,10 @@
-"""What a vision-language model (`minitp.vision`) may be split into: its encoder's layout
+"""What a vision-language model (`minitp.model.vision`) may be split into: its encoder's layout
 over tensor parallelism, and what it refuses — written once, read by
 `minitp.rules.check_parallel_config` and the CLI."""
 
 from __future__ import annotations
 
-from .head_rules import check_tp_widths
+from .heads import check_tp_widths
 
 # How a vision-language model's encoder sits on a tensor-parallel group: "replicated" (whole on
 # every rank, as the course's source suggests for a small encoder) or "tensor" (its blocks

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from .data import check_length, eval_batches, get_batch
-from .rules import IGNORE_INDEX, PATCH_H, PATCH_W
+from ..rules import IGNORE_INDEX, PATCH_H, PATCH_W
+from .text import check_length, eval_batches, get_batch
 
 GLYPH_W, GLYPH_H = 3, 5
 CELL_W, CELL_H = 4, 8  # one blank column after the glyph, rows above and below it

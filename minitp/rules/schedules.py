@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
-# the schedules that split the backward into B and W (`minitp.weight_grad`)
+# the schedules that split the backward into B and W (`minitp.tensor_parallel.weight_grad`)
 ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-h2", "zbv", "dualpipev")
 # the schedules whose two chunks per rank sit in a V (placement "v", below)
 V_SCHEDULES = ("zbv", "dualpipev")
@@ -115,7 +115,7 @@ def check_zero_bubble(schedule, pp: int, microbatches: int | None,
     """What a B/W-split schedule needs: the layers' weight gradients deferred by the
     linear layers themselves (ZeRO-2 reduces whatever has arrived, which adds up:
     `ShardedGradSync`; ZeRO-3's W reduces its unit's weight gradients on its own:
-    `minitp.weight_grad`; not the overlapped tensor-parallel GEMMs, which compute them
+    `minitp.tensor_parallel.weight_grad`; not the overlapped tensor-parallel GEMMs, which compute them
     inside their own backward), and ZB-H2, ZBV and DualPipeV their microbatches."""
     if schedule not in ZERO_BUBBLE_SCHEDULES:
         return

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .context_parallel.split import split_sequence
-from .data_parallel.zero import zero_stage_of
-from .grad_norm import clip_grad_norm
-from .grads import finalize_grads
-from .moe import moe_layers, update_expert_bias
-from .pipeline.schedules import SCHEDULES
-from .pipeline.stages import run_schedule
-from .rules import (
+from ..context_parallel.split import split_sequence
+from ..data_parallel.zero import zero_stage_of
+from ..model.moe import moe_layers, update_expert_bias
+from ..pipeline.schedules import SCHEDULES
+from ..pipeline.stages import run_schedule
+from ..rules import (
     IGNORE_INDEX,
     check_parallel_config,
     check_token_ids,
@@ -19,8 +17,10 @@ from .rules import (
     model_chunks,
     model_placement,
 )
-from .runtime import comm, trace
-from .runtime.mesh import Mesh
+from ..runtime import comm, trace
+from ..runtime.mesh import Mesh
+from .grad_norm import clip_grad_norm
+from .grads import finalize_grads
 
 
 def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches: int = 1,
@@ -45,7 +45,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     or your own function with the built-in schedules' signature
     ``(p, r, m, v) -> [(kind, chunk, microbatch)]``, kind "F", "B" or "W"
     (`minitp.pipeline.schedules`). clip_grad: scale the gradients so their norm over
-    the whole mesh is at most this (`minitp.grad_norm`, as ``clip_grad_norm_`` on one
+    the whole mesh is at most this (`minitp.step.grad_norm`, as ``clip_grad_norm_`` on one
     device); the norm before clipping is left in ``model.grad_norm``.
     """
     x, y = batch
@@ -74,7 +74,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     for layer in moe_layers(model):  # the aux loss: a mean over the global batch's sequences
         layer.aux_rows = x.shape[0]
     loss = run_schedule(order, chunks, mesh, pairs, weights, before_backward, placement)
-    finalize_grads(model, mesh)  # every reduction after backward, in order (minitp.grads)
+    finalize_grads(model, mesh)  # every reduction after backward, in order (minitp.step.grads)
     if clip_grad is not None:  # the global norm: one all-reduce every stage must join
         model.grad_norm = clip_grad_norm(model, mesh, optimizer, clip_grad)
     optimizer.step()

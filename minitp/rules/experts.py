@@ -5,7 +5,7 @@ parallelism needs of the mesh. No torch and no other import, so the calculator a
 
 from __future__ import annotations
 
-# how the router scores (`minitp.routing`), how the load is balanced
+# how the router scores (`minitp.model.routing`), how the load is balanced
 ROUTERS = ("softmax", "sigmoid")
 BALANCES = ("aux", "bias", "none")
 

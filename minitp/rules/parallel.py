@@ -1,13 +1,13 @@
 """The rules every other file shares: the ground floor of minitp.
 
 Nothing here needs torch or imports the rest of minitp but its MoE rules
-(`minitp.moe_rules`): the calculator (`minitp.calc`, pure arithmetic) may import these two.
+(`minitp.rules.experts`): the calculator (`minitp.calc`, pure arithmetic) may import these two.
 Each rule is written once, here, and every file that needs it imports it:
 * what must divide what for a (dp, pp, cp, tp, ep) split — `check_parallel_config`;
 * context parallelism's load-balanced chunks: which two of a sequence's 2·cp
   chunks each cp rank holds — `cp_chunks`, `check_context_split`;
 * the pipeline schedule names and what each needs, and the units' trace labels
-  ("F3", "B3", "W3:1": `minitp.schedule_rules`, re-exported here);
+  ("F3", "B3", "W3:1": `minitp.rules.schedules`, re-exported here);
 * the recompute modes and the ZeRO stages;
 * the ignore index of the loss, and what a valid token id is;
 * the trace's label formats ("layer3", "F3", "F3:1"), built and parsed by the
@@ -22,9 +22,9 @@ import math
 import re
 from fractions import Fraction
 
-from .head_rules import check_tp_widths, kv_layout  # noqa: F401  (re-exported)
-from .moe_rules import check_expert_parallel
-from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
+from .experts import check_expert_parallel
+from .heads import check_tp_widths, kv_layout  # noqa: F401  (re-exported)
+from .schedules import (  # noqa: F401  (the pipeline's rules, re-exported)
     PLACEMENTS,
     SCHEDULE_NAMES,
     V_SCHEDULES,
@@ -42,11 +42,11 @@ from .schedule_rules import (  # noqa: F401  (the pipeline's rules, re-exported)
     stage_of,
     unit_label,
 )
-from .vision_rules import check_vision_layout
+from .vision import check_vision_layout
 
 IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
 # A vision-language model's image patch: 2 wide × 4 tall binary pixels, 8 bits, so exactly one
-# byte id (`minitp.vision_data` draws them, `minitp.vision` reads them, `minitp.calc` counts them)
+# byte id (`minitp.data.images` draws them, `minitp.model.vision` reads them, `minitp.calc` counts them)
 PATCH_W, PATCH_H = 2, 4
 SEQ_DIM = 1  # token ids are (batch, seq); activations (batch, seq, hidden)
 
@@ -156,9 +156,9 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     with the sizes, before any process starts (the CLI, the graders, the calculator);
     `parallelize` calls it again on every rank with its `mesh` (whose axis sizes and world
     size stand for dp, pp, cp, tp, ep and world_size), and `train_step` with the schedule,
-    microbatches and batch size it was given. ep: `minitp.moe_rules.check_expert_parallel`.
-    placement: where the pipeline's chunks sit ("loop" or "v": `minitp.schedule_rules`).
-    vision_layout: a vision-language model's encoder over tp (`minitp.vision_rules`)."""
+    microbatches and batch size it was given. ep: `minitp.rules.experts.check_expert_parallel`.
+    placement: where the pipeline's chunks sit ("loop" or "v": `minitp.rules.schedules`).
+    vision_layout: a vision-language model's encoder over tp (`minitp.rules.vision`)."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size

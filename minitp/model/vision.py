@@ -3,7 +3,7 @@ encoder and put where the sequence's first tokens were.
 
 A sequence of a vision-language model is one int tensor, as every other: its first
 P ids are an image's patches (2×4 binary pixels, exactly one byte each:
-`minitp.vision_data`), the rest text bytes. The model step `vision` (between the
+`minitp.data.images`), the rest text bytes. The model step `vision` (between the
 token embedding and the positions, so a pipeline's first stage holds it and later
 stages pass through) runs the encoder on the P patch ids — each byte unpacked into
 its 8 pixels, a linear patch embedding (a ViT's), learned positions, GPT-2 blocks
@@ -22,13 +22,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .vision_data import PATCH_BITS
+from ..data.images import PATCH_BITS
 
 PATCH_PIXELS = len(PATCH_BITS)  # a patch is one byte: 2 wide × 4 tall binary pixels
 
 
 def patch_pixels(ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Patch ids (..., P) -> their pixels (..., P, 8), 0 or 1, in `minitp.vision_data`'s
+    """Patch ids (..., P) -> their pixels (..., P, 8), 0 or 1, in `minitp.data.images`'s
     order (`PATCH_BITS`, written there once)."""
     return ((ids.unsqueeze(-1) & PATCH_BITS.to(ids.device)) != 0).to(dtype)
 

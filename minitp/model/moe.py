@@ -1,7 +1,7 @@
 """A mixture-of-experts layer on one device: the reference expert parallelism must equal.
 
 It takes the place of a block's MLP (`GPTConfig.n_experts > 0`). Each token is sent to
-k of E expert MLPs by a router (`minitp.routing`: top-k, capacity, balancing) and its
+k of E expert MLPs by a router (`minitp.model.routing`: top-k, capacity, balancing) and its
 output is the gate-weighted sum of theirs, plus a shared expert's where there is one
 (DeepSeek-V3). No distributed code lives here. Like attention's core, the two places
 where a mesh changes what happens are their own modules, so `minitp.expert_parallel`
@@ -51,7 +51,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x (A, C): rows grouped by expert, ``counts[e]`` rows for this module's e-th
-        (one autograd Function: `minitp.expert_mlps`)."""
+        (one autograd Function: `minitp.model.expert_mlps`)."""
         return expert_mlps(x, counts, self.fc_weight, self.fc_bias, self.proj_weight,
                            self.proj_bias)
 

@@ -1,7 +1,7 @@
 """Dense state from shards: the one place that reads the parameter tags to rebuild
 the plain model's tensors.
 
-A rank's parameter is tagged (`minitp.tags`) with the dimension it is split
+A rank's parameter is tagged (`minitp.sharding.tags`) with the dimension it is split
 along over the tensor-parallel axis and, for the padded vocabulary, the true
 size. Gathering along that dimension and dropping the padding gives the plain
 GPT's tensor; an untagged parameter is replicated and taken as it is. Names are
@@ -15,8 +15,8 @@ import re
 
 import torch
 
-from .runtime import comm, trace
-from .runtime.mesh import Axis
+from ..runtime import comm, trace
+from ..runtime.mesh import Axis
 from .tags import tag
 
 

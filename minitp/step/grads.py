@@ -10,9 +10,9 @@ reduce-scatter of the flat gradient is part of its optimizer's ``step()``
 
 from __future__ import annotations
 
-from .data_parallel.zero import finish_sharded_grads, zero_stage_of
-from .rules import model_chunks
-from .runtime.mesh import Mesh
+from ..data_parallel.zero import finish_sharded_grads, zero_stage_of
+from ..rules import model_chunks
+from ..runtime.mesh import Mesh
 
 
 def finalize_grads(model, mesh: Mesh) -> None:

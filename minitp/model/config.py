@@ -2,17 +2,17 @@
 
 The defaults are GPT-2's (LayerNorm, learned positions, a GELU MLP, one K/V head per
 query head, biases); `GPTConfig.llama` sets the Llama-style parts together
-(`minitp.llama_layers`). Every rule a configuration must keep is checked here, once.
+(`minitp.model.llama_layers`). Every rule a configuration must keep is checked here, once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..data.images import PATCHES_PER_CHAR
+from ..rules import check_positive_int
+from ..rules.experts import check_moe_config
 from .attention_core import ATTENTIONS
-from .moe_rules import check_moe_config
-from .rules import check_positive_int
-from .vision_data import PATCHES_PER_CHAR
 
 # What makes a configuration Llama-style (`GPTConfig.llama`, the CLI's --arch llama)
 LLAMA_PARTS = dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False)
@@ -23,7 +23,7 @@ MLPS = ("gelu", "swiglu")
 
 def default_vision_patches(seq_len: int) -> int:
     """A vision-language model's image by default: half the sequence, in whole characters
-    of `minitp.vision_data`'s font (`PATCHES_PER_CHAR` patches each)."""
+    of `minitp.data.images`'s font (`PATCHES_PER_CHAR` patches each)."""
     return seq_len // 2 // PATCHES_PER_CHAR * PATCHES_PER_CHAR
 
 
@@ -37,7 +37,7 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, attention probabilities and both residual branches
     bias: bool = True  # biases in Linear layers and LayerNorms, as GPT-2
     attention: str = "math"  # "math": written out; "sdpa": one fused kernel (AttentionCore)
-    # Mixture of experts (`minitp.moe`, `minitp.routing`); n_experts=0: every MLP dense.
+    # Mixture of experts (`minitp.model.moe`, `minitp.model.routing`); n_experts=0: every MLP dense.
     n_experts: int = 0  # E expert MLPs in each MoE layer
     top_k: int = 2  # experts per token
     moe_every: int = 1  # layers moe_every-1, 2·moe_every-1, … are MoE (1: all; 2: every other)
@@ -57,8 +57,8 @@ class GPTConfig:
     ffn_hidden: int | None = None  # the MLP's width; None: 4h (gelu), 8h/3 up to a 16 (swiglu)
     rope_theta: float = 10000.0  # the rotary embedding's base (RoFormer, Llama 2)
     causal: bool = True  # False: every position attends to every other (a vision encoder)
-    # A vision-language model (`minitp.vision`): each sequence starts with an image's
-    # vision_patches patches (one byte each: `minitp.vision_data`), read by a small encoder
+    # A vision-language model (`minitp.model.vision`): each sequence starts with an image's
+    # vision_patches patches (one byte each: `minitp.data.images`), read by a small encoder
     # of vision_layers GPT-2 blocks vision_width wide; 0 patches: a text model.
     vision_patches: int = 0
     vision_layers: int = 2
@@ -78,7 +78,7 @@ class GPTConfig:
     def vlm(cls, **fields) -> GPTConfig:
         """A vision-language model: a Llama-style decoder (`GPTConfig.llama`) whose sequences
         start with an image of ``vision_patches`` patches (default: half the sequence, whole
-        characters of `minitp.vision_data`'s font, 4 patches each)."""
+        characters of `minitp.data.images`'s font, 4 patches each)."""
         seq_len = fields.get("seq_len", cls.seq_len)
         fields.setdefault("vision_patches", default_vision_patches(seq_len))
         if not fields["vision_patches"]:
@@ -158,10 +158,10 @@ class GPTConfig:
                              f"{self.head_dim} (d_model/n_head) must be even")
         if self.n_experts and self.mlp != "gelu":
             raise ValueError(f"mlp={self.mlp!r} with n_experts={self.n_experts}: the experts "
-                             "are GELU MLPs (minitp.expert_mlps); use mlp='gelu'")
+                             "are GELU MLPs (minitp.model.expert_mlps); use mlp='gelu'")
         if self.n_experts and self.ffn_hidden is not None:
             raise ValueError(f"ffn_hidden={self.ffn_hidden} with n_experts={self.n_experts}: the "
-                             "experts (and a shared expert) are 4·d_model wide (minitp.moe); "
+                             "experts (and a shared expert) are 4·d_model wide (minitp.model.moe); "
                              "leave ffn_hidden None")
         if self.vision_patches:
             self._check_vision()

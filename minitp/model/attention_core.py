@@ -1,7 +1,7 @@
 """The attention core: softmax(QKᵀ/√d + causal mask) · V, its own module so that
 selective recomputation, the activation ledger and context parallelism can name it.
 Without the mask (``causal=False``) every position sees every other: a vision
-encoder's attention over an image's patches (`minitp.vision`)."""
+encoder's attention over an image's patches (`minitp.model.vision`)."""
 
 from __future__ import annotations
 

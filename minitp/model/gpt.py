@@ -5,7 +5,7 @@ builds each rank's shard from its weights, following a plan table; the tests
 then check that the two compute the same function, loss and gradients.
 
 One forward serves every way of running the model. Each step of it is a module
-— token embedding, a vision-language model's image (`minitp.vision`), positions,
+— token embedding, a vision-language model's image (`minitp.model.vision`), positions,
 dropout, blocks, final LayerNorm, output head, loss — so parallelism is applied
 by *replacing modules*, never by a second forward: tensor parallelism swaps in
 sharded ones (`minitp.tensor_parallel`), and a pipeline stage that lacks the
@@ -25,12 +25,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..mixed_precision import loss_precision
+from ..rules import IGNORE_INDEX, check_token_ids
 from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
 from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, norm
-from .mixed_precision import loss_precision
 from .moe import MoE
-from .rules import IGNORE_INDEX, check_token_ids
 from .vision import NoVision, VisionPrefix
 
 __all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "GPTConfig",
@@ -79,7 +79,7 @@ class Block(nn.Module):
         grouped = cfg.n_kv_head is not None
         self.attn = GroupedQueryAttention(cfg) if grouped else CausalSelfAttention(cfg)
         self.ln2 = norm(cfg)
-        # a mixture of experts in the MLP's place (`minitp.moe`), same name: the block's
+        # a mixture of experts in the MLP's place (`minitp.model.moe`), same name: the block's
         # forward does not change
         dense = SwiGLU if cfg.mlp == "swiglu" else MLP
         self.mlp = MoE(cfg, MLP(cfg) if cfg.shared_expert else None) if moe else dense(cfg)

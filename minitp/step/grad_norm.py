@@ -30,12 +30,12 @@ import math
 import torch
 import torch.nn as nn
 
-from .data_parallel.zero import zero_stage_of
-from .mixed_precision import grad_of
-from .rules import model_chunks
-from .runtime import comm, trace
-from .runtime.mesh import Mesh, world
-from .tags import is_expert_shard, tag
+from ..data_parallel.zero import zero_stage_of
+from ..mixed_precision import grad_of
+from ..rules import model_chunks
+from ..runtime import comm, trace
+from ..runtime.mesh import Mesh, world
+from ..sharding.tags import is_expert_shard, tag
 
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 

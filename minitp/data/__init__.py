@@ -1,0 +1,25 @@
+"""What the models read, made or found on this machine (nothing is downloaded).
+
+* `text`: the embedded corpus (the standard library's own source) and its batches;
+  its names are this package's too (`mt.data.load_tokens`, `mt.data.get_batch`, ...);
+* `images`: corpus lines rendered in a 3×5 bitmap font, one-byte patches, the
+  vision-language batches.
+"""
+
+from . import images
+from .text import (
+    HELD_OUT_FRACTION,
+    MAX_CORPUS_BYTES,
+    VOCAB_SIZE,
+    check_length,
+    corpus_files,
+    decode,
+    encode,
+    eval_batches,
+    get_batch,
+    load_tokens,
+    split,
+)
+
+__all__ = ["HELD_OUT_FRACTION", "MAX_CORPUS_BYTES", "VOCAB_SIZE", "check_length", "corpus_files",
+           "decode", "encode", "eval_batches", "get_batch", "images", "load_tokens", "split"]

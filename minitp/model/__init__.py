@@ -1,0 +1,16 @@
+"""The plain model on one device: no parallel code, ever (`minitp.parallelize` splits it).
+
+* `gpt`: the GPT, one forward, every step a module;
+* `config`: `GPTConfig`, the sizes and the parts (GPT-2's, or `GPTConfig.llama`'s);
+* `attention_core`: softmax(QKᵀ/√d + mask)·V, a module of its own;
+* `llama_layers`: RMSNorm, rotary positions, grouped-query attention, SwiGLU;
+* `moe`, `routing`, `expert_mlps`: the mixture of experts (layer, router, experts' MLPs);
+* `vision`: a vision-language model's encoder and projector.
+"""
+
+from .attention_core import ATTENTIONS, AttentionCore
+from .config import GPTConfig
+from .gpt import GPT, MLP, Block, CausalSelfAttention, CrossEntropy, LearnedPositions, TiedOutput
+
+__all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "CrossEntropy",
+           "GPTConfig", "LearnedPositions", "MLP", "TiedOutput"]
