@@ -72,7 +72,7 @@ def _track(dp, pp, tp, zero, microbatches, masters=True, arch="gpt2"):
 
 
 # (dp, pp, tp, ZeRO stage, microbatches, arch); GPT-2 at pp2·tp2 with SP and ZeRO-3 also
-# runs through the CLI (tests/test_train.py)
+# runs through the CLI (tests/train/test_train.py)
 @pytest.mark.parametrize("mesh", [(1, 1, 1, 0, 2, "gpt2"), (2, 1, 2, 1, 2, "gpt2"),
                                   (1, 2, 2, 0, 2, "llama"), (2, 1, 2, 3, 2, "gpt2")],
                          ids=["world1", "dp2-tp2-sp-zero1", "llama-pp2-tp2-sp",
