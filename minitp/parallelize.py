@@ -57,7 +57,8 @@ def label_pieces(model: GPT) -> None:
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
                 tp_overlap: bool = False, param_dtype=None, placement: str = "loop",
-                vision_layout: str = "replicated") -> ParallelGPT | PipelineGPT:
+                vision_layout: str = "replicated",
+                validated: bool = False) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
     tp: every layer is sharded by the plan table. pp: the layers are cut into
@@ -86,14 +87,19 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     master weights in the optimizer `mt.make_optimizer` gives (at ZeRO stages 2 and
     3 the float32 shards are the masters, and the gradients are widened to float32
     as they are reduce-scattered).
+
+    validated: the parent already ran `mt.check_parallel_config` with these sizes before
+    any process started (the CLI, a checkpoint's load), so this rank trusts them; left
+    False, this rank checks them here, once, before it builds anything.
     """
     if not isinstance(ref, GPT):
         raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
-    check_parallel_config(ref.cfg, mesh, sequence_parallel=sequence_parallel,
-                          recompute=recompute, virtual_stages=virtual_stages,
-                          zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
-                          tp_overlap=tp_overlap, placement=placement,
-                          vision_layout=vision_layout)
+    if not validated:
+        check_parallel_config(ref.cfg, mesh, sequence_parallel=sequence_parallel,
+                              recompute=recompute, virtual_stages=virtual_stages,
+                              zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
+                              tp_overlap=tp_overlap, placement=placement,
+                              vision_layout=vision_layout)
     model = copy.deepcopy(ref)
     if param_dtype is not None:
         model.to(param_dtype)

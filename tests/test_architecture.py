@@ -26,7 +26,7 @@ FLOORS = [
     (1, ["calc", "mixed_precision", "model.config", "model.attention_core", "data.images", "data",
          "runtime._device", "runtime.trace", "runtime.mesh", "runtime.peak", "runtime._pickling",
          "runtime._signals", "runtime._run",
-         "runtime._comm_buffers", "runtime._traced_op"]),
+         "runtime._comm_buffers", "runtime._traced_op", "runtime._collective_checks"]),
     (2, ["runtime.comm", "runtime.comm_pending", "runtime._worker", "runtime._forkserver",
          "runtime._failure_report"]),
     (3, ["runtime._rank_set", "runtime.launch", "runtime", "sharding", "tensor_parallel.mappings",

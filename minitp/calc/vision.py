@@ -61,7 +61,8 @@ from .memory import activation_bytes_per_layer, model_state_bytes
 from .params import encoder_params
 
 LAYOUTS = ("replicated", "tensor")
-PATCH_PIXELS = PATCH_W * PATCH_H  # minitp's patch: one byte of binary pixels (`minitp.model.vision`)
+# minitp's patch: one byte of binary pixels (`minitp.model.vision`)
+PATCH_PIXELS = PATCH_W * PATCH_H
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import torch
 
-from ..rules import IGNORE_INDEX, PATCH_H, PATCH_W
+from ..rules import CELL_H, CELL_W, IGNORE_INDEX, PATCH_H, PATCH_W, PATCHES_PER_CHAR
 from .text import check_length, eval_batches, get_batch
 
 GLYPH_W, GLYPH_H = 3, 5
-CELL_W, CELL_H = 4, 8  # one blank column after the glyph, rows above and below it
+# the cell (`minitp.rules.vision`: CELL_W x CELL_H) leaves one blank column after the glyph,
+# rows above and below it
 GLYPH_TOP = 1  # the glyph's first row in its cell
-PATCHES_PER_CHAR = (CELL_W // PATCH_W) * (CELL_H // PATCH_H)  # 4
 # Bit order, written once: byte = sum(pixel[r][c] << (7 - (r * PATCH_W + c))),
 # r in 0..3, c in 0..1 — the most significant bit is the top-left pixel.
 PATCH_BITS = torch.tensor([1 << (7 - i) for i in range(PATCH_H * PATCH_W)])

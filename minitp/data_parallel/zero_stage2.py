@@ -14,13 +14,13 @@ class ShardedGradSync:
     its gradient, the unit's flat gradient is reduce-scattered and the whole-size
     gradients are dropped. Every microbatch (``arm`` is accepted and ignored).
 
-    Under a zero-bubble schedule a backward comes in two parts (`minitp.tensor_parallel.weight_grad`):
-    B brings a unit's LayerNorm and bias gradients, W, perhaps after the next
-    microbatch's B, its linear weights'. The count still works: each of the step's
-    m·len(layout) arrivals is counted once, so the unit is reduced at every len(layout)-th
-    one and the last reduction comes with the last arrival; whatever a reduction finds in
-    the whole-size gradients (part of one microbatch, part of the next) is reduced once,
-    and reduce-scatter is linear, so the shard ends with the sum."""
+    Under a zero-bubble schedule a backward comes in two parts
+    (`minitp.tensor_parallel.weight_grad`): B brings a unit's LayerNorm and bias gradients, W,
+    perhaps after the next microbatch's B, its linear weights'. The count still works: each of
+    the step's m·len(layout) arrivals is counted once, so the unit is reduced at every
+    len(layout)-th one and the last reduction comes with the last arrival; whatever a reduction
+    finds in the whole-size gradients (part of one microbatch, part of the next) is reduced
+    once, and reduce-scatter is linear, so the shard ends with the sum."""
 
     def __init__(self, units: list[Unit]):
         self.units = units

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..data.images import PATCHES_PER_CHAR
-from ..rules import check_positive_int
+from ..rules import check_positive_int, default_vision_patches
 from ..rules.experts import check_moe_config
 from .attention_core import ATTENTIONS
 
@@ -19,12 +18,6 @@ LLAMA_PARTS = dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False)
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
-
-
-def default_vision_patches(seq_len: int) -> int:
-    """A vision-language model's image by default: half the sequence, in whole characters
-    of `minitp.data.images`'s font (`PATCHES_PER_CHAR` patches each)."""
-    return seq_len // 2 // PATCHES_PER_CHAR * PATCHES_PER_CHAR
 
 
 @dataclass

@@ -39,8 +39,9 @@ class _ExpertMLPs(torch.autograd.Function):
         x, fc_w, proj_w = ctx.saved_tensors
         counts, hs = ctx.counts, ctx.hs
         if any(he is None for he in hs):
-            raise RuntimeError("the experts' backward ran twice: minitp.model.expert_mlps frees its "
-                               "activations as it goes, so it cannot be run with retain_graph")
+            raise RuntimeError("the experts' backward ran twice: minitp.model.expert_mlps "
+                               "frees its activations as it goes, so it cannot be run with "
+                               "retain_graph")
         need_x, _, need_fc, need_fc_b, need_proj, need_proj_b = ctx.needs_input_grad
         g_x = torch.empty_like(x) if need_x else None
         g_fc = torch.empty_like(fc_w) if need_fc else None

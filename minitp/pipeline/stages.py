@@ -176,8 +176,8 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     `before_backward(chunk_index, microbatch)` is called before each backward and each
     weight pass (data parallelism arms its gradient sync there). A "B" whose (chunk,
     microbatch) also has a "W" in the order computes the input gradient and leaves the
-    linear layers' weight gradients to that "W" (`minitp.tensor_parallel.weight_grad`: the microbatch's
-    forward already keeps those weights out of the graph). placement: where the chunks
+    linear layers' weight gradients to that "W" (`minitp.tensor_parallel.weight_grad`: the
+    microbatch's forward already keeps those weights out of the graph). placement: where the chunks
     sit ("v": a stage whose neighbour is on this rank hands it the tensor directly).
     Returns the sum of the weighted losses this rank computed (0 off the last stage),
     float64.

@@ -1,50 +1,153 @@
-"""The rules (moved here; split by concept next)."""
+"""The rules: torch-free, each written once with its one message, read by the model, the
+axes, the calculator, the runtime and the CLI alike.
 
-from .parallel import (  # noqa: F401
-    IGNORE_INDEX,
-    LAYER_LABEL,
-    PARAM_DTYPES,
-    PATCH_H,
-    PATCH_W,
-    PLACEMENTS,
-    RECOMPUTE_MODES,
-    SCHEDULE_NAMES,
-    SEQ_DIM,
-    TOKEN_ID_DTYPE,
-    V_SCHEDULES,
-    ZERO_BUBBLE_SCHEDULES,
-    ZERO_STAGES,
-    ceil_div,
-    check_context_split,
+* `parallel`: `check_parallel_config`, the one validator of a parallel configuration
+  (what divides what), `check_step` (what a training step adds), the recompute modes, the
+  ZeRO stages, context parallelism's load-balanced chunks;
+* `heads`: whole heads, K/V heads split or replicated, whole MLP features over tp;
+* `schedules`: the pipeline schedules' names and needs, placements, the units' labels;
+* `experts`: what a mixture of experts may be, and what ep needs of the mesh;
+* `vision`: a vision encoder's layouts over tp; the image patch format;
+* `sizes`: positive sizes, equal slices; `tokens`: token ids and the ignored target;
+* `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL.
+"""
+
+from .experts import (
+    BALANCES,
+    ROUTERS,
+    check_ep_divides_dp_cp,
     check_expert_parallel,
-    check_microbatches,
+    check_moe_config,
+)
+from .heads import (
+    check_tp_widths,
+    kv_layout,
+)
+from .labels import (
+    LAYER_LABEL,
+    layer_label,
+    parse_layer_label,
+)
+from .parallel import (
+    PARAM_DTYPES,
+    RECOMPUTE_MODES,
+    ZERO_STAGES,
+    check_context_split,
     check_parallel_config,
     check_param_dtype,
-    check_placement,
-    check_positive_int,
     check_recompute,
-    check_schedule,
-    check_token_ids,
+    check_step,
     check_tp_overlap,
-    check_tp_widths,
-    check_vision_layout,
-    check_zero_bubble,
+    check_world_size,
     check_zero_stage,
     cp_chunks,
+)
+from .ring_bytes import (
+    ring_send_fraction,
+    ring_wire_bytes,
+)
+from .schedules import (
+    PLACEMENTS,
+    SCHEDULE_NAMES,
+    UNIT_KINDS,
+    V_SCHEDULES,
+    ZERO_BUBBLE_SCHEDULES,
+    check_microbatches,
+    check_placement,
+    check_schedule,
+    check_schedule_fits_pipeline,
+    check_zero_bubble,
     default_schedule,
     interleaving_fits,
-    kv_layout,
-    layer_label,
     minimum_microbatches,
     model_chunks,
     model_placement,
-    parse_layer_label,
     parse_unit_label,
     placement_of,
     rank_and_chunk,
-    ring_send_fraction,
-    ring_wire_bytes,
-    round_up,
     stage_of,
     unit_label,
 )
+from .sizes import (
+    ceil_div,
+    check_positive_int,
+    round_up,
+)
+from .tokens import (
+    IGNORE_INDEX,
+    SEQ_DIM,
+    TOKEN_ID_DTYPE,
+    check_token_ids,
+)
+from .vision import (
+    CELL_H,
+    CELL_W,
+    PATCH_H,
+    PATCH_W,
+    PATCHES_PER_CHAR,
+    VISION_LAYOUTS,
+    check_vision_layout,
+    default_vision_patches,
+)
+
+__all__ = [
+    "BALANCES",
+    "CELL_H",
+    "CELL_W",
+    "IGNORE_INDEX",
+    "LAYER_LABEL",
+    "PARAM_DTYPES",
+    "PATCHES_PER_CHAR",
+    "PATCH_H",
+    "PATCH_W",
+    "PLACEMENTS",
+    "RECOMPUTE_MODES",
+    "ROUTERS",
+    "SCHEDULE_NAMES",
+    "SEQ_DIM",
+    "TOKEN_ID_DTYPE",
+    "UNIT_KINDS",
+    "VISION_LAYOUTS",
+    "V_SCHEDULES",
+    "ZERO_BUBBLE_SCHEDULES",
+    "ZERO_STAGES",
+    "ceil_div",
+    "check_context_split",
+    "check_ep_divides_dp_cp",
+    "check_expert_parallel",
+    "check_microbatches",
+    "check_moe_config",
+    "check_parallel_config",
+    "check_param_dtype",
+    "check_placement",
+    "check_positive_int",
+    "check_recompute",
+    "check_schedule",
+    "check_schedule_fits_pipeline",
+    "check_step",
+    "check_token_ids",
+    "check_tp_overlap",
+    "check_tp_widths",
+    "check_vision_layout",
+    "check_world_size",
+    "check_zero_bubble",
+    "check_zero_stage",
+    "cp_chunks",
+    "default_schedule",
+    "default_vision_patches",
+    "interleaving_fits",
+    "kv_layout",
+    "layer_label",
+    "minimum_microbatches",
+    "model_chunks",
+    "model_placement",
+    "parse_layer_label",
+    "parse_unit_label",
+    "placement_of",
+    "rank_and_chunk",
+    "ring_send_fraction",
+    "ring_wire_bytes",
+    "round_up",
+    "stage_of",
+    "unit_label",
+]

@@ -42,6 +42,12 @@ def check_expert_parallel(cfg, ep: int, dp: int, cp: int) -> None:
     if cfg.n_experts % ep:
         raise ValueError(f"n_experts={cfg.n_experts} is not divisible by ep={ep}: every "
                          "expert-parallel rank holds the same number of whole experts")
+    check_ep_divides_dp_cp(ep, dp, cp)
+
+
+def check_ep_divides_dp_cp(ep: int, dp: int, cp: int) -> None:
+    """Expert parallelism is folded into the data-parallel ranks: dp·cp of them, cut into
+    runs of ep (the mesh's "ep" groups)."""
     if (dp * cp) % ep:
         raise ValueError(f"ep={ep} does not divide dp*cp={dp * cp}: expert parallelism is "
                          "folded into the data-parallel ranks (each group of ep of them "

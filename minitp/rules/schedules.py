@@ -28,6 +28,17 @@ UNIT_KINDS = ("F", "B", "W")
 PLACEMENTS = ("loop", "v")
 
 
+def model_placement(model) -> str:
+    """Where a model's pipeline chunks sit ("loop" unless it was built with placement="v")."""
+    return getattr(model, "placement", "loop")
+
+
+def model_chunks(model) -> list:
+    """The stages this rank's model holds: a pipeline's chunks (one per virtual stage),
+    or the model itself when it is a single stage (no pipeline, or the plain GPT)."""
+    return list(getattr(model, "chunks", [model]))
+
+
 def placement_of(schedule) -> str:
     """The placement a named schedule runs on ("loop" for a function or None)."""
     return "v" if schedule in V_SCHEDULES else "loop"
@@ -58,6 +69,14 @@ def check_placement(placement: str, pp: int, virtual_stages: int, zero_stage: in
         raise ValueError(f"placement 'v' with zero_stage={zero_stage}: its two copies of the "
                          "tied embedding sit on one rank, which ZeRO-2/3's sharded gradients "
                          "do not sum; use zero_stage 0 or 1")
+
+
+def check_schedule_fits_pipeline(schedule, pp: int) -> None:
+    """A schedule whose order is a V runs over two chunks on each of pp ≥ 2 ranks: with one
+    pipeline rank there is no V (the other schedules run at pp = 1 as plain microbatching)."""
+    if schedule in V_SCHEDULES and pp < 2:
+        raise ValueError(f"schedule {schedule!r} needs a pipeline of pp >= 2 ranks (got pp={pp}): "
+                         "its forward runs down the ranks and back up, a V")
 
 
 def check_schedule(schedule, virtual_stages: int = 1, placement: str = "loop") -> None:
@@ -115,8 +134,8 @@ def check_zero_bubble(schedule, pp: int, microbatches: int | None,
     """What a B/W-split schedule needs: the layers' weight gradients deferred by the
     linear layers themselves (ZeRO-2 reduces whatever has arrived, which adds up:
     `ShardedGradSync`; ZeRO-3's W reduces its unit's weight gradients on its own:
-    `minitp.tensor_parallel.weight_grad`; not the overlapped tensor-parallel GEMMs, which compute them
-    inside their own backward), and ZB-H2, ZBV and DualPipeV their microbatches."""
+    `minitp.tensor_parallel.weight_grad`; not the overlapped tensor-parallel GEMMs, which
+    compute them inside their own backward), and ZB-H2, ZBV and DualPipeV their microbatches."""
     if schedule not in ZERO_BUBBLE_SCHEDULES:
         return
     if tp_overlap:

@@ -1,5 +1,5 @@
 """What a vision-language model (`minitp.model.vision`) may be split into: its encoder's layout
-over tensor parallelism, and what it refuses — written once, read by
+over tensor parallelism, and what it refuses; the image format it reads — written once, read by
 `minitp.rules.check_parallel_config` and the CLI."""
 
 from __future__ import annotations
@@ -10,6 +10,19 @@ from .heads import check_tp_widths
 # every rank, as the course's source suggests for a small encoder) or "tensor" (its blocks
 # split like the decoder's): `minitp.tensor_parallel.vision`.
 VISION_LAYOUTS = ("replicated", "tensor")
+
+# The image format. A patch is 2 wide × 4 tall binary pixels, 8 bits, so exactly one byte id
+# (`minitp.data.images` draws them, `minitp.model.vision` reads them, `minitp.calc` counts
+# them); a character's cell in the font is 4 × 8 pixels, so 2 × 2 = 4 patches.
+PATCH_W, PATCH_H = 2, 4
+CELL_W, CELL_H = 4, 8
+PATCHES_PER_CHAR = (CELL_W // PATCH_W) * (CELL_H // PATCH_H)
+
+
+def default_vision_patches(seq_len: int) -> int:
+    """A vision-language model's image by default: half the sequence, in whole characters
+    (`PATCHES_PER_CHAR` patches each)."""
+    return seq_len // 2 // PATCHES_PER_CHAR * PATCHES_PER_CHAR
 
 
 def check_vision_layout(cfg, layout: str, tp: int, cp: int = 1) -> None:

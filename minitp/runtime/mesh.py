@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..rules import check_positive_int
+from ..rules import check_ep_divides_dp_cp, check_positive_int, check_world_size
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,7 @@ def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1,
     """
     _check_sizes(dp, pp, tp, cp)
     check_positive_int("ep", ep)
-    if (dp * cp) % ep:
-        raise ValueError(f"ep={ep} does not divide dp*cp={dp * cp}: expert parallelism is "
-                         "folded into the data-parallel ranks")
+    check_ep_divides_dp_cp(ep, dp, cp)
     grid = torch.arange(dp * pp * cp * tp).reshape(pp, dp, cp, tp)  # tp fastest, then cp
     groups = {
         "tp": grid.reshape(-1, tp).tolist(),
@@ -172,13 +170,7 @@ class Mesh:
         _check_sizes(dp, pp, tp, cp)
         _require_initialized("mt.Mesh(...)")
         world_size = dist.get_world_size()
-        if dp * pp * cp * tp != world_size:
-            sizes = f"dp={dp}, pp={pp}, " + (f"cp={cp}, " if cp > 1 else "") + f"tp={tp}"
-            product = "dp*pp*cp*tp" if cp > 1 else "dp*pp*tp"
-            raise ValueError(
-                f"Mesh({sizes}) needs {product} = {dp * pp * cp * tp} ranks, "
-                f"but this run has world size {world_size}"
-            )
+        check_world_size(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
         self.dp_size, self.pp_size, self.cp_size, self.tp_size = dp, pp, cp, tp
         self.ep_size = ep
         me = dist.get_rank()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..context_parallel.split import split_sequence
-from ..data_parallel.zero import zero_stage_of
 from ..model.moe import moe_layers, update_expert_bias
 from ..pipeline.schedules import SCHEDULES
 from ..pipeline.stages import run_schedule
 from ..rules import (
     IGNORE_INDEX,
-    check_parallel_config,
+    check_step,
     check_token_ids,
     default_schedule,
     model_chunks,
@@ -55,10 +54,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     _check_ids(model, x, y)
     chunks = model_chunks(model)
     v, placement = len(chunks), model_placement(model)
-    check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
-                          virtual_stages=v, schedule=schedule, microbatches=microbatches,
-                          batch_size=x.shape[0], zero_stage=zero_stage_of(model),
-                          tp_overlap=chunks[0].tp_overlap, placement=placement)
+    _check_step_once(model, mesh, schedule, microbatches, x.shape[0])
     schedule = schedule or default_schedule(v, placement)
     make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
@@ -88,14 +84,30 @@ def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     x, y = batch
     _check_ids(model, x, y)
     chunks, placement = model_chunks(model), model_placement(model)
-    check_parallel_config(model.cfg, mesh, sequence_parallel=model.sequence_parallel,
-                          virtual_stages=len(chunks), microbatches=microbatches,
-                          batch_size=x.shape[0], placement=placement)
+    _check_step_once(model, mesh, None, microbatches, x.shape[0])
     pairs, weights = _my_microbatches(x, y, mesh, microbatches)
     order = [("F", k, i) for k in range(len(chunks)) for i in range(len(pairs))]
     with torch.no_grad():
         return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights,
                                         placement=placement), mesh)
+
+
+def _check_step_once(model, mesh: Mesh, schedule, microbatches, rows: int) -> None:
+    """The model was checked when it was split (`parallelize`); a step adds its schedule,
+    microbatches and batch rows, checked the first time the model sees them (a training
+    loop passes the same ones every step)."""
+    seen = getattr(model, "_steps_checked", None)
+    if seen is None:
+        seen = model._steps_checked = set()
+    key = (schedule if isinstance(schedule, str) or schedule is None else id(schedule),
+           microbatches, rows)
+    if key in seen:
+        return
+    chunks = model_chunks(model)
+    check_step(schedule, microbatches, rows, dp=mesh.dp.size, pp=mesh.pp.size,
+               virtual_stages=len(chunks), placement=model_placement(model),
+               tp_overlap=chunks[0].tp_overlap)
+    seen.add(key)
 
 
 def _check_ids(model, x, y) -> None:

@@ -55,7 +55,8 @@ def capacity_question(seed=None) -> Question:
         ],
         worked=lambda p: (
             f"C = ⌈f·T·k/E⌉ = ⌈{p['f']}·{p['T']}·{p['k']}/{p['E']}⌉ = "
-            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} (`minitp.model.routing.capacity`). "
+            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} "
+            "(`minitp.model.routing.capacity`). "
             "The sequence's k·T assignments queue slot by slot (every token's first choice in "
             "position order, then every second choice); an assignment past an expert's "
             f"{value(p)}th is dropped."),

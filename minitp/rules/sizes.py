@@ -1,0 +1,21 @@
+"""Whole numbers: what a size must be, and how a size is cut into k equal slices."""
+
+from __future__ import annotations
+
+
+def check_positive_int(name: str, value) -> int:
+    """`value`, if it is a positive int (not a bool); else a ValueError naming `name`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def ceil_div(n: int, k: int) -> int:
+    """⌈n / k⌉ in integers: the size of each of k equal slices that hold n (padded)."""
+    return -(-n // k)
+
+
+def round_up(n: int, k: int) -> int:
+    """n rounded up to a multiple of k: what a flat vector or a vocabulary is padded to
+    so that k ranks hold equal slices (collectives need equal shapes)."""
+    return ceil_div(n, k) * k

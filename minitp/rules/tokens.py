@@ -1,0 +1,31 @@
+"""What a batch holds: token ids (their dtype and range), the ignored target, the sequence dim."""
+
+from __future__ import annotations
+
+IGNORE_INDEX = -100  # a target that contributes nothing to the loss (PyTorch's default)
+SEQ_DIM = 1  # token ids are (batch, seq); activations (batch, seq, hidden)
+TOKEN_ID_DTYPE = "int64"  # token ids are torch.long, in the plain GPT and every parallel model
+
+
+def check_token_ids(ids, vocab_size: int, what: str = "token id", ignore_index=None) -> None:
+    """Token ids are int64 (else a TypeError), and every id is in [0, vocab_size) (or
+    equal to `ignore_index`), else a ValueError naming the first bad one.
+
+    One dtype, refused alike everywhere: torch's own rules differ by op (an embedding
+    takes int32 ids, cross-entropy refuses int32 targets), so without this an int32
+    batch trained in a parallel model and raised in the plain GPT. An out-of-range id
+    would otherwise index a padded vocabulary row (an `inf` loss) or, on another rank,
+    nothing at all (a silent, finite, wrong loss). Works on any tensor without
+    importing torch here."""
+    dtype = str(ids.dtype).removeprefix("torch.")
+    if dtype != TOKEN_ID_DTYPE:
+        raise TypeError(f"{what}s must be {TOKEN_ID_DTYPE} (torch.long), got {dtype}: "
+                        "convert them with .long()")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if ignore_index is not None:
+        bad = bad & (ids != ignore_index)
+    if bad.any():
+        first = int(ids[bad].reshape(-1)[0])
+        allowed = f"[0, {vocab_size})" + ("" if ignore_index is None
+                                         else f" or the ignore index {ignore_index}")
+        raise ValueError(f"{what} {first} is outside the vocabulary: it must be in {allowed}")
