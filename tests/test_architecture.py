@@ -36,7 +36,7 @@ FLOORS = [
     (5, ["tensor_parallel", "context_parallel", "recompute", "parallel_gpt", "pipeline.schedules",
          "pipeline.on_paper",
          "data_parallel.grad_sync", "data_parallel.zero_stage1"]),
-    (6, ["pipeline", "data_parallel", "expert_parallel"]),
+    (6, ["pipeline", "data_parallel", "expert_parallel"]),  # (pipeline.stages and .executor)
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory"]),
     (9, ["course.viz"]),

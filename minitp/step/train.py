@@ -6,8 +6,8 @@ import torch
 
 from ..context_parallel.split import split_sequence
 from ..model.moe import moe_layers, update_expert_bias
+from ..pipeline.executor import run_schedule
 from ..pipeline.schedules import SCHEDULES
-from ..pipeline.stages import run_schedule
 from ..rules import (
     IGNORE_INDEX,
     check_step,

@@ -16,9 +16,9 @@ import torch
 from helpers import assert_every_mesh_matches, train_meshes
 
 import minitp as mt
+from minitp.pipeline.executor import check_split_order
 from minitp.pipeline.on_paper import overlapped_pairs, simulate
 from minitp.pipeline.schedules import SCHEDULES
-from minitp.pipeline.stages import check_split_order
 from minitp.tensor_parallel.weight_grad import DeferredWeightGrads, linear
 
 TOLERANCE = 1e-10
