@@ -5,14 +5,15 @@
     mesh = mt.Mesh(dp=1, pp=1, tp=4)       # inside fn: the rank grid and its groups
     y = mt.comm.all_reduce(x, mesh.tp)     # traced collectives
 
-Where each concept lives (one sub-package per axis, the course apart):
-runtime/ (launch, mesh, comm, trace), tensor_parallel/, context_parallel/, pipeline/,
-data_parallel/ (with ZeRO 1-3), memory/ (measured), calc/ (modelled), checkpoint/,
-train/ (``python -m minitp.train``), course/ (graders, labs, pictures, doctor); and at
-the top the model, `parallelize`, `train_step` and the rules they share.
+Where each concept lives: model/ (one device, no parallel code), rules/ (what may be split
+how, torch-free), runtime/ (launch, mesh, comm, trace), one package per axis
+(tensor_parallel/, context_parallel/, pipeline/, data_parallel/ with ZeRO 1-3,
+expert_parallel/), sharding/ (plain -> shards and back), step/ (mt.train_step), data/,
+memory/ (measured), calc/ (modelled), checkpoint/, train/ (``python -m minitp.train``);
+the course (graders, labs, pictures, doctor) in course/, never loaded by ``import minitp``.
 """
 
-from . import calc, checkpoint, context_parallel, memory
+from . import calc, checkpoint, context_parallel, data, memory, rules
 from .data_parallel import make_optimizer
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
@@ -38,13 +39,22 @@ from .tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 
-# What a learner types in the lessons; everything else is reached through its sub-package.
+# What the lessons type, and nothing else (tests/test_docs.py keeps the two the same);
+# everything else is reached through its sub-package.
 __all__ = [
-    "Axis", "CollectiveTimeout", "ColumnParallelLinear", "GPT", "GPTConfig", "LaunchError",
-    "Mesh", "RowParallelLinear", "VocabParallelEmbedding", "calc", "check_parallel_config",
-    "checkpoint", "comm", "context_parallel", "device", "grade", "labs", "launch", "layout",
-    "make_optimizer", "mappings", "memory", "parallelize", "question", "trace", "train_step",
-    "viz", "vocab_parallel_cross_entropy", "world",
+    # launching ranks and what they did
+    "launch", "LaunchError", "CollectiveTimeout", "world", "device", "Mesh", "Axis", "layout",
+    "comm", "trace",
+    # the model and its split
+    "GPT", "GPTConfig", "parallelize", "train_step", "make_optimizer", "check_parallel_config",
+    "rules", "data",
+    # the layers, by hand
+    "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+    "vocab_parallel_cross_entropy", "mappings", "context_parallel",
+    # measured, modelled, saved
+    "memory", "calc", "checkpoint",
+    # the course, imported on first use
+    "grade", "question", "viz",
 ]
 
 

@@ -8,6 +8,7 @@ Nothing here imports minitp: the pages and the tree are read as files.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -150,3 +151,61 @@ def test_every_module_and_subpackage_of_minitp_is_in_the_repository_map():
     assert not unmapped, (
         f"docs/repository.md's map does not say where these stand: {unmapped} "
         "(add each, with a line on what it holds, under minitp/)")
+
+
+# --------------------------------------------------------------------------- dotted paths
+DOTTED = re.compile(r"`+(minitp(?:\.[A-Za-z_]\w*)+)")
+
+
+def _texts_with_paths():
+    """README, docs/ and every docstring and comment of minitp/: where a reader meets a
+    backticked `minitp.…` path and may type it."""
+    yield ROOT / "README.md"
+    yield from sorted((ROOT / "docs").glob("*.md"))
+    yield from sorted(PACKAGE.rglob("*.py"))
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_backticked_minitp_path_resolves():
+    """A path a page or a docstring names is one a reader can import: after a move, the
+    old names fail here rather than in a learner's notebook."""
+    broken = sorted({f"{path.relative_to(ROOT)}: {dotted}" for path in _texts_with_paths()
+                     for dotted in DOTTED.findall(path.read_text()) if not _resolves(dotted)})
+    assert not broken, "these minitp paths name nothing:\n" + "\n".join(broken)
+
+
+def test_the_checker_of_paths_can_fail():
+    assert _resolves("minitp.rules.check_parallel_config")
+    assert not _resolves("minitp.rules.no_such_rule")
+    assert not _resolves("minitp.head_rules")
+
+
+def test_the_facade_declares_what_the_lessons_type():
+    """`mt.__all__` is the course's surface: every `mt.name` a lesson, an exercise, a
+    solution or README's one-screen API types, and nothing they do not."""
+    import minitp as mt
+
+    typed = set(re.findall(r"\bmt\.([A-Za-z_]\w*)", (ROOT / "README.md").read_text()))
+    for folder in ("notebooks", "exercises", "solutions"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".ipynb", ".py"):
+                typed |= set(re.findall(r"\bmt\.([A-Za-z_]\w*)", path.read_text()))
+    typed -= {"__version__"}
+    declared = set(mt.__all__)
+    assert typed == declared, (f"typed but not declared: {sorted(typed - declared)}; "
+                               f"declared but never typed: {sorted(declared - typed)}")
