@@ -12,8 +12,8 @@ import hashlib
 import json
 import os
 import pickle
+import secrets
 import shutil
-import tempfile
 from dataclasses import fields
 
 import torch
@@ -48,7 +48,7 @@ def write_checkpoint(directory: str, weights: dict, optim: dict | None, meta: di
     os.makedirs(parent, exist_ok=True)
     _recover(path)
     _remove_leftovers(path)
-    staging = tempfile.mkdtemp(prefix=f".{base}.partial-{os.getpid()}-", dir=parent)
+    staging = _make_staging(parent, f".{base}.partial-{os.getpid()}-")
     files = {"model.pt": weights} | ({"optimizer.pt": optim} if optim is not None else {})
     manifest = {}
     for name, obj in files.items():
@@ -66,6 +66,19 @@ def write_checkpoint(directory: str, weights: dict, optim: dict | None, meta: di
     else:
         os.rename(staging, path)
         _fsync_directory(parent)
+
+
+def _make_staging(parent: str, prefix: str) -> str:
+    """A new hidden directory `prefix` + random letters under `parent`, with the mode the
+    umask gives (0755 under 022, like any directory the user makes), not mkdtemp's 0700:
+    renamed into place it is the checkpoint, and a classmate must be able to read it."""
+    while True:
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)  # 0o777 & ~umask; fails rather than reuse a name
+        except FileExistsError:
+            continue
+        return path
 
 
 def _write(path: str, write) -> None:
