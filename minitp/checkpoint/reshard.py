@@ -151,11 +151,14 @@ def dense_expert_biases(model, mesh: Mesh) -> dict:
     return {f"blocks.{i}.mlp.router.expert_bias": table[i].clone() for i in moe}
 
 
-def load_dense(directory: str) -> tuple[GPT, dict, dict | None]:
+def load_dense(directory: str, config: GPTConfig | None = None
+               ) -> tuple[GPT, dict, dict | None]:
     """The plain GPT of a checkpoint, its meta, and its dense Adam state (or None).
-    No process group needed: this is also how a single process reads one."""
+    No process group needed: this is also how a single process reads one.
+    config: the GPTConfig to build (default the checkpoint's); it must hold the same
+    tensors (e.g. another top_k: `minitp.train`'s --load applies the routing flags)."""
     meta = read_meta(directory)
-    cfg = GPTConfig(**meta["config"])
+    cfg = GPTConfig(**meta["config"]) if config is None else config
     ref = _gpt_from(cfg, torch.load(os.path.join(directory, "model.pt"), weights_only=True))
     optim = None
     if meta["has_optimizer"]:
@@ -172,20 +175,21 @@ def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
 
 def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
          virtual_stages: int = 1, optimizer_factory=None, device=None, zero_stage: int = 0,
-         tp_overlap: bool = False, placement: str = "loop", vision_layout: str = "replicated"):
+         tp_overlap: bool = False, placement: str = "loop", vision_layout: str = "replicated",
+         config: GPTConfig | None = None):
     """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
 
     device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
     zero_stage: the ZeRO stage to resume at, whatever stage wrote the file.
     tp_overlap, placement, vision_layout: as `mt.parallelize`'s (they change how a step
-    runs, not what is saved).
+    runs, not what is saved). config: as `load_dense`'s.
 
     optimizer_factory: called with the tensors this rank steps (e.g.
     ``lambda params: torch.optim.Adam(params, lr=1e-3)``): the parallel model's
     parameters, or at a ZeRO stage its shards (through `mt.make_optimizer`);
     the saved Adam state is resharded into it. None: no optimizer (returned as None).
     """
-    ref, meta, dense_optim = load_dense(directory)
+    ref, meta, dense_optim = load_dense(directory, config)
     device = _device.device() if device is None else device
     ref = ref.to(device)
     plan = dict(sequence_parallel=sequence_parallel, recompute=recompute,

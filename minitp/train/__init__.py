@@ -3,6 +3,7 @@
 * `cli`: the parent — checks the flags, launches the ranks, trains the --check
   reference, writes the run directory (``main``).
 * `flags`: the flags and every check on them, run before any process starts.
+* `model_flags`: every model flag used or refused (with --load: what the checkpoint fixes).
 * `rank`: what every rank runs: build (or load) the model, train, evaluate, save.
 """
 

@@ -49,6 +49,7 @@ from .flags import (
     validate,
     world_size_of,
 )
+from .model_flags import DTYPE
 from .rank import lr_at, run_rank, set_lr, step_seed
 
 
@@ -63,9 +64,9 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
     """The plain GPT trained in this process on the batches, schedule and optimizer
     the ranks use (or resumed from --load); in float64 for a mixed-precision run,
     which it then shows how closely bf16 tracks. Returns (model, per-step losses)."""
-    dtype = torch.float64 if uses_mixed_precision(args) else getattr(torch, args.dtype)
-    if args.load:
-        ref, _, dense_optim = checkpoint.load_dense(args.load)
+    dtype = torch.float64 if uses_mixed_precision(args) else getattr(torch, args.dtype or DTYPE)
+    if args.load:  # cfg: the checkpoint's, with the routing flags given (model_flags)
+        ref, _, dense_optim = checkpoint.load_dense(args.load, config=cfg)
         optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
         if dense_optim is not None:
             checkpoint.load_dense_optimizer(ref, optimizer, dense_optim)
@@ -98,9 +99,7 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    cfg, train_tokens, eval_tokens, start_step = validate(args, parser)
-    if args.load:
-        args.dtype = checkpoint.read_meta(args.load)["dtype"]
+    cfg, train_tokens, eval_tokens, start_step = validate(args, parser)  # args: what runs
     try:
         return _train(args, cfg, train_tokens, eval_tokens, start_step)
     except KeyboardInterrupt:
@@ -175,7 +174,8 @@ def _utilisation(cfg, args, lead, run_peak) -> dict:
 # --------------------------------------------------------------------------- run directory
 def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=None) -> None:
     """metrics.json and four pictures: loss.png, memory.png, comm.png, timeline.png
-    (drawn by `minitp.course.viz.run` from the same numbers metrics.json holds)."""
+    (drawn by `minitp.course.viz.run` from the same numbers metrics.json holds; a
+    one-process run's comm.png says that nothing was sent)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed, none opened
@@ -207,15 +207,27 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
 
+    measured = sent if any(v is not None for v in sent.values()) else None
     figures = {
         "loss": viz.run_losses(steps, lead["losses"], lead["evals"], reference=reference,
                                title=sizes_text(args)),
         "memory": viz.run_memory(metrics["memory_per_rank"]),
-        "comm": viz.run_wire_bytes(comm_bytes, measured=sent if any(
-            v is not None for v in sent.values()) else None),
+        "comm": (viz.run_wire_bytes(comm_bytes, measured=measured) if comm_bytes
+                 else _nothing_sent()),  # one process: nothing sent
         "timeline": viz.timeline(run, title=f"step {args.steps}, every rank (F0/B0: forward/"
                                             f"backward of microbatch 0)"),
     }
     for name, fig in figures.items():
         fig.savefig(os.path.join(out, f"{name}.png"), dpi=100, bbox_inches="tight")
+
+
+def _nothing_sent():
+    """comm.png of a run whose ranks sent nothing (one process): a line that says so. A
+    chart of no bars would have an empty y range (matplotlib warns of identical ylims)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 0.6))
+    fig.text(0.5, 0.5, "bytes on the wire per axis, one step: none (one process: no "
+                       "communication)", ha="center", va="center", fontsize=10)
+    return fig
 

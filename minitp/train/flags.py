@@ -11,14 +11,14 @@ import os
 import torch
 
 from .. import checkpoint, data
-from ..model import GPTConfig
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
-from .model_options import ARCHS, arch_options, moe_options
+from . import model_flags
+from .model_flags import DTYPE, MODEL_SIZES, capacity_factor
+from .model_options import ARCHS
 
-MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
 # longer than the context, which it never leaves; at 0.8 it leaves one after ~90 spaces;
 # at 0.9 it keeps Python's shape (docs/default-run.md).
@@ -48,21 +48,33 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp-overlap", action="store_true",
       help="overlap sequence parallelism's all-gathers and reduce-scatters with the GEMMs, "
            "chunk by chunk (needs --sp and --tp > 1)")
+    # The model's flags default to None, so that --load can tell a flag given from one left
+    # out. With --load the checkpoint fixes the model's tensors: a flag that would change
+    # them is refused if it differs, the routing flags apply (`minitp.train.model_flags`).
     a("--arch", choices=ARCHS, default=None, help="gpt2 (default), llama (RMSNorm, rotary "
-      "positions, SwiGLU, no biases) or vlm (llama reading a rendered image of its text)")
+      "positions, SwiGLU, no biases) or vlm (llama reading a rendered image of its text); "
+      "with --load, the checkpoint's")
     a("--vision-layout", choices=VISION_LAYOUTS, default="replicated",
       help="--arch vlm's encoder over tp: whole on every rank (default), or split (tensor)")
     a("--n-kv-head", type=int, default=None, metavar="K", help="--arch llama's K/V heads, "
-      "shared by groups of query heads (default: one per query head; 1: multi-query)")
-    a("--experts", type=int, default=0, metavar="E",
-      help="a mixture of experts in every layer's MLP place: E experts (default 0: dense)")
-    a("--top-k", type=int, default=2, metavar="K", help="experts per token (default 2)")
+      "shared by groups of query heads (default: one per query head; 1: multi-query); with "
+      "--load, the checkpoint's (another K is refused)")
+    a("--experts", type=int, default=None, metavar="E",
+      help="a mixture of experts in every layer's MLP place: E experts (default 0: dense); "
+           "with --load, the checkpoint's")
+    a("--top-k", type=int, default=None, metavar="K",
+      help="experts per token (needs --experts; default 2; with --load, the checkpoint's "
+           "unless given, and then K applies)")
     a("--ep", type=int, default=1, help="expert-parallel size, folded into dp*cp: each group "
                                         "of ep ranks shares out the experts (default 1)")
-    a("--capacity-factor", type=float, default=None, metavar="F",
-      help="each expert takes at most ceil(F*T*K/E) tokens per sequence (default: dropless)")
-    a("--balance", choices=BALANCES, default="aux",
-      help="load balancing: Switch's aux loss, DeepSeek-V3's expert bias, or none")
+    a("--capacity-factor", type=capacity_factor, default=None, metavar="F",
+      help="each expert takes at most ceil(F*T*K/E) tokens per sequence, or 'dropless' "
+           "(needs --experts; default dropless; with --load, the checkpoint's unless given, "
+           "and then F applies)")
+    a("--balance", choices=BALANCES, default=None,
+      help="load balancing: Switch's aux loss, DeepSeek-V3's expert bias, or none (needs "
+           "--experts; default aux; with --load, the checkpoint's unless given, and then it "
+           "applies)")
     a("--recompute", choices=("selective", "full"), default=None)
     a("--schedule", choices=SCHEDULE_NAMES, default="1f1b",
       help="the pipeline's order; zb-h1 and zb-h2 split each backward into B and W, zbv and "
@@ -82,10 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="also train the single-process GPT on the same batches; report the largest "
            "loss difference")
     a("--save", metavar="DIR", help="write a checkpoint here at the end")
-    a("--load", metavar="DIR", help="resume from this checkpoint (its sizes win; --steps is "
-                                    "the total, counting the steps already done)")
-    # The model's sizes default to None so that --load can tell a size given on the
-    # command line (and refuse one the checkpoint contradicts) from one left out.
+    a("--load", metavar="DIR", help="resume from this checkpoint (it fixes the model: a size, "
+      "--arch, --n-kv-head, --experts or --dtype that differs is refused; --top-k, "
+      "--capacity-factor, --balance apply; --steps is the total, counting the steps done)")
     for flag, default in MODEL_SIZES.items():
         a(f"--{flag}", type=int, default=None, help=f"(default {default}; with --load, the "
                                                     "checkpoint's)")
@@ -100,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lr-decay-steps", type=int, default=None, metavar="N",
       help="the step where the cosine ends (default --steps; give the same N to a run "
            "and to its resumed continuation so both follow one schedule)")
-    a("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
-      help="bfloat16: mixed precision (bf16 parameters and activations, float32 gradients "
-           "and master weights; --check then compares with a float64 reference)")
+    a("--dtype", choices=("float32", "float64", "bfloat16"), default=None,
+      help=f"bfloat16: mixed precision (bf16 parameters and activations, float32 gradients "
+           f"and master weights; --check then compares with a float64 reference; default "
+           f"{DTYPE}; with --load, the checkpoint's)")
     a("--eval-every", type=int, default=40, help="steps between evaluations (default 40)")
     a("--eval-batches", type=int, default=8)
     a("--sample-tokens", type=int, default=200, help="bytes of text sampled at the end")
@@ -129,7 +141,7 @@ def validate(args, parser):
     run that `train_step` would refuse on every rank is refused here, once."""
     for name in ("dp", "pp", "cp", "tp", "ep", "top_k", "microbatches", "virtual_stages",
                  "steps", "batch_size", "eval_every", "eval_batches"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # None: left out
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if placement_of(args.schedule) == "v" and args.virtual_stages == 1:  # implied by a V
         args.virtual_stages = 2
@@ -148,32 +160,19 @@ def validate(args, parser):
             meta = checkpoint.read_meta(args.load)
         except (OSError, ValueError) as exc:
             parser.error(f"--load: {exc}")
-        cfg = GPTConfig(**meta["config"])
         start_step = meta["step"]
         if args.steps <= start_step:
             parser.error(f"--steps {args.steps}: the checkpoint is already at step {start_step}")
-        for flag in MODEL_SIZES:
-            given, saved = getattr(args, flag.replace("-", "_")), getattr(cfg, flag.replace(
-                "-", "_"))
-            if given is not None and given != saved:
-                parser.error(f"--{flag} {given}: the checkpoint's model has {saved} (its sizes "
-                             f"are the run's; leave --{flag} out)")
-        if args.arch is not None and args.arch != cfg.arch:
-            parser.error(f"--arch {args.arch}: the checkpoint's model is {cfg.arch} (leave "
-                         "--arch out)")
-        if args.experts and args.experts != cfg.n_experts:
-            parser.error(f"--experts {args.experts}: the checkpoint's model has "
-                         f"{cfg.n_experts} (leave --experts out)")
-    else:
-        for flag, default in MODEL_SIZES.items():
-            if getattr(args, flag.replace("-", "_")) is None:
-                setattr(args, flag.replace("-", "_"), default)
         try:
-            cfg = GPTConfig(vocab_size=data.VOCAB_SIZE, n_layer=args.n_layer,
-                            d_model=args.d_model, n_head=args.n_head, seq_len=args.seq_len,
-                            **arch_options(args), **moe_options(args))
+            cfg = model_flags.config_from_checkpoint(args, meta)  # fixed refused, routing used
         except ValueError as exc:
             parser.error(str(exc))
+    else:
+        try:
+            cfg = model_flags.new_model_config(args)  # defaults; MoE's flags need --experts
+        except ValueError as exc:
+            parser.error(str(exc))
+    model_flags.record_config(args, cfg)  # args now say what runs: metrics.json records them
     world = world_size_of(args)
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
         product = "dp*pp*cp*tp" if args.cp > 1 else "dp*pp*tp"
@@ -258,7 +257,8 @@ def memory_needed(args, cfg) -> dict:
 
     # bf16 with float32 gradients and masters: the 18-byte layout
     mixed = uses_mixed_precision(args)
-    scale = 1 if mixed else torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 4
+    dtype = getattr(torch, args.dtype or DTYPE)  # None: left out, before `validate`
+    scale = 1 if mixed else torch.tensor([], dtype=dtype).element_size() / 4
     world = world_size_of(args)
     micro = max(1, args.batch_size // (args.dp * args.microbatches))
     on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,

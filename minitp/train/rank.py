@@ -72,7 +72,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         plan["param_dtype"] = torch.bfloat16
     if args.load:
         model, optimizer, _ = checkpoint.load(args.load, mesh, optimizer_factory=new_optimizer,
-                                              **plan)
+                                              config=cfg, **plan)  # the routing flags applied
     else:
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)

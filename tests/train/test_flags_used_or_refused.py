@@ -1,0 +1,174 @@
+"""Every flag of `python -m minitp.train` is used or refused, never silently ignored
+(`minitp.train.model_flags`): with --load a flag the checkpoint fixes is refused if it
+differs and a routing flag is applied; a mixture of experts' flag without --experts is
+refused; metrics.json's ``args`` say what ran; a one-process run prints no warning.
+
+The refusals are checked in process (the parent refuses before any rank starts); two
+tiny one-process runs check what only a run shows.
+"""
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import minitp as mt
+from minitp import checkpoint, data, train
+from minitp.model.config import LLAMA_PARTS
+
+TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
+        "--batch-size", "4", "--microbatches", "1", "--eval-every", "2", "--eval-batches", "1",
+        "--sample-tokens", "4", "--dtype", "float64", "--no-progress",
+        "--dp", "1", "--pp", "1", "--tp", "1"]
+ONE_PROCESS = ["--dp", "1", "--pp", "1", "--tp", "1", "--steps", "5"]
+
+
+def _no_launch(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started: the flag was not refused")
+
+    monkeypatch.setattr(sys.modules["minitp.runtime.launch"], "launch", no_launch)
+
+
+def _fake_checkpoint(directory, dtype="float32", **config):
+    """A checkpoint whose meta.json holds `config` (and placeholder tensors, sealed in its
+    manifest): all that the checks before any process starts read."""
+    directory.mkdir()
+    files = {}
+    for name in ("model.pt", "optimizer.pt"):
+        buffer = io.BytesIO()
+        torch.save({"placeholder": torch.zeros(1)}, buffer)
+        (directory / name).write_bytes(buffer.getvalue())
+        files[name] = {"bytes": len(buffer.getvalue()),
+                       "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+    sizes = dict(vocab_size=data.VOCAB_SIZE, n_layer=2, d_model=32, n_head=4, seq_len=16)
+    meta = {"format": checkpoint.FORMAT, "config": asdict(mt.GPTConfig(**sizes, **config)),
+            "step": 3, "dtype": dtype, "topology": {"dp": 1, "pp": 1, "tp": 1},
+            "has_optimizer": True, "extra": {}, "files": files}
+    (directory / "meta.json").write_text(json.dumps(meta))
+    return str(directory)
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    return {
+        "dense": _fake_checkpoint(tmp_path / "dense"),
+        "llama": _fake_checkpoint(tmp_path / "llama", **LLAMA_PARTS, n_kv_head=2),
+        "moe": _fake_checkpoint(tmp_path / "moe", n_experts=4, top_k=2, balance="aux"),
+    }
+
+
+REFUSED_ON_LOAD = [  # (checkpoint, flags, the one line's message)
+    ("llama", ["--n-kv-head", "4"], "--n-kv-head 4: the checkpoint's model has 2 K/V heads "
+                                    "(they fix its attention's weights; leave --n-kv-head out)"),
+    ("dense", ["--n-kv-head", "4"], "--n-kv-head 4: the checkpoint's model is gpt2, one K/V "
+                                    "head per query head"),
+    ("dense", ["--dtype", "float64"], "--dtype float64: the checkpoint's weights are float32 "
+                                      "and resume so (leave --dtype out)"),
+    ("moe", ["--experts", "0"], "--experts 0: the checkpoint's model has 4 (leave --experts out)"),
+    ("dense", ["--top-k", "1"], "--top-k 1: the checkpoint's model is dense, with no router to "
+                                "set (leave --top-k out)"),
+    ("dense", ["--capacity-factor", "1.5"], "--capacity-factor 1.5: the checkpoint's model is "
+                                            "dense"),
+    ("dense", ["--balance", "bias"], "--balance bias: the checkpoint's model is dense"),
+    ("moe", ["--top-k", "5"], "top_k=5 is more than n_experts=4"),  # applied, then checked
+]
+
+
+@pytest.mark.parametrize("which,flags,message", REFUSED_ON_LOAD,
+                         ids=[f"{c[0]}{'_'.join(c[1])}" for c in REFUSED_ON_LOAD])
+def test_a_flag_the_checkpoint_fixes_is_refused_on_load(which, flags, message, checkpoints,
+                                                        capsys, monkeypatch):
+    _no_launch(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        train.main([*ONE_PROCESS, "--load", checkpoints[which], *flags])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags", [["--top-k", "1"], ["--capacity-factor", "1.25"],
+                                   ["--balance", "bias"], ["--capacity-factor", "dropless"]])
+def test_an_moe_flag_without_experts_is_refused(flags, capsys, monkeypatch):
+    """Once a dense run trained, the flag dropped; now one line names it and what to add."""
+    _no_launch(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        train.main([*ONE_PROCESS, *flags])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (f"python -m minitp.train: error: {flags[0]} {flags[1]}: a dense model has no "
+                   "router to set; add --experts E for a mixture of E experts (--help lists "
+                   "every flag)\n")
+
+
+def _validated(argv):
+    parser = train.build_parser()
+    args = parser.parse_args(argv)
+    cfg = train.validate(args, parser)[0]
+    return args, cfg
+
+
+def test_the_routing_flags_apply_on_load_and_args_say_what_runs(checkpoints):
+    """The routing a resumed run may change is applied; everything else is the
+    checkpoint's, and args (metrics.json's "args") show it, not the flags' defaults."""
+    args, cfg = _validated([*ONE_PROCESS, "--load", checkpoints["moe"], "--top-k", "1",
+                            "--capacity-factor", "1.5", "--balance", "none"])
+    assert (cfg.top_k, cfg.capacity_factor, cfg.balance) == (1, 1.5, "none")
+    assert (args.top_k, args.capacity_factor, args.balance) == (1, 1.5, "none")
+    args, cfg = _validated([*ONE_PROCESS, "--load", checkpoints["moe"]])
+    assert (args.top_k, args.capacity_factor, args.balance) == (2, "dropless", "aux")
+    assert (args.n_layer, args.d_model, args.seq_len, args.experts) == (2, 32, 16, 4)
+    assert (args.arch, args.dtype) == ("gpt2", "float32")
+    args, cfg = _validated([*ONE_PROCESS, "--load", checkpoints["llama"], "--n-kv-head", "2"])
+    assert (args.arch, args.n_kv_head, cfg.n_kv_head) == ("llama", 2, 2)
+    assert (args.experts, args.top_k, args.capacity_factor, args.balance) == (0, None, None, None)
+    args, cfg = _validated([*ONE_PROCESS, "--experts", "4", "--capacity-factor", "2"])
+    assert (args.top_k, args.capacity_factor, args.balance) == (2, 2.0, "aux")
+    assert (cfg.top_k, cfg.capacity_factor, cfg.balance) == (2, 2.0, "aux")
+
+
+def test_help_says_what_load_does_with_each_model_flag():
+    """Each model flag's --help says whether --load keeps the checkpoint's or applies it."""
+    helps = {a.option_strings[0]: a.help for a in train.build_parser()._actions}
+    for flag in ("--arch", "--n-kv-head", "--experts", "--n-layer", "--dtype"):
+        assert "with --load, the checkpoint's" in helps[flag], flag
+    for flag in ("--top-k", "--capacity-factor", "--balance"):
+        assert "needs --experts" in helps[flag], flag
+        assert "with --load, the checkpoint's unless given, and then" in helps[flag], flag
+    assert ("a size, --arch, --n-kv-head, --experts or --dtype that differs is refused; "
+            "--top-k, --capacity-factor, --balance apply") in helps["--load"]
+
+
+def _cli(*flags):
+    return subprocess.run([sys.executable, "-m", "minitp.train", *flags], capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_one_process_run_is_quiet_and_a_resumed_run_uses_its_routing(tmp_path):
+    """Two tiny one-process runs of a mixture of experts: the first writes nothing to
+    stderr (comm.png once drew no bars and matplotlib warned of identical ylims); the
+    second resumes it with another top-k, capacity factor and balance, which its ranks
+    and --check's reference both run (equal losses) and metrics.json and the checkpoint
+    it saves record."""
+    ckpt, again = str(tmp_path / "ckpt"), str(tmp_path / "again")
+    first = _cli(*TINY, "--experts", "4", "--steps", "2", "--save", ckpt,
+                 "--out", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stderr == ""
+    assert (tmp_path / "first" / "comm.png").stat().st_size > 1000
+    resumed = _cli(*TINY, "--steps", "4", "--load", ckpt, "--top-k", "1", "--capacity-factor",
+                   "1.0", "--balance", "bias", "--check", "--save", again,
+                   "--out", str(tmp_path / "resumed"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["max_loss_diff"] < 1e-10
+    metrics = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    routing = dict(top_k=1, capacity_factor=1.0, balance="bias")
+    assert {k: metrics["config"][k] for k in routing} == routing
+    assert {k: metrics["args"][k] for k in routing} == routing
+    assert metrics["args"]["n_layer"] == 2 and metrics["args"]["experts"] == 4
+    assert {k: checkpoint.read_meta(again)["config"][k] for k in routing} == routing
