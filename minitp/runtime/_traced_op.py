@@ -29,6 +29,12 @@ def record_p2p(op, tensor, peer, start) -> None:
     )
 
 
+def describe(op, axis: Axis | None, shape, peer=None) -> str:
+    """What a rank waiting in this op is waiting in, as the launcher's reports say it."""
+    where = f"axis {axis.name} ranks {list(axis.ranks)}" if axis else f"peer rank {peer}"
+    return f"{op} on {where}, shape {tuple(shape)}"
+
+
 def _model_bytes(op: str, nbytes: int, axis: Axis | None, src: int) -> int:
     """The ring model of what this rank sends (`minitp.rules.ring_wire_bytes`),
     except a broadcast, whose chain from `src` has every rank send S but the last."""
@@ -42,24 +48,24 @@ def _model_bytes(op: str, nbytes: int, axis: Axis | None, src: int) -> int:
 class TracedOp:
     """Context manager: mark this rank as waiting in `op`, time it, count the bytes
     this process writes meanwhile, record the Event. `window`: one already opened
-    (by `Pending`, when the op was posted)."""
+    (by `Pending`, when the op was posted); `start`: when this rank entered the op, if
+    before this (its ranks' calls were compared first: `_collective_checks.agree`)."""
 
     def __init__(self, op, axis: Axis | None, tensor, nbytes, peer=None, src=0, window=None,
-                 via: str = "p2p", model_bytes: int | None = None):
+                 via: str = "p2p", model_bytes: int | None = None, start=None):
         self.op, self.axis, self.tensor, self.nbytes, self.peer = op, axis, tensor, nbytes, peer
         self.src, self.window, self.via = src, window, via  # via: a send's axis name
         self.model = model_bytes  # where the ring formula does not say (an all-to-all)
+        self.start = start
 
     def describe(self) -> str:
-        where = f"axis {self.axis.name} ranks {list(self.axis.ranks)}" if self.axis else (
-            f"peer rank {self.peer}"
-        )
-        return f"{self.op} on {where}, shape {tuple(self.tensor.shape)}"
+        return describe(self.op, self.axis, self.tensor.shape, self.peer)
 
     def __enter__(self):
         self.rec = trace.recorder()
         self.rec.enter(self.describe)
-        self.start = self.rec.now()
+        if self.start is None:
+            self.start = self.rec.now()
         if self.window is None:
             self.window = Window(measurable=self.tensor.device.type == "cpu")
         return self

@@ -18,12 +18,20 @@ what this process measurably wrote while the op ran (`minitp.runtime.io_counters
 ``None`` where that cannot be told apart or counted). An op on an axis of one
 rank moves nothing and is not traced: it returns its (copied) input.
 
+Checks: before a collective runs, the ranks of its axis compare their calls (op, shape,
+dtype, src/dim/reduce op, an all-to-all's splits) and, where they do not fit, every rank
+raises the same `CollectiveMismatch` naming each rank's call, where gloo would return a
+half-overwritten broadcast or uninitialised rows. That exchange leaves no Event and is
+not in ``sent_bytes``; ``with checks(False):`` turns it off to time the ops alone
+(`minitp.runtime._collective_checks`). Point-to-point messages are not checked.
+
 Non-blocking forms (``*_start``, ``isend``/``irecv``) return a `Pending`: the op
 runs in gloo's (or NCCL's) own thread while this one computes, and its Event
 spans from posting to the completed wait.
 
 Where each part lives: `minitp.runtime._traced_op` (the window every op is recorded in, and
-its bytes), `minitp.runtime._comm_buffers` (gloo's rules for gathers and scatters: tensor
+its bytes), `minitp.runtime._collective_checks` (the ranks' calls compared first),
+`minitp.runtime._comm_buffers` (gloo's rules for gathers and scatters: tensor
 variants, equal shapes), `minitp.runtime.comm_pending` (`Pending` and the non-blocking forms,
 re-exported here); this module holds the blocking ops.
 """
@@ -36,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from . import _device, trace
+from ._collective_checks import agree, checks, enabled  # noqa: F401  (the switch: comm's too)
 from ._comm_buffers import gather_buffers, gathered_along, scatter_buffers
 from ._traced_op import TracedOp, record_p2p
 from .comm_pending import (  # noqa: F401  (the non-blocking forms are comm's names too)
@@ -46,6 +55,7 @@ from .comm_pending import (  # noqa: F401  (the non-blocking forms are comm's na
     isend,
     reduce_scatter_start,
 )
+from .errors import CollectiveMismatch  # noqa: F401  (what a check raises, as comm's name)
 from .mesh import Axis
 
 _REDUCE_OPS = {
@@ -62,7 +72,8 @@ def all_reduce(x: torch.Tensor, axis: Axis, op: str = "sum") -> torch.Tensor:
     out = x.detach().clone()
     if axis.size == 1:
         return out
-    with TracedOp("all_reduce", axis, out, out.numel() * out.element_size()):
+    start = agree("all_reduce", axis, out, op)
+    with TracedOp("all_reduce", axis, out, out.numel() * out.element_size(), start=start):
         dist.all_reduce(out, op=_REDUCE_OPS[op], group=axis.group)
     return out
 
@@ -72,7 +83,8 @@ def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     local, out, dim = gather_buffers(x, axis, dim)
     if out is None:
         return local.clone()
-    with TracedOp("all_gather", axis, x, out.numel() * out.element_size()):
+    start = agree("all_gather", axis, x, dim)
+    with TracedOp("all_gather", axis, x, out.numel() * out.element_size(), start=start):
         dist.all_gather_into_tensor(out, local, group=axis.group)
     return gathered_along(out, local, axis.size, dim)
 def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
@@ -80,7 +92,8 @@ def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     flat, out = scatter_buffers(x, axis, dim)
     if out is None:
         return x.detach().clone()
-    with TracedOp("reduce_scatter", axis, x, flat.numel() * flat.element_size()):
+    start = agree("reduce_scatter", axis, x, dim % x.dim())
+    with TracedOp("reduce_scatter", axis, x, flat.numel() * flat.element_size(), start=start):
         dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
     return out
 def exchange_counts(counts, axis: Axis) -> list[int]:
@@ -92,7 +105,9 @@ def exchange_counts(counts, axis: Axis) -> list[int]:
         return counts
     send = torch.tensor(counts, dtype=torch.int64, device=_device.device())  # NCCL: on the GPU
     out = torch.empty_like(send)
-    with TracedOp("all_to_all", axis, send, send.numel() * 8, model_bytes=(axis.size - 1) * 8):
+    start = agree("all_to_all", axis, send, send=[1] * axis.size, recv=[1] * axis.size)
+    with TracedOp("all_to_all", axis, send, send.numel() * 8, model_bytes=(axis.size - 1) * 8,
+                  start=start):
         dist.all_to_all_single(out, send, group=axis.group)
     return out.tolist()
 
@@ -115,8 +130,9 @@ def all_to_all(x: torch.Tensor, axis: Axis, send_splits, recv_splits=None) -> to
     row = math.prod(payload.shape[1:]) * payload.element_size()  # bytes of one row
     out = payload.new_empty((sum(recv_splits), *payload.shape[1:]))
     others = sum(s for k, s in enumerate(send_splits) if k != axis.rank)
+    start = agree("all_to_all", axis, payload, send=send_splits, recv=recv_splits)
     with TracedOp("all_to_all", axis, payload, payload.numel() * payload.element_size(),
-                  model_bytes=others * row):
+                  model_bytes=others * row, start=start):
         dist.all_to_all_single(out, payload, output_split_sizes=recv_splits,
                                input_split_sizes=send_splits, group=axis.group)
     return out
@@ -137,7 +153,9 @@ def broadcast(x: torch.Tensor, axis: Axis, src: int = 0) -> torch.Tensor:
     out = x.detach().clone()
     if axis.size == 1:
         return out
-    with TracedOp("broadcast", axis, out, out.numel() * out.element_size(), src=src):
+    start = agree("broadcast", axis, out, src)
+    with TracedOp("broadcast", axis, out, out.numel() * out.element_size(), src=src,
+                  start=start):
         dist.broadcast(out, src=axis.ranks[src], group=axis.group)
     return out
 
@@ -187,5 +205,6 @@ def barrier(axis: Axis) -> None:
     if axis.size == 1:
         return
     token = torch.zeros(1, device=_device.device())  # NCCL needs it on this rank's GPU
-    with TracedOp("barrier", axis, token, 0):
+    start = agree("barrier", axis, token)
+    with TracedOp("barrier", axis, token, 0, start=start):
         dist.all_reduce(token, group=axis.group)

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from . import trace
+from ._collective_checks import agree
 from ._comm_buffers import gather_buffers, gathered_along, scatter_buffers
 from ._traced_op import TracedOp
 from .io_counters import Window
@@ -26,18 +27,20 @@ class Pending:
     in every thread of the process; if any other op was in flight meanwhile,
     ``sent_bytes`` is None (see `minitp.runtime.io_counters.Window`).
     `post` starts the work (None: nothing to do, no event: an axis of one rank);
-    `then`, if given, makes the returned result from the filled buffer.
+    `then`, if given, makes the returned result from the filled buffer; `posted`: when
+    this rank entered the op, if before this (its ranks' calls were compared first).
     """
 
     def __init__(self, post, op, axis: Axis | None, tensor, nbytes, peer=None, result=None,
-                 then=None, via: str = "p2p"):
+                 then=None, via: str = "p2p", posted=None):
         self.result, self.then = result, then
         self.done = post is None
         if self.done:
             return
         rec = trace.recorder()
         # what the event belongs to is decided where it was posted, not where it is waited on
-        self.posted, self.phase, self.label = rec.now(), trace.current_phase(), rec.label
+        self.posted = rec.now() if posted is None else posted
+        self.phase, self.label = trace.current_phase(), rec.label
         window = Window(measurable=tensor.device.type == "cpu")
         # `post` closes over the buffers the backend reads and writes: kept (with them)
         # until the wait, whatever the backend's Work itself holds on to
@@ -89,9 +92,11 @@ def all_reduce_start(x: torch.Tensor, axis: Axis) -> Pending:
     """Start summing `x` over `axis` in the background; ``wait()`` returns the sum
     (a new tensor). The Event spans from the start to the completed wait."""
     out = x.detach().clone()
+    posted = agree("all_reduce", axis, out, "sum")  # before the post: it cannot be taken back
     post = None if axis.size == 1 else (
         lambda: dist.all_reduce(out, group=axis.group, async_op=True))
-    return Pending(post, "all_reduce", axis, out, out.numel() * out.element_size(), result=out)
+    return Pending(post, "all_reduce", axis, out, out.numel() * out.element_size(), result=out,
+                   posted=posted)
 
 
 def all_gather_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
@@ -100,10 +105,11 @@ def all_gather_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
     local, out, dim = gather_buffers(x, axis, dim)
     if out is None:
         return Pending(None, "all_gather", axis, x, 0, result=local.clone())
+    posted = agree("all_gather", axis, x, dim)
     return Pending(lambda: dist.all_gather_into_tensor(out, local, group=axis.group,
                                                        async_op=True),
                    "all_gather", axis, x, out.numel() * out.element_size(), result=out,
-                   then=lambda o: gathered_along(o, local, axis.size, dim))
+                   then=lambda o: gathered_along(o, local, axis.size, dim), posted=posted)
 
 
 def reduce_scatter_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
@@ -112,6 +118,8 @@ def reduce_scatter_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
     flat, out = scatter_buffers(x, axis, dim)
     if out is None:
         return Pending(None, "reduce_scatter", axis, x, 0, result=x.detach().clone())
+    posted = agree("reduce_scatter", axis, x, dim % x.dim())
     return Pending(lambda: dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM,
                                                       group=axis.group, async_op=True),
-                   "reduce_scatter", axis, x, flat.numel() * flat.element_size(), result=out)
+                   "reduce_scatter", axis, x, flat.numel() * flat.element_size(), result=out,
+                   posted=posted)

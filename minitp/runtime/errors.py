@@ -1,4 +1,5 @@
-"""What a failed launch raises in the parent, and what a rank raises when it times out."""
+"""What a failed launch raises in the parent, what a rank raises when it times out, and
+what every rank raises when the ranks of a group call a collective that does not agree."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ class RankTimedOut(RuntimeError):
         super().__init__(f"timed out in {op}" + (f" ({detail})" if detail else ""))
         self.op = op
         self.detail = detail
+
+
+class CollectiveMismatch(ValueError):
+    """The ranks of a group called a collective with calls that do not fit together:
+    different collectives, shapes, dtypes, `src`, or all-to-all splits that one rank's
+    receive and another's send disagree on. Raised on every rank of the group, before
+    anything is sent, with the same message naming every rank's call
+    (`minitp.runtime._collective_checks`)."""
