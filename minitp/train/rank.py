@@ -67,7 +67,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
                 virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
                 tp_overlap=args.tp_overlap, placement=placement_of(args.schedule),
-                vision_layout=args.vision_layout)
+                vision_layout=args.vision_layout,
+                validated=True)  # the parent checked every flag before any rank started
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16
     if args.load:
