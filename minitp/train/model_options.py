@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from ..model.config import LLAMA_PARTS, default_vision_patches
+from ..model.config import LLAMA_PARTS
+from ..rules import default_vision_patches
 
 ARCHS = ("gpt2", "llama", "vlm")
 
@@ -36,5 +37,8 @@ def moe_options(args) -> dict:
         raise ValueError(f"--experts must be at least 0, got {args.experts}")
     if not args.experts:
         return {}
+    if args.arch in ("llama", "vlm"):  # GPTConfig's own message names its mlp field
+        raise ValueError(f"--experts with --arch {args.arch}: minitp's experts are GPT-2's GELU "
+                         "MLPs (a SwiGLU expert is not built); use --arch gpt2")
     return dict(n_experts=args.experts, top_k=args.top_k,
                 capacity_factor=args.capacity_factor, balance=args.balance)

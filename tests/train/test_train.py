@@ -250,6 +250,11 @@ BAD = [
     (["--vision-layout", "tensor"], "--vision-layout needs --arch vlm"),
     (["--arch", "vlm", "--cp", "2"], "cp=2 with a vision-language model: not built"),
     (["--arch", "vlm", "--seq-len", "6"], "--arch vlm with --seq-len 6: the image takes half"),
+    # the advice names the user's flags, not a GPTConfig field or a placement they never chose
+    (["--arch", "llama", "--experts", "4"], "--experts with --arch llama: minitp's experts are "
+                                            "GPT-2's GELU MLPs (a SwiGLU expert is not built); "
+                                            "use --arch gpt2"),
+    (["--schedule", "zbv"], "schedule 'zbv' needs a pipeline of pp >= 2 ranks (got pp=1)"),
 ]
 
 
