@@ -224,13 +224,13 @@ def _the_same_ops(n):
 
 def _with_and_without_checks(n):
     calls = []
-    real = dist.all_gather_into_tensor
+    real = dist.all_to_all_single
 
-    def counting(*args, **kwargs):  # every all-gather this process asks of torch
+    def counting(*args, **kwargs):  # every all-to-all this process asks of torch
         calls.append(args[0].dtype)
         return real(*args, **kwargs)
 
-    dist.all_gather_into_tensor = counting
+    dist.all_to_all_single = counting
     runs = {}
     for on in (True, False, True):
         with comm.checks(on):
@@ -247,15 +247,15 @@ def _with_and_without_checks(n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_check_leaves_the_trace_and_its_bytes_as_they_were(n):
     """The same ops with checks on and off: the same events, the same measured bytes,
-    and the checks' one all-gather per collective (8 collectives: the all-to-all's
-    counts first) absent when off."""
+    and the checks' one exchange (an all-to-all) per collective absent when off: 8
+    collectives, the all-to-all's counts first, beside the 2 all-to-alls of the ops."""
     for runs, restored in mt.launch(_with_and_without_checks, n, n, timeout=60):
         assert restored is True  # the setting before the block comes back after it
         (on_events, on_calls), (again, again_calls) = runs[True]
         ((off_events, off_calls),) = runs[False]
         assert len(on_events) == 8 and all(e[-1] is not None for e in on_events), on_events
         assert on_events == off_events == again, (on_events, off_events)
-        assert (on_calls, off_calls, again_calls) == (1 + 8, 1, 1 + 8)  # the op's own, plus
+        assert (on_calls, off_calls, again_calls) == (2 + 8, 2, 2 + 8)
 
 
 def _skips(r, n):
