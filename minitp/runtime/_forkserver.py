@@ -1,11 +1,13 @@
 """Where ranks come from: a forkserver with torch and minitp imported, warmed up where an
-interrupt is cheap, and what a launcher killed with SIGKILL left in the temporary folder."""
+interrupt is cheap, and the directories minitp makes in the temporary folder: each marked as
+minitp's, so that what a launcher killed with SIGKILL left can be told apart from a user's own."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
 import multiprocessing.forkserver as mp_forkserver
+import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
 import multiprocessing.util as mp_util
 import os
@@ -53,6 +55,9 @@ def warm_up(ctx) -> None:
     if ctx.get_start_method() != "forkserver":
         return
     with interrupts_deferred():
+        # Marked before the first process starts: a launcher killed at any later moment
+        # leaves a directory the next launch knows for minitp's (its socket lives there).
+        own_multiprocessing_directory()
         mp_forkserver.ensure_running()
     # The server's pid is private to multiprocessing; without it, warm up every time.
     pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
@@ -85,7 +90,6 @@ def warm_up(ctx) -> None:
         raise
     probe.close()
     _warm_forkserver_pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
-    _sign_multiprocessing_directory()
 
 
 def _restart(ctx) -> None:
@@ -100,49 +104,60 @@ def _restart(ctx) -> None:
 # A launcher killed with SIGKILL (a kernel restart, the OOM killer) runs no cleanup: its
 # ranks and forkserver follow it (see _worker._die_with_launcher), but two directories
 # stay in the temporary folder: the launch's rendezvous directory and multiprocessing's
-# own `pymp-*` directory (the forkserver's socket). Each carries the launcher's pid, so
-# the next launch, in any process, removes those whose launcher is gone.
-RENDEZVOUS_PREFIX = "minitp-"                # + "<launcher pid>-<random>"
-_MULTIPROCESSING_MARK = "minitp-launcher-"    # + "<launcher pid>", a file in pymp-*
+# own `pymp-*` directory (the forkserver's socket). Each carries minitp's mark, a file
+# holding the launcher's pid, so the next launch, in any process, removes those whose
+# launcher is gone. A directory without the mark is never touched, whatever its name.
+RENDEZVOUS_PREFIX = "minitp-"   # + "<launcher pid>-<random>"; the pid is for people reading
+OWNER_FILE = ".minitp-owner"    # the mark: the pid of the process that made the directory
 
 
-def _sign_multiprocessing_directory() -> None:
-    """Mark this process's `pymp-*` directory as a minitp launcher's, with its pid."""
-    mark = os.path.join(mp_util.get_temp_dir(), f"{_MULTIPROCESSING_MARK}{os.getpid()}")
-    if not os.path.exists(mark):
-        with contextlib.suppress(OSError):
-            open(mark, "x").close()
+def make_owned_directory(prefix: str) -> str:
+    """A new private directory in the temporary folder, carrying minitp's mark."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    _sign(path)
+    return path
+
+
+def own_multiprocessing_directory() -> None:
+    """Mark this process's `pymp-*` directory as a minitp launcher's (made now if need be)."""
+    path = mp_util.get_temp_dir()
+    if not os.path.exists(os.path.join(path, OWNER_FILE)):
+        _sign(path)
+
+
+def _sign(directory: str) -> None:
+    # Written whole, then renamed into place: the mark is either absent or complete,
+    # never a pid cut short that could name another process.
+    fd, staging = tempfile.mkstemp(prefix=f"{OWNER_FILE}-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.replace(staging, os.path.join(directory, OWNER_FILE))
 
 
 def remove_what_dead_launchers_left() -> None:
-    folders = {tempfile.gettempdir(), os.path.dirname(mp_util.get_temp_dir())}
+    folders = {tempfile.gettempdir()}
+    made = mp_process.current_process()._config.get("tempdir")  # this process's pymp-*, if any
+    if made:  # (asking multiprocessing for it would make one, unmarked, before the mark)
+        folders.add(os.path.dirname(made))
     for folder in folders:
         try:
             entries = list(os.scandir(folder))
         except OSError:
             continue
         for entry in entries:
-            if entry.name.startswith(RENDEZVOUS_PREFIX):
-                pids = [entry.name.removeprefix(RENDEZVOUS_PREFIX).split("-")[0]]
-            elif entry.name.startswith("pymp-"):
-                try:
-                    pids = [name.removeprefix(_MULTIPROCESSING_MARK)
-                            for name in os.listdir(entry.path)
-                            if name.startswith(_MULTIPROCESSING_MARK)]
-                except OSError:
-                    continue
-            else:
-                continue
-            if pids and all(_left_by_a_dead_launcher(entry, pid) for pid in pids):
+            if entry.name.startswith((RENDEZVOUS_PREFIX, "pymp-")) and _left_by_a_dead_launcher(
+                    entry):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def _left_by_a_dead_launcher(entry: os.DirEntry, pid: str) -> bool:
-    """A directory of this user's whose launcher (pid) no longer runs."""
+def _left_by_a_dead_launcher(entry: os.DirEntry) -> bool:
+    """A directory of this user's carrying minitp's mark, whose maker no longer runs."""
     try:
         if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
             return False
-    except OSError:
+        with open(os.path.join(entry.path, OWNER_FILE)) as f:
+            pid = f.read().strip()
+    except OSError:  # no mark (not minitp's), or it went while we looked
         return False
     return pid.isdigit() and not alive(int(pid))
 

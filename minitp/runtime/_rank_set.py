@@ -13,7 +13,6 @@ import pickle
 import shutil
 import socket
 import sys
-import tempfile
 import time
 
 from ._failure_report import raise_failure, raise_timeout
@@ -21,6 +20,7 @@ from ._forkserver import (
     EXIT_WAIT_S,
     RENDEZVOUS_PREFIX,
     context,
+    make_owned_directory,
     remove_what_dead_launchers_left,
     warm_up,
     without_main_module,
@@ -104,7 +104,7 @@ class Launch:
         self.directory, lifeline_in, self.lifeline = None, None, None
         try:
             with interrupts_deferred():
-                self.directory = tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{os.getpid()}-")
+                self.directory = make_owned_directory(f"{RENDEZVOUS_PREFIX}{os.getpid()}-")
                 # Never written to: when its one write end closes (the launch is over,
                 # or this process died), every rank still running ends. See _worker.
                 lifeline_in, self.lifeline = ctx.Pipe(duplex=False)
