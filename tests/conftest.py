@@ -6,6 +6,30 @@ from __future__ import annotations
 
 import pytest
 from processes import describe, wait_until_gone, worker_processes
+from ranks_marker import mark_ranks, processes_refused
+
+
+def pytest_collection_modifyitems(config, items):
+    mark_ranks(items)  # `-m "not ranks"`: the quick loop (tests/ranks_marker.py)
+
+
+# A test without the `ranks` marker may start no process, in any phase (fixtures included)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with processes_refused(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with processes_refused(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    with processes_refused(item):
+        yield
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ modules, it travels to them by value.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import socket
 import sys
 import types
@@ -21,6 +23,23 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 IGNORED = -100  # minitp.rules.IGNORE_INDEX: targets the loss skips
+
+
+def run_cli(*flags, timeout=None) -> types.SimpleNamespace:
+    """``python -m minitp.train FLAGS`` run in this process (the ranks are launched as
+    usual): its exit code and what the parent printed. A CLI test runs in process unless
+    the process boundary itself is what it tests (a terminal, a warning on stderr): that
+    saves each run a Python start and a torch import. timeout: accepted for the
+    subprocess form's sake; the launch's own timeouts and pytest-timeout stop a hang."""
+    from minitp import train
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            train.main(list(flags))  # it returns the summary it printed last
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def free_port() -> int:

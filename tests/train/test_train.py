@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from helpers import run_cli
 
 import minitp as mt
 from minitp import data, train
@@ -24,10 +25,8 @@ TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
 TINY_CFG = dict(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=32)  # TINY's model
 
 
-def _cli(*flags, timeout=240, env=None):
-    done = subprocess.run([sys.executable, "-m", "minitp.train", *flags], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-    return done
+_cli = run_cli  # in this process: no test here is about the process boundary but the
+# terminal's (test_progress_reaches_a_terminal_while_the_ranks_train)
 
 
 def _summary(done) -> dict:
@@ -113,16 +112,12 @@ def test_experts_check_and_reshard_across_ep(tmp_path):
 
 
 # B/W-split schedules through the CLI, each on its own mesh, with global-norm clipping:
-# two chunks per rank in a V (the CLI sets virtual_stages=2 for zbv and dualpipev). ZB-H1
-# runs through the CLI with experts and ZeRO-3 (test_experts_check_and_reshard_across_ep),
-# ZB-H2 at its fewest microbatches with clipping in a resumed Llama run
-# (test_llama_saved_with_replicated_kv_heads_resumes_with_them_split). The zbv run is the
-# VLM's through the CLI: --arch vlm (a rendered image of the text's first characters, then
-# the text), its encoder tensor-parallel in the V's first stage (its checkpoints across
-# layouts: tests/vision/).
+# two chunks per rank in a V for zbv and dualpipev (the CLI sets virtual_stages=2), ZB-H2
+# at its fewest microbatches (2p - 1). ZB-H1 runs through the CLI with experts and ZeRO-3
+# (test_experts_check_and_reshard_across_ep).
 ZERO_BUBBLE_RUNS = {
-    "zbv": ["--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "12",
-            "--arch", "vlm", "--n-kv-head", "2", "--vision-layout", "tensor", "--prompt", "def f"],
+    "zb-h2": ["--dp", "1", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "6"],
+    "zbv": ["--dp", "2", "--pp", "2", "--tp", "2", "--microbatches", "3", "--batch-size", "12"],
     "dualpipev": ["--dp", "2", "--pp", "2", "--tp", "1", "--microbatches", "4"],
 }
 
@@ -130,19 +125,29 @@ ZERO_BUBBLE_RUNS = {
 @pytest.mark.parametrize("schedule", sorted(ZERO_BUBBLE_RUNS))
 def test_zero_bubble_schedules_with_clipping_match_one_process(tmp_path, schedule):
     """Equal to the one-process model (which clips with torch's clip_grad_norm_) in
-    float64, through the CLI's --check (zbv's: a VLM, its eval loss finite too)."""
+    float64, through the CLI's --check."""
     done = _cli(*TINY, *ZERO_BUBBLE_RUNS[schedule], "--schedule", schedule, "--n-layer", "4",
                 "--clip-grad", "0.5", "--steps", "3", "--check", "--out", str(tmp_path / "run"))
     summary = _summary(done)
     assert summary["max_loss_diff"] < 1e-10 and math.isfinite(summary["eval_loss"])
 
 
+def test_vlm_with_its_encoder_split_matches_one_process(tmp_path):
+    """--arch vlm (a rendered image of the text's first characters, then the text), its
+    encoder tensor-parallel (SP on), equal to the one-process VLM in float64 through
+    --check; the sample is shown a picture too (its checkpoints across encoder layouts:
+    tests/vision/)."""
+    summary = _summary(_cli(*TINY, "--dp", "1", "--pp", "1", "--tp", "2", "--arch", "vlm",
+                            "--n-kv-head", "2", "--vision-layout", "tensor", "--prompt", "def f",
+                            "--steps", "3", "--check", "--out", str(tmp_path / "run")))
+    assert summary["max_loss_diff"] < 1e-10 and math.isfinite(summary["eval_loss"])
+
+
 def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, capsys):
     """--arch llama with 2 K/V heads: 3 steps at tp 4 (each K/V head replicated on two
-    ranks), saved, resumed at tp 2 × pp 2 (the K/V heads split, one a rank) with ZB-H2 at
-    its fewest microbatches (2p - 1) and clipping, each equal to the one-process
-    Llama-style GPT in float64 (--check; resumed from the files); --arch contradicting the
-    checkpoint is refused."""
+    ranks), saved, resumed at tp 2 × pp 2 (the K/V heads split, one a rank), each equal to
+    the one-process Llama-style GPT in float64 (--check; resumed from the files); --arch
+    contradicting the checkpoint is refused."""
     llama = [*TINY, "--arch", "llama", "--n-kv-head", "2"]
     ckpt = str(tmp_path / "ckpt")
     first = _summary(_cli(*llama, "--dp", "1", "--pp", "1", "--tp", "4", "--steps", "3",
@@ -150,9 +155,7 @@ def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, 
     assert first["max_loss_diff"] < 1e-10
     assert mt.checkpoint.read_meta(ckpt)["config"]["n_kv_head"] == 2
     resumed = _summary(_cli(*TINY, "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "5",
-                            "--schedule", "zb-h2", "--microbatches", "3", "--batch-size", "6",
-                            "--clip-grad", "0.5", "--load", ckpt, "--check",
-                            "--out", str(tmp_path / "resumed")))
+                            "--load", ckpt, "--check", "--out", str(tmp_path / "resumed")))
     assert resumed["max_loss_diff"] < 1e-10
     with pytest.raises(SystemExit):  # refused before any process starts
         train.main([*TINY, "--arch", "gpt2", "--tp", "2", "--pp", "1", "--dp", "1",
