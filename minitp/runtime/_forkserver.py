@@ -5,13 +5,17 @@ minitp's, so that what a launcher killed with SIGKILL left can be told apart fro
 from __future__ import annotations
 
 import contextlib
+import io
 import multiprocessing as mp
+import multiprocessing.context as mp_context
 import multiprocessing.forkserver as mp_forkserver
 import multiprocessing.process as mp_process
 import multiprocessing.spawn as mp_spawn
 import multiprocessing.util as mp_util
 import os
 import shutil
+import signal
+import sys
 import tempfile
 import traceback
 
@@ -40,7 +44,13 @@ def context():
     return _context_cache
 
 
-_warm_forkserver_pid = None
+_warm_forkserver_pid = None    # the server that has answered a warm-up probe: torch imported
+_started_forkserver_pid = None  # a server a warm-up started that has not answered it yet
+
+
+def _server_pid():
+    # The server's pid is private to multiprocessing (CPython's own tests read it too).
+    return getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
 
 
 def warm_up(ctx) -> None:
@@ -49,32 +59,36 @@ def warm_up(ctx) -> None:
     Its first child waits for those imports (seconds, cold). Starting ranks happens
     with interrupts deferred (so no rank is ever half-started and lost), which is
     only acceptable if starting one takes milliseconds: so a throwaway child pays
-    the cold start first, where an interrupt costs nothing (it exits at once).
+    the cold start first. Only the wait for its answer can be interrupted, never the
+    request (see `_WarmUpPopen`); and an interrupted cold start stops the server it
+    started, so that nothing of it is left running or queued (see `_stop_cold_server`).
     """
-    global _warm_forkserver_pid
+    global _warm_forkserver_pid, _started_forkserver_pid
     if ctx.get_start_method() != "forkserver":
         return
     with interrupts_deferred():
         # Marked before the first process starts: a launcher killed at any later moment
         # leaves a directory the next launch knows for minitp's (its socket lives there).
         own_multiprocessing_directory()
+        before = _server_pid()
         mp_forkserver.ensure_running()
-    # The server's pid is private to multiprocessing; without it, warm up every time.
-    pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
+        if _server_pid() != before:
+            _started_forkserver_pid = _server_pid()
+    pid = _server_pid()
     if pid is not None and pid == _warm_forkserver_pid:
         return
-    probe = ctx.Process(target=int, name="minitp-warm-up", daemon=True)
+    probe = _WarmUpProcess(target=int, name="minitp-warm-up", daemon=True)
     try:
         with without_main_module():
             try:
                 probe.start()
             except (ConnectionError, FileNotFoundError, EOFError):
-                # The server is gone though ensure_running found it alive: CPython's
-                # forkserver exits when a client connects and leaves without sending its
-                # descriptors (a start cut short by Ctrl-C), and it may still have been
-                # exiting when we looked. Start a fresh one and try once more.
+                # The server is gone though ensure_running found it alive: it exits when
+                # a client connects and leaves without sending its request (not minitp's,
+                # whose requests go whole), and takes seconds to, refusing connections
+                # while it still looks alive. Start a fresh one and try once more.
                 _restart(ctx)
-                probe = ctx.Process(target=int, name="minitp-warm-up", daemon=True)
+                probe = _WarmUpProcess(target=int, name="minitp-warm-up", daemon=True)
                 probe.start()
         probe.join()
     except BaseException as stopped:
@@ -86,19 +100,82 @@ def warm_up(ctx) -> None:
             probe.join(EXIT_WAIT_S)
             if probe.exitcode is not None:
                 probe.close()
+        elif _server_pid() is not None and _server_pid() == _started_forkserver_pid:
+            _stop_cold_server()
         traceback.clear_frames(stopped.__traceback__)
         raise
     probe.close()
-    _warm_forkserver_pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
+    _warm_forkserver_pid = _server_pid()
+    _started_forkserver_pid = None  # it has answered: warm, and worth keeping
 
 
 def _restart(ctx) -> None:
     """Stop multiprocessing's forkserver (reaping it, if it already exited) and start a
     new one with the same preloads."""
+    global _started_forkserver_pid
     with interrupts_deferred():
         server = mp_forkserver._forkserver  # private, but what CPython's own tests use
         server._stop()
         server.ensure_running()
+        _started_forkserver_pid = _server_pid()
+
+
+def _stop_cold_server() -> None:
+    """Stop the forkserver a warm-up started and that never answered it.
+
+    It is still importing torch, with the warm-up's request queued: left alone, it would
+    fork that child seconds later, after the interrupted launch has returned, and the
+    next launch would wait for the rest of its imports anyway. Nothing else has used it,
+    and it reads nothing until its imports are done, so it is killed; the next launch
+    starts a fresh one."""
+    global _started_forkserver_pid
+    with interrupts_deferred():
+        server = mp_forkserver._forkserver
+        try:
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server._stop()  # closes this process's end of its alive pipe, reaps it, removes its socket
+        _started_forkserver_pid = None
+
+
+if sys.platform != "win32":
+    from multiprocessing import popen_forkserver
+
+    class _WarmUpPopen(popen_forkserver.Popen):
+        """multiprocessing's forkserver start, except that Ctrl-C cannot cut the request.
+
+        CPython's forkserver exits when a client connects and leaves before sending its
+        descriptors (EOFError in its loop), and takes seconds to (1.6 s idle, up to 9 s on
+        a loaded 2-core machine, measured), refusing every connection meanwhile while it
+        still looks alive. A Ctrl-C landing just after the connection opened did exactly
+        that. So the request (connect, descriptors, the child's data) is sent with
+        interrupts deferred, in microseconds; only the wait for the answer, seconds on a
+        cold start, can be interrupted. The steps are CPython's own (3.11 to 3.14).
+        """
+
+        def _launch(self, process_obj):
+            preparation = mp_spawn.get_preparation_data(process_obj._name)
+            data = io.BytesIO()
+            mp_context.set_spawning_popen(self)
+            try:
+                mp_context.reduction.dump(preparation, data)
+                mp_context.reduction.dump(process_obj, data)
+            finally:
+                mp_context.set_spawning_popen(None)
+            with interrupts_deferred():
+                self.sentinel, data_end = mp_forkserver.connect_to_new_process(self._fds)
+                # A copy of the data pipe's end stays open while this process lives: the
+                # child's sign that its parent is alive.
+                parent_end = os.dup(data_end)
+                self.finalizer = mp_util.Finalize(self, mp_util.close_fds,
+                                                  (parent_end, self.sentinel))
+                with open(data_end, "wb", closefd=True) as pipe:
+                    pipe.write(data.getbuffer())
+            self.pid = mp_forkserver.read_signed(self.sentinel)
+
+    class _WarmUpProcess(mp_context.ForkServerProcess):
+        _Popen = staticmethod(_WarmUpPopen)
 
 
 # A launcher killed with SIGKILL (a kernel restart, the OOM killer) runs no cleanup: its
