@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import multiprocessing
 import os
 import pickle
 import sys
@@ -70,6 +71,8 @@ def launch(
     rank writes to `console()` (``from minitp.runtime.launch import console``: a progress bar)
     reaches this process's stderr as it is written.
     """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        _stop_a_script_run_again()
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
     check_positive_int("world_size", world_size)
@@ -88,6 +91,24 @@ def launch(
         # The rank's traceback (in the message) is what the learner needs; the
         # launcher's own frames above it would only push it off the screen.
         raise error.with_traceback(None) from None
+
+
+def _stop_a_script_run_again():
+    """One line and out, in a process that multiprocessing is starting from a script.
+
+    multiprocessing's spawn and forkserver children run the starting script's top level
+    again (as ``__mp_main__``) before their target. `launch`'s ranks never do, so a script
+    that calls `launch` at its top level works; but if the script also starts processes of
+    its own (multiprocessing, a DataLoader's workers where forkserver is the default), each
+    of those reaches this call. Going on would start processes from a process still being
+    started: multiprocessing refuses with a page-long RuntimeError, printed by every such
+    child. Instead: what to add, once, and this child ends (SystemExit passes any
+    ``except Exception`` around the call, and prints no traceback).
+    """
+    print("minitp: a process that multiprocessing started from this script ran its top level "
+          "again, and reached mt.launch there: put the script's top-level code under "
+          'if __name__ == "__main__":', file=sys.stderr, flush=True)
+    raise SystemExit(1)
 
 
 def _choose_backend(backend: str, local_ranks: int) -> str:

@@ -434,6 +434,42 @@ def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path):
     assert len(log.read_text().splitlines()) == 1
 
 
+_UNGUARDED_WITH_A_PROCESS_OF_ITS_OWN = textwrap.dedent("""
+    import multiprocessing, sys
+    import torch.distributed as dist
+    import minitp as mt
+
+    def rank():
+        return dist.get_rank()
+
+    print("launched", list(mt.launch(rank, 2, timeout=60)), flush=True)
+    # Started by multiprocessing itself, this child runs the script's top level again
+    # first (as __mp_main__), and with it the launch above.
+    child = multiprocessing.get_context(sys.argv[1]).Process(target=print, args=("child ran",))
+    child.start()
+    child.join(120)
+    print("child exit code", child.exitcode, flush=True)
+""")
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_an_unguarded_script_whose_own_child_reaches_launch_gets_one_line(tmp_path, method):
+    """A script without ``if __name__ == "__main__":`` works (the test above) until it
+    starts a process of its own with multiprocessing (or a DataLoader's workers, where
+    forkserver is the default): that child runs the script's top level again and reaches
+    mt.launch while it is still being started. It ends at once, saying what to add in one
+    line, instead of printing multiprocessing's page-long bootstrapping error."""
+    script = tmp_path / "unguarded_with_a_child.py"
+    script.write_text(_UNGUARDED_WITH_A_PROCESS_OF_ITS_OWN)
+    proc = subprocess.run([sys.executable, str(script), method], cwd=tmp_path,
+                          env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["launched [0, 1]", "child exit code 1"], proc.stdout
+    said = proc.stderr.strip().splitlines()
+    assert len(said) == 1, proc.stderr[-3000:]
+    assert said[0].startswith("minitp: ") and 'if __name__ == "__main__":' in said[0], said
+
+
 # (leaks over many launches: the soak in test_launch_faults.py)
 
 
