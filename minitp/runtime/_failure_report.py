@@ -60,9 +60,10 @@ def _collectives_entered(launch, errors: dict[int, dict]) -> dict[int, str]:
 
 
 def collectives_in_flight(launch, errors: dict[int, dict]) -> str:
-    """Which collective (op, axis, shape) each rank was in when the run ended: gloo
-    aborts the process on a size mismatch with only its own sizes ("8 vs 4"), and
-    the learner needs to see which call on which rank disagreed."""
+    """Which collective (op, axis, shape) each rank was in when the run ended. The calls'
+    check refuses a mismatch before it is sent (`minitp.runtime._collective_checks`);
+    with it off (``comm.checks(False)``), gloo aborts the process with only its own sizes
+    ("8 vs 4"), and the learner needs to see which call on which rank disagreed."""
     inside = _collectives_entered(launch, errors)
     if not inside:
         return ""
