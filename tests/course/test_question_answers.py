@@ -1,0 +1,276 @@
+"""Every question's marked answer, recomputed independently over many seeds: from
+`mt.layout`, the calculator (`mt.calc`), the rules, or the papers' arithmetic, never by
+calling the question's own formula. A question whose right answer the library
+contradicts fails here (issue 36: "00.replica-nodes" marked tp·pp/8 nodes, wrong for
+every seed). Pure arithmetic, no processes: it runs in the quick loop.
+
+Not checked against the library (their answer is a reasoning, not a number the library
+computes): 00.why-tp-fastest, 01.which-collective, 02.mlp-split, 03.qkv-order,
+04.no-gather, 05.partial-grads, 08.which-axis, 11.clip-sync, 12.when-to-send,
+14.lower-comm-share, 15.make-it-fit, 16.sixteen-bytes, 18.stats-group; and 13.encoder-sum,
+13.split-bytes, 13.which-layout, whose numbers exist only in `mt.calc.vision`'s model
+(the question calls it; there is no second source to compare with)."""
+
+import math
+
+import pytest
+
+import minitp as mt
+from minitp.course.labs.scaling import megatron_family
+from minitp.course.questions import QUESTIONS
+from minitp.rules import cp_chunks
+
+SEEDS = [f"seed-{i}" for i in range(50)]
+MiB, GiB = 2**20, 2**30
+NOT_CHECKED = {"00.why-tp-fastest", "01.which-collective", "02.mlp-split", "03.qkv-order",
+               "04.no-gather", "05.partial-grads", "08.which-axis", "11.clip-sync",
+               "12.when-to-send", "14.lower-comm-share", "15.make-it-fit", "16.sixteen-bytes",
+               "18.stats-group", "13.encoder-sum", "13.split-bytes", "13.which-layout"}
+
+
+def asked(key):
+    for seed in SEEDS:
+        q = mt.question(key, seed=seed)
+        yield q, q.params, q.right(q.params)
+
+
+def close(a, b, rel=1e-6):
+    return math.isclose(float(a), float(b), rel_tol=rel)
+
+
+# ---- lesson 00: the mesh -------------------------------------------------------------------
+
+def replica_nodes_from_layout(dp, pp, tp, replica, gpus_per_node=8):
+    """The nodes one replica's ranks sit on, read off `mt.layout`: the replica of data-parallel
+    index `replica` is the pp groups of the ranks in its tp groups."""
+    groups = mt.layout(dp=dp, pp=pp, tp=tp)
+    first_stage = [g for g in groups["tp"] if g[0] < dp * tp][replica]  # stage 0's tp groups
+    ranks = {r for g in groups["pp"] if g[0] in first_stage for r in g}
+    assert len(ranks) == pp * tp
+    return len({r // gpus_per_node for r in ranks})
+
+
+def test_replica_nodes_is_the_count_mt_layout_gives():
+    for q, p, right in asked("00.replica-nodes"):
+        spans = {replica_nodes_from_layout(p["dp"], p["pp"], p["tp"], d) for d in range(p["dp"])}
+        assert spans == {right}, (p, spans, right)  # every replica spans as many nodes
+        for mistake in q.wrong:  # no usual mistake is the right number
+            assert mistake.value(p) != right, (p, mistake.says)
+
+
+@pytest.mark.parametrize("mesh, nodes", [((12, 4, 4), 4), ((12, 8, 2), 8), ((3, 4, 2), 3)])
+def test_replica_nodes_of_the_issues_meshes(mesh, nodes):
+    dp, pp, tp = mesh
+    assert replica_nodes_from_layout(dp, pp, tp, 0) == nodes
+
+
+# ---- lessons 01 to 05: collectives, tensor and sequence parallelism -------------------------
+
+def test_01_ring_bytes_and_time():
+    for _, p, right in asked("01.ring-bytes"):
+        assert close(right, mt.calc.ring_wire_bytes("all_reduce", p["mib"] * MiB, p["n"]))
+    for _, p, right in asked("01.ring-time"):
+        steps, sent = 2 * (p["n"] - 1), mt.calc.ring_wire_bytes("all_reduce", p["mib"] * MiB,
+                                                                  p["n"])
+        assert close(right, (steps * 5e-6 + sent / 450e9) * 1e6)
+    q = mt.question("01.ring-bytes-formula")
+    formula = q.right(q.params)
+    for n in (2, 3, 8, 64):
+        assert close(formula(n, 1e6), mt.calc.ring_wire_bytes("all_reduce", 10**6, n))
+
+
+def test_02_mlp_params_counts_the_split_layers():
+    torch = pytest.importorskip("torch")
+    for _, p, right in asked("02.mlp-params"):
+        h, t = p["h"], p["t"]
+        fc, proj = torch.nn.Linear(h, 4 * h, device="meta"), torch.nn.Linear(4 * h, h,
+                                                                              device="meta")
+        per_rank = (fc.weight.numel() + fc.bias.numel()) / t + proj.weight.numel() / t \
+            + proj.bias.numel()
+        assert right == per_rank, p
+
+
+def test_03_and_05_tensor_parallel_bytes():
+    for _, p, right in asked("03.layer-bytes"):
+        activation = p["b"] * p["s"] * p["h"] * 2
+        assert close(right, 4 * mt.calc.ring_wire_bytes("all_reduce", activation, p["t"]))
+    for _, p, right in asked("05.sp-bytes"):
+        cfg = mt.GPTConfig(vocab_size=512, seq_len=p["s"], n_layer=1, n_head=1, d_model=p["h"])
+        # sequence parallelism sends exactly tensor parallelism's 4 all-reduces' bytes
+        assert close(right, mt.calc.tp_comm_bytes(cfg, p["b"], p["t"], bytes_per_value=2))
+        size = 2 * p["b"] * p["s"] * p["h"]
+        assert close(right, 8 * (p["t"] - 1) / p["t"] * size)
+
+
+def test_04_padded_vocab_and_loss_bytes():
+    for _, p, right in asked("04.padded-vocab"):
+        unit = 128 * p["t"]  # Megatron-LM's make-vocab-size-divisible-by times tp
+        assert right % unit == 0 and p["v"] <= right < p["v"] + unit, p
+    for _, p, right in asked("04.loss-bytes"):
+        tokens = p["b"] * p["s"]
+        assert close(right, 3 * mt.calc.ring_wire_bytes("all_reduce", 4 * tokens, p["t"]))
+
+
+def korthikanti(s, b, h, a, t, sp, selective):
+    """Korthikanti et al. 2022, Table 2, one layer's activation bytes."""
+    attention = 0 if selective else 5 * a * s / h
+    if sp:
+        return s * b * h / t * (34 + attention)
+    return s * b * h * (10 + (24 + attention) / t)
+
+
+def test_05_and_07_activation_bytes_are_korthikantis_table_2():
+    from minitp.course.questions import lesson05, lesson07
+    for _, p, right in asked("05.sp-memory"):
+        h, a = lesson05.MODELS[p["model"]]
+        assert close(right, korthikanti(p["s"], p["b"], h, a, p["t"], True, False))
+    for _, p, right in asked("07.selective-bytes"):
+        _, h, a = lesson07.MODELS[p["model"]]
+        assert close(right, korthikanti(p["s"], p["b"], h, a, p["t"], False, True))
+
+
+# ---- lessons 06 to 09: 2D tensor parallelism, recomputation, context parallelism ------------
+
+def test_06_two_d():
+    for _, p, right in asked("06.2d-bytes"):
+        q, T, d = p["q"], p["T"], p["d"]
+        assert close(right, 2 * (q - 1) / q**2 * (T * d + d * d) * 2)
+    for _, p, right in asked("06.alpha-terms"):
+        q = p["q"]  # 2 all-gathers and 2 reduce-scatters of q-1 steps, an all-reduce of 2(q-1)
+        assert right == 6 * (q - 1)
+    for _, p, right in asked("06.which-split"):
+        T, d = p["T"], p["d"]
+        bytes_ = {"a": mt.calc.tp1d_linear_bytes(T, d, d, 4, sequence_parallel=True),
+                  "b": mt.calc.tp2d_linear_bytes(T, d, d, 2, bias=False),
+                  "c": mt.calc.tp2d_linear_bytes(T, d, d, 2, bias=False, regather=True)}
+        assert right == min(bytes_, key=bytes_.get) and len(set(bytes_.values())) == 3
+
+
+def test_07_full_recomputation_hfu_and_which_recompute():
+    from minitp.course.questions import lesson07
+    for _, p, right in asked("07.full-hfu"):
+        layers, h, _ = lesson07.MODELS[p["model"]]
+        s, V = 2048, 51200
+        model = 72 * s * layers * h * h * (1 + s / (6 * h) + V / (12 * layers * h))  # Eq. 7
+        hardware = 96 * s * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h))  # Eq. 3
+        assert close(right, p["mfu"] * hardware / model)
+    cfg = mt.GPTConfig(vocab_size=51200, seq_len=2048, n_layer=48, n_head=64, d_model=6144)
+    states = mt.calc.model_state_bytes(mt.calc.params_per_rank(cfg, tp=8),
+                                       optimizer="megatron")["total"]
+    left = mt.calc.H100_80GB.memory - states
+    for _, p, right in asked("07.which-recompute"):
+        fits = {r: mt.calc.activation_bytes(cfg, p["b"], tp=8, sp=True, recompute=r) <= left
+                for r in (None, "selective", "full")}
+        assert right == "b" and fits == {None: False, "selective": True, "full": True}, p
+
+
+def test_08_and_09_context_parallel():
+    for _, p, right in asked("08.ring-bytes"):
+        c, message = p["c"], 2 * p["s"] * p["h"] / (p["c"] * p["t"])  # one K or V, bf16
+        # forward K and V c-1 hops; backward K and V c-1 hops and dK, dV c hops
+        assert close(right, (2 * (c - 1) + 2 * (c - 1) + 2 * c) * message)
+    for _, p, right in asked("08.causal-split"):
+        c = p["c"]  # 2c half-chunks; a query chunk i meets key chunks 0..i
+        contiguous = max((2 * r + 1) + (2 * r + 2) for r in range(c))
+        balanced = {sum(i + 1 for i in cp_chunks(r, c)) for r in range(c)}
+        assert len(balanced) == 1  # the load-balanced split: the same work on every rank
+        assert close(right, contiguous / balanced.pop())
+    for _, p, right in asked("09.ring-bytes"):
+        cp, head_dim = p["cp"], p["d"] // p["heads"]
+        message = p["seq"] // cp * p["kv"] * head_dim * 2
+        assert close(right, (2 * (cp - 1) + 2 * (cp - 1) + 2 * cp) * message / MiB)
+    for _, p, right in asked("09.kv-weight"):
+        head_dim = p["d"] // p["heads"]  # tp above the K/V heads: every rank holds them all
+        assert close(right, 2 * p["kv"] * head_dim * p["d"] * 2 / MiB)
+    for q, p, right in asked("09.rope-positions"):
+        size = p["s"] // (2 * p["cp"])
+        i, j = cp_chunks(p["rank"], p["cp"])
+        marked = q.text(p).split(f"({right}) ")[1].split(";")[0].rstrip(".")
+        assert marked == f"[{i * size}, {(i + 1) * size}) and [{j * size}, {(j + 1) * size})"
+
+
+# ---- lessons 10 to 12: pipelines, data parallelism -------------------------------------------
+
+def test_10_and_11_pipelines():
+    for _, p, right in asked("10.bubble"):
+        assert close(right, (p["p"] - 1) / (p["v"] * p["m"]))  # Narayanan et al. 2021, §2.2.2
+    for _, p, right in asked("10.in-flight"):
+        assert close(right, min(p["p"] - p["r"], p["m"]) * p["gib"])  # 1F1B: p - r in flight
+    for _, p, right in asked("10.halve-bubble"):
+        assert right == "b"
+        assert close(mt.calc.bubble(p["p"], p["m"], 2), mt.calc.bubble(p["p"], p["m"], 1) / 2)
+    for _, p, right in asked("11.zb-h1-idle"):
+        assert close(right, (p["p"] - 1) * (p["F"] + p["B"] - p["W"]))  # Qi et al. 2023, ZB-H1
+    for _, p, right in asked("11.zb-h1-memory"):
+        # ZB-H1 keeps 1F1B's bound (Qi et al. 2023): at most p microbatches, at least 1F1B's
+        assert (p["p"] - p["r"]) * p["gib"] <= right <= p["p"] * p["gib"], p
+
+
+def test_12_data_parallel():
+    for _, p, right in asked("12.token-weight"):
+        per_rank = p["rows"] * 1024
+        assert close(right, (per_rank - p["ignored"]) / (p["d"] * per_rank - p["ignored"]))
+    for _, p, right in asked("12.zero1-bytes"):
+        psi = p["billions"] * 10**9  # ZeRO stage 1: 2 + 2 bytes whole, 12 sharded over d
+        assert close(right, (4 * psi + 12 * psi / p["d"]) / 10**9)
+
+
+# ---- lessons 14 to 18: scaling, planning, ZeRO, experts --------------------------------------
+
+def test_14_weak_efficiency():
+    for _, p, right in asked("14.weak-efficiency"):
+        f1 = mt.calc.flops_per_iteration(megatron_family(1), 8)
+        ft = mt.calc.flops_per_iteration(megatron_family(p["t"]), 8)
+        assert close(right, 100 * (ft / (p["t"] * p["tt"])) / (f1 / p["t1"]))
+
+
+def test_15_first_stage_activations():
+    from minitp.course.questions import lesson15
+    for _, p, right in asked("15.first-stage-activations"):
+        cfg = lesson15.MODELS[p["model"]]
+        layer = korthikanti(cfg.seq_len, 1, cfg.d_model, cfg.n_head, p["tp"], True, False)
+        held = min(p["pp"], p["m"]) * cfg.n_layer // p["pp"] * layer  # 1F1B: p in flight
+        assert close(right, held / GiB, rel=0.01), p  # the calc adds the embedding's extras
+
+
+def test_16_states_and_days():
+    bytes_a_parameter = {"adam-mixed": 16, "megatron": 18}
+    for _, p, right in asked("16.state-gb"):
+        per_gpu = p["billions"] * 10**9 // p["gpus"]
+        assert close(right, bytes_a_parameter[p["layout"]] * per_gpu / 10**9)
+    peaks = {"A100": 312e12, "H100": 989e12}
+    for _, p, right in asked("16.training-days"):
+        flops = (8 if p["full"] else 6) * p["tokens"] * 1e9 * p["billions"] * 1e9
+        seconds = flops / (p["gpus"] * peaks[p["gpu"]] * p["eff"])
+        assert close(right, seconds / 86400, rel=0.01), p
+
+
+def test_17_zero_stage_and_break_even():
+    from minitp.course.questions import lesson17
+    for _, p, right in asked("17.which-stage"):
+        psi, n = p["billions"] * 10**9, p["n"]
+        stages = [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n]
+        lowest = next(s for s, b in enumerate(stages) if b / GiB <= p["budget"])
+        assert right == "abcd"[lowest], p
+    for _, p, right in asked("17.break-even"):
+        cfg = lesson17.MODELS[p["model"]]
+        h, layers, t, n = cfg.d_model, cfg.n_layer, p["t"], p["n"]
+        psi = 12 * layers * h * h
+        zero3 = 3 * (n - 1) / n * 2 * psi  # gather forward, gather backward, reduce-scatter
+        tp_token = 4 * 2 * (t - 1) / t * h * 2 * layers  # 4 all-reduces of h bf16 a token
+        assert close(right, zero3 / (t * tp_token)), p
+
+
+def test_18_experts():
+    for _, p, right in asked("18.capacity"):
+        assert right == math.ceil(p["f"] * p["T"] * p["k"] / p["E"])  # GShard's capacity
+    for _, p, right in asked("18.a2a-bytes"):
+        rows = p["tokens"] * p["k"]  # dispatch and combine, forward and backward: 4 all-to-alls
+        assert close(right, 4 * rows * p["d"] * 2 * (p["ep"] - 1) / p["ep"] / 1e6)
+
+
+def test_every_question_is_checked_here_or_listed_as_not_checkable():
+    with open(__file__, encoding="utf-8") as f:
+        source = f.read()
+    unlisted = [k for k in QUESTIONS if k not in NOT_CHECKED and f'"{k}"' not in source]
+    assert not unlisted, unlisted
