@@ -10,9 +10,11 @@ n_head/tp whole query heads — and the K/V heads those query heads read:
   so each of those ranks holds a copy, and the copies' gradients must be summed over
   exactly those ranks — no more, no fewer.
 
-Rotary positions turn q and k by each token's position; under context parallelism with
-the load-balanced split (lesson 08: cp rank i holds chunks i and 2·cp−1−i of 2·cp equal
-chunks), a rank's tokens are not positions 0, 1, 2, ...
+Rotary positions turn q and k by each token's position; under context parallelism a
+rank's tokens are not positions 0, 1, 2, ... Lesson 08's load-balanced split cuts the
+sequence into 2·cp equal chunks and gives each cp rank two of them, in increasing order,
+chosen so that under the causal mask every rank does the same attention work (a late
+token attends to more than an early one).
 
 Write, with plain integer arithmetic (the grader compares with the model minitp builds):
 
@@ -31,8 +33,9 @@ Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.course.grade
 def kv_heads_of(tp_rank: int, tp: int, n_head: int, n_kv: int) -> list[int]:
     """The K/V heads rank `tp_rank`'s query heads read."""
     # BEGIN SOLUTION
-    # hint: query head h reads K/V head h // (n_head // n_kv). Which query heads does
-    # hint: rank tp_rank hold (n_head // tp of them, in order)? Collect their K/V heads.
+    # hint: Which query heads does rank tp_rank hold? The n_head query heads share the
+    # hint: n_kv K/V heads in equal groups of neighbours: which K/V head does each of yours
+    # hint: read? What happens when a rank holds fewer query heads than a group?
     per_rank, group = n_head // tp, n_head // n_kv
     heads = range(tp_rank * per_rank, (tp_rank + 1) * per_rank)
     return sorted({h // group for h in heads})
@@ -42,8 +45,8 @@ def kv_heads_of(tp_rank: int, tp: int, n_head: int, n_kv: int) -> list[int]:
 def sharing_ranks(tp_rank: int, tp: int, n_head: int, n_kv: int) -> list[int]:
     """The tp ranks whose query heads read the same K/V heads as `tp_rank`'s."""
     # BEGIN SOLUTION
-    # hint: two ranks share when their kv_heads_of(...) are the same list; when tp
-    # hint: divides n_kv every rank's list is its own.
+    # hint: Whose query heads add terms to the gradient of the K/V heads this rank holds?
+    # hint: Can a function you have already written tell you?
     mine = kv_heads_of(tp_rank, tp, n_head, n_kv)
     return [r for r in range(tp) if kv_heads_of(r, tp, n_head, n_kv) == mine]
     # END SOLUTION
@@ -52,8 +55,9 @@ def sharing_ranks(tp_rank: int, tp: int, n_head: int, n_kv: int) -> list[int]:
 def rope_positions(length: int, cp_rank: int, cp: int) -> list[int]:
     """Global positions of the `length` tokens cp rank `cp_rank` holds."""
     # BEGIN SOLUTION
-    # hint: the sequence is cut into 2·cp chunks of length // 2 tokens; rank i holds
-    # hint: chunk i, then chunk 2·cp - 1 - i. Not 0, 1, 2, ...: that is the trap.
+    # hint: How long is a chunk, if a rank holds `length` tokens in two of them? Which
+    # hint: pairs of chunks cost every rank the same causal work (pair a cheap one with
+    # hint: a dear one)? Not 0, 1, 2, ... on every rank: that is the trap.
     chunk = length // 2
     return [k * chunk + j for k in (cp_rank, 2 * cp - 1 - cp_rank) for j in range(chunk)]
     # END SOLUTION

@@ -38,3 +38,26 @@ def test_each_slip_is_named(tmp_path, slip):
     report = mt.grade("ex09", path=_variant(tmp_path, "ex09", edit))
     assert [c.passed for c in report.checks] == passed, str(report)
     assert words in report.checks[named].hint, report.checks[named].hint
+
+
+GENERAL = {  # a wrong answer that is no named slip -> (edit, the check, words of its question)
+    "kv_heads_of": ((KV, "    return [tp_rank]"), 0, "which K/V head does each of them read"),
+    "sharing_ranks": ((SHARE, "    return [0]"), 1, "whose query heads add terms"),
+    "rope_positions": ((POS, POS.replace("(cp_rank, 2 * cp - 1 - cp_rank)",
+                                         "(2 * cp - 1 - cp_rank, cp_rank)")), 2,
+                       "which two of the 2·cp chunks"),
+}
+
+
+@pytest.mark.parametrize("function", sorted(GENERAL))
+def test_the_general_hints_ask_rather_than_give_the_formula(tmp_path, function):
+    edit, check, words = GENERAL[function]
+    hint = mt.grade("ex09", path=_variant(tmp_path, "ex09", edit)).checks[check].hint
+    assert words in hint and hint.endswith("?"), hint
+    assert "//" not in hint and "2·cp - 1" not in hint, hint
+
+
+def test_the_exercise_text_gives_no_formula_away():
+    text = mt.course.grading.exercise_path("ex09").read_text()
+    for formula in ("h // (n_head // n_kv)", "2·cp - 1 - i", "2·cp−1−i", "chunks i and"):
+        assert formula not in text, formula

@@ -76,8 +76,8 @@ def _kv_heads(module, name) -> Check:
     if wrong is None:
         return Check(name, True, f"{len(HEADS)} head layouts, every rank")
     tp, n_head, n_kv, rank, got, want = wrong
-    hint = ("query head h reads K/V head h // (n_head // n_kv): collect the K/V heads of this "
-            "rank's query heads")
+    hint = ("which query heads does this rank hold, and which K/V head does each of them "
+            "read (the n_head query heads share the n_kv K/V heads in equal groups)?")
     if not got and tp > n_kv:
         hint = (f"tp={tp} is above n_kv={n_kv}: the K/V heads cannot be split over the ranks, "
                 "so each rank holds a copy of the one its query heads read")
@@ -98,7 +98,8 @@ def _sharing(module, name) -> Check:
                 "head, each with its query heads' part of the gradient; left unsummed, the "
                 "copies drift apart")
     else:
-        hint = "the ranks whose kv_heads_of(...) is the same list as this rank's"
+        hint = ("whose query heads add terms to the gradient of the K/V heads this rank "
+                "holds?")
     return Check(name, False, f"tp={tp}, n_head={n_head}, n_kv={n_kv}, rank {rank}: you said "
                  f"{got}, the gradient is summed over {want}", rank=rank, hint=hint)
 
@@ -121,7 +122,8 @@ def _positions(module, name) -> Check:
         hint = ("that is the contiguous split; minitp balances the causal work: rank i "
                 "holds chunks i and 2·cp - 1 - i")
     else:
-        hint = "2·cp chunks of length // 2 tokens: chunk i, then chunk 2·cp - 1 - i"
+        hint = ("how long is a chunk, and which two of the 2·cp chunks give every rank the "
+                "same causal work?")
     length, rank, cp, got, want = wrong[-1]  # the last: a rank above 0
     return Check(name, False, f"length {length} on cp rank {rank} of {cp}: you said {got}, "
                  f"the split gives {want}", rank=rank, hint=hint)
