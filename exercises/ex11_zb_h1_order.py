@@ -15,11 +15,12 @@ stage), in the custom-schedule form `mt.train_step(schedule=...)` accepts:
 
 The idea (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ZB-H1): keep 1F1B's
 order of forwards and backwards (lesson 10; you may call
-`minitp.pipeline.schedules.one_f_one_b(p, r, m)` for it, or write it again), split
-each backward into B and W, and delay stage r's W passes by r microbatches: the first
-r B's of stage r go without their W, and every later B is followed by the oldest W not
-yet run. The W's still owed when the B's run out go at the end, where they fill the
-drain: the time stage r would otherwise spend waiting for the gradients coming back.
+`minitp.pipeline.schedules.one_f_one_b(p, r, m)` for it, or write it again) and split
+each backward into B and W. Only B is on the path between the stages; a W is work stage
+r owes no one, so it can run wherever stage r would otherwise wait. Where does it
+wait in 1F1B? And what does putting a W off cost: until its W runs, a microbatch's
+activations are still held. 1F1B's first stage holds p microbatches at its peak; how
+many does stage r hold, and so how many W's may it owe without holding more?
 
 What the grader requires (any order with these properties passes, not only this one):
 
@@ -45,13 +46,11 @@ rank's idle and each stage's peak. Grade it with `mt.grade("ex11")` in a noteboo
 
 def zb_h1_order(p: int, r: int, m: int) -> list[tuple[str, int, int]]:
     """Stage r's ZB-H1 order of ("F", 0, i), ("B", 0, i) and ("W", 0, i), i = 0 … m−1."""
-    # hint: Start from 1F1B: p − r − 1 forwards (at most m), then one forward and one
-    # hint: backward in turn, then the backwards left. Walk through it: after each B,
-    # hint: once stage r has run r B's without their W, append the oldest W not yet run.
-    # hint: Append the W's still owed at the end.
+    # hint: Which of 1F1B's units must stay where they are, and which can move? Where
+    # hint: does stage r sit idle in 1F1B, and which units could fill that time? How many
+    # hint: W's may stage r owe at once before it holds more than p microbatches?
     raise NotImplementedError(
-        'Start from 1F1B: p − r − 1 forwards (at most m), then one forward and one backward '
-        'in turn, then the backwards left. Walk through it: after each B, once stage r has '
-        "run r B's without their W, append the oldest W not yet run. Append the W's still "
-        'owed at the end.'
+        "Which of 1F1B's units must stay where they are, and which can move? Where does stage"
+        " r sit idle in 1F1B, and which units could fill that time? How many W's may stage r "
+        'owe at once before it holds more than p microbatches?'
     )

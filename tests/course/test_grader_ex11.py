@@ -51,7 +51,7 @@ def test_the_blank_says_what_is_not_written_and_gives_its_hint():
     checks = mt.grade("ex11").checks
     assert not any(c.passed for c in checks), checks
     assert checks[0].detail == "zb_h1_order is not written yet"
-    assert checks[0].hint.startswith("Start from 1F1B: p − r − 1 forwards (at most m)")
+    assert checks[0].hint.startswith("Which of 1F1B's units must stay where they are")
     assert all(c.detail == "not checked: zb_h1_order is not written yet" for c in checks[1:])
 
 
@@ -205,3 +205,19 @@ def test_a_malformed_answer_is_a_polite_failure(tmp_path, on_paper):
         "zb_h1_order(2, 0, 2): raised ValueError: ('F', 0) is no unit: write (kind, 0, "
         "microbatch), kind \"F\", \"B\" or \"W\"")
     assert all(c.detail == "not checked: the call above failed" for c in checks[1:])
+
+
+def test_an_unnamed_mistake_gets_questions_not_the_order(tmp_path, on_paper):
+    # Stage r's first W in its place, every later one at the end: no usual mistake's shape,
+    # so the hints ask where the W's may go rather than say it.
+    checks = _grade(tmp_path, (DELAY, 'if kind == "B" and i == r:'))
+    assert [c.passed for c in checks[:3]] == [True, False, False], checks
+    assert checks[1].hint == ex11.BOUND_ASK and checks[2].hint == ex11.BUBBLE_ASK, checks
+    for hint in (checks[1].hint, checks[2].hint):
+        assert hint.endswith("?") and "oldest W" not in hint and "by r" not in hint
+
+
+def test_the_exercise_text_gives_no_order_away():
+    text = mt.course.grading.exercise_path("ex11").read_text()
+    for order in ("first r B's", "oldest W", "delay stage r's W", "delayed by r"):
+        assert order not in text, order

@@ -58,8 +58,18 @@ NAMES = ["on paper: every F, B and W once, in dependency order, and the pipeline
          "on paper: with F = B = W = 1 tick, every rank idles p − 1 ticks",
          "real ranks: pp=4 and pp=2 × dp=2 train exactly as one device (float64)",
          "your own order: no call to minitp.pipeline.schedules.zb_h1"]
-HINT = ("1F1B's forwards and backwards (p − r − 1 forwards first), each backward split "
-        "into B and W, stage r's W's delayed by r microbatches, the rest at the end")
+HINT = ("which units of 1F1B's order must stay where they are, which can move, and where "
+        "does stage r sit idle?")
+
+# After a named mistake the hint may say the fix; otherwise it asks.
+BOUND_FIX = ("a microbatch counts from its F until its W: after stage r's first r B's, "
+             "follow each B with the oldest W owed")
+BOUND_ASK = ("a microbatch counts from its F until its W: how many does stage r hold at "
+             "1F1B's peak, and so how many W's may it owe at once?")
+BUBBLE_FIX = ("1F1B's order with stage r's W's delayed by r microbatches: the W's owed at "
+              "the end fill the drain, where stage r would wait for the B's coming back")
+BUBBLE_ASK = ("where does this rank sit idle, and which of its W's could run there without "
+              "breaking the bound?")
 
 
 def run(module) -> list[Check]:
@@ -256,9 +266,7 @@ def _bound(orders, played) -> Check:
             why = f": {words}" if words else ""
             return Check(NAMES[1], False, f"p={p}, m={m}: stage {peaks.index(worst)} holds "
                          f"{worst} microbatches at once, more than p = {p}{why}",
-                         rank=peaks.index(worst), hint="a microbatch counts from its F until "
-                         "its W: after stage r's first r B's, follow each B with the "
-                         "oldest W owed")
+                         rank=peaks.index(worst), hint=BOUND_FIX if words else BOUND_ASK)
     return Check(NAMES[1], True, f"{len(CASES)} pipelines; at p=4, m=8 the stages' peaks are "
                  f"{played[4, 8]['peak']}")
 
@@ -271,10 +279,7 @@ def _bubble(orders, played) -> Check:
             why = f": {words}" if words else ""
             return Check(NAMES[2], False, f"p={p}, m={m}: every rank idles "
                          f"{_ticks(max(idle), p)}, where ZB-H1 idles p − 1 = {p - 1}{why}",
-                         rank=r,
-                         hint="1F1B's order with stage r's W's delayed by r microbatches: "
-                              "the W's owed at the end fill the drain, where stage r would "
-                              "wait for the B's coming back")
+                         rank=r, hint=BUBBLE_FIX if words else BUBBLE_ASK)
     return Check(NAMES[2], True, f"p − 1 on every rank, m = p, 2p, 2p+1 ({len(BUBBLE_CASES)} "
                  "pipelines; 1F1B idles 3(p − 1))")
 
