@@ -57,3 +57,18 @@ def test_each_slip_is_named(tmp_path, slip):
     for check in report.checks:  # the other slips' words are not said of this one
         others = [w for s, (_, _, n, w) in SLIPS.items() if s != slip and n == named]
         assert not any(w in check.hint for w in others), check.hint
+
+
+def test_a_wrong_table_reveals_only_the_first_setting_that_failed(tmp_path):
+    # Every one of the four settings answered wrong: the check names the first alone, with
+    # its reason; the other three are neither shown nor counted (they would give the table
+    # away after one attempt).
+    edit = (PARTIAL, '    return not (layout == "replicated" and sequence_parallel)')
+    partial = mt.grade("ex13", path=_variant(tmp_path, "ex13", edit)).checks[2]
+    assert not partial.passed
+    assert partial.detail == ("layout 'replicated', sequence_parallel=True: you said False, "
+                              "minitp sums them over tp"), partial.detail
+    assert "the encoder's gradients not reduced over tp" in partial.hint
+    for layout, sp in (("tensor", True), ("replicated", False), ("tensor", False)):
+        said = f"layout {layout!r}, sequence_parallel={sp}"
+        assert said not in partial.detail and said not in partial.hint
