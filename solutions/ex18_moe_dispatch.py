@@ -5,23 +5,21 @@ them: rank j holds experts j·E/ep … (j+1)·E/ep − 1 (`expert_module`, whose
 ``count`` is E/ep). It also holds its own N tokens, each sent by the router to
 k experts, anywhere. `dispatch_and_combine` must return what the one-device
 layer returns: for each token, the gate-weighted sum of its kept experts'
-outputs. The steps:
+outputs. How the rows get there and back is yours to design; what must hold:
 
-1. **permute** (given): the kept assignments' token rows, sorted by expert
-   (stably: token order within an expert). The rows for rank j's experts are
-   then one contiguous run;
-2. **exchange counts**: a receiver must know how many rows each rank sends it,
-   and for which of its experts, before the rows arrive. Only the senders
-   know: one small all-to-all of integers tells it;
-3. **dispatch**: one all-to-all of the rows, split by destination rank;
-4. **run the local experts**: the rows arrive grouped by source rank
-   ([from rank 0: expert 0's, expert 1's, …], [from rank 1: …]); the experts
-   need them grouped by expert. Regroup, run, and put the results back in the
-   order they arrived;
-5. **combine**: the reverse all-to-all returns each result to the rank its
-   token lives on;
-6. **un-permute and weight by the gate**: each result back to its token, times
-   its gate, summed over the token's experts.
+* an expert runs only on the rank that holds it, and `expert_module` takes its
+  rows grouped by local expert (``counts[e]`` rows for the e-th, in that order);
+* rows move between ranks only by all-to-all, one run of rows for each rank
+  (one split per rank of the axis, not per expert), and a rank must know how
+  many rows it will receive from each rank before they arrive. Who knows those
+  numbers, and how does the receiver learn them?
+* the rows a rank sends rank j are the token rows of its kept assignments to
+  rank j's experts, grouped by expert, in token order within an expert (the
+  grader reads them as they leave);
+* each expert's result goes back to the rank its token lives on, and there to
+  its token, times its gate; a token's results are summed;
+* the gradients of the tokens, the gates and the experts' parameters flow back
+  through your function: the rows' all-to-alls must carry them.
 
 What you may use:
 
@@ -32,12 +30,14 @@ What you may use:
   carries no gradient;
 * ``all_to_all(x, axis, send, recv, phase)`` (imported below): the same, but
   differentiable: the gradient of a row goes back the way the row came;
-* ``source_to_expert_major(arrived)`` (imported below): for ``arrived`` (ep,
-  E/ep), the rows from each source rank for each local expert, the permutation
-  that sorts rows that arrived source-major into expert-major order;
+  ``phase`` names the call in the trace ("dispatch" going, "combine" back);
 * ``expert_module(x, counts)``: runs the local experts on rows `x` grouped by
   expert, ``counts[e]`` rows for the e-th local expert (a list of ints);
-* `inverse(perm)` (below).
+* `inverse(perm)` (below), and torch: ``torch.argsort(..., stable=True)``,
+  ``torch.bincount``, ``torch.repeat_interleave``, ``Tensor.index_add``.
+
+Work one rank's view out on paper first (ep = 2, two experts each, three tokens):
+what does it send, what arrives, in which order, and where does each row go back to?
 
 Grade it with `mt.grade("ex18")` in a notebook or `python -m minitp.course.grade ex18`:
 on 4 ranks in float64, your function against the one-device layer (the split
@@ -48,7 +48,7 @@ MoE GPT on ``Mesh(dp=4, ep=2)`` for a training step against one device.
 import torch
 
 import minitp as mt
-from minitp.expert_parallel import all_to_all, source_to_expert_major
+from minitp.expert_parallel import all_to_all
 
 
 def inverse(perm: torch.Tensor) -> torch.Tensor:
@@ -70,42 +70,33 @@ def dispatch_and_combine(tokens: torch.Tensor, experts: torch.Tensor, gates: tor
     """
     N, k = experts.shape
     ep, local = axis.size, expert_module.count
-
-    # 1. permute (given). assignment a (of the kept ones, token-major) is token token_of[a];
-    # row i of `rows` is assignment order[i]; counts[e]: rows for expert e, this rank's.
+    # the kept assignments, token-major: assignment a sends token token_of[a] to expert_of[a]
     token_of = torch.arange(N, device=tokens.device).unsqueeze(1).expand(N, k)[keep]
     expert_of = experts[keep]
+
+    # BEGIN SOLUTION
+    # hint: Which of your rows does each rank need, in what order, and how does a receiver
+    # hint: learn how many rows to expect from each rank before they arrive? Rows arrive from
+    # hint: several senders: are they grouped the way expert_module wants them? When the
+    # hint: results come back, which token is each one's, and with what weight?
+    # The rows sorted by expert (stably): the rows for rank j's experts are one run.
     order = torch.argsort(expert_of, stable=True)
     rows = tokens[token_of[order]]
     counts = torch.bincount(expert_of, minlength=n_experts)  # (E,), int64
-
-    # 2. exchange counts: arrived (ep, local), row s: the rows source rank s sends you, per
-    # local expert; send[j] and recv[s]: the rows for rank j, and from rank s (lists of ints).
-    # BEGIN SOLUTION
-    # hint: counts.view(ep, local): row j is what you send rank j's experts. All-to-all that
-    # hint: integer table, one row to each rank (mt.comm.all_to_all), then sum its rows.
+    # Only senders know their counts: arrived[s, e], the rows rank s sends local expert e.
     table = counts.view(ep, local)
     arrived = mt.comm.all_to_all(table, axis, [1] * ep, [1] * ep)
     send, recv = table.sum(1).tolist(), arrived.sum(1).tolist()
-    # END SOLUTION
-
-    # 3-5. dispatch, run the local experts expert-major, combine: `back` (A, C) holds the
-    # expert outputs of `rows`, row for row.
-    # BEGIN SOLUTION
-    # hint: all_to_all the rows (phase "dispatch"); regroup what arrived expert-major, run
-    # hint: expert_module, undo the regroup; all_to_all back with the splits swapped
-    # hint: (phase "combine").
     got = all_to_all(rows, axis, send, recv, "dispatch")
-    regroup = source_to_expert_major(arrived)
+    # What arrived is source-major ([from rank 0: expert 0's, expert 1's, …], [from rank 1:
+    # …]); the experts want it expert-major: sort the rows by local expert, stably.
+    expert_of_row = torch.arange(local, device=arrived.device).repeat(ep)
+    regroup = torch.argsort(torch.repeat_interleave(expert_of_row, arrived.flatten()),
+                            stable=True)
     out = expert_module(got[regroup], arrived.sum(0).tolist())
+    # The results back in the order the rows arrived, and back to their ranks.
     back = all_to_all(out[inverse(regroup)], axis, recv, send, "combine")
-    # END SOLUTION
-
-    # 6. un-permute and weight by the gate.
-    # BEGIN SOLUTION
-    # hint: row i of back is assignment order[i]: put the rows back in assignment order,
-    # hint: weight each by its gate (gates[keep]), and sum each into its token
-    # hint: (index_add over token_of).
+    # Row i of back is assignment order[i]: back in assignment order, weighted, summed.
     weighted = back[inverse(order)] * gates[keep].unsqueeze(1)
     return tokens.new_zeros(N, tokens.shape[1]).index_add(0, token_of, weighted)
     # END SOLUTION

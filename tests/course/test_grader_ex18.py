@@ -53,7 +53,7 @@ def test_the_blank_says_what_is_not_written_and_gives_its_hint():
     checks = mt.grade("ex18").checks
     assert not any(c.passed for c in checks), checks
     assert checks[0].detail == "dispatch_and_combine is not written yet"
-    assert checks[0].hint.startswith("counts.view(ep, local): row j is what you send")
+    assert checks[0].hint.startswith("Which of your rows does each rank need, in what order")
     assert all(c.detail == "not checked: the run above failed" for c in checks[1:])
 
 
@@ -62,7 +62,7 @@ def test_per_expert_counts_used_as_per_rank_splits(tmp_path, alone):
                                                "arrived.flatten().tolist()")))
     assert split.detail == ("rank 0's dispatch had 8 send splits [0, 1, 0, 2, 2, 0, 1, 3]: "
                             "one per expert, where an all-to-all takes one per rank (4)")
-    assert "sum counts.view(ep, local) over each row" in split.hint
+    assert "one split per rank, the sum of its experts' counts" in split.hint
 
 
 def test_the_counts_exchange_missing(tmp_path, alone):
@@ -139,3 +139,18 @@ def test_rows_sent_by_the_all_to_all_that_carries_no_gradient(tmp_path):
     assert checks[2].detail == "rank 0: tokens.grad is None"
     assert "not mt.comm.all_to_all" in checks[2].hint
     assert checks[3].detail.startswith("after the step, "), checks[3]
+
+
+def test_the_exercise_text_gives_no_step_away():
+    text = mt.course.grading.exercise_path("ex18").read_text()
+    for step in ("1. **permute**", "source_to_expert_major", "index_add over", "counts.view",
+                 "splits swapped", "row j is what you send"):
+        assert step not in text, step
+
+
+def test_a_dispatch_in_another_order_is_asked_about(tmp_path, alone):
+    # Rows sent in token order, not grouped by expert: no usual mistake's shape, a question.
+    output = _output(_grade(tmp_path, ("rows = tokens[token_of[order]]",
+                                       "rows = tokens[token_of]")))
+    assert output.hint == ("which of this rank's rows does each rank need, and in what "
+                           "order?"), output

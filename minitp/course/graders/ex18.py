@@ -200,11 +200,12 @@ def _splits(calls, plan, ep, r):
     if len(d["send"]) == E != ep:
         return (False, f"rank {r}'s dispatch had {E} send splits {d['send']}: one per expert, "
                 f"where an all-to-all takes one per rank ({ep})", "the rows for all of rank "
-                "j's experts go in one run: sum counts.view(ep, local) over each row", None)
+                "j's experts go in one run: one split per rank, the sum of its experts' "
+                "counts", None)
     if d["send"] != send:
         return (False, f"rank {r} sent {d['send']} rows to ranks 0..{ep - 1}; its rows for "
-                f"each rank's experts are {send}", "send split j: the rows for rank j's "
-                "experts, a row sum of counts.view(ep, local)", None)
+                f"each rank's experts are {send}", "how many of this rank's rows "
+                "are for rank j's experts?", None)
     if d["recv"] is not None and d["recv"] != recv:
         if not exchanged and d["recv"] == d["send"]:
             return (False, f"the counts exchange is missing: rank {r} assumed it receives what "
@@ -212,8 +213,8 @@ def _splits(calls, plan, ep, r):
                     "senders know what they send: all-to-all the counts table first, and "
                     "take recv from what arrives", None)
         return (False, f"rank {r} expected {d['recv']} rows from ranks 0..{ep - 1}; they send "
-                f"it {recv}", "recv split s: the rows from rank s, a row sum of the table "
-                "the counts exchange brought", None)
+                f"it {recv}", "how many rows does rank s send this "
+                "rank, and how did this rank learn it?", None)
     if not exchanged:
         return (False, f"rank {r} sent rows before any counts exchange", "exchange the counts "
                 "table (an all-to-all of integers) before the rows", None)
@@ -254,8 +255,8 @@ def _diagnosis(out, calls, plan):
         if _close(rows[0]["x"], plan["gated rows"]):
             return ("the rows were weighted by their gates before the experts", "an expert "
                     "is not linear: the gate multiplies its output, once, after the combine")
-        return ("the rows sent are not the token rows sorted by expert", "keep step 1 as given "
-                "and send its rows")
+        return ("the rows sent are not the token rows sorted by expert", "which of this "
+                "rank's rows does each rank need, and in what order?")
     if len(rows) > 1 and not _close(rows[1]["x"], plan["combine"]):
         x = rows[1]["x"]
         for key, why, hint in [
@@ -266,11 +267,13 @@ def _diagnosis(out, calls, plan):
              "inverse", "out[regroup] applies the regroup twice; out[inverse(regroup)] undoes "
              "it"),
             ("unsorted", "the experts ran on the rows as they arrived, grouped by source rank",
-             "regroup them expert-major first (source_to_expert_major)")]:
+             "regroup them expert-major first: sort the rows that arrived by local expert, "
+             "stably")]:
             if _close(x, plan[key]):
                 return why, hint
         return ("the combine sent other values than the experts' results, in the order the "
-                "rows arrived", "run each expert on its own rows, then undo the regroup")
+                "rows arrived", "which rows does each expert run on, and in which order must "
+                "its results go back?")
     if len(rows) > 1 and not _close(rows[1]["out"], plan["back"]):
         return (f"{ELSEWHERE}: another rank sent back other values than its experts' results",
                 "row i of the combine must be the result of the i-th row that arrived")
@@ -288,7 +291,8 @@ def _diagnosis(out, calls, plan):
         guess = out.new_zeros(out.shape).index_add(0, token_of, placed * weight)
         if _close(out, guess):
             return why, hint
-    return "", "un-permute (the inverse of order), weight by the gate, sum into the tokens"
+    return "", ("which token is each returned row's, and with what weight? A token's "
+                "results are summed")
 
 
 def _gradients(forward_ok, crash, grads, r):
