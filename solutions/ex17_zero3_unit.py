@@ -44,7 +44,9 @@ Grade it with `mt.grade("ex17")` in a notebook or `python -m minitp.course.grade
 two units in a row, two SGD steps on the shards, at dp = 2 and 3 in float64,
 against the plain blocks on the whole batch; it measures the gathered vectors'
 storage after each unit's forward, during backward and after it, and reads the
-collectives from the trace.
+collectives from the trace. Then gradient accumulation: two micro-batches' forwards,
+then their two backwards before one step (each backward refills its own forward's
+vector; the shards' gradients must add up to the plain blocks').
 """
 
 import torch

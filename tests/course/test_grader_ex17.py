@@ -27,8 +27,8 @@ def dp2(monkeypatch):
 
 def _by_kind(report):
     """The checks of dp = 2 by what they judge."""
-    return dict(zip(("numbers", "after forward", "in backward", "collectives"), report.checks,
-                    strict=True))
+    kinds = ("numbers", "after forward", "in backward", "collectives", "accumulation")
+    return dict(zip(kinds, report.checks, strict=True))
 
 
 def test_the_blank_says_what_is_not_written_and_gives_its_hint(dp2):
@@ -66,7 +66,7 @@ def test_keeping_the_vector_for_backward_is_named_by_the_missing_refill(tmp_path
                                        "        if False:"))
     checks = _by_kind(mt.grade("ex17", path=kept))
     assert checks["numbers"].passed
-    assert [c.passed for c in checks.values()] == [True, False, False, False]
+    assert [c.passed for c in checks.values()] == [True, False, False, False, True]
     assert "backward made no all_gather" in checks["collectives"].detail
 
 
@@ -119,7 +119,7 @@ def test_a_refill_of_other_values_is_named_by_the_right_forward(tmp_path, dp2):
 def test_not_freeing_after_backward_is_caught_at_the_next_units_reduce_scatter(tmp_path, dp2):
     wrong = _variant(tmp_path, "ex17", (FREE_AFTER_BACKWARD, "        pass\n"))
     checks = _by_kind(mt.grade("ex17", path=wrong))
-    assert [c.passed for c in checks.values()] == [True, True, False, True]
+    assert [c.passed for c in checks.values()] == [True, True, False, True, False]
     assert checks["in backward"].detail.endswith(
         "unit 1 still held 1888 bytes while unit 0's gradient was reduce-scattered: not freed "
         "after its own backward")
@@ -144,3 +144,34 @@ def test_refilling_twice_is_named_by_the_count(tmp_path, dp2):
     wrong = _variant(tmp_path, "ex17", (HOOK, HOOK + HOOK))
     collectives = _by_kind(mt.grade("ex17", path=wrong))["collectives"]
     assert "backward made 4 all_gathers for 2 units: refill each unit once" in collectives.detail
+
+
+def test_a_refill_of_the_units_latest_vector_fails_when_two_forwards_precede_the_backwards(
+        tmp_path, dp2):
+    # The vector kept on the unit, the hook refilling `self.full`: right while each forward
+    # is followed by its own backward (every other check passes), but with two micro-batches'
+    # forwards first, micro-batch 1's backward finds micro-batch 2's vector refilled, not its
+    # own. The old grader (four checks a size) passed it.
+    wrong = _variant(tmp_path, "ex17", (HOOK, "            self.full = full\n"
+                                              "            y.register_hook(lambda grad: "
+                                              "self.refill(self.full))\n"))
+    checks = _by_kind(mt.grade("ex17", path=wrong))
+    assert [c.passed for c in checks.values()] == [True, True, True, True, False], str(checks)
+    assert checks["accumulation"].detail == (
+        "rank 0, both forwards done: micro-batch 1's backward read a saved view of the "
+        "parameters while their storage held 0 bytes: the refill did not fill the vector this "
+        "forward gathered")
+    assert "the one its hook captured, not one kept on the unit" in checks["accumulation"].hint
+
+
+def test_a_gradient_overwritten_by_the_second_backward_is_named(tmp_path, dp2):
+    # The shard's gradient cleared in GatherParams' backward: each backward alone is right
+    # (the grader's steps clear .grad anyway), the sum of two is not.
+    clear = FREE_AFTER_BACKWARD + "        ctx.unit.shard.grad = None\n"
+    wrong = _variant(tmp_path, "ex17", (FREE_AFTER_BACKWARD, clear))
+    checks = _by_kind(mt.grade("ex17", path=wrong))
+    assert [c.passed for c in checks.values()] == [True, True, True, True, False], str(checks)
+    assert checks["accumulation"].detail.startswith(
+        "rank 0: after two backwards the shards' gradients are micro-batch 2's alone: the "
+        "other backward's were overwritten, not accumulated"), checks["accumulation"].detail
+    assert "set or clear .grad nowhere in the unit" in checks["accumulation"].hint

@@ -22,9 +22,17 @@ gradients add up to the plain one). Per world size:
   earlier unit's: refilled too soon); after backward, none, nor any buffer an
   all-gather filled in backward;
 * the trace, per unit and step: one all-gather in the forward, one in backward
-  (the refill), one reduce-scatter, each of the whole padded vector.
+  (the refill), one reduce-scatter, each of the whole padded vector;
+* gradient accumulation, on fresh units: two micro-batches, both forwards first, then
+  both backwards (the first micro-batch's first), then the step. Each backward must
+  refill the vector its own forward gathered (the unit has two gathered-and-freed
+  vectors at once), and the shards' gradients must be the sum of both backwards'
+  (the plain blocks' accumulated ones); afterwards no gathered storage holds a byte.
+  Named: a backward that reads a freed vector (the refill went to the unit's latest
+  vector, not this forward's), a gradient that is one micro-batch's alone (overwritten,
+  not accumulated).
 
-Why one file: the run on the ranks and the four judgements read the same record,
+Why one file: the run on the ranks and the five judgements read the same record,
 field by field; apart, each half would only make sense with the other open.
 """
 
@@ -191,7 +199,71 @@ def _in_rank(unit_class):
                 if ok:
                     unit.shard -= LR * mine_grad
                 unit.shard.grad = None
-    return {"steps": steps, "padded": padded, "e": 8}
+    return {"steps": steps, "padded": padded, "e": 8,
+            "accumulate": _accumulate(unit_class, axis, dev)}
+
+
+def _accumulate(unit_class, axis, dev) -> dict:
+    """Two micro-batches before one step, on fresh units: both forwards, then both
+    backwards (micro-batch 1's first). The shards' gradients against the plain blocks'
+    accumulated ones, and against each micro-batch's alone (to name an overwrite)."""
+    n, r = axis.size, axis.rank
+    torch.manual_seed(2)
+    blocks = [_block().double().to(dev) for _ in range(UNITS)]
+    refs = copy.deepcopy(blocks)
+    numel = sum(p.numel() for p in refs[0].parameters())
+    padded = round_up(numel, n)
+    size = padded // n
+    units = [unit_class(block, axis) for block in blocks]
+    generator = torch.Generator().manual_seed(3)
+    batches = [tuple(torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
+                     for _ in range(2)) for _ in range(2)]  # (x, w) per micro-batch
+    mine = slice(r * B, (r + 1) * B)
+    alone = []  # per micro-batch: each unit's slice of the plain gradient of it alone
+    for x, w in batches:
+        h = x
+        for block in refs:
+            h = block(h)
+        (h * w).sum().backward()
+        alone.append([_flat_grad(block, padded)[r * size:(r + 1) * size].clone()
+                      for block in refs])
+        for block in refs:
+            for p in block.parameters():
+                p.grad = None
+    outputs, made = [], []
+    for x, _ in batches:
+        h = x[mine].clone().requires_grad_()  # as in the steps: the input's gradient too
+        for unit in units:
+            with _MadeInForward(numel) as watch:
+                h = unit(h)
+            made.append(watch.made)
+        outputs.append(h)
+    record = {"crash": None, "error": None, "alone": None, "micro": None}
+    with _WatchBackward([]) as watch:
+        for k, (h, (_, w)) in enumerate(zip(outputs, batches, strict=True)):
+            try:
+                (h * w[mine]).sum().backward()
+            except NotImplementedError:
+                raise
+            except RuntimeError as error:
+                record["crash"] = str(error).strip().splitlines()[0]
+                record["micro"] = k + 1
+                return record
+    record["after_bwd"] = _alive_bytes([ref for refs_ in made for ref in refs_]
+                                       + watch.gathered)
+    errors, alone_errors = [], [[], []]
+    for u, unit in enumerate(units):
+        got = unit.shard.grad
+        if got is None or got.shape != alone[0][u].shape:
+            record["error"] = None
+            record["shape"] = u
+            return record
+        errors.append((got - alone[0][u] - alone[1][u]).abs().max().item())
+        for k in range(2):
+            alone_errors[k].append((got - alone[k][u]).abs().max().item())
+    record["error"] = errors
+    record["alone"] = [max(e) for e in alone_errors]
+    return record
 
 
 def run(module) -> list[Check]:
@@ -205,7 +277,9 @@ def _names(n) -> list[str]:
     return [f"dp={n}: output, input gradient and shard gradients equal the plain blocks'",
             f"dp={n}: after each unit's forward, the gathered storage holds 0 bytes",
             f"dp={n}: in backward only the unit being differentiated is gathered; after, none",
-            f"dp={n}: per unit: an all-gather in forward, one in backward, a reduce-scatter"]
+            f"dp={n}: per unit: an all-gather in forward, one in backward, a reduce-scatter",
+            f"dp={n}: two micro-batches' backwards before a step: the shard gradients "
+            "accumulate to the plain blocks'"]
 
 
 def _judge(n, names, per_rank) -> list[Check]:
@@ -213,9 +287,11 @@ def _judge(n, names, per_rank) -> list[Check]:
     if crashed:
         skipped = "not checked: backward failed (see above)"
         return [crashed, _after_forward(names[1], per_rank),
-                Check(names[2], False, skipped), Check(names[3], False, skipped)]
+                Check(names[2], False, skipped), Check(names[3], False, skipped),
+                _accumulation(names[4], per_rank)]
     return [_numbers(names[0], per_rank), _after_forward(names[1], per_rank),
-            _in_backward(names[2], per_rank), _collectives(names[3], per_rank)]
+            _in_backward(names[2], per_rank), _collectives(names[3], per_rank),
+            _accumulation(names[4], per_rank)]
 
 
 def _crash(name, per_rank) -> Check | None:
@@ -369,3 +445,58 @@ def _collectives(name, per_rank) -> Check:
                              hint="refill by gathering every rank's shard, as the forward did")
     return Check(name, True, f"{UNITS} units x (1 + 1 all-gathers, 1 reduce-scatter) a step: "
                  "3 collectives of the unit's values, where data parallelism makes 1 all-reduce")
+
+
+def _accumulation(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        a = r["accumulate"]
+        where = f"rank {rank}, both forwards done"
+        if a["crash"] and FREED in a["crash"]:
+            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward read a "
+                         "saved view of the parameters while their storage held 0 bytes: "
+                         "the refill did not fill the vector this forward gathered",
+                         rank=rank, tensor="saved views",
+                         hint="with two forwards before the backwards a unit has two "
+                              "gathered (and freed) vectors at once: each backward must refill "
+                              "the `full` of its own forward, the one its hook captured, not "
+                              "one kept on the unit (self.full is the latest forward's)")
+        if a["crash"] and WRITTEN in a["crash"]:
+            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward: "
+                         "autograd refused a saved view of the parameters (written in place "
+                         "since it was saved)", rank=rank, tensor="saved views",
+                         hint="write the refill through a tensor autograd does not watch")
+        if a["crash"]:
+            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward raised "
+                         f"RuntimeError: {a['crash']}", rank=rank,
+                         hint="each backward must find its own forward's vector refilled")
+        if a["error"] is None:
+            return Check(name, False, f"rank {rank}: after two backwards unit "
+                         f"{a['shape']}'s shard has no gradient of its shape", rank=rank,
+                         tensor="shard.grad", hint="keep GatherParams as given: its backward "
+                         "returns the shard's gradient, and autograd adds it to shard.grad")
+        u, error = max(enumerate(a["error"]), key=lambda item: item[1])
+        if error > TOLERANCE:
+            only = next((k + 1 for k, e in enumerate(a["alone"]) if e <= TOLERANCE), None)
+            if only:
+                return Check(name, False, f"rank {rank}: after two backwards the shards' "
+                             f"gradients are micro-batch {only}'s alone: the other "
+                             "backward's were overwritten, not accumulated", rank=rank,
+                             tensor="shard.grad", max_error=error,
+                             hint="autograd adds each backward's gradient into shard.grad; "
+                                  "set or clear .grad nowhere in the unit (the optimizer "
+                                  "clears it after the step)")
+            return Check(name, False, f"rank {rank}: unit {u}'s shard gradient after two "
+                         f"backwards: largest error {error:.3g} from the sum of both "
+                         "micro-batches' plain gradients", rank=rank, tensor="shard.grad",
+                         max_error=error,
+                         hint="each backward must read exactly its own forward's values: "
+                              "refill the vector its forward gathered, every rank's shard in "
+                              "rank order")
+        if a["after_bwd"]:
+            return Check(name, False, f"rank {rank}: {a['after_bwd']} bytes of gathered "
+                         "parameters still held after both backwards", rank=rank,
+                         tensor="gathered parameters", hint=FREE_AGAIN)
+    worst = max(max(r["accumulate"]["error"]) for r in per_rank)
+    return Check(name, True, f"both forwards, then both backwards: the shards' gradients "
+                 f"the plain blocks' sum (largest error {worst:.1e}); nothing held after",
+                 max_error=worst)
