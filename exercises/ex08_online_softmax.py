@@ -52,7 +52,9 @@ the next block before computing with this one.
 Grade it with `mt.grade("ex08")` in a notebook or `python -m minitp.course.grade ex08`:
 the merge in float64 against the softmax over all the keys (scores of ±1000
 included); the split at cp = 2 and 4; the ring at cp = 2 and 4 on real processes,
-every step checked, and the blocks each rank computed counted.
+every step checked, and the blocks each rank computed counted; then the backward
+through your steps (autograd): the gradients of q, and of each K/V block summed at its
+owner (the gradients going home), against causal attention's, in float64.
 """
 
 import math

@@ -88,7 +88,7 @@ def test_a_contiguous_split_is_named_in_the_split_the_ring_and_the_work(tmp_path
     _sizes(monkeypatch, 2)
     contiguous = _variant(tmp_path, "ex08", (CHUNKS, "return 2 * rank, 2 * rank + 1"))
     checks = mt.grade("ex08", path=contiguous).checks
-    assert [c.passed for c in checks] == [True] * 4 + [False, False, True, False, False, False]
+    assert [c.passed for c in checks] == [True] * 4 + [False, False] + [True] + [False] * 4
     assert checks[4].detail.startswith("rank 0 of cp=2: chunks_of gives chunks 0 and 1: a "
                                        "contiguous split"), checks[4]
     assert checks[5].detail.endswith("a contiguous split's; expected [0, 1, 2, 9, 10, 11]")
@@ -128,14 +128,14 @@ def test_positions_counted_from_zero_on_every_rank_are_named(tmp_path, monkeypat
 # --------------------------------------------------------------------------- the ring
 def test_the_wrong_ranks_block_is_named_at_cp_4(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 4, (OWNER, "owner = (axis.rank + step) % axis.size"))
-    assert [c.passed for c in checks] == [True, False, False, True], checks
+    assert [c.passed for c in checks] == [True, False, False, True, False], checks
     assert checks[1].detail == ("rank 1, after step 1: treated the K/V it held as rank 2's; "
                                 "they were rank 0's"), checks[1]
 
 
 def test_k_v_received_from_the_wrong_side_is_named_at_cp_4(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 4, *SEND_BACK)
-    assert [c.passed for c in checks] == [False, False, False, True], checks
+    assert [c.passed for c in checks] == [False, False, False, True, False], checks
     assert checks[0].detail == "rank 0, step 0: sent to rank(s) [3]; axis.next is rank 1"
     assert checks[1].detail == ("rank 0, after step 1: computed with rank 1's K/V as if they "
                                 "were rank 3's: they came round the ring from axis.next")
@@ -144,14 +144,14 @@ def test_k_v_received_from_the_wrong_side_is_named_at_cp_4(tmp_path, monkeypatch
 def test_a_ring_turned_the_wrong_way_is_named_at_cp_4(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 4, *SEND_BACK,
                    (OWNER, "owner = (axis.rank + step) % axis.size"))
-    assert [c.passed for c in checks] == [False, False, True, True], checks
+    assert [c.passed for c in checks] == [False, False, True, True, True], checks
     assert checks[1].detail.endswith("the ring turned the wrong way"), checks[1]
 
 
 def test_not_passing_k_v_on_is_named_both_ways(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 2, (
         f"    {SEND_K}\n    {SEND_V}\n", "    k_next, v_next = k, v\n"))
-    assert [c.passed for c in checks] == [False, False, False, True], checks
+    assert [c.passed for c in checks] == [False, False, False, True, False], checks
     assert checks[0].detail == "rank 0, step 0: sent nothing: K/V not passed on"
     checks = _ring(tmp_path, monkeypatch, 2, ("    return out, lse, k_next, v_next\n",
                                               "    return out, lse, k, v\n"))
@@ -174,7 +174,7 @@ def test_a_ring_that_makes_the_last_useless_hop_passes_too(tmp_path, monkeypatch
 def test_pairing_each_query_chunk_with_one_key_chunk_is_named(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 2, ("        for b in range(2):\n",
                                               "        for b in (a,):\n"))
-    assert [c.passed for c in checks] == [True, False, False, False], checks
+    assert [c.passed for c in checks] == [True, False, False, False, False], checks
     assert checks[1].detail == ("rank 0, after step 0: each query chunk met only the key chunk "
                                 "in the same place (first with first, second with second)")
     assert checks[3].detail == ("every rank computed 3 blocks where the causal mask keeps 5: "
@@ -184,7 +184,7 @@ def test_pairing_each_query_chunk_with_one_key_chunk_is_named(tmp_path, monkeypa
 def test_the_blocks_key_chunks_swapped_is_named(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 2, ("chunks_of(owner, axis.size)\n",
                                               "chunks_of(owner, axis.size)[::-1]\n"))
-    assert [c.passed for c in checks] == [True, False, False, True], checks
+    assert [c.passed for c in checks] == [True, False, False, True, False], checks
     assert checks[1].detail == ("rank 0, after step 0: took the K/V's first chunk for chunk 3 "
                                 "and its second for chunk 0")
 
@@ -193,7 +193,7 @@ def test_attending_a_later_chunk_is_named_with_the_work_it_added(tmp_path, monke
     checks = _ring(tmp_path, monkeypatch, 2, (
         "            if theirs[b] > mine[a]:\n"
         "                continue  # every key after every query\n", ""))
-    assert [c.passed for c in checks] == [True, False, False, False], checks
+    assert [c.passed for c in checks] == [True, False, False, False, False], checks
     assert checks[1].detail == ("rank 0, after step 0: attended to key chunk 3, which lies "
                                 "after query chunk 0: every key in it is later than every query")
     assert checks[3].detail.startswith("every rank computed 8 blocks where the causal mask "
@@ -202,7 +202,7 @@ def test_attending_a_later_chunk_is_named_with_the_work_it_added(tmp_path, monke
 
 def test_the_diagonal_chunk_without_its_triangle_is_named(tmp_path, monkeypatch):
     checks = _ring(tmp_path, monkeypatch, 2, ("causal=theirs[b] == mine[a]", "causal=False"))
-    assert [c.passed for c in checks] == [True, False, False, True], checks
+    assert [c.passed for c in checks] == [True, False, False, True, False], checks
     assert checks[1].detail == ("rank 0, after step 0: attended to all of key chunk 0 for query "
                                 "chunk 0, itself: the keys after each query were seen")
     assert "causal=True" in checks[1].hint
@@ -212,5 +212,42 @@ def test_blocks_computed_without_block_attention_are_named(tmp_path, monkeypatch
     checks = _ring(tmp_path, monkeypatch, 2,
                    ("\n\ndef ring_step(", "\n\n_attend = block_attention\n\n\ndef ring_step("),
                    ("partial = block_attention(", "partial = _attend("))
-    assert [c.passed for c in checks] == [True, True, True, False], checks
+    assert [c.passed for c in checks] == [True, True, True, False, True], checks
     assert checks[3].detail == "rank 0 computed no block through block_attention"
+
+
+# --------------------------------------------------------------------------- the backward
+MERGE_INTO = "            outs[a], lses[a] = merge(outs[a], lses[a], *partial)\n"
+
+
+def test_a_running_result_written_in_place_is_named_by_the_backward(tmp_path, monkeypatch):
+    # The running (out, lse) sliced (not chunked: chunk's views refuse in-place writes in
+    # the forward already) and each merge written into it in place: every forward check
+    # passes (the old grader's four), but autograd saved the old values for the merge's
+    # backward.
+    half = "q.shape[-2] // 2"
+    ring = _ring(tmp_path, monkeypatch, 2, (
+        "outs, lses = list(out.chunk(2, dim=-2)), list(lse.chunk(2, dim=-1))",
+        f"outs = [out[..., :{half}, :], out[..., {half}:, :]]\n"
+        f"    lses = [lse[..., :{half}], lse[..., {half}:]]"), (
+        MERGE_INTO,
+        f"            rows = slice(a * {half}, (a + 1) * {half})\n"
+        "            out[..., rows, :], lse[..., rows] = merge(outs[a], lses[a], *partial)\n"))
+    assert [c.passed for c in ring] == [True, True, True, True, False], ring
+    assert ring[4].detail == ("rank 0: backward failed: a tensor the merge saved was written "
+                              "in place since (the running out or lse)"), ring[4].detail
+    assert "never write into out or lse" in ring[4].hint
+
+
+def test_a_step_that_cuts_the_graph_is_named_by_the_backward(tmp_path, monkeypatch):
+    ring = _ring(tmp_path, monkeypatch, 2, (
+        MERGE_INTO, "            partial = [t.detach() for t in partial]\n" + MERGE_INTO))
+    assert [c.passed for c in ring] == [True, True, True, True, False], ring
+    assert ring[4].detail == "rank 0: no gradient reached q, k or v: the step cut the graph"
+    assert "torch.no_grad()" in ring[4].hint
+
+
+def test_the_backward_is_not_judged_when_the_forward_is_wrong(tmp_path, monkeypatch):
+    ring = _ring(tmp_path, monkeypatch, 2, ("causal=theirs[b] == mine[a]", "causal=False"))
+    assert not ring[2].passed
+    assert ring[4].detail == "not checked: the forward above is wrong"

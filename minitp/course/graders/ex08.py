@@ -32,9 +32,17 @@ out = 0, ℓ = −inf and calls the learner's step cp times.
 * The work: every call of the learner's `block_attention` is counted, in
   (chunk × chunk) blocks; each rank must compute the 2·cp + 1 the causal mask
   keeps, the same on every rank.
+* The backward. The exercise's functions are forward-only (minitp's ring makes its own
+  backward ring, sending dK and dV home); what is checked is autograd through the
+  learner's steps, once the forward is right: every block a rank held enters its step
+  as a leaf, sum(out · w) is differentiated on each rank, and q's gradient must equal
+  causal attention's (one process, float64) there, and each block's gradient, this
+  rank's share, summed over the ranks it visited (home, at its owner), must equal its
+  owner's dK, dV. Named: a running (out, lse) written in place (autograd saved it for
+  the merge's backward), a step that cut the graph (no gradient at all).
 
 Why one file: the three parts grade one idea (ring attention, balanced) and the
-ring's four checks read the same per-step record, field by field.
+ring's five checks read the same per-step record, field by field.
 """
 
 from __future__ import annotations
@@ -385,23 +393,29 @@ def _uncount(counted) -> None:
 
 
 def _in_rank(ring_step):
-    """Runs on every rank: the learner's step, n times, checked after each."""
+    """Runs on every rank: the learner's step, n times, checked after each; then the
+    backward through it (autograd of the learner's code, see `_backward`)."""
     axis = world()
     n, r = axis.size, axis.rank
     g = torch.Generator().manual_seed(13)
     q_all, k_all, v_all = (torch.randn(B, H, 2 * n * L, D, generator=g, dtype=torch.float64)
                            .to(device()) for _ in range(3))
+    w_all = torch.randn(B, H, 2 * n * L, D, generator=g, dtype=torch.float64).to(device())
     positions = torch.cat([torch.arange(c * L, (c + 1) * L) for c in cp_chunks(r, n)]).to(device())
     q, k, v = (t[..., positions, :].contiguous() for t in (q_all, k_all, v_all))
+    q_leaf = q.clone().requires_grad_()  # the gradients of q, and of each block held, by autograd
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64, device=device())
     held = {j: torch.cat([k_all[..., _rows(c), :] for c in cp_chunks(j, n)], dim=-2)
             for j in range(n)}
-    counted, steps = _counting(ring_step), []
+    counted, steps, leaves = _counting(ring_step), [], []
     try:
         for step in range(n):
             first = len(trace.events())
-            got = ring_step(q.clone(), k, v, out, lse, step, axis)
+            k, v = k.detach().requires_grad_(), v.detach().requires_grad_()
+            owner = [j for j in range(n) if torch.equal(k, held[j])]  # whose block, truly
+            leaves.append((k, v, owner[0] if len(owner) == 1 else None))
+            got = ring_step(q_leaf.clone(), k, v, out, lse, step, axis)
             sent = [e.peer for e in trace.events()[first:] if e.op == "send"]
             record = {"sent": sent, "next": axis.next, "prev": axis.prev}
             steps.append(record)
@@ -415,14 +429,41 @@ def _in_rank(ring_step):
                                      f"{tuple(k.shape)}; expected {tuple(q.shape)}, "
                                      f"{tuple(q.shape[:-1])}, {tuple(q.shape)}")
                 break
-            record["errors"] = {m: _error((out, lse), _fold(q, k_all, v_all, r, n, step + 1, m))
-                                for m in HYPOTHESES}
-            record["holds"] = [j for j in range(n) if torch.equal(k, held[j])]
+            with torch.no_grad():
+                record["errors"] = {m: _error((out, lse), _fold(q, k_all, v_all, r, n,
+                                                                step + 1, m))
+                                    for m in HYPOTHESES}
+                record["holds"] = [j for j in range(n) if torch.equal(k, held[j])]
     finally:
         _uncount(counted)
     done = not any("problem" in s for s in steps)
-    final = _error((out, lse), _causal(q, k_all, v_all, positions)) if done else None
-    return {"steps": steps, "final": final, "blocks": counted["blocks"]}
+    with torch.no_grad():
+        final = _error((out, lse), _causal(q, k_all, v_all, positions)) if done else None
+    grads = _gradients(out, w_all[..., positions, :], q_leaf, leaves, q_all, k_all, v_all,
+                       w_all, positions) if done else None
+    return {"steps": steps, "final": final, "blocks": counted["blocks"], "grads": grads}
+
+
+def _gradients(out, w, q_leaf, leaves, q_all, k_all, v_all, w_all, positions) -> dict:
+    """Backward of sum(out · w) through the learner's steps (every block held a leaf of
+    its own), and causal attention's gradients on one process, this rank's rows."""
+    found = {"crash": None, "cut": False}
+    if not out.requires_grad:
+        found["cut"] = True
+    else:
+        try:
+            (out * w).sum().backward()
+        except RuntimeError as error:
+            found["crash"] = str(error).strip().splitlines()[0]
+    zeros = torch.zeros_like
+    found["dq"] = (zeros(q_leaf) if q_leaf.grad is None else q_leaf.grad).cpu()
+    found["dkv"] = [(owner, *((zeros(t) if t.grad is None else t.grad).cpu() for t in kv))
+                    for *kv, owner in leaves]  # per step: whose block, this rank's share
+    whole = [t.clone().requires_grad_() for t in (q_all, k_all, v_all)]
+    every = torch.arange(q_all.shape[-2], device=q_all.device)
+    (_causal(*whole, every)[0] * w_all).sum().backward()
+    found["want"] = [t.grad[..., positions, :].cpu() for t in whole]  # dq, dk, dv: its rows
+    return found
 
 
 def _names(n) -> list[str]:
@@ -432,12 +473,15 @@ def _names(n) -> list[str]:
             "r, r-1, .., r-s",
             f"cp={n}: after {n} steps, equals causal attention over the whole sequence",
             f"cp={n}: every rank computes the {2 * n + 1} (chunk x chunk) blocks the causal "
-            "mask keeps: the same work"]
+            "mask keeps: the same work",
+            f"cp={n}: backward through the steps: the gradients of q, and of K and V summed "
+            "at their owner, equal causal attention's"]
 
 
 def _judge(n, names, per_rank) -> list[Check]:
     return [_passing(names[0], per_rank, n), _steps(names[1], per_rank, n),
-            _final(names[2], per_rank), _work(names[3], per_rank, n)]
+            _final(names[2], per_rank), _work(names[3], per_rank, n),
+            _backward(names[4], per_rank, n)]
 
 
 def _problem(name, per_rank) -> Check | None:
@@ -590,6 +634,65 @@ def _work(name, per_rank, n) -> Check:
         return Check(name, False, f"every rank computed {counts[0]:g} blocks where the causal "
                      f"mask keeps {want}: some were skipped", hint=MASK)
     return Check(name, True, f"every rank computed {want} blocks (a triangle counted as one)")
+
+
+def _backward(name, per_rank, n) -> Check:
+    """The exercise's functions are forward-only: the gradients are autograd's, through the
+    learner's `ring_step` (its masking, its `merge`, its bookkeeping of out and lse). Each
+    block a rank held is a leaf of its own, so its gradient is this rank's share of the
+    owner's dK, dV; the shares are summed at their owner (the journey home that minitp's
+    ring makes in backward), and compared with causal attention's, float64."""
+    bad = _problem(name, per_rank)
+    if bad:
+        return bad
+    if any(f["final"] is None or f["final"] > TOLERANCE for f in per_rank) or any(
+            kv[0] is None for f in per_rank for kv in f["grads"]["dkv"]):
+        return Check(name, False, "not checked: the forward above is wrong")
+    for rank, f in enumerate(per_rank):
+        g = f["grads"]
+        if g["crash"] and WRITTEN in g["crash"]:
+            return Check(name, False, f"rank {rank}: backward failed: a tensor the merge saved "
+                         "was written in place since (the running out or lse)", rank=rank,
+                         tensor="out, lse", hint="the forward is right, but autograd saved the "
+                         "running (out, lse) to differentiate the merge; build the new result "
+                         "(torch.cat of the merged chunks), never write into out or lse")
+        if g["crash"]:
+            return Check(name, False, f"rank {rank}: backward raised RuntimeError: "
+                         f"{g['crash']}", rank=rank, hint="every operation from q, k, v to out "
+                         "must be one autograd can differentiate")
+        if g["cut"] or not (g["dq"].any() or any(t.any() for _, *kv in g["dkv"] for t in kv)):
+            return Check(name, False, f"rank {rank}: no gradient reached q, k or v: the "
+                         "step cut the graph", rank=rank, tensor="out",
+                         hint="the values are right, but something detached them "
+                              "(.detach(), .data, torch.no_grad(), a copy through numpy): "
+                              "training would learn nothing from the attention")
+    worst = 0.0
+    for rank, f in enumerate(per_rank):  # q never travels: its gradient is the rank's own
+        error = (f["grads"]["dq"] - f["grads"]["want"][0]).abs().nan_to_num(math.inf).max()
+        if error > TOLERANCE:
+            return Check(name, False, f"rank {rank}: the gradient of q is off by {error:.3g}",
+                         rank=rank, tensor="q.grad", max_error=error.item(), hint=GRAD_HINT)
+        worst = max(worst, error.item())
+    for owner in range(n):  # each block's gradient home: every rank's share, summed
+        home = [sum(kv[1 + i] for f in per_rank for kv in f["grads"]["dkv"] if kv[0] == owner)
+                for i in range(2)]
+        for i, tensor in enumerate(("k", "v")):
+            error = (home[i] - per_rank[owner]["grads"]["want"][1 + i]).abs()
+            error = error.nan_to_num(math.inf).max()
+            if error > TOLERANCE:
+                return Check(name, False, f"rank {owner}: the gradient of its {tensor}, summed "
+                             f"over the ranks that attended to it, is off by {error:.3g}",
+                             rank=owner, tensor=f"{tensor}.grad", max_error=error.item(),
+                             hint=GRAD_HINT)
+            worst = max(worst, error.item())
+    return Check(name, True, f"dq on every rank, dK and dV summed at their owner: largest "
+                 f"error {worst:.1e}", max_error=worst)
+
+
+WRITTEN = "modified by an inplace operation"  # autograd's version check
+GRAD_HINT = ("the forward is right, so the backward differs where autograd sees operations "
+             "the values do not show: a nan or inf in a masked-out branch (torch.where), or a "
+             "result built from copies instead of the merge's own tensors")
 
 
 def run(module) -> list[Check]:
