@@ -5,9 +5,9 @@ solution passes every check and the untouched exercise fails every one is
 tests/course/test_exercises.py's (parametrized over every exercise, ex08 included); here
 the blank's message is checked word for word.
 
-The checks, in order: 0-3 the merge, 4-5 the split (all in this process), then four per
+The checks, in order: 0-3 the merge, 4-5 the split (all in this process), then five per
 cp size: 0 the K/V passed on, 1 every step's running result, 2 the final result, 3 the
-work per rank.
+work per rank, 4 the backward through the steps.
 
 Budget: the merge's and the split's mistakes are graded in this process alone (no ring
 launched); the ring's at one cp size each (cp = 4 where cp = 2 cannot tell the mistake
