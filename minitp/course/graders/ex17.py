@@ -135,17 +135,22 @@ def _alive_bytes(refs, settle: float = 0.2) -> int:
     return total
 
 
+def _fresh(unit_class, axis, dev, seed: int):
+    """UNITS plain blocks drawn from `seed`, a copy of them (the reference), the learner's
+    units over the blocks, and a block's numel, padded size and shard size."""
+    torch.manual_seed(seed)
+    blocks = [_block().double().to(dev) for _ in range(UNITS)]
+    refs = copy.deepcopy(blocks)
+    numel = sum(p.numel() for p in refs[0].parameters())
+    padded = round_up(numel, axis.size)
+    return refs, [unit_class(block, axis) for block in blocks], numel, padded, padded // axis.size
+
+
 def _in_rank(unit_class):
     """Runs on every rank: the learner's units against the plain blocks."""
     axis, dev = world(), device()
     n, r = axis.size, axis.rank
-    torch.manual_seed(0)
-    blocks = [_block().double().to(dev) for _ in range(UNITS)]
-    refs = copy.deepcopy(blocks)
-    numel = sum(p.numel() for p in refs[0].parameters())
-    padded = round_up(numel, n)
-    size = padded // n
-    units = [unit_class(block, axis) for block in blocks]
+    refs, units, numel, padded, size = _fresh(unit_class, axis, dev, seed=0)
     generator = torch.Generator().manual_seed(1)
     steps = []
     for _ in range(STEPS):
@@ -208,13 +213,7 @@ def _accumulate(unit_class, axis, dev) -> dict:
     backwards (micro-batch 1's first). The shards' gradients against the plain blocks'
     accumulated ones, and against each micro-batch's alone (to name an overwrite)."""
     n, r = axis.size, axis.rank
-    torch.manual_seed(2)
-    blocks = [_block().double().to(dev) for _ in range(UNITS)]
-    refs = copy.deepcopy(blocks)
-    numel = sum(p.numel() for p in refs[0].parameters())
-    padded = round_up(numel, n)
-    size = padded // n
-    units = [unit_class(block, axis) for block in blocks]
+    refs, units, numel, padded, size = _fresh(unit_class, axis, dev, seed=2)
     generator = torch.Generator().manual_seed(3)
     batches = [tuple(torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
                      for _ in range(2)) for _ in range(2)]  # (x, w) per micro-batch
