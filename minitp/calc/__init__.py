@@ -78,15 +78,15 @@ from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
 from .vision import (
     LLAVA15_VISION,
-    VisionCrossover,
     VisionEncoderShape,
     VisionLayoutCost,
-    vision_crossover,
+    projector_params,
     vision_encoder_params,
     vision_forward_flops,
     vision_layout,
-    vision_step_time,
 )
+from .vision_stage import VisionStageCost, vision_encoder_stage
+from .vision_time import VisionCrossover, vision_crossover, vision_step_time
 
 __all__ = [
     "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DEEPSEEK_V3", "DGX2H_V100", "H100_80GB",
@@ -105,5 +105,5 @@ __all__ = [
     "tp_overlap_model", "training_seconds",
     "LLAVA15_VISION", "VisionCrossover", "VisionEncoderShape", "VisionLayoutCost",
     "vision_crossover", "vision_encoder_params", "vision_forward_flops", "vision_layout",
-    "vision_step_time",
+    "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
 ]

@@ -1,50 +1,53 @@
 """A vision-language model's encoder over a tensor-parallel group: parameters, bytes,
-FLOPs, memory and time per rank of its two layouts, and the encoder width where they
-cost the same. Every number here is a MODEL.
+FLOPs and memory per rank of its two layouts, with the encoder FROZEN or TRAINED. Every
+number here is a MODEL. (Time and the crossover width: `minitp.calc.vision_time`; the
+encoder on a pipeline stage of its own: `minitp.calc.vision_stage`.)
 
 The encoder (`minitp.model.vision`): a patch embedding Linear(8 → w) with bias, learned
 positions (P × w), L GPT-2 blocks w wide (pre-LayerNorm, biases, fused qkv, GELU MLP 4w
 wide, attention not causal), a final LayerNorm and a projector Linear(w → d) with bias
 into the decoder's width d; its P outputs come before the text of a tensor-parallel
-decoder. The layouts over t ranks (the course's source, the Megatron-LM tensor-parallelism
-write-up, §5 "Multi-GPU VLM training"; `minitp.tensor_parallel.vision` runs both):
+decoder. Two layouts over t ranks (`minitp.tensor_parallel.vision` runs both, trained):
 
 * "replicated": every rank holds and runs the whole encoder on all P patches of its b
   images. Without sequence parallelism nothing is sent (the output's gradient arrives
-  whole on every rank). With it each rank places only its slice of the sequence, so its
-  encoder gradients are partial: ONE all-reduce over tp per optimizer step of all of them,
-  n_encoder·grad_bytes, whatever the number m of microbatches.
+  whole on every rank). With it each rank places only its slice of the sequence, so the
+  gradients it computes are partial: ONE all-reduce over tp per optimizer step of all of
+  them, whatever the number m of microbatches.
 * "tensor": the blocks split as Megatron-LM splits a layer (qkv and fc by columns, the
   two proj by rows; no sequence parallelism inside); patch embedding, positions,
-  LayerNorms and projector whole. Per microbatch and layer 2 all-reduces forward and 2
-  backward of b·P·w values; with sequence parallelism in the decoder, one more per
-  microbatch, backward, of the image tokens' gradient, b·P·d values (the projector's
-  output is copied to every rank before each takes its slice).
+  LayerNorms and projector whole. Per microbatch and layer 2 all-reduces forward of
+  b·P·w values, and 2 backward when the encoder trains.
+
+``frozen``: whether the encoder's weights are frozen, the projector alone trained beside
+the decoder, as LLaVA trains (Liu et al. 2023, "Visual Instruction Tuning", arXiv
+2304.08485, §4.2: the visual encoder's weights stay frozen in both stages; LLaVA-1.5,
+arXiv 2310.03744, keeps the recipe; Megatron-LM's LLaVA-style scripts pass --freeze-ViT,
+examples/multimodal/pretrain_mistral_clip.sh). Trained, as Qwen2-VL's second stage
+unfreezes every parameter (Wang et al. 2024, arXiv 2409.12191, §2.2) — and shards its
+vision encoder over TP with the LLM (§2.3, "Parallelism"), the "tensor" layout here.
+
+* trained: backward twice the forward (3× in all, Korthikanti et al. 2022, Eq. 7; the
+  patch embedding's input gradient counted though the pixels need none). Under sequence
+  parallelism "replicated" sums all n parameters' gradients once a step; "tensor" sums
+  the image tokens' gradient, b·P·d values, once per microbatch (its output is copied
+  to every rank before each takes its slice: the split blocks need the whole gradient).
+* frozen: the pixels and the encoder need no gradient, so no backward runs through the
+  encoder: the one backward product is the projector's weight gradient, 2bPwd FLOPs a
+  microbatch, and the only gradients are the projector's wd + d. Under sequence
+  parallelism a rank's are partial in BOTH layouts (it holds its slice's gradient of a
+  whole projector): one all-reduce of (wd + d) per step each, and no b·P·d all-reduce
+  ("tensor"'s blocks need no gradient). The frozen encoder holds its weights only
+  (``bytes_per_value`` each), and keeps no activation but the projector's input, b·P·w.
 
 Parameters: n = L(12w² + 13w) + (9 + P + 2)w + wd + d — per block qkv 3w² + 3w, proj w² + w,
 fc 4w² + 4w, proj 4w² + w, two LayerNorms 4w; patches 9w, positions Pw, final LN 2w,
 projector wd + d. Under "tensor" a rank holds L(12w² + 7w)/t + 6Lw + the rest (as
 `minitp.calc.params.layer_params_per_rank`: the row-parallel biases and LayerNorms whole).
 
-FLOPs (2 per multiply-add, backward twice the forward: 3× in all, as Korthikanti et al.
-2022, Eq. 7; the patch embedding's backward needs no input gradient, counted anyway) per
-microbatch forward: L(24bPw² + 4bP²w) for the blocks' matrices and QKᵀ, ·V (whole P², not
-causal), 16bPw the patches, 2bPwd the projector; the blocks' term divided by t under "tensor".
-
-Time: FLOPs / (peak · mfu) plus, for every all-reduce of S bytes, the ring's wire bytes
-2(t−1)/t·S (`ring_wire_bytes`) over the tp group's bandwidth β and 2(t−1) hops of its
-latency α (`Cluster.link(t)`, the α–β model of `Cluster.collective_seconds`); nothing
-overlapped. Without sequence parallelism only the blocks differ (R = peak · mfu, B bytes
-per value), so "tensor" is faster exactly when its compute saving beats its 4Lm all-reduces:
-
-    3m(1 − 1/t)·L(24bPw² + 4bP²w)/R  >  4Lm·(2(t−1)/t·bPwB/β + 2(t−1)α)
-    ⟺  18w² + (3P − 2RB/β)·w − 2Rtα/(bP) > 0
-    ⟺  w > w* = [2RB/β − 3P + √((2RB/β − 3P)² + 144Rtα/(bP))] / 36,
-
-free of L and m; with α = 0, w* = RB/(9β) − P/6. "replicated" wins below w*, "tensor"
-above. With sequence parallelism the per-step all-reduce of 12Lw² + … gradients and the
-b·P·d one enter: the gap is still a quadratic in w with one positive root
-(`vision_crossover` bisects for it). The decoder's own costs are not counted here.
+Forward FLOPs (2 per multiply-add) per microbatch: L(24bPw² + 4bP²w) for the blocks'
+matrices and QKᵀ, ·V (whole P², not causal), 16bPw the patches, 2bPwd the projector; the
+blocks' term divided by t under "tensor". The decoder's own costs are not counted here.
 """
 
 from __future__ import annotations
@@ -55,8 +58,6 @@ from types import SimpleNamespace
 
 from ..rules import PATCH_H, PATCH_W, check_positive_int
 from ._util import number
-from .cluster import Cluster
-from .comm import ring_wire_bytes
 from .memory import activation_bytes_per_layer, model_state_bytes
 from .params import encoder_params
 
@@ -104,15 +105,20 @@ LLAVA15_VISION = VisionEncoderShape(
 @dataclass(frozen=True)
 class VisionLayoutCost:
     """One layout of the encoder on one tp rank, per optimizer step of ``microbatches``
-    microbatches. ``tp_bytes_per_step``: the all-reduces' payload (the whole tensors; the
-    ring sends 2(t−1)/t of it, `ring_wire_bytes`). ``model_state_bytes``: parameters,
-    gradients and Adam state (`model_state_bytes`, 16 bytes each in "adam-mixed");
-    ``activation_bytes``: one microbatch's, no recomputation (`activation_bytes_per_layer`,
-    Korthikanti et al. 2022 Table 2, t = 1 for "replicated")."""
+    microbatches. ``params``: those the rank holds; ``trainable``: those of them that
+    train (all, or the projector's when ``frozen``). ``tp_bytes_per_step``: the
+    all-reduces' payload (the whole tensors; the ring sends 2(t−1)/t of it,
+    `ring_wire_bytes`). ``model_state_bytes``: the trainable parameters' weights,
+    gradients and Adam state (`model_state_bytes`, 16 bytes each in "adam-mixed") and the
+    frozen ones' weights; ``activation_bytes``: one microbatch's kept for backward, no
+    recomputation (trained: `activation_bytes_per_layer`, Korthikanti et al. 2022 Table 2,
+    t = 1 for "replicated"; frozen: the projector's input)."""
 
     layout: str
     tp: int
+    frozen: bool
     params: int
+    trainable: int
     tp_bytes_per_step: int | float
     tp_collectives_per_step: int
     flops_per_step: int | float
@@ -127,7 +133,13 @@ class VisionLayoutCost:
 def vision_encoder_params(shape: VisionEncoderShape) -> int:
     """Parameters of the whole encoder, projector included (the module docstring's n)."""
     _check_shape(shape)
-    return number(_cost(shape, Fraction(shape.width), "replicated", 1, 1, 1, False, 2, 2)[0])
+    return number(encoder_params(shape.layers, Fraction(shape.width), shape.patches,
+                                 shape.d_model))
+
+
+def projector_params(shape: VisionEncoderShape) -> int:
+    """The projector's wd + d: all that trains when the encoder is frozen."""
+    return shape.width * shape.d_model + shape.d_model
 
 
 def _check_shape(shape) -> None:
@@ -137,7 +149,8 @@ def _check_shape(shape) -> None:
         raise ValueError(f"width={shape.width} is not divisible by heads={shape.heads}")
 
 
-def _check(shape, layout, tp, micro_batch, microbatches, bytes_per_value, grad_bytes) -> None:
+def check_layout(shape, layout, tp, micro_batch, microbatches, bytes_per_value,
+                 grad_bytes) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'replicated' or 'tensor', got {layout!r}")
     _check_shape(shape)
@@ -149,150 +162,69 @@ def _check(shape, layout, tp, micro_batch, microbatches, bytes_per_value, grad_b
                          f"heads={shape.heads}")
 
 
-def _cost(shape, w, layout, t, b, m, sp, bpv, gb):
+def forward_flops(shape, w, b, split=1):
+    """One microbatch's forward over ``b`` images at width ``w``, the blocks over ``split``."""
+    L, P, d = shape.layers, shape.patches, shape.d_model
+    return (L * (24 * b * P * w * w + 4 * b * P * P * w) / split
+            + 2 * b * P * w * (PATCH_PIXELS + d))
+
+
+def layout_cost(shape, w, layout, t, b, m, sp, bpv, gb, frozen=False):
     """(params, FLOPs per step, [(count, payload bytes)] of the all-reduces) at width ``w``:
     a Fraction for the exact values, a float for `vision_crossover`'s search."""
     L, P, d = shape.layers, shape.patches, shape.d_model
     split = t if layout == "tensor" else 1
     params = encoder_params(L, w, P, d, split)
-    forward = L * (24 * b * P * w * w + 4 * b * P * P * w) / split + 2 * b * P * w * (
-        PATCH_PIXELS + d)
+    forward = forward_flops(shape, w, b, split)
+    # frozen: no backward through the encoder, only the projector's weight gradient
+    flops = m * (forward + 2 * b * P * w * d) if frozen else 3 * m * forward
+    projector_sum = [(1, (w * d + d) * gb)] if sp else []  # a whole projector's partial grads
     if t == 1:
         collectives = []
     elif layout == "tensor":
-        collectives = [(4 * L * m, b * P * w * bpv)] + ([(m, b * P * d * bpv)] if sp else [])
+        collectives = ([(2 * L * m, b * P * w * bpv)] + projector_sum if frozen else
+                       [(4 * L * m, b * P * w * bpv)] + ([(m, b * P * d * bpv)] if sp else []))
     else:
-        collectives = [(1, params * gb)] if sp else []
-    return params, 3 * m * forward, collectives
+        collectives = projector_sum if frozen else ([(1, params * gb)] if sp else [])
+    return params, flops, collectives
 
 
 def vision_forward_flops(cfg, images: int) -> int:
     """Matrix FLOPs of a vision-language `GPTConfig`'s encoder forward over `images` images
     (0 for a text model): `vision_layout`'s count on one rank; `flops_per_iteration` adds
-    3× it (the encoder is never recomputed)."""
+    3× it (minitp trains the encoder, and never recomputes it)."""
     if not getattr(cfg, "vision_patches", 0):
         return 0
-    shape = VisionEncoderShape.of(cfg)
-    return int(_cost(shape, shape.width, "replicated", 1, images, 1, False, 2, 2)[1]) // 3
+    return int(forward_flops(VisionEncoderShape.of(cfg), Fraction(cfg.vision_width), images))
 
 
 def vision_layout(shape: VisionEncoderShape, layout: str, tp: int, micro_batch: int,
                   microbatches: int = 1, sequence_parallel: bool = False,
                   bytes_per_value: int = 2, grad_bytes: int | None = None,
-                  optimizer: str = "adam-mixed") -> VisionLayoutCost:
+                  optimizer: str = "adam-mixed", frozen: bool = False) -> VisionLayoutCost:
     """MODEL: what ``layout`` ("replicated" or "tensor", the module docstring) costs one of
     ``tp`` ranks per optimizer step: ``microbatches`` microbatches of ``micro_batch``
-    images; ``sequence_parallel``: the decoder's. ``grad_bytes``: the gradients' bytes per
-    value (default ``bytes_per_value``). With tp = 1 the two are one and send nothing."""
+    images; ``sequence_parallel``: the decoder's; ``frozen``: the encoder's weights frozen,
+    the projector trained. ``grad_bytes``: the gradients' bytes per value (default
+    ``bytes_per_value``). With tp = 1 the two are one and send nothing."""
     grad_bytes = bytes_per_value if grad_bytes is None else grad_bytes
-    _check(shape, layout, tp, micro_batch, microbatches, bytes_per_value, grad_bytes)
-    params, flops, collectives = _cost(shape, Fraction(shape.width), layout, tp, micro_batch,
-                                       microbatches, sequence_parallel, bytes_per_value,
-                                       grad_bytes)
+    check_layout(shape, layout, tp, micro_batch, microbatches, bytes_per_value, grad_bytes)
+    params, flops, collectives = layout_cost(shape, Fraction(shape.width), layout, tp,
+                                             micro_batch, microbatches, sequence_parallel,
+                                             bytes_per_value, grad_bytes, frozen)
     params = number(params)
-    blocks = SimpleNamespace(seq_len=shape.patches, d_model=shape.width, n_head=shape.heads)
-    per_layer = activation_bytes_per_layer(blocks, micro_batch, tp if layout == "tensor" else 1)
+    if frozen:
+        trainable = projector_params(shape)
+        states = (model_state_bytes(trainable, optimizer=optimizer)["total"]
+                  + (params - trainable) * bytes_per_value)
+        activations = micro_batch * shape.patches * shape.width * bytes_per_value
+    else:
+        trainable, states = params, model_state_bytes(params, optimizer=optimizer)["total"]
+        blocks = SimpleNamespace(seq_len=shape.patches, d_model=shape.width, n_head=shape.heads)
+        per_layer = activation_bytes_per_layer(blocks, micro_batch,
+                                               tp if layout == "tensor" else 1)
+        activations = number(shape.layers * Fraction(per_layer))
     return VisionLayoutCost(
-        layout, tp, params, number(sum(n * Fraction(s) for n, s in collectives)),
-        sum(n for n, _ in collectives), number(flops),
-        model_state_bytes(params, optimizer=optimizer)["total"],
-        number(shape.layers * Fraction(per_layer)))
-
-
-def _seconds(flops, collectives, cluster: Cluster, tp: int, mfu: float) -> tuple[float, float]:
-    """(compute, communication) seconds: the module docstring's time."""
-    alpha, beta = cluster.link(tp)
-    comm = sum(n * (ring_wire_bytes("all_reduce", s, tp) / beta + 2 * (tp - 1) * alpha)
-               for n, s in collectives)
-    return float(flops) / (cluster.peak_flops * mfu), float(comm)
-
-
-def _times(shape, cluster, layout, tp, micro_batch, microbatches, sequence_parallel, mfu,
-           bytes_per_value, grad_bytes, w=None):
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
-    w = Fraction(shape.width) if w is None else w
-    _, flops, collectives = _cost(shape, w, layout, tp, micro_batch, microbatches,
-                                  sequence_parallel, bytes_per_value, grad_bytes)
-    return _seconds(flops, collectives, cluster, tp, mfu)
-
-
-def vision_step_time(shape: VisionEncoderShape, cluster: Cluster, layout: str, tp: int,
-                     micro_batch: int, microbatches: int = 1, sequence_parallel: bool = False,
-                     mfu: float = 0.5, bytes_per_value: int = 2,
-                     grad_bytes: int | None = None) -> float:
-    """MODEL: seconds the encoder takes one rank per optimizer step under ``layout``: its
-    FLOPs at ``mfu`` × ``cluster.peak_flops`` (0.5 as `step_time`'s ``efficiency``) plus
-    its all-reduces' α–β time over the tp group (the module docstring), not overlapped."""
-    grad_bytes = bytes_per_value if grad_bytes is None else grad_bytes
-    _check(shape, layout, tp, micro_batch, microbatches, bytes_per_value, grad_bytes)
-    return sum(_times(shape, cluster, layout, tp, micro_batch, microbatches, sequence_parallel,
-                      mfu, bytes_per_value, grad_bytes))
-
-
-@dataclass(frozen=True)
-class VisionCrossover:
-    """`vision_crossover`'s comparison. ``seconds``, ``compute_seconds`` and ``tp_seconds``
-    by layout; ``winner``: the faster at the shape's width; ``width``: where the two cost
-    the same (None: no crossing up to ``w_max``), ``below``/``above``: who wins there."""
-
-    shape: str
-    tp: int
-    micro_batch: int
-    microbatches: int
-    sequence_parallel: bool
-    costs: dict[str, VisionLayoutCost]
-    seconds: dict[str, float]
-    compute_seconds: dict[str, float]
-    tp_seconds: dict[str, float]
-    winner: str
-    width: float | None
-    below: str
-    above: str
-
-
-def vision_crossover(shape: VisionEncoderShape, cluster: Cluster, tp: int, micro_batch: int,
-                     microbatches: int = 1, sequence_parallel: bool = False, mfu: float = 0.5,
-                     bytes_per_value: int = 2, grad_bytes: int | None = None,
-                     w_max: float = 2.0 ** 20) -> VisionCrossover:
-    """MODEL: both layouts of ``shape`` on ``cluster`` over ``tp`` ≥ 2 ranks — their
-    `VisionLayoutCost` and seconds per step — and the encoder width w at which their
-    `vision_step_time` is equal, the other sizes held (heads too: w is a real number here).
-    Found by bisection on T_replicated(w) − T_tensor(w), a quadratic in w with one positive
-    root (the module docstring; without sequence parallelism it is w*)."""
-    if tp < 2:
-        raise ValueError(f"tp={tp}: the two layouts differ only over tp >= 2 ranks")
-    grad_bytes = bytes_per_value if grad_bytes is None else grad_bytes
-    args = (tp, micro_batch, microbatches, sequence_parallel)
-    costs, parts = {}, {}
-    for layout in LAYOUTS:
-        costs[layout] = vision_layout(shape, layout, *args, bytes_per_value, grad_bytes)
-        parts[layout] = _times(shape, cluster, layout, *args, mfu, bytes_per_value, grad_bytes)
-    seconds = {k: sum(v) for k, v in parts.items()}
-
-    def gap(w: float) -> float:  # > 0: "tensor" faster
-        return (sum(_times(shape, cluster, "replicated", *args, mfu, bytes_per_value,
-                           grad_bytes, w))
-                - sum(_times(shape, cluster, "tensor", *args, mfu, bytes_per_value,
-                             grad_bytes, w)))
-
-    def faster(g: float) -> str:
-        return "tensor" if g > 0 else "replicated"
-
-    lo, width = 1.0, None
-    while lo < w_max and width is None:
-        hi = 2 * lo
-        if (gap(lo) > 0) != (gap(hi) > 0):
-            for _ in range(200):
-                mid = (lo + hi) / 2
-                if mid in (lo, hi):
-                    break
-                lo, hi = (mid, hi) if (gap(mid) > 0) == (gap(lo) > 0) else (lo, mid)
-            width = (lo + hi) / 2
-        else:
-            lo = hi
-    below = faster(gap(width / 2 if width else 1.0))
-    above = faster(gap(width * 2)) if width else below
-    return VisionCrossover(shape.name, *args, costs, seconds,
-                           {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()},
-                           faster(seconds["replicated"] - seconds["tensor"]), width, below, above)
+        layout, tp, frozen, params, trainable,
+        number(sum(n * Fraction(s) for n, s in collectives)),
+        sum(n for n, _ in collectives), number(flops), states, activations)

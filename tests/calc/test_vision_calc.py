@@ -1,9 +1,11 @@
-"""minitp.calc.vision: a vision-language model's encoder replicated vs split over tp.
+"""minitp.calc.vision, vision_time, vision_stage: a vision-language model's encoder
+replicated, split over tp, or on a pipeline stage of its own; trained or frozen.
 
 Pure arithmetic but for tiny torch builds: the parameter count against a module built
 here from plain torch layers (and against minitp's own VLM), the FLOPs against torch's
-counter, the bytes and times against the module docstring's formulas written out again,
-and the crossover width against its closed form."""
+counter (a frozen encoder: its weights' requires_grad off), the bytes and times against
+the module docstrings' formulas written out again, and the crossover width against its
+closed forms."""
 
 from __future__ import annotations
 
@@ -147,10 +149,16 @@ def all_reduce(nbytes, t, cluster):  # the ring: 2(t−1)/t·S over β, 2(t−1)
     return 2 * (t - 1) / t * nbytes / cluster.intra_bandwidth + 2 * (t - 1) * cluster.intra_latency
 
 
-def times(s, w, cluster, t, b, m, sp, mfu=0.5, B=2):
-    """Both layouts' seconds at a real width w, from the module docstring's formulas."""
+def times(s, w, cluster, t, b, m, sp, mfu=0.5, B=2, frozen=False):
+    """Both layouts' seconds at a real width w, from the module docstrings' formulas."""
     L, P, d, R = s.layers, s.patches, s.d_model, cluster.peak_flops * mfu
     blocks, outside = L * (24 * b * P * w * w + 4 * b * P * P * w), 2 * b * P * w * (8 + d)
+    if frozen:  # one forward and the projector's weight gradient; its (wd + d) grads summed
+        proj = all_reduce(B * (w * d + d), t, cluster) if sp else 0
+        rep = m * (blocks + outside + 2 * b * P * w * d) / R + proj
+        ten = (m * (blocks / t + outside + 2 * b * P * w * d) / R
+               + 2 * L * m * all_reduce(b * P * w * B, t, cluster) + proj)
+        return rep, ten
     n = L * (12 * w * w + 13 * w) + (11 + P) * w + w * d + d
     rep = 3 * m * (blocks + outside) / R + (all_reduce(n * B, t, cluster) if sp else 0)
     ten = (3 * m * (blocks / t + outside) / R + 4 * L * m * all_reduce(b * P * w * B, t, cluster)
@@ -158,30 +166,37 @@ def times(s, w, cluster, t, b, m, sp, mfu=0.5, B=2):
     return rep, ten
 
 
+@pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("sp", [False, True])
 @pytest.mark.parametrize("b,m,t", [(1, 1, 8), (16, 1, 8), (4, 3, 2), (2, 8, 4)])
-def test_step_time_and_crossover(sp, b, m, t):
+def test_step_time_and_crossover(frozen, sp, b, m, t):
     s, h100 = LLAVA15_VISION, calc.H100_80GB
-    for layout, expected in zip(("replicated", "tensor"), times(s, s.width, h100, t, b, m, sp),
-                                strict=True):
-        got = calc.vision_step_time(s, h100, layout, t, b, m, sp)
+    for layout, expected in zip(("replicated", "tensor"),
+                                times(s, s.width, h100, t, b, m, sp, frozen=frozen), strict=True):
+        got = calc.vision_step_time(s, h100, layout, t, b, m, sp, frozen=frozen)
         assert got == pytest.approx(expected, rel=1e-12)
-    c = calc.vision_crossover(s, h100, t, b, m, sp)
-    rep, ten = times(s, c.width, h100, t, b, m, sp)
+    c = calc.vision_crossover(s, h100, t, b, m, sp, frozen=frozen)
+    rep, ten = times(s, c.width, h100, t, b, m, sp, frozen=frozen)
     assert rep == pytest.approx(ten, rel=1e-9)
     assert (c.below, c.above) == ("replicated", "tensor")
     assert c.winner == ("tensor" if s.width > c.width else "replicated")
     parts = c.compute_seconds["tensor"] + c.tp_seconds["tensor"]
     assert c.seconds["tensor"] == pytest.approx(parts)
-    assert c.costs["tensor"] == calc.vision_layout(s, "tensor", t, b, m, sp)
+    assert c.costs["tensor"] == calc.vision_layout(s, "tensor", t, b, m, sp, frozen=frozen)
+
+
+def _terms(latency):
+    """H100 (without its latency when ``latency`` is False) and the closed forms' terms."""
+    cluster = calc.H100_80GB if latency else dataclasses.replace(calc.H100_80GB, intra_latency=0)
+    s = LLAVA15_VISION
+    return (cluster, s, 2, cluster.peak_flops * 0.5, cluster.intra_bandwidth,
+            cluster.intra_latency, s.patches)
 
 
 @pytest.mark.parametrize("latency", [True, False])
 @pytest.mark.parametrize("b,t", [(1, 8), (16, 8), (2, 2), (8, 4)])
 def test_crossover_without_sp_is_the_closed_form(latency, b, t):
-    cluster = calc.H100_80GB if latency else dataclasses.replace(calc.H100_80GB, intra_latency=0)
-    s, B, R = LLAVA15_VISION, 2, cluster.peak_flops * 0.5
-    beta, alpha, P = cluster.intra_bandwidth, cluster.intra_latency, s.patches
+    cluster, s, B, R, beta, alpha, P = _terms(latency)
     k = 2 * R * B / beta - 3 * P
     closed = (k + math.sqrt(k * k + 144 * R * t * alpha / (b * P))) / 36
     if not latency:
@@ -191,6 +206,82 @@ def test_crossover_without_sp_is_the_closed_form(latency, b, t):
         assert found == pytest.approx(closed, rel=1e-9)
     deeper = dataclasses.replace(s, layers=3)
     assert calc.vision_crossover(deeper, cluster, t, b).width == pytest.approx(closed, rel=1e-9)
+
+
+@pytest.mark.parametrize("latency", [True, False])
+@pytest.mark.parametrize("b,t", [(1, 8), (16, 8), (2, 2), (8, 4)])
+def test_frozen_crossover_is_its_closed_form_with_or_without_sp(latency, b, t):
+    cluster, s, B, R, beta, alpha, P = _terms(latency)
+    k = R * B / beta - P
+    closed = (k + math.sqrt(k * k + 24 * R * t * alpha / (b * P))) / 12
+    if not latency:
+        assert closed == pytest.approx((R * B / beta - P) / 6)
+    for m, sp in ((1, False), (4, False), (1, True), (4, True)):  # free of m; SP cancels
+        found = calc.vision_crossover(s, cluster, t, b, m, sp, grad_bytes=4, frozen=True).width
+        assert found == pytest.approx(closed, rel=1e-9)
+
+
+@pytest.mark.parametrize("shape", TINY, ids=lambda s: s.name)
+@pytest.mark.parametrize("b,m", [(1, 1), (3, 2)])
+def test_frozen_flops_equal_torchs_counter(shape, b, m):
+    """Only the projector trains: no backward through the encoder but its weight gradient."""
+    enc = Encoder(shape)
+    for name, p in enc.named_parameters():
+        p.requires_grad_(name.startswith("proj."))
+    pixels = torch.rand(b, shape.patches, 8)
+    with FlopCounterMode(display=False) as counter:
+        for _ in range(m):
+            enc(pixels).sum().backward()
+    frozen = calc.vision_layout(shape, "replicated", 1, b, microbatches=m, frozen=True)
+    assert counter.get_total_flops() == frozen.flops_per_step
+    assert frozen.trainable == sum(p.numel() for p in enc.parameters() if p.requires_grad)
+    assert frozen.trainable == calc.projector_params(shape)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_frozen_bytes_states_and_activations(m):
+    s, t, b, gb = TINY[0], 3, 2, 4
+    L, P, w, d = s.layers, s.patches, s.width, s.d_model
+    n, proj = calc.vision_encoder_params(s), w * d + d
+    for layout in ("replicated", "tensor"):  # SP: each rank's projector gradient is partial
+        cost = calc.vision_layout(s, layout, t, b, m, True, grad_bytes=gb, frozen=True)
+        blocks = 2 * L * m if layout == "tensor" else 0  # forward only
+        assert cost.tp_collectives_per_step == blocks + 1
+        assert cost.tp_bytes_per_step == blocks * b * P * w * 2 + proj * gb
+        assert cost.activation_bytes == b * P * w * 2  # the projector's input alone
+        assert cost.model_state_bytes == 16 * proj + 2 * (cost.params - proj)
+    rep = calc.vision_layout(s, "replicated", t, b, m, frozen=True)
+    assert (rep.tp_bytes_per_step, rep.tp_collectives_per_step, rep.params) == (0, 0, n)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("etp,tp,b", [(1, 8, 1), (2, 8, 4), (4, 4, 16), (8, 8, 2)])
+def test_encoder_stage(frozen, etp, tp, b):
+    """Its own stage: the "tensor" layout over etp without SP, plus tp/etp sends each way
+    of b·P·d values over the link spanning etp + tp ranks."""
+    s, h100 = LLAVA15_VISION, calc.H100_80GB
+    L, P, w, d, R = s.layers, s.patches, s.width, s.d_model, h100.peak_flops * 0.5
+    stage = calc.vision_encoder_stage(s, h100, etp, tp, b, frozen=frozen)
+    flops = calc.vision_layout(s, "tensor", etp, b, frozen=frozen).flops_per_step
+    assert stage.compute_seconds == pytest.approx(flops / R, rel=1e-12)
+    n_ar = (2 if frozen else 4) * L if etp > 1 else 0
+    assert stage.tp_seconds == pytest.approx(n_ar * all_reduce(b * P * w * 2, etp, h100),
+                                             rel=1e-12)
+    alpha, beta = ((h100.intra_latency, h100.intra_bandwidth) if etp + tp <= 8 else
+                   (h100.inter_latency, h100.inter_bandwidth))
+    assert stage.p2p_bytes == tp // etp * b * P * d * 2
+    assert stage.p2p_seconds == pytest.approx(2 * tp // etp * (alpha + b * P * d * 2 / beta),
+                                              rel=1e-12)
+    assert stage.seconds == pytest.approx(stage.compute_seconds + stage.tp_seconds
+                                          + stage.p2p_seconds)
+    assert stage.gpus == etp
+
+
+def test_encoder_stage_errors():
+    with pytest.raises(ValueError, match="must divide"):
+        calc.vision_encoder_stage(LLAVA15_VISION, calc.H100_80GB, 3, 8, 1)
+    with pytest.raises(ValueError, match="does not divide"):
+        calc.vision_encoder_stage(TINY[0], calc.H100_80GB, 2, 4, 1)
 
 
 def test_llava_shape():

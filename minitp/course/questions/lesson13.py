@@ -9,7 +9,8 @@ import math
 from dataclasses import replace
 
 from ...calc.cluster import H100_80GB
-from ...calc.vision import LLAVA15_VISION, vision_crossover, vision_encoder_params, vision_layout
+from ...calc.vision import LLAVA15_VISION, vision_encoder_params, vision_layout
+from ...calc.vision_time import vision_crossover
 from .form import Question, Wrong
 
 LETTERS = "abcd"
