@@ -29,6 +29,10 @@ With d_in = d_out = d and no bias, 2D sends fewer bytes than 1D exactly when
   regather:  3(q−1)(Td + d²) < 2(q²−1)·Td  ⟺  d < (2q−1)·T/3.
 Latency: a ring collective over n ranks is n−1 steps (2(n−1) for an all-reduce),
 each paying α once; a broadcast is counted as a chain of n−1 hops.
+
+A 2D transformer layer is not only its linear layers: its LayerNorms normalize each
+token over d features that lie along the grid row, so their statistics need all-reduces
+of their own (`layernorm2d_parts`, `layernorm2d_latency`), which 1D never pays.
 """
 
 from __future__ import annotations
@@ -128,6 +132,35 @@ def tp_linear_latency(scheme: str, n: int, bias: bool = True) -> dict[str, int]:
     if bias:
         collectives, alpha = collectives + 1, alpha + 2 * (q - 1)
     return {"collectives": collectives, "alpha": alpha}
+
+
+def layernorm2d_parts(tokens: int, d: int, q: int, bytes_per_value: int = 4,
+                      params: bool = True) -> dict[str, int | float]:
+    """Bytes one rank sends for each collective of one LayerNorm on a q × q grid, forward
+    + backward, in the ring model: a MODEL. Rank (i, j) holds tokens block i and features
+    block j, so each token's d features lie along its grid row and every per-token sum
+    over them is an all-reduce of T/q values along the row: Σx and Σx² forward (mean and
+    variance), Σg and Σg·x̂ backward (g the output's gradient times γ), each its own
+    all-reduce, as Colossal-AI's LayerNorm2D runs them (hpcaitech/ColossalAI,
+    colossalai/nn/layer/parallel_2d/layers.py and _operation.py). ``params``: γ's and
+    β's gradients too, each an all-reduce of d/q values along the column (every rank of
+    column j holds γ_j and β_j, as `Linear2D`'s bias). 1D tensor parallelism, with or
+    without sequence parallelism, needs none of the row's: a rank holds whole tokens."""
+    stats = Fraction(tokens, q) * bytes_per_value
+    parts = {f"all_reduce {what} (row)": _exact("all_reduce", stats, q)
+             for what in ("Σx", "Σx²", "Σg (bwd)", "Σg·x̂ (bwd)")}
+    if params:
+        for what in ("dγ", "dβ"):
+            parts[f"all_reduce {what} (col)"] = _exact("all_reduce",
+                                                       Fraction(d, q) * bytes_per_value, q)
+    return {name: number(value) for name, value in parts.items()}
+
+
+def layernorm2d_latency(q: int, params: bool = True) -> dict[str, int]:
+    """The collectives of `layernorm2d_parts` and their α terms: each all-reduce over q
+    ranks is 2(q−1) steps of the ring."""
+    collectives = 6 if params else 4
+    return {"collectives": collectives, "alpha": collectives * 2 * (q - 1)}
 
 
 def saved_values(scheme: str, tokens: int, d_in: int, d_out: int, n: int) -> dict[str, int]:

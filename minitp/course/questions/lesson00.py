@@ -1,10 +1,13 @@
-"""Lesson 00's questions: how many nodes one replica spans, and why tp is the fastest index."""
+"""Lesson 00's questions: how many nodes one replica spans, and how many a tensor-parallel
+group would span if tp were not the fastest index."""
 
 from __future__ import annotations
 
 from .form import Question, Wrong
 
 GPUS_PER_NODE = 8  # a DGX node (DGX H100 and A100 datasheets: 8 GPUs)
+PLACED = ("one GPU per rank, ranks in order node by node (ranks 0 to 7 on node 0, and so "
+          "on)")
 
 
 def replica_ranks(p) -> list[int]:
@@ -59,9 +62,8 @@ def replica_nodes(seed=None) -> Question:
     return _distinct(Question(
         key="00.replica-nodes", seed=seed, draw=draw,
         text=lambda p: (f"A run on nodes of {GPUS_PER_NODE} GPUs uses the mesh (dp, pp, tp) = "
-                        f"({p['dp']}, {p['pp']}, {p['tp']}), one GPU per rank, ranks in order "
-                        "node by node (ranks 0 to 7 on node 0, and so on), tp fastest, then "
-                        "dp, then pp. How many nodes does one data-parallel replica (one whole "
+                        f"({p['dp']}, {p['pp']}, {p['tp']}), {PLACED}, tp fastest, then dp, "
+                        "then pp. How many nodes does one data-parallel replica (one whole "
                         "copy of the model: its pp stages of tp ranks; take the one holding "
                         "rank 0) span? (A whole number.)"),
         right=replica_node_count,
@@ -81,31 +83,75 @@ def replica_nodes(seed=None) -> Question:
     ))
 
 
+def dp_fastest_tp_group(p) -> list[int]:
+    """The tensor-parallel group holding rank p["rank"] if dp were the fastest index:
+    r = stage·dp·tp + t·dp + d, so the group's ranks are dp apart."""
+    dp, tp, rank = p["dp"], p["tp"], p["rank"]
+    stage, d = rank // (dp * tp), rank % dp
+    return [stage * dp * tp + t * dp + d for t in range(tp)]
+
+
+def tp_group_nodes(p) -> int:
+    return len({rank // GPUS_PER_NODE for rank in dp_fastest_tp_group(p)})
+
+
 def why_tp_fastest(seed=None) -> Question:
-    return Question(
-        key="00.why-tp-fastest", seed=seed, draw=lambda rng: {}, kind="choice",
-        text=lambda p: ("Megatron-LM numbers the ranks of a (dp, pp, tp) mesh with the "
-                        "tensor-parallel index fastest, so a tensor-parallel group is a run of "
-                        "adjacent ranks, on one node. Why that axis? (a) its collectives run "
-                        "inside every layer, forward and backward, so they need the fastest "
-                        "links; (b) the pipeline's messages are the largest; (c) the "
-                        "data-parallel all-reduce runs after every layer; (d) the order makes "
-                        "no difference to speed."),
-        right=lambda p: "a",
+    def draw(rng):
+        while True:  # a group that leaves its node: one node would be Megatron's answer too
+            p = {"tp": rng.choice((2, 4, 8)), "dp": rng.choice((3, 4, 6, 12)),
+                 "pp": rng.choice((2, 4))}
+            p["rank"] = rng.randrange(p["dp"] * p["pp"] * p["tp"])
+            if tp_group_nodes(p) > 1:
+                return p
+
+    def worked(p):
+        group, dp, tp = dp_fastest_tp_group(p), p["dp"], p["tp"]
+        nodes = sorted({rank // GPUS_PER_NODE for rank in group})
+        stage, d = p["rank"] // (dp * tp), p["rank"] % dp
+        t = (p["rank"] // dp) % tp
+        megatron = [(stage * dp + d) * tp + k for k in range(tp)]
+        return (
+            f"dp fastest: rank {p['rank']} is d = {p['rank']} mod {dp} = {d}, t = "
+            f"({p['rank']} // {dp}) mod {tp} = {t}, stage {p['rank']} // (dp·tp) = {stage}. Its "
+            f"tensor-parallel group keeps the stage and d and runs t over 0..{tp - 1}: ranks "
+            f"{stage}·{dp * tp} + t·{dp} + {d} = {group}, {dp} apart, on nodes {nodes} "
+            f"(rank // {GPUS_PER_NODE}): {len(nodes)} nodes. With tp fastest the same group "
+            f"is ranks {megatron}, adjacent, on one node. Tensor parallelism sums an activation "
+            "in every layer, forward and backward (lesson 03: twice each way); data parallelism "
+            "once a step, the pipeline one activation per microbatch between neighbours. So "
+            "the order that keeps tp's group inside a node (NVLink) is the one that makes the "
+            "least traffic cross the slower links between nodes (Narayanan et al. 2021, "
+            "Takeaway 1: tensor parallelism within a node). `mt.layout(dp=tp, pp=pp, tp=dp)"
+            "['dp']` lists these groups: the names swapped, tp becomes the middle index.")
+
+    def text(p):
+        return ("Megatron-LM numbers a (dp, pp, tp) mesh's ranks with the tensor-parallel "
+                "index fastest (this lesson's rank formula). Suppose a launcher put the "
+                "data-parallel index fastest instead: r = stage·(dp·tp) + t·dp + d, for tensor "
+                f"index t and data-parallel index d. The run has (dp, pp, tp) = ({p['dp']}, "
+                f"{p['pp']}, {p['tp']}), {GPUS_PER_NODE} GPUs a node, {PLACED}. Under that "
+                "order, on how many nodes are the ranks of the tensor-parallel group that "
+                f"holds rank {p['rank']}? (A whole number.)")
+
+    return _distinct(Question(
+        key="00.why-tp-fastest", seed=seed, draw=draw, text=text,
+        right=tp_group_nodes,
         wrong=[
-            Wrong(lambda p: "b", "the pipeline sends one activation per microbatch between "
-                                 "neighbouring stages: the least traffic of the three axes"),
-            Wrong(lambda p: "c", "the data-parallel gradients are summed once per step (in "
-                                 "buckets that overlap backward), not after every layer"),
-            Wrong(lambda p: "d", "it does: NVLink inside a node is an order of magnitude "
-                                 "faster than the network between nodes"),
+            Wrong(lambda p: 1, "that is Megatron's order, tp fastest, where a group of up to "
+                               "8 is adjacent ranks on one node; with dp fastest its ranks "
+                               "are dp apart"),
+            Wrong(lambda p: -(-((p["tp"] - 1) * p["dp"] + 1) // GPUS_PER_NODE),
+                  "that is the group's span, (tp-1)·dp + 1 ranks, packed into whole nodes "
+                  "from a node's first rank; the span starts where the group's first rank "
+                  "sits, and can straddle one boundary more"),
+            Wrong(lambda p: p["tp"], "that is a node per rank, true only when the ranks are "
+                                     "a node or more apart (dp ≥ 8); here neighbours in the "
+                                     "group can share a node"),
+            Wrong(lambda p: -(-p["dp"] * p["tp"] // GPUS_PER_NODE),
+                  "that is the nodes of the whole stage's dp·tp ranks, not of one group"),
         ],
-        worked=lambda p: (
-            "tensor parallelism all-reduces (or all-gathers and reduce-scatters) an activation "
-            "in every layer, twice forward and twice backward (lesson 03), on the critical "
-            "path; the pipeline and data parallelism move far less, less often. So tp takes "
-            "the fastest links: adjacent ranks, one node (Narayanan et al. 2021, Takeaway 1)."),
-    )
+        worked=worked,
+    ))
 
 
 QUESTIONS = {"00.replica-nodes": replica_nodes, "00.why-tp-fastest": why_tp_fastest}

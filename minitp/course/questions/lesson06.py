@@ -1,9 +1,14 @@
-"""Lesson 06's questions: a 2D layer's bytes per rank, its latency terms, and whether 2D or
-1D+SP sends fewer bytes inside a node."""
+"""Lesson 06's questions: a 2D layer's bytes per rank, the latency terms of a 2D MLP block
+(its LayerNorm included), and whether 2D or 1D+SP sends fewer bytes inside a node."""
 
 from __future__ import annotations
 
-from ...calc.two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp_linear_latency
+from ...calc.two_d import (
+    layernorm2d_latency,
+    tp1d_linear_bytes,
+    tp2d_linear_bytes,
+    tp_linear_latency,
+)
 from .form import Question, Wrong
 
 # (T, d, q) with whole blocks (q divides T and d) and d/T at least 1/8 and at least 10% away
@@ -56,41 +61,60 @@ def two_d_bytes(seed=None) -> Question:
 
 
 def alpha_terms(seed=None) -> Question:
-    def draw(rng):  # q = 2 and q = 3 would make two answers equal (the lesson's table)
-        return {"q": rng.choice((4, 8, 16, 32))}
+    def draw(rng):  # q = 4 and q = 6 would make two answers below equal
+        return {"q": rng.choice((7, 8, 12, 16))}
 
-    def n(p):
-        return p["q"] ** 2
+    def linears(p, scheme="2d"):  # the block's two linear layers, with biases
+        return 2 * tp_linear_latency(scheme, p["q"] ** 2)["alpha"]
+
+    def norm(p):
+        return layernorm2d_latency(p["q"])["alpha"]
+
+    def ring(p):  # one all-reduce along a row or a column
+        return 2 * (p["q"] - 1)
 
     return Question(
         key="06.alpha-terms", seed=seed, draw=draw,
-        text=lambda p: (f"A linear layer with a bias runs 2D tensor parallel on a {p['q']} × "
-                        f"{p['q']} grid (N = {n(p)} ranks), saving the gathered blocks (minitp's "
-                        "`Linear2D`). In the lesson's latency model each sequential step of a "
-                        "ring collective over n ranks pays α once: n - 1 steps for an all-gather "
-                        "or a reduce-scatter, 2(n - 1) for an all-reduce. How many α terms does "
-                        "one rank pay for the layer, forward and backward? (A whole number.)"),
-        right=lambda p: tp_linear_latency("2d", n(p))["alpha"],
+        text=lambda p: (f"A transformer's MLP block runs 2D tensor parallel on a {p['q']} × "
+                        f"{p['q']} grid (N = {p['q'] ** 2} ranks): a LayerNorm (the lesson's "
+                        "`LayerNorm2D`, each sum it needs its own collective), then two "
+                        "`Linear2D` layers with biases, gathered blocks saved, a GELU between "
+                        "them. In the lesson's latency model (one α per sequential step of a "
+                        "ring collective), how many α terms does one rank pay for the block, "
+                        "forward and backward? (A whole number.)"),
+        right=lambda p: linears(p) + norm(p),
         wrong=[
-            Wrong(lambda p: tp_linear_latency("1d", n(p))["alpha"],
-                  "that is 1D's all-reduce over all N ranks, 2(N-1): 2D's collectives span only "
-                  "a row or a column, q = √N ranks"),
-            Wrong(lambda p: tp_linear_latency("2d", n(p), bias=False)["alpha"],
-                  "that leaves out the bias: its gradient is summed along the column, one more "
-                  "all-reduce of 2(q-1) steps"),
-            Wrong(lambda p: tp_linear_latency("2d-regather", n(p))["alpha"],
-                  "that gathers X and W again in backward (Optimus): `Linear2D` saves them, so "
-                  "backward runs only the two reduce-scatters and the bias's all-reduce"),
-            Wrong(lambda p: tp_linear_latency("2d", n(p))["collectives"],
-                  "that counts the collectives, 5; each pays one α per step of its ring"),
+            Wrong(lambda p: linears(p),
+                  "that is the two linear layers alone: the LayerNorm normalizes each token "
+                  "over d features that lie along the grid row, and every sum it needs is an "
+                  "all-reduce"),
+            Wrong(lambda p: linears(p) + 2 * ring(p),
+                  "that counts the LayerNorm's forward statistics only (Σx and Σx²); its "
+                  "backward needs two more sums along the row, and γ and β their gradients "
+                  "summed along the column"),
+            Wrong(lambda p: linears(p) + 4 * ring(p),
+                  "that is four of the LayerNorm's six all-reduces: its statistics take two "
+                  "forward and two backward along the row, and γ's and β's gradients one each "
+                  "along the column, as the bias's"),
+            Wrong(lambda p: linears(p, "2d-regather") + norm(p),
+                  "that gathers X and W again in backward (Optimus): `Linear2D` saves them"),
+            Wrong(lambda p: 2 * tp_linear_latency("1d", p["q"] ** 2)["alpha"],
+                  "that is 1D's MLP over all N ranks, an all-reduce of 2(N-1) steps forward and "
+                  "one backward: 2D's collectives span a row or a column, q ranks"),
+            Wrong(lambda p: 2 * tp_linear_latency("2d", p["q"] ** 2)["collectives"]
+                  + layernorm2d_latency(p["q"])["collectives"],
+                  "that counts the collectives; each pays one α per step of its ring"),
         ],
         worked=lambda p: (
-            f"forward: an all-gather along the row and one along the column, q - 1 = "
-            f"{p['q'] - 1} steps each; backward: two reduce-scatters, {p['q'] - 1} steps each, "
-            f"and the bias's all-reduce along the column, 2(q - 1) = {2 * (p['q'] - 1)}. "
-            f"In all 6(q - 1) = {tp_linear_latency('2d', n(p))['alpha']} α terms (a MODEL: "
-            "`minitp.calc.two_d.tp_linear_latency`), against 2(N - 1) = "
-            f"{tp_linear_latency('1d', n(p))['alpha']} for 1D's ring all-reduce over N ranks."),
+            f"each Linear2D: two all-gathers forward and two reduce-scatters backward, q - 1 = "
+            f"{p['q'] - 1} steps each, and the bias's all-reduce along the column, 2(q - 1) = "
+            f"{ring(p)}: 6(q - 1) = {linears(p) // 2}. The LayerNorm: Σx and Σx² forward, Σg "
+            f"and Σg·x̂ backward, all-reduced along the row, and dγ, dβ along the column: six "
+            f"all-reduces, 12(q - 1) = {norm(p)}. In all 2·6(q - 1) + 12(q - 1) = 24(q - 1) = "
+            f"{linears(p) + norm(p)} α terms (a MODEL: `minitp.calc.two_d.tp_linear_latency` and "
+            "`layernorm2d_latency`): the LayerNorm pays as many as the two linear layers. "
+            f"1D's MLP over N ranks pays 4(N - 1) = "
+            f"{2 * tp_linear_latency('1d', p['q'] ** 2)['alpha']}, and no LayerNorm collective."),
     )
 
 

@@ -117,31 +117,33 @@ def which_axis(seed=None) -> Question:
         text=lambda p: (f"A model with 8 key/value heads (grouped-query attention) trains on "
                         f"sequences of s = {p['s']:,} tokens on nodes of 8 GPUs (a DGX node; "
                         "NVLink inside it, slower links between nodes). With t = 8 tensor "
-                        "parallelism, sequence parallelism and selective recomputation (no "
-                        "s x s tensor kept), micro-batches of one sequence and 1F1B with more "
-                        "microbatches than stages, the busiest GPU's activations still do not "
-                        "fit. Which change halves them? "
+                        "parallelism, sequence parallelism and selective recomputation, "
+                        "micro-batches of one sequence, one layer's activations on a GPU still "
+                        "do not fit. Which change halves them? "
                         "Answer 'a', 'b', 'c' or 'd': (a) t = 16, across two nodes; (b) "
-                        "context parallelism c = 2; (c) twice as many pipeline stages; "
-                        "(d) twice as many data-parallel ranks."),
+                        "context parallelism c = 2; (c) a fused attention kernel (flash "
+                        "attention) in place of the written-out core; (d) twice as many "
+                        "data-parallel ranks."),
         right=lambda p: "b",
         wrong=[
             Wrong(lambda p: "a", "attention is split by heads: t = 16 exceeds the 8 key/value "
                                  "heads (K and V would be copied), and tensor parallelism's "
                                  "collectives in every layer would cross the slow links"),
-            Wrong(lambda p: "c", "with 1F1B the first stage holds p microbatches of l/p "
-                                 "layers: l layers' worth whatever p is, so its activations "
-                                 "do not shrink"),
+            Wrong(lambda p: "c", "a fused kernel never writes the s x s scores, but selective "
+                                 "recomputation already keeps none of them; what is left is "
+                                 "linear in s and divided by t alone, and a fused kernel does "
+                                 "not divide it"),
             Wrong(lambda p: "d", "data parallelism splits the batch, not a sequence: each "
                                  "rank still runs whole sequences of s tokens"),
         ],
         worked=lambda p: (
-            "context parallelism splits the sequence inside attention too: each of c ranks "
-            f"keeps s/c = {p['s'] // 2:,} positions of every activation, Q, K, V and the "
-            "output included, and K/V travel round the ring, so activations per rank fall as "
-            "1/c (measured in this lesson: SP + CP at c = 2 kept about half of SP + "
-            "selective). It adds 2(3c-2) messages of K or V per layer, overlapped with "
-            "compute."),
+            "with no s x s tensor kept, what is left is linear in s and divided by t, and t is "
+            "capped: by the 8 K/V heads and by the node. Context parallelism splits the "
+            f"sequence inside attention too: each of c ranks keeps s/c = {p['s'] // 2:,} "
+            "positions of every activation, Q, K, V and the output included, and K/V travel "
+            "round the ring, so activations per rank fall as 1/c (measured in this lesson: "
+            "SP + CP at c = 2 kept about half of SP + selective). It adds 2(3c-2) messages of "
+            "K or V per layer, overlapped with compute."),
     )
 
 

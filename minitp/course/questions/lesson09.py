@@ -9,7 +9,6 @@ from types import SimpleNamespace
 from ...calc.comm import cp_comm_bytes
 from .form import Question, Wrong
 
-LETTERS = "abcd"
 # (name, n_head, n_kv, d_model): Llama 3's 8B and 70B (Meta, "The Llama 3 Herd of Models"
 # 2024, Table 3: 32 and 64 query heads, 8 K/V heads, model dimension 4096 and 8192)
 MODELS = (("Llama 3 8B", 32, 8, 4096), ("Llama 3 70B", 64, 8, 8192))
@@ -34,11 +33,10 @@ def ring_bytes(seed=None) -> Question:
         key="09.ring-bytes", seed=seed, draw=draw,
         text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads, "
                         f"d_model {p['d']}) trains on sequences of {p['seq']} tokens split over "
-                        f"cp = {p['cp']} ranks by ring attention (load-balanced), one sequence "
-                        "a microbatch, bf16, no tensor parallelism. The ring passes K and V at "
-                        "their own heads: forward K and V go cp−1 hops, backward K and V again "
-                        "and the dK/dV accumulators cp hops. How many MiB does one rank send "
-                        "per layer per microbatch? (In MiB; within 1%.)"),
+                        f"cp = {p['cp']} ranks by minitp's ring attention (load-balanced), one "
+                        "sequence a microbatch, bf16, no tensor parallelism. How many MiB does "
+                        "one rank send for the ring in one layer, forward and backward, per "
+                        "microbatch? (In MiB; within 1%.)"),
         right=mib,
         wrong=[
             Wrong(lambda p: mib(p, p["heads"]),
@@ -96,54 +94,63 @@ def kv_weight(seed=None) -> Question:
     )
 
 
+def _local_to_global(p) -> int:
+    """The global position of local token j on cp rank `rank` under the load-balanced
+    split: chunks i and 2·cp−1−i of s / (2·cp) tokens, the early one first."""
+    size, i = p["s"] // (2 * p["cp"]), p["rank"]
+    chunk, offset = divmod(p["j"], size)
+    return (i if chunk == 0 else 2 * p["cp"] - 1 - i) * size + offset
+
+
+def _rope_mistakes(p) -> list[int]:
+    """The usual mistakes' positions: local, the contiguous split, chunk i + cp."""
+    size, i, k = p["s"] // (2 * p["cp"]), p["rank"], p["j"] - p["s"] // (2 * p["cp"])
+    return [p["j"], i * (p["s"] // p["cp"]) + p["j"], (i + p["cp"]) * size + k]
+
+
 def rope_positions(seed=None) -> Question:
     def draw(rng):
-        cp = rng.choice((2, 4, 8))
-        rank = rng.randrange(1, cp)  # rank 0's local and contiguous positions coincide
-        order = list(range(4))
-        rng.shuffle(order)  # where each kind of answer sits among (a)-(d)
-        return {"cp": cp, "rank": rank, "s": 1024 * cp, "order": order}
-
-    def chunks(p):  # 2·cp chunks of s / (2·cp) tokens: rank i holds i and 2cp−1−i
-        c, i = p["s"] // (2 * p["cp"]), p["rank"]
-        return (f"[{i * c}, {(i + 1) * c}) and [{(2 * p['cp'] - 1 - i) * c}, "
-                f"{(2 * p['cp'] - i) * c})")
-
-    def answers(p):
-        per, i, c = p["s"] // p["cp"], p["rank"], p["s"] // (2 * p["cp"])
-        return [chunks(p),                                   # right: the load-balanced split
-                f"[0, {per})",                               # local positions: the trap
-                f"[{i * per}, {(i + 1) * per})",             # the contiguous split
-                f"[{i * c}, {(i + 1) * c}) and [{(i + p['cp']) * c}, "  # chunks i and i + cp
-                f"{(i + p['cp'] + 1) * c})"]
-
-    def letter(p, kind):
-        return LETTERS[p["order"].index(kind)]
+        while True:  # a token of the rank's second chunk, where every mistake differs
+            cp = rng.choice((2, 4, 8))
+            s = rng.choice((4096, 8192)) * cp
+            p = {"cp": cp, "rank": rng.randrange(1, cp), "s": s,
+                 "j": s // (2 * cp) + rng.randrange(s // (2 * cp))}
+            values = [_local_to_global(p), *_rope_mistakes(p)]
+            if len(set(values)) == len(values):
+                return p
 
     return Question(
-        key="09.rope-positions", seed=seed, draw=draw, kind="choice",
+        key="09.rope-positions", seed=seed, draw=draw, rel_tol=1e-12,
         text=lambda p: (f"A sequence of s = {p['s']} tokens is split over cp = {p['cp']} ranks "
-                        "with the load-balanced split (2·cp equal chunks; rank i holds chunks i "
-                        "and 2·cp−1−i). By which positions must cp rank "
-                        f"{p['rank']} rotate its queries and keys with RoPE? "
-                        + "; ".join(f"({LETTERS[k]}) {answers(p)[p['order'][k]]}"
-                                    for k in range(4)) + "."),
-        right=lambda p: letter(p, 0),
+                        "by minitp's load-balanced split (lesson 08). cp rank "
+                        f"{p['rank']} holds its {p['s'] // p['cp']} tokens in one local tensor, "
+                        "in the order the split gives them. By which position must RoPE rotate "
+                        f"the query and key of its local token j = {p['j']} (counted from 0)? "
+                        "(A whole number.)"),
+        right=_local_to_global,
         wrong=[
-            Wrong(lambda p: letter(p, 1),
-                  "those are local positions, the trap: every rank would rotate its tokens as "
+            Wrong(lambda p: _rope_mistakes(p)[0],
+                  "that is the local position, the trap: every rank would rotate its tokens as "
                   "if they began the sequence, and q·k would see the wrong distances"),
-            Wrong(lambda p: letter(p, 2),
-                  "that is the contiguous split, which gives the last rank most of the causal "
-                  "work; the load-balanced split gives each rank an early and a late chunk"),
-            Wrong(lambda p: letter(p, 3),
-                  "chunks i and i + cp: the balanced split pairs chunk i with its mirror, "
-                  "chunk 2·cp−1−i, so that an early chunk and a late one share a rank"),
+            Wrong(lambda p: _rope_mistakes(p)[1],
+                  "that is the contiguous split (rank i holding positions i·s/cp onward), which "
+                  "gives the last rank most of the causal work; the load-balanced split gives "
+                  "each rank an early and a late chunk"),
+            Wrong(lambda p: _rope_mistakes(p)[2],
+                  "that takes chunk i + cp for the late one: the balanced split pairs chunk i "
+                  "with its mirror, chunk 2·cp−1−i, so that an early chunk and a late one share "
+                  "a rank"),
         ],
         worked=lambda p: (
-            f"rank {p['rank']} holds chunks {p['rank']} and {2 * p['cp'] - 1 - p['rank']} of "
-            f"{2 * p['cp']}, positions {chunks(p)} (`minitp.context_parallel.split."
-            "global_positions`, which `ContextParallelRotary` uses)."),
+            f"the split cuts s into 2·cp = {2 * p['cp']} chunks of s/(2·cp) = "
+            f"{p['s'] // (2 * p['cp'])} and gives rank {p['rank']} chunks {p['rank']} and "
+            f"2·cp−1−{p['rank']} = {2 * p['cp'] - 1 - p['rank']}, the early one first. Local "
+            f"token {p['j']} is past the first chunk, so it is token "
+            f"{p['j'] - p['s'] // (2 * p['cp'])} of chunk {2 * p['cp'] - 1 - p['rank']}: "
+            f"position {2 * p['cp'] - 1 - p['rank']}·{p['s'] // (2 * p['cp'])} + "
+            f"{p['j'] - p['s'] // (2 * p['cp'])} = {_local_to_global(p)} "
+            "(`minitp.context_parallel.split.global_positions`, which `ContextParallelRotary` "
+            "uses)."),
     )
 
 

@@ -1,8 +1,7 @@
 """Lessons 00 to 09: the mesh, collectives, tensor, sequence and context parallelism.
 
-Not checked (a reasoning, not a number the library computes): 00.why-tp-fastest,
-01.which-collective, 02.mlp-split, 03.qkv-order, 04.no-gather, 05.partial-grads,
-08.which-axis."""
+Not checked (a reasoning, not a number the library computes): 01.which-collective,
+02.mlp-split, 03.qkv-order, 04.no-gather, 05.partial-grads, 08.which-axis."""
 
 import pytest
 from answers_common import MiB, asked, close
@@ -10,7 +9,7 @@ from answers_common import MiB, asked, close
 import minitp as mt
 from minitp.rules import cp_chunks
 
-NOT_CHECKED = {"00.why-tp-fastest", "01.which-collective", "02.mlp-split", "03.qkv-order",
+NOT_CHECKED = {"01.which-collective", "02.mlp-split", "03.qkv-order",
                "04.no-gather", "05.partial-grads", "08.which-axis"}
 
 
@@ -38,6 +37,21 @@ def test_replica_nodes_is_the_count_mt_layout_gives():
 def test_replica_nodes_of_the_issues_meshes(mesh, nodes):
     dp, pp, tp = mesh
     assert replica_nodes_from_layout(dp, pp, tp, 0) == nodes
+
+
+def test_why_tp_fastest_counts_the_nodes_mt_layout_gives_with_dp_fastest():
+    for q, p, right in asked("00.why-tp-fastest"):
+        # dp fastest, then tp, then pp is mt.layout's order with the names of dp and tp
+        # swapped: its "dp" groups (the middle index varying) are then the tp groups
+        groups = mt.layout(dp=p["tp"], pp=p["pp"], tp=p["dp"])["dp"]
+        (group,) = [g for g in groups if p["rank"] in g]
+        assert len(group) == p["tp"] and group[1] - group[0] == p["dp"]
+        assert right == len({r // 8 for r in group}) > 1, p
+        megatron = [g for g in mt.layout(dp=p["dp"], pp=p["pp"], tp=p["tp"])["tp"]
+                    if p["rank"] in g]
+        assert len({r // 8 for r in megatron[0]}) == 1  # tp fastest: one node
+        for mistake in q.wrong:
+            assert mistake.value(p) != right, (p, mistake.says)
 
 
 # ---- lessons 01 to 05: collectives, tensor and sequence parallelism -------------------------
@@ -112,8 +126,10 @@ def test_06_two_d():
         q, T, d = p["q"], p["T"], p["d"]
         assert close(right, 2 * (q - 1) / q**2 * (T * d + d * d) * 2)
     for _, p, right in asked("06.alpha-terms"):
-        q = p["q"]  # 2 all-gathers and 2 reduce-scatters of q-1 steps, an all-reduce of 2(q-1)
-        assert right == 6 * (q - 1)
+        q = p["q"]  # a ring over q ranks: q-1 steps to gather or scatter, 2(q-1) to all-reduce
+        linear = 2 * (q - 1) + 2 * (q - 1) + 2 * (q - 1)  # gathers, reduce-scatters, bias
+        norm = 4 * 2 * (q - 1) + 2 * 2 * (q - 1)  # Σx, Σx², Σg, Σg·x̂ on the row; dγ, dβ
+        assert right == 2 * linear + norm
     for _, p, right in asked("06.which-split"):
         T, d = p["T"], p["d"]
         bytes_ = {"a": mt.calc.tp1d_linear_bytes(T, d, d, 4, sequence_parallel=True),
@@ -158,8 +174,7 @@ def test_08_and_09_context_parallel():
     for _, p, right in asked("09.kv-weight"):
         head_dim = p["d"] // p["heads"]  # tp above the K/V heads: every rank holds them all
         assert close(right, 2 * p["kv"] * head_dim * p["d"] * 2 / MiB)
-    for q, p, right in asked("09.rope-positions"):
-        size = p["s"] // (2 * p["cp"])
-        i, j = cp_chunks(p["rank"], p["cp"])
-        marked = q.text(p).split(f"({right}) ")[1].split(";")[0].rstrip(".")
-        assert marked == f"[{i * size}, {(i + 1) * size}) and [{j * size}, {(j + 1) * size})"
+    for _, p, right in asked("09.rope-positions"):
+        size = p["s"] // (2 * p["cp"])  # the rank's local tensor: its two chunks, in order
+        positions = [k * size + o for k in cp_chunks(p["rank"], p["cp"]) for o in range(size)]
+        assert len(positions) == p["s"] // p["cp"] and right == positions[p["j"]], p
