@@ -125,6 +125,31 @@ def test_the_models_formulas():
                                                                      "alpha": 16}
 
 
+def test_the_layernorms_model_counts_six_all_reduces():
+    # Σx, Σx², Σg, Σg·x̂: T/q values each along the row; dγ, dβ: d/q values along the column
+    parts = model.layernorm2d_parts(16, 8, 2, bytes_per_value=1)
+    row = [v for k, v in parts.items() if k.endswith("(row)")]
+    col = [v for k, v in parts.items() if k.endswith("(col)")]
+    assert row == [2 * 1 * (16 // 2) / 2] * 4 and col == [2 * 1 * (8 // 2) / 2] * 2
+    assert len(model.layernorm2d_parts(16, 8, 2, params=False)) == 4
+    assert model.layernorm2d_latency(3) == {"collectives": 6, "alpha": 24}
+    assert model.layernorm2d_latency(3, params=False) == {"collectives": 4, "alpha": 16}
+
+
+def test_layernorm_2d_equals_the_dense_layernorm_with_its_own_all_reduces():
+    run = mt.launch(two_d.layernorm_errors, 4, tokens=18, d=18, timeout=60)
+    for r in range(4):
+        assert set(run[r]) == {"output", "input grad", "weight grad", "bias grad"}
+        for name, error in run[r].items():
+            assert error < TOLERANCE, f"rank {r}: {name} differs by {error:.3g}"
+    events = [e for e in run.trace if e.rank == 0 and e.is_comm and e.label != "gather back"]
+    ops = [(e.phase, f"{e.op}@{e.axis}") for e in events]
+    assert ops == [("fwd", "all_reduce@row")] * 2 + [("bwd", "all_reduce@row")] * 2 \
+        + [("bwd", "all_reduce@col")] * 2
+    parts = model.layernorm2d_parts(18, 18, 2, bytes_per_value=FP64)
+    assert [e.model_bytes for e in events] == list(parts.values())
+
+
 @pytest.fixture(scope="module", params=[(288, 72), (16, 144)], ids=["2d-wins", "1d-wins"])
 def measured(request):
     tokens, d = request.param

@@ -6,6 +6,9 @@
 `equivalence_errors` runs on every rank: a two-layer network (Linear2D, GELU,
 Linear2D) against the same dense layers on one process, in float64, and returns
 the largest difference of the output and of every gradient, gathered back.
+`layernorm_errors` does the same for `LayerNorm2D`, the lesson's LayerNorm on the
+grid (the library's 2D code has only the linear layer): its statistics are summed
+along the grid row, where a token's features lie.
 
 `wire_bytes` launches `world` ranks and runs one forward and backward of the
 same layer seven ways: 1D row- and column-parallel, each with and without
@@ -118,6 +121,82 @@ def equivalence_errors(tokens: int, d: int, hidden: int, collective: str = "all_
         if bias:
             expected = dense.bias.grad.chunk(grid.q)[grid.j]
             errors[f"{name}.bias grad"] = (layer.bias.grad - expected).abs().max()
+    return {name: float(e) for name, e in errors.items()}
+
+
+class _LayerNorm2D(torch.autograd.Function):
+    """LayerNorm of this rank's block X_ij: each token's d features lie along the grid row,
+    so every per-token sum is an all-reduce along it (Σx, Σx² forward; Σg, Σg·x̂ backward,
+    g = dY·γ), each its own, as Colossal-AI's LayerNorm2D; γ_j and β_j, held by every rank
+    of column j, get their gradients summed along the column, as `Linear2D`'s bias."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, grid, eps):
+        ctx.grid, ctx.label, ctx.d = grid, trace.recorder().label, x.shape[-1] * grid.q
+        mean = comm.all_reduce(x.sum(-1), grid.row) / ctx.d
+        square = comm.all_reduce((x * x).sum(-1), grid.row) / ctx.d
+        rstd = (square - mean * mean + eps).rsqrt()[:, None]
+        x_hat = (x - mean[:, None]) * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return x_hat * weight + bias
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_hat, rstd, weight = ctx.saved_tensors
+        grid, d = ctx.grid, ctx.d
+        with trace.relabel(ctx.label):
+            g = grad * weight
+            mean_g = comm.all_reduce(g.sum(-1), grid.row)[:, None] / d
+            mean_gx = comm.all_reduce((g * x_hat).sum(-1), grid.row)[:, None] / d
+            grad_x = (g - mean_g - x_hat * mean_gx) * rstd
+            grad_w = comm.all_reduce((grad * x_hat).sum(0), grid.col)
+            grad_b = comm.all_reduce(grad.sum(0), grid.col)
+        return grad_x, grad_w, grad_b, None, None
+
+
+class LayerNorm2D(nn.Module):
+    """A dense ``nn.LayerNorm``'s blocks on a q × q `Grid`: takes and returns X_ij, holds
+    γ_j and β_j (the library has no 2D LayerNorm; this one is the lesson's)."""
+
+    def __init__(self, dense: nn.LayerNorm, grid: Grid):
+        super().__init__()
+        self.grid, self.eps = grid, dense.eps
+        self.weight = nn.Parameter(dense.weight.detach().chunk(grid.q)[grid.j].clone())
+        self.bias = nn.Parameter(dense.bias.detach().chunk(grid.q)[grid.j].clone())
+
+    def forward(self, x):
+        with trace.forward_phase():
+            y = _LayerNorm2D.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias,
+                                   self.grid, self.eps)
+        return y.reshape(x.shape)
+
+
+def layernorm_errors(tokens: int, d: int) -> dict[str, float]:
+    """On a q × q grid (the launched world): `LayerNorm2D` against ``nn.LayerNorm(d)`` with
+    random γ and β on one process, float64; the largest difference of the output and of
+    every gradient, over this rank's blocks (output and input gradient gathered back)."""
+    grid = Grid()
+    torch.manual_seed(0)
+    dev = device()
+    dense = nn.LayerNorm(d).double().to(dev)
+    with torch.no_grad():
+        dense.weight.normal_(1.0, 0.5)
+        dense.bias.normal_(0.0, 0.5)
+    x = torch.randn(tokens, d, dtype=torch.float64, device=dev, requires_grad=True)
+    weights = torch.randn(tokens, d, dtype=torch.float64, device=dev)
+    y = dense(x)
+    (y * weights).sum().backward()
+
+    layer = LayerNorm2D(dense, grid)
+    x_ij = split_2d(x.detach(), grid).requires_grad_()
+    y_ij = layer(x_ij)
+    (y_ij * split_2d(weights, grid)).sum().backward()
+    with trace.label("gather back"):
+        errors = {"output": (gather_2d(y_ij.detach(), grid) - y.detach()).abs().max(),
+                  "input grad": (gather_2d(x_ij.grad, grid) - x.grad).abs().max()}
+    for name in ("weight", "bias"):
+        expected = getattr(dense, name).grad.chunk(grid.q)[grid.j]
+        errors[f"{name} grad"] = (getattr(layer, name).grad - expected).abs().max()
     return {name: float(e) for name, e in errors.items()}
 
 
