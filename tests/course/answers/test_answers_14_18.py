@@ -1,7 +1,7 @@
 """Lessons 14 to 18: scaling, planning, the claims, ZeRO, experts.
 
-Not checked (a reasoning, not a number the library computes): 14.lower-comm-share,
-15.make-it-fit, 16.sixteen-bytes, 18.stats-group."""
+Not checked (a reasoning, not a number the library computes): 16.sixteen-bytes,
+18.stats-group."""
 
 import math
 
@@ -10,7 +10,7 @@ from test_answers_00_09 import korthikanti
 
 import minitp as mt
 
-NOT_CHECKED = {"14.lower-comm-share", "15.make-it-fit", "16.sixteen-bytes", "18.stats-group"}
+NOT_CHECKED = {"16.sixteen-bytes", "18.stats-group"}
 
 
 # Shoeybi et al. 2019, Table 1: t -> (hidden size, heads, layers); sequence 1024. Written out
@@ -30,6 +30,28 @@ def test_14_weak_efficiency():
         assert close(right, 100 * (ft / (p["t"] * p["tt"])) / (f1 / p["t1"]))
 
 
+def comm_over_compute(h, layers, t, batch, flops, cluster, s=1024, vocab=51200):
+    """Lesson 14's closed form for tensor parallelism's communication over compute: the
+    bandwidth term (2/9)(t-1)/h·F/B plus the latency term t(t-1)/9·αF/(bsh²), over the extra
+    compute 1 + s/(6h) + V/(12lh). F: the GPU's achieved FLOP/s."""
+    bandwidth = 2 / 9 * (t - 1) / h * flops / cluster.intra_bandwidth
+    latency = t * (t - 1) / 9 * cluster.intra_latency * flops / (batch * s * h * h)
+    return (bandwidth + latency) / (1 + s / (6 * h) + vocab / (12 * layers * h))
+
+
+def test_14_lower_comm_share():
+    clusters = {"v100": mt.calc.DGX2H_V100, "h100": mt.calc.H100_80GB}
+    for _, p, right in asked("14.lower-comm-share"):
+        h, _, layers = MEGATRON_FAMILY[p["t"]]
+        t, b, cluster = p["t"], p["batch"], clusters[p["gpu"]]
+        flops = 0.4 * cluster.peak_flops  # the question's 40% of peak
+        ratio = {"a": comm_over_compute(h, layers, t, 2 * b, flops, cluster),
+                 "b": comm_over_compute(h, layers, t, b, 2 * flops, cluster),
+                 "c": comm_over_compute(2 * h, layers, t, b, flops, cluster),
+                 "d": comm_over_compute(h, layers, 2 * t, b, flops, cluster)}
+        assert right == min(ratio, key=ratio.get), p  # the share r/(1+r) grows with r
+
+
 def test_15_first_stage_activations():
     from minitp.course.questions import lesson15
     for _, p, right in asked("15.first-stage-activations"):
@@ -37,6 +59,30 @@ def test_15_first_stage_activations():
         layer = korthikanti(cfg.seq_len, 1, cfg.d_model, cfg.n_head, p["tp"], True, False)
         held = min(p["pp"], p["m"]) * cfg.n_layer // p["pp"] * layer  # 1F1B: p in flight
         assert close(right, held / GiB, rel=0.01), p  # the calc adds the embedding's extras
+
+
+def test_15_make_it_fit():
+    # GPT-3 175B, t = 8, sequence parallelism, 1F1B, micro-batch 1, 18 bytes a parameter. The
+    # busiest GPU (first stage) by hand: its states (12lh²/p + Vh)/t parameters (biases and
+    # norms left out: < 0.1%) and l layers' activations (1F1B with m >= p); the step by
+    # `mt.calc.step_time` (the question's model). Right: the fastest per sequence that fits.
+    h, a, layers, s, vocab = 12288, 96, 96, 2048, 51200
+    act = {None: korthikanti(s, 1, h, a, 8, True, False),
+           "selective": korthikanti(s, 1, h, a, 8, True, True), "full": 2 * s * h / 8}
+    for _, p, right in asked("15.make-it-fit"):
+        d = p["n"] // 64
+        options = {"a": (d, 8, "full", p["batch"]), "b": (d, 8, "selective", p["batch"]),
+                   "c": (d // 2, 16, None, p["batch"]), "d": (d, 8, None, p["batch"] // 2)}
+        cost = {}
+        for key, (dp, pp, recompute, batch) in options.items():
+            assert batch // dp >= pp  # 1F1B holds p microbatches of l/p layers: l layers
+            states = 18 * (12 * layers * h * h / pp + vocab * h) / 8
+            if (states + layers * act[recompute]) / GiB <= 0.9 * 80:
+                cfg = mt.GPTConfig(vocab_size=vocab, seq_len=s, n_layer=layers, n_head=a, d_model=h)
+                st = mt.calc.step_time(cfg, mt.calc.A100_80GB, dp=dp, pp=pp, tp=8, micro_batch=1,
+                                       global_batch=batch, sp=True, recompute=recompute)
+                cost[key] = st.total / batch
+        assert right == min(cost, key=cost.get), p
 
 
 def test_16_states_and_days():
