@@ -61,6 +61,7 @@ from .moe import (
     moe_params,
     moe_params_of,
     moe_step_time,
+    node_limited_bytes,
 )
 from .params import (
     exact_param_count,
@@ -93,7 +94,7 @@ __all__ = [
     "MIXTRAL_8X7B", "MoEShape", "MoEStepTime", "OPTIMIZERS", "ep_vs_tp", "expert_parallel_sizes",
     "expert_params_per_stage", "layer_matrix_flops", "moe_all_to_all_bytes",
     "moe_all_to_all_bytes_from_counts", "moe_flops_per_token", "moe_params", "moe_params_of",
-    "moe_step_time",
+    "moe_step_time", "node_limited_bytes",
     "OverlapModel", "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
     "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
     "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",

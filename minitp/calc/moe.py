@@ -5,12 +5,14 @@ parallelism, and the planner's step time with ep.
 Every number here is a MODEL. A token uses the dense parameters and k of the E experts
 of every MoE layer: its *active* parameters set the FLOPs (≈ 6 per active parameter
 per token for training, Kaplan et al. 2020 §2.1), while *all* of them set the memory.
-The all-to-all bytes are in `minitp.calc.comm` (`moe_all_to_all_bytes`).
+The all-to-all bytes are in `minitp.calc.comm` (`moe_all_to_all_bytes`); the cross-node
+share of them under node-limited routing is `node_limited_bytes` here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from math import comb
 
 from ..rules import check_expert_parallel
 from .cluster import Cluster
@@ -159,6 +161,45 @@ def ep_vs_tp(shape: MoEShape, tokens: int, n: int, cluster: Cluster,
     return {"ep": {"bytes": ep["per_layer_step"], "seconds": 4 * a2a + table},
             "tp": {"bytes": tp_bytes, "seconds": tp_time},
             "ratio": tp_bytes / ep["per_layer_step"] if ep["per_layer_step"] else float("inf")}
+
+
+def node_limited_bytes(tokens: int, top_k: int, d: int, n_experts: int, nodes: int,
+                       max_nodes: int | None = None, per_node: bool = True,
+                       bytes_per_element: int = 2) -> dict:
+    """MODEL: the bytes one rank sends *across nodes* (InfiniBand) for one MoE layer per
+    training step (dispatch and combine, forward and backward: 4 all-to-alls), with the
+    ``n_experts`` experts spread evenly over ``nodes`` nodes and each of the rank's
+    ``tokens`` tokens routed to ``top_k`` of them.
+
+    ``max_nodes`` = M: DeepSeek-V3's node-limited routing (arXiv 2412.19437 §2.1.2: a
+    token's experts lie on at most M nodes, those whose best experts score highest; M = 4
+    of the 8 nodes its 64-way EP spans, §3.2.2). None: unrestricted top-k.
+    ``per_node``: how a token crosses. False: one row per remote expert, as a plain
+    all-to-all (and minitp) sends it. True: one copy per remote node, fanned out to the
+    experts there over NVLink (§3.2.2: by IB to the GPU of the same in-node index, then
+    NVLink); only then does M bound the cross-node bytes, to M copies of a token whatever k.
+
+    Assumed (uniform routing): the M nodes are any M of the N alike, the token's own
+    included, and its k experts any k of those nodes' experts alike. Expected nodes used:
+    m·(1 − C((m−1)e, k)/C(me, k)) with m = M (or N) and e = E/N experts a node; a used
+    node is the token's own with chance 1/N. Returns ``{"rows"``: expected cross-node
+    copies of a token, ``"at_most"``: the most one token can need, ``"bytes"``: the
+    expected bytes of the 4 all-to-alls``}``."""
+    m = nodes if max_nodes is None else max_nodes
+    if n_experts % nodes or not 1 <= m <= nodes:
+        raise ValueError(f"need E ({n_experts}) divisible by nodes ({nodes}) and "
+                         f"1 <= max_nodes ({max_nodes}) <= nodes")
+    e = n_experts // nodes
+    if top_k > m * e:
+        raise ValueError(f"top_k ({top_k}) is more than the {m * e} experts on {m} nodes")
+    remote = (nodes - 1) / nodes
+    if per_node:
+        used = m * (1 - comb((m - 1) * e, top_k) / comb(m * e, top_k))
+        rows, at_most = used * remote, min(top_k, m, nodes - 1)
+    else:
+        rows, at_most = top_k * remote, min(top_k, (nodes - 1) * e)
+    return {"rows": rows, "at_most": at_most,
+            "bytes": 4 * tokens * rows * d * bytes_per_element}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ half is tests/expert_parallel/test_moe_measured.py."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -200,3 +201,42 @@ def test_ep_vs_tp_at_deepseek_v3_size():
     assert got["tp"]["bytes"] == 2 * 2 * (n - 1) * tokens * d * 2  # 2 all-reduces of n·tokens
     assert got["ratio"] == pytest.approx(n / k, rel=1e-3)
     assert got["ep"]["seconds"] > 0 and got["tp"]["seconds"] > 0
+
+
+def _brute_force_remote_nodes(n_experts, nodes, top_k, max_nodes):
+    """The expected remote nodes of a token on node 0 by enumeration: every choice of
+    max_nodes nodes alike, then every choice of top_k of their experts alike."""
+    e, total, count = n_experts // nodes, 0, 0
+    for chosen in itertools.combinations(range(nodes), max_nodes):
+        experts = [x for node in chosen for x in range(node * e, (node + 1) * e)]
+        for picked in itertools.combinations(experts, top_k):
+            total += len({x // e for x in picked} - {0})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("E, N, k, M", [(8, 4, 3, 2), (12, 3, 2, 1), (12, 4, 4, 3), (8, 4, 2, 4)])
+def test_node_limited_rows_equal_enumeration(E, N, k, M):
+    got = calc.node_limited_bytes(1, k, 1, E, N, max_nodes=M)
+    assert got["rows"] == pytest.approx(_brute_force_remote_nodes(E, N, k, M), rel=1e-12)
+
+
+def test_node_limited_routing_bounds_only_what_crosses_per_node():
+    # DeepSeek-V3: 256 experts over 8 nodes, top-8, at most 4 nodes (arXiv 2412.19437 §2.1.2)
+    args = (4096, 8, 7168, 256, 8)
+    free, limited = (calc.node_limited_bytes(*args, max_nodes=m) for m in (None, 4))
+    rows = {m: calc.node_limited_bytes(*args, max_nodes=m, per_node=False) for m in (None, 4)}
+    assert rows[None] == rows[4] and rows[4]["rows"] == 8 * 7 / 8  # one row per remote expert
+    assert limited["at_most"] == 4 < free["at_most"] == 7 < rows[4]["at_most"] == 8
+    assert limited["bytes"] < free["bytes"] < rows[None]["bytes"]
+    assert rows[None]["bytes"] == 4 * 4096 * 7 * 7168 * 2
+    assert calc.node_limited_bytes(*args, max_nodes=8) == free
+    more = calc.node_limited_bytes(4096, 13, 7168, 256, 8, max_nodes=4)  # §3.2.2: up to 13
+    assert more["at_most"] == 4 and limited["rows"] < more["rows"] < 4
+
+
+def test_node_limited_bytes_refuses_impossible_shapes():
+    with pytest.raises(ValueError):
+        calc.node_limited_bytes(1, 2, 1, 10, 4)  # 10 experts over 4 nodes
+    with pytest.raises(ValueError):
+        calc.node_limited_bytes(1, 5, 1, 8, 4, max_nodes=2)  # 5 of the 4 experts on 2 nodes
