@@ -26,7 +26,9 @@ which PipeDream would have to keep in step, a question this lab leaves out.
 Weights are functional: each version is a tuple of tensors, and an update makes
 a new tuple, so a stashed version is simply one that something still holds —
 the microbatch in flight and autograd's saved tensors. MEASURED: after every
-unit, how many versions are alive (weak references to them) and their bytes.
+unit, how many versions are alive (weak references to them) and their bytes; and at
+every backward, how far the weights its gradient was computed on lie from the weights
+it updates (its staleness: 0 on the last stage and under a flush).
 
     result = compare(p=3, steps=20, microbatches=4)   # both runs, same data
     result["async"].versions                          # peak live versions per stage
@@ -80,6 +82,7 @@ class StageRun:
     versions: list[int]  # MEASURED: the most weight versions alive at once, per stage
     version_bytes: list[int]  # MEASURED: their bytes at that moment
     stage_bytes: list[int]  # one version of the stage's weights
+    staleness: list[float]  # MEASURED: mean ‖W_used − W_current‖ / ‖W_current‖ at each backward
     weights: list[list[torch.Tensor]]  # each stage's final weights
 
     def model_versions(self) -> list[int]:
@@ -137,6 +140,13 @@ def _refs(tensors) -> tuple:
     return tuple(weakref.ref(t) for t in tensors)
 
 
+def _distance(used, current) -> float:
+    """‖used − current‖ / ‖current‖ over a stage's tensors: how far the weights a gradient
+    was computed on lie from the weights it is applied to."""
+    gap = sum(float(((u - c) ** 2).sum()) for u, c in zip(used, current, strict=True))
+    return (gap / sum(float((c ** 2).sum()) for c in current)) ** 0.5
+
+
 def _stage(mode: str, setup: Setup, start, xs, ys) -> dict:
     """Rank s runs stage s of the pipeline in `mode`; see the module docstring."""
     axis, dev = world(), device()
@@ -148,7 +158,7 @@ def _stage(mode: str, setup: Setup, start, xs, ys) -> dict:
 
     current = version(start[s])
     made = [_refs(current)]  # weak references to every version: they keep none alive
-    in_flight, sends, losses, accumulated = {}, [], {}, None
+    in_flight, sends, losses, accumulated, stale = {}, [], {}, None, []
     peak, peak_bytes = 0, 0
     for kind, i in _order(mode, setup, s):
         if kind == "F":
@@ -179,6 +189,7 @@ def _stage(mode: str, setup: Setup, start, xs, ys) -> dict:
                     out = loss_of(out, ys[i].to(dev)) if last else out
                 wrt = used + (() if first else (inp,))
                 grads = torch.autograd.grad(out, wrt, grad)
+            stale.append(_distance(used, current))
             if not first:
                 sends.append(isend(grads[-1], axis.ranks[s - 1], tag=2 * i + 1))
             del inp, out, used, wrt  # nothing here keeps a version alive any more
@@ -204,6 +215,7 @@ def _stage(mode: str, setup: Setup, start, xs, ys) -> dict:
         pending.wait()
     return {"losses": losses, "versions": peak, "version_bytes": peak_bytes,
             "stage_bytes": sum(t.nbytes for t in current),
+            "staleness": sum(stale) / len(stale),
             "weights": [t.detach().cpu() for t in current]}
 
 
@@ -218,7 +230,8 @@ def run(mode: str, setup: Setup = Setup(), timeout: float = 60.0) -> StageRun:
     losses = ranks[setup.p - 1]["losses"]
     return StageRun(mode, [losses[i] for i in range(setup.stream)],
                     [r["versions"] for r in ranks], [r["version_bytes"] for r in ranks],
-                    [r["stage_bytes"] for r in ranks], [r["weights"] for r in ranks])
+                    [r["stage_bytes"] for r in ranks], [r["staleness"] for r in ranks],
+                    [r["weights"] for r in ranks])
 
 
 def compare(setup: Setup = Setup(), timeout: float = 60.0) -> dict[str, StageRun]:

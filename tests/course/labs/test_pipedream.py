@@ -9,6 +9,9 @@
   without any schedule; the real run must match it to float64 rounding. Without weight
   stashing (the backward uses the newest weights) it must not.
 * Weight versions alive at once, counted on each stage: p − s with stashing, 1 with a flush.
+* Staleness, measured at each backward: the relative distance between the weights the
+  gradient was computed on and those it updates, as the reference's versions give it; 0 on
+  the last stage and everywhere under a flush.
 """
 
 import pytest
@@ -40,11 +43,17 @@ def _plain_sgd(setup):
 def _pipedream_rule(setup):
     """PipeDream's rule, no schedule: every version of every stage, W_s^(0), W_s^(1), …;
     microbatch i runs on (W_0^(d_0(i)), …, W_{p−1}^(d_{p−1}(i))), d_s(i) = max(0, i − p + s + 1),
-    and W_s^(i+1) = W_s^(i) − (lr/m) · its gradient."""
+    and W_s^(i+1) = W_s^(i) − (lr/m) · its gradient. Returns the final weights and, per stage,
+    the mean of ‖W_s^(d_s(i)) − W_s^(i)‖ / ‖W_s^(i)‖ over the stream."""
     versions = [[[w.clone() for w in stage]] for stage in pd.initial_weights(setup)]
     xs, ys = pd.data(setup)
     p = setup.p
+    gaps = [[] for _ in range(p)]
     for i in range(setup.stream):
+        for s in range(p):
+            old, new = (torch.cat([w.flatten() for w in versions[s][j]])
+                        for j in (max(0, i - p + s + 1), -1))
+            gaps[s].append(torch.linalg.vector_norm(old - new) / torch.linalg.vector_norm(new))
         used = [[w.clone().requires_grad_() for w in versions[s][max(0, i - p + s + 1)]]
                 for s in range(p)]
         h = xs[i]
@@ -56,7 +65,7 @@ def _pipedream_rule(setup):
             newest = versions[s][-1]
             versions[s].append([w - setup.lr / setup.microbatches * g
                                 for w, g in zip(newest, grads[s * k:(s + 1) * k], strict=True)])
-    return [v[-1] for v in versions]
+    return [v[-1] for v in versions], [float(sum(g) / len(g)) for g in gaps]
 
 
 def _largest_difference(a, b):
@@ -78,7 +87,7 @@ def test_flush_is_plain_synchronous_sgd(runs):
 
 
 def test_async_is_pipedreams_update_rule(runs):
-    reference = _pipedream_rule(SETUP)
+    reference, _ = _pipedream_rule(SETUP)
     assert _largest_difference(runs["async"].weights, reference) < 1e-12
     # it is not synchronous SGD, and without stashing it is not PipeDream's rule either
     assert _largest_difference(runs["async"].weights, _plain_sgd(SETUP)) > 1e-6
@@ -92,3 +101,10 @@ def test_weight_versions_alive(runs):
     assert runs["async"].version_bytes == [(p - s) * bytes_per_version for s in range(p)]
     assert runs["flush"].versions == [1] * p == runs["flush"].model_versions()
     assert runs["async-no-stash"].versions == [1] * p
+
+
+def test_staleness_measured(runs):
+    _, reference = _pipedream_rule(SETUP)
+    assert max(abs(a - b) for a, b in zip(runs["async"].staleness, reference, strict=True)) < 1e-12
+    assert runs["async"].staleness[-1] == 0 and min(runs["async"].staleness[:-1]) > 1e-3
+    assert runs["flush"].staleness == [0.0] * SETUP.p
