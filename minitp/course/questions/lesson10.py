@@ -1,5 +1,5 @@
 """Lesson 10's questions: the interleaved bubble, the activations a 1F1B stage holds, and
-which schedule halves the bubble while staying synchronous."""
+what halving the bubble with smaller microbatches does to them."""
 
 from __future__ import annotations
 
@@ -84,35 +84,49 @@ def in_flight(seed=None) -> Question:
 
 def halve_bubble(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8, 16))
-        return {"p": p, "m": p * rng.choice((2, 4))}
+        p = rng.choice((4, 8))
+        # a middle stage; m >= 2p keeps GPipe's whole batch above every other answer
+        return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
+                "b": rng.choice((4, 8, 16)), "gib": rng.choice((0.25, 0.5, 0.75))}
+
+    def held(p, b):  # 1F1B: stage r holds p - r microbatches of b sequences, whatever m is
+        return (p["p"] - p["r"]) * b * p["gib"]
 
     return Question(
-        key="10.halve-bubble", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A 1F1B pipeline of p = {p['p']} stages runs m = {p['m']} "
-                        "microbatches per step, with the flush. You want half its bubble, "
-                        "the same global batch, and training that stays exactly synchronous "
-                        "SGD (the same result as one device). Which change? Answer 'a', 'b', "
-                        "'c' or 'd': (a) switch to GPipe; (b) interleaved 1F1B with v = 2 "
-                        "chunks per rank; (c) PipeDream: 1F1B without the flush, weights "
-                        "stashed; (d) twice as many stages, p = "
-                        f"{2 * p['p']}."),
-        right=lambda p: "b",
+        key="10.halve-bubble", seed=seed, draw=draw,
+        text=lambda p: (f"A 1F1B pipeline of p = {p['p']} stages (from 0) trains on a global "
+                        f"batch of {p['m'] * p['b']} sequences, cut into m = {p['m']} "
+                        f"microbatches of {p['b']}. On stage r = {p['r']}, each sequence's "
+                        f"forward keeps {p['gib']:g} GiB of activations until its backward. "
+                        "You halve the bubble by cutting the same global batch into more, "
+                        "smaller microbatches, and keep 1F1B. How many GiB of activations "
+                        f"does stage {p['r']} then hold at its peak? (In GiB; within 1%.)"),
+        right=lambda p: held(p, p["b"] // 2),
         wrong=[
-            Wrong(lambda p: "a", "GPipe has the same bubble as 1F1B, (p-1)/m; it only holds "
-                                 "more activations (m microbatches instead of p-r)"),
-            Wrong(lambda p: "c", "PipeDream has no bubble after the first fill, but each "
-                                 "stage's gradient is taken at stale weights of a different "
-                                 "age: a different optimiser, no longer synchronous SGD"),
-            Wrong(lambda p: "d", "more stages make the bubble larger: (2p-1)/m, not half of "
-                                 "(p-1)/m"),
+            Wrong(lambda p: held(p, p["b"]),
+                  "that is the peak before the change: 1F1B holds p-r microbatches whatever "
+                  "m is, and each is now half as large"),
+            Wrong(lambda p: p["m"] * p["b"] * p["gib"],
+                  "that is the whole batch, GPipe's peak (every forward before any "
+                  "backward); 1F1B holds only p-r microbatches"),
+            Wrong(lambda p: held(p, 2 * p["b"]),
+                  "twice the microbatches do not mean twice as many in flight: 1F1B's "
+                  "p-r does not grow with m, and each microbatch is half as large"),
+            Wrong(lambda p: (p["p"] - p["r"] - 1) * (p["b"] // 2) * p["gib"],
+                  "that counts the warm-up forwards only: the steady state runs one more "
+                  "forward before the first backward, so p-r are in flight"),
         ],
         worked=lambda p: (
-            f"interleaving with v = 2 makes each unit half as long, so the fill and drain "
-            f"shrink: (p-1)/(v·m) = {bubble_fraction(p['p'], p['m'], 2):.4f} instead of "
-            f"{bubble_fraction(p['p'], p['m']):.4f} (`minitp.calc.bubble`, a MODEL), and "
-            "the result is still exact: a schedule only reorders work. The price: twice the "
-            "messages between stages, and m must stay divisible by p."),
+            f"the bubble (p-1)/m halves when m doubles: {2 * p['m']} microbatches of "
+            f"{p['b'] // 2} sequences (`minitp.calc.bubble`: "
+            f"{bubble_fraction(p['p'], p['m']):.4f} -> "
+            f"{bubble_fraction(p['p'], 2 * p['m']):.4f}, a MODEL). 1F1B's stage r holds "
+            f"p-r = {p['p'] - p['r']} microbatches at its peak whatever m is, each now "
+            f"{p['b'] // 2} × {p['gib']:g} GiB: {held(p, p['b'] // 2):g} GiB, "
+            f"half the {held(p, p['b']):g} GiB it held before (GPipe would hold the "
+            f"whole batch, {p['m'] * p['b'] * p['gib']:g} GiB). The price is smaller matrix "
+            "multiplications, less efficient on an accelerator; interleaving with v = 2 "
+            "halves the bubble too, keeping the microbatches, for twice the messages."),
     )
 
 

@@ -1,12 +1,31 @@
 """Lessons 10 and 11: pipelines.
 
-Not checked (a reasoning, not a number the library computes): 11.clip-sync."""
+Every question is checked: the bubble and the in-flight counts from `mt.calc` and the
+schedules' own orders played on paper (`minitp.pipeline.simulate`), the zero-bubble ones
+against Qi et al. 2024 (Table 2; §2.3 for what worker i of ZB-H1 holds). Not checked: none."""
 
 from answers_common import asked, close
 
 import minitp as mt
+from minitp.pipeline import SCHEDULES, simulate
 
-NOT_CHECKED = {"11.clip-sync"}
+NOT_CHECKED = set()
+
+
+def _peak_bytes(order, before_b, before_w):
+    """Walk one stage's order: a forward adds `before_b`, its B swaps that for `before_w`
+    (or frees it, when the backward is whole), its W frees `before_w`; the most held."""
+    split = {i for kind, _, i in order if kind == "W"}
+    held = most = 0
+    for kind, _, i in order:
+        if kind == "F":
+            held += before_b
+        elif kind == "B":
+            held += (before_w if i in split else 0) - before_b
+        else:
+            held -= before_w
+        most = max(most, held)
+    return most
 
 
 def test_10_and_11_pipelines():
@@ -15,10 +34,18 @@ def test_10_and_11_pipelines():
     for _, p, right in asked("10.in-flight"):
         assert close(right, min(p["p"] - p["r"], p["m"]) * p["gib"])  # 1F1B: p - r in flight
     for _, p, right in asked("10.halve-bubble"):
-        assert right == "b"
-        assert close(mt.calc.bubble(p["p"], p["m"], 2), mt.calc.bubble(p["p"], p["m"], 1) / 2)
+        batch, half = p["m"] * p["b"], mt.calc.bubble(p["p"], p["m"]) / 2
+        m = next(k for k in range(p["m"] + 1, 8 * p["m"]) if close(mt.calc.bubble(p["p"], k), half))
+        order = SCHEDULES["1f1b"](p["p"], p["r"], m)  # microbatches of batch / m sequences
+        assert close(right, _peak_bytes(order, batch / m * p["gib"], 0))
     for _, p, right in asked("11.zb-h1-idle"):
-        assert close(right, (p["p"] - 1) * (p["F"] + p["B"] - p["W"]))  # Qi et al. 2023, ZB-H1
+        assert close(right, (p["p"] - 1) * (p["F"] + p["B"] - p["W"]))  # Qi et al. 2024, Table 2
     for _, p, right in asked("11.zb-h1-memory"):
-        # ZB-H1 keeps 1F1B's bound (Qi et al. 2023): at most p microbatches, at least 1F1B's
-        assert (p["p"] - p["r"]) * p["gib"] <= right <= p["p"] * p["gib"], p
+        i = p["r"] + 1  # Qi et al. 2024, §2.3: worker i of p (from 1) holds (p-i+1)M_B + (i-1)M_W
+        assert close(right, (p["p"] - i + 1) * p["mb"] + (i - 1) * p["mw"])
+        assert close(right, _peak_bytes(SCHEDULES["zb-h1"](p["p"], p["r"], p["m"]), p["mb"],
+                                        p["mw"]))
+    for _, p, right in asked("11.clip-sync"):
+        # stage 0 starts the step; what it idles after its last unit waits for the last stage
+        sim = simulate("zb-h2", p["p"], p["m"], costs={k: p[k] for k in "FBW"})
+        assert close(right, sim["idle"][0] - sim["inner_idle"][0])
