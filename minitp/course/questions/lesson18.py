@@ -1,5 +1,5 @@
 """Lesson 18's questions: an expert's capacity per sequence, the all-to-all bytes of expert
-parallelism, and the group the aux loss's statistics are summed over (a design decision)."""
+parallelism, and which ranks a balancing statistic is summed over on a given mesh."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 
 from ...calc.comm import moe_all_to_all_bytes
 from ...model.routing import capacity
+from ...runtime.mesh import layout
 from .form import Question, Wrong
 
 MB = 10**6
@@ -106,53 +107,94 @@ def a2a_bytes(seed=None) -> Question:
     )
 
 
-LETTERS = "abcde"  # none, tp, cp, tp and cp, all dp×cp
+MESHES = ((2, 2, 2), (2, 2, 4), (2, 4, 2), (4, 2, 2))  # (dp, cp, tp): 8 or 16 ranks
+STATS = {"aux": "the Switch aux loss, computed per sequence (E·Σ f_e·P_e of each sequence's "
+                "own tokens): its counts and score sums",
+         "bias": "DeepSeek-V3's expert bias, moved after every step by each expert's load: "
+                 "its load counts"}
+
+
+def _groups(p) -> dict[str, list[int]]:
+    """The candidate groups of rank r, each the ranks it would sum with (r included)."""
+    g = layout(dp=p["dp"], tp=p["tp"], cp=p["cp"])
+    r = p["rank"]
+
+    def of(name):
+        return next(group for group in g[name] if r in group)
+
+    return {"cp": of("cp"), "tp": of("tp"), "dp": of("dp"), "dp_cp": of("dp_cp"),
+            "cp_tp": sorted({x for t in of("tp") for x in next(c for c in g["cp"] if t in c)}),
+            "all": list(range(p["dp"] * p["cp"] * p["tp"]))}
+
+
+def _names(p) -> dict[str, str]:
+    """What each letter would be: the right group, the swapped sp case, the other
+    statistic's group, the tp group and the dp group."""
+    aux, bias = ("cp_tp", "all") if p["sp"] else ("cp", "dp_cp")
+    aux_swapped, bias_swapped = ("cp", "dp_cp") if p["sp"] else ("cp_tp", "all")
+    if p["stat"] == "aux":
+        roles = {"right": aux, "swapped": aux_swapped, "other": bias}
+    else:
+        roles = {"right": bias, "swapped": bias_swapped, "other": aux}
+    roles.update(tp="tp", dp="dp")
+    return roles
 
 
 def stats_group(seed=None) -> Question:
     def draw(rng):
-        return {"dp": rng.choice((2, 4)), "tp": rng.choice((2, 4)), "cp": rng.choice((2, 4)),
-                "sp": rng.choice((True, False))}
+        dp, cp, tp = rng.choice(MESHES)
+        order = ["right", "swapped", "other", "tp", "dp"]
+        rng.shuffle(order)
+        return {"dp": dp, "cp": cp, "tp": tp, "sp": rng.choice((True, False)),
+                "stat": rng.choice(tuple(STATS)), "rank": rng.randrange(dp * cp * tp),
+                "order": order}
 
-    def right(p):
-        return "d" if p["sp"] else "c"
+    def letter(p, role):
+        return "abcde"[p["order"].index(role)]
 
-    def swapped(p):
-        return "c" if p["sp"] else "d"
+    def text(p):
+        groups, names = _groups(p), _names(p)
+        options = "; ".join(f"({letter(p, role)}) {groups[names[role]]}" for role in
+                            sorted(p["order"], key=lambda role: letter(p, role)))
+        return (f"minitp's `Mesh(dp={p['dp']}, cp={p['cp']}, tp={p['tp']})` on "
+                f"{p['dp'] * p['cp'] * p['tp']} ranks, {'with' if p['sp'] else 'without'} "
+                "sequence parallelism, trains a mixture of experts balanced by "
+                f"{STATS[p['stat']]}. With which ranks (itself included) must rank "
+                f"{p['rank']} sum those statistics before it uses them, so that the mesh "
+                f"trains what one device trains? {options}. Answer the letter.")
+
+    why = {
+        "swapped": "look at the tp ranks again: with sequence parallelism each holds its own "
+                   "slice of the sequences (sum over them too); without it they hold the same "
+                   "tokens, and summing would count each one tp times",
+        "other": "that is the other statistic's group: the aux loss's statistics are per "
+                 "sequence (the ranks holding the rest of its sequences), the bias's load is "
+                 "per step (every rank that saw other tokens, other dp ranks' included)",
+        "tp": "that is its tp group alone: the cp ranks hold the rest of its tokens",
+        "dp": "that is its dp group, ranks at the same place of other sequences: it leaves "
+              "out the cp ranks that hold the rest of its own",
+    }
+
+    def worked(p):
+        groups, names = _groups(p), _names(p)
+        rule = ("the aux loss is per sequence: sum over the ranks holding the other parts of "
+                "the rank's sequences, its cp group" if p["stat"] == "aux" else
+                "the bias's load is per step: sum over every rank that saw other tokens, dp×cp")
+        tp = (", and its tp group, as sequence parallelism gives each tp rank its own slice"
+              if p["sp"] else "; not over tp, whose ranks hold the same tokens without "
+              "sequence parallelism")
+        return (f"{rule}{tp}. In minitp's layout (tp fastest, then cp, then dp; "
+                f"`mt.layout(dp={p['dp']}, tp={p['tp']}, cp={p['cp']})`) rank {p['rank']}'s "
+                f"cp group is {groups['cp']}, its tp group {groups['tp']}, its dp×cp group "
+                f"{groups['dp_cp']}: ({letter(p, 'right')}) {groups[names['right']]}. "
+                "(minitp/expert_parallel/plan.py; lesson 18 computes why.)")
 
     return Question(
-        key="18.stats-group", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A mesh of dp = {p['dp']}, tp = {p['tp']}, cp = {p['cp']}, "
-                        f"{'with' if p['sp'] else 'without'} sequence parallelism, trains a "
-                        "mixture of experts balanced by the Switch aux loss, computed per "
-                        "sequence (E·Σ f_e·P_e of each sequence's own tokens). Before a rank "
-                        "computes it, over which other ranks must it sum its statistics "
-                        "(counts and score sums) so that every mesh gives one device's loss? "
-                        "(a) none: each rank's statistics are enough; (b) the tp group; (c) "
-                        "the cp group; (d) the tp and cp groups; (e) all dp×cp ranks."),
-        right=right,
-        wrong=[
-            Wrong(lambda p: "a",
-                  "local statistics: with a sequence split over ranks, each rank sees only "
-                  "part of it, and E·Σ f_e·P_e of the parts is not the whole's (it is not "
-                  "linear in the tokens)"),
-            Wrong(lambda p: "e",
-                  "that is the group of the expert bias's load (a per-step count); the aux "
-                  "loss is per sequence, and other dp ranks hold other sequences"),
-            Wrong(swapped,
-                  "look at the tp ranks again: with sequence parallelism each holds its own "
-                  "slice of the sequence (sum over them); without it they hold the same "
-                  "tokens, and summing would count each one tp times"),
-        ],
-        worked=lambda p: (
-            "sum over the ranks that hold the other parts of the same sequences. cp splits "
-            "every sequence into chunks; "
-            + ("sequence parallelism also splits each one over the tp ranks: the tp and cp "
-               "groups (d)." if p["sp"] else
-               "without sequence parallelism the tp ranks hold the same tokens: the cp group "
-               "only (c).")
-            + " The other dp ranks hold other sequences. (minitp.expert_parallel.plan's "
-              "`SplitSequence`; lesson 18 computes the difference.)"),
+        key="18.stats-group", seed=seed, draw=draw, kind="choice", text=text,
+        right=lambda p: letter(p, "right"),
+        wrong=[Wrong(lambda p, role=role: letter(p, role), why[role]) for role in
+               ("swapped", "other", "tp", "dp")],
+        worked=worked,
     )
 
 

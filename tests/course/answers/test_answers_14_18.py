@@ -1,16 +1,16 @@
 """Lessons 14 to 18: scaling, planning, the claims, ZeRO, experts.
 
-Not checked (a reasoning, not a number the library computes): 16.sixteen-bytes,
-18.stats-group."""
+Not checked (a reasoning, not a number the library computes): 16.sixteen-bytes."""
 
 import math
+import re
 
 from answers_common import GiB, asked, close
 from test_answers_00_09 import korthikanti
 
 import minitp as mt
 
-NOT_CHECKED = {"16.sixteen-bytes", "18.stats-group"}
+NOT_CHECKED = {"16.sixteen-bytes"}
 
 
 # Shoeybi et al. 2019, Table 1: t -> (hidden size, heads, layers); sequence 1024. Written out
@@ -119,3 +119,20 @@ def test_18_experts():
     for _, p, right in asked("18.a2a-bytes"):
         rows = p["tokens"] * p["k"]  # dispatch and combine, forward and backward: 4 all-to-alls
         assert close(right, 4 * rows * p["d"] * 2 * (p["ep"] - 1) / p["ep"] / 1e6)
+
+
+def test_18_stats_group():
+    # Rank r = (dp_i·cp + cp_i)·tp + tp_i (tp fastest, then cp, then dp). The aux loss's
+    # statistics are per sequence: summed over the ranks holding r's sequences, the same dp_i
+    # (and tp_i, unless sequence parallelism splits the sequence over tp too). The bias's load
+    # is per step: every rank that saw other tokens, the same tp_i unless under sp.
+    for q, p, right in asked("18.stats-group"):
+        dp, cp, tp, r = p["dp"], p["cp"], p["tp"], p["rank"]
+        coords = {x: (x // (cp * tp), x // tp % cp, x % tp) for x in range(dp * cp * tp)}
+        d, _, t = coords[r]
+        if p["stat"] == "aux":
+            group = [x for x, (xd, _, xt) in coords.items() if xd == d and (p["sp"] or xt == t)]
+        else:
+            group = [x for x, (_, _, xt) in coords.items() if p["sp"] or xt == t]
+        options = dict(re.findall(r"\(([a-e])\) \[([\d, ]+)\]", q.text(p)))
+        assert options[right] == ", ".join(map(str, group)), p
