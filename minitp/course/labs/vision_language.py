@@ -1,5 +1,6 @@
-"""Lab: a vision-language model across ranks (lesson 13) — the source's two encoder layouts
-run side by side on real ranks, its trap run on purpose, the pipeline's imbalance timed.
+"""Lab: a vision-language model across ranks (lesson 13) — the two encoder layouts of the
+lesson's source (a notes file, named in the lesson's first cell), the encoder trained, run side
+by side on real ranks; their trap run on purpose; the pipeline's imbalance timed.
 
 `runs()`: one launch of 4 ranks (tp 4, sequence parallelism, float64, batches of rendered
 corpus lines), per layout of the vision encoder ("replicated", "tensor"):
