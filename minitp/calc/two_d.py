@@ -148,9 +148,9 @@ def layernorm2d_parts(tokens: int, d: int, q: int, bytes_per_value: int = 4,
     without sequence parallelism, needs none of the row's: a rank holds whole tokens."""
     stats = Fraction(tokens, q) * bytes_per_value
     parts = {f"all_reduce {what} (row)": _exact("all_reduce", stats, q)
-             for what in ("Σx", "Σx²", "Σg (bwd)", "Σg·x̂ (bwd)")}
+             for what in ("Σx", "Σx²", "Σg, bwd", "Σg·x̂, bwd")}
     if params:
-        for what in ("dγ", "dβ"):
+        for what in ("dγ, bwd", "dβ, bwd"):
             parts[f"all_reduce {what} (col)"] = _exact("all_reduce",
                                                        Fraction(d, q) * bytes_per_value, q)
     return {name: number(value) for name, value in parts.items()}
