@@ -22,10 +22,12 @@ decoder. Two layouts over t ranks (`minitp.tensor_parallel.vision` runs both, tr
 ``frozen``: whether the encoder's weights are frozen, the projector alone trained beside
 the decoder, as LLaVA trains (Liu et al. 2023, "Visual Instruction Tuning", arXiv
 2304.08485, §4.2: the visual encoder's weights stay frozen in both stages; LLaVA-1.5,
-arXiv 2310.03744, keeps the recipe; Megatron-LM's LLaVA-style scripts pass --freeze-ViT,
-examples/multimodal/pretrain_mistral_clip.sh). Trained, as Qwen2-VL's second stage
-unfreezes every parameter (Wang et al. 2024, arXiv 2409.12191, §2.2) — and shards its
-vision encoder over TP with the LLM (§2.3, "Parallelism"), the "tensor" layout here.
+arXiv 2310.03744, is trained by the same code, whose vision tower runs under torch.no_grad
+with requires_grad_(False): haotian-liu/LLaVA, llava/model/multimodal_encoder/clip_encoder.py;
+Megatron-LM's LLaVA-style scripts pass --freeze-ViT,
+examples/multimodal/pretrain_mistral_clip.sh). Trained, as Qwen2-VL's second stage unfreezes
+every parameter (Wang et al. 2024, arXiv 2409.12191, §2.2) — and shards its vision encoder
+over TP with the LLM (§2.3, "Parallelism"), the "tensor" layout here.
 
 * trained: backward twice the forward (3× in all, Korthikanti et al. 2022, Eq. 7; the
   patch embedding's input gradient counted though the pixels need none). Under sequence
