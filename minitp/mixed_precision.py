@@ -31,7 +31,8 @@ rounding (the gather itself moves bf16, half the bytes).
 What stays as it was: each microbatch's gradient is computed by autograd in
 bf16 (Megatron can fuse the weight-gradient GEMM into the float32 buffer; here
 the bf16 result is rounded once, then accumulated in float32), and the loss's
-softmax runs in float32 (`minitp.model.CrossEntropy`, the vocab-parallel loss).
+softmax runs in float32, chunk by chunk over tokens (`minitp.model.cross_entropy`, and the
+vocab-parallel loss): never a float32 copy of the whole logits.
 Only bfloat16: float16 would also need loss scaling (its exponent is too short
 for small gradients), which minitp does not do.
 """
@@ -44,13 +45,6 @@ import torch.nn as nn
 from .rules import model_chunks
 
 MASTER_DTYPE = torch.float32
-
-
-def loss_precision(logits: torch.Tensor) -> torch.Tensor:
-    """`logits` widened to float32 if they are 16-bit (a float64 run stays float64):
-    the softmax over a vocabulary sums thousands of exponentials, which bf16's
-    few digits would round away (Megatron-LM computes its loss in float32 too)."""
-    return logits.float() if logits.element_size() < 4 and logits.is_floating_point() else logits
 
 
 def dtype_name(dtype) -> str | None:

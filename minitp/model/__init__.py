@@ -2,6 +2,7 @@
 
 * `gpt`: the GPT, one forward, every step a module;
 * `config`: `GPTConfig`, the sizes and the parts (GPT-2's, or `GPTConfig.llama`'s);
+* `cross_entropy`: the next-token loss, chunk by chunk over tokens;
 * `attention_core`: softmax(QKᵀ/√d + mask)·V, a module of its own;
 * `llama_layers`: RMSNorm, rotary positions, grouped-query attention, SwiGLU;
 * `moe`, `routing`, `expert_mlps`: the mixture of experts (layer, router, experts' MLPs);
@@ -10,7 +11,8 @@
 
 from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
-from .gpt import GPT, MLP, Block, CausalSelfAttention, CrossEntropy, LearnedPositions, TiedOutput
+from .cross_entropy import CrossEntropy, chunked_cross_entropy
+from .gpt import GPT, MLP, Block, CausalSelfAttention, LearnedPositions, TiedOutput
 
 __all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "CrossEntropy",
-           "GPTConfig", "LearnedPositions", "MLP", "TiedOutput"]
+           "GPTConfig", "LearnedPositions", "MLP", "TiedOutput", "chunked_cross_entropy"]

@@ -25,16 +25,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..mixed_precision import loss_precision
-from ..rules import IGNORE_INDEX, check_token_ids
+from ..rules import check_token_ids
 from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
+from .cross_entropy import CrossEntropy
 from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, norm
 from .moe import MoE
 from .vision import NoVision, VisionPrefix
 
-__all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "GPTConfig",
-           "MLP", "TiedOutput"]
+__all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "CrossEntropy",
+           "GPTConfig", "MLP", "TiedOutput"]
 
 
 
@@ -122,20 +122,6 @@ class TiedOutput(nn.Module):
         return x @ self.weight.T
 
 
-class CrossEntropy(nn.Module):
-    """The mean next-token loss over the targets that are not IGNORE_INDEX."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-
-    def forward(self, logits, targets):  # (B, T, V), (B, T)
-        check_token_ids(targets, self.vocab_size, "target id", ignore_index=IGNORE_INDEX)
-        logits = loss_precision(logits)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
-
-
 class GPT(nn.Module):
     """Token and position embeddings, n_layer blocks, a final LayerNorm, and the
     output projection tied to the token embedding (as GPT-2 and Megatron-LM)."""
@@ -151,7 +137,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, cfg.is_moe_layer(i)) for i in range(cfg.n_layer))
         self.ln_f = norm(cfg)
         self.head = TiedOutput(self.wte)
-        self.loss = CrossEntropy(cfg.vocab_size)
+        self.loss = CrossEntropy(cfg.vocab_size, cfg.d_model)
         self.apply(self._init_weights)
 
     @staticmethod

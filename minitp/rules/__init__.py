@@ -9,6 +9,7 @@ axes, the calculator, the runtime and the CLI alike.
 * `experts`: what a mixture of experts may be, and what ep needs of the mesh;
 * `vision`: a vision encoder's layouts over tp; the image patch format;
 * `sizes`: positive sizes, equal slices; `tokens`: token ids and the ignored target;
+* `loss_chunks`: how many tokens' logits the loss widens to float32 at once;
 * `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL.
 """
 
@@ -27,6 +28,9 @@ from .labels import (
     LAYER_LABEL,
     layer_label,
     parse_layer_label,
+)
+from .loss_chunks import (
+    loss_chunk_rows,
 )
 from .parallel import (
     PARAM_DTYPES,
@@ -138,6 +142,7 @@ __all__ = [
     "interleaving_fits",
     "kv_layout",
     "layer_label",
+    "loss_chunk_rows",
     "minimum_microbatches",
     "model_chunks",
     "model_placement",

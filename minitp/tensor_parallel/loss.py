@@ -10,7 +10,9 @@ per token give everything the ranks need:
 
 loss = log S − (z_t − m). The backward needs no communication at all: the
 gradient for column v is softmax_v − [v = t], and each rank has both for its
-own columns. Padded vocabulary columns (≥ vocab_size) take no part.
+own columns. Padded vocabulary columns (≥ vocab_size) take no part. Each pass over
+the logits runs chunk by chunk over tokens, as the plain loss does
+(`minitp.model.cross_entropy`): the same idea along the other axis.
 
 The bookkeeping assumes what it cannot see, so it is checked first: every rank
 holds the same number of columns, ceil(V/t), and every target is a real id in
@@ -23,62 +25,87 @@ from __future__ import annotations
 
 import torch
 
-from ..mixed_precision import loss_precision
+from ..model.cross_entropy import (
+    accumulation_dtype,
+    chunked_cross_entropy,
+    chunks,
+    softmax_minus_one_hot,
+)
 from ..rules import IGNORE_INDEX, ceil_div, check_token_ids
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Chunk by chunk over tokens, as `minitp.model.cross_entropy`: no whole-size float32
+    tensor, forward or backward. What is kept for backward is this rank's logits (in their
+    own dtype) and one number per token, the log-sum-exp over the whole vocabulary."""
+
     @staticmethod
-    def forward(ctx, local_logits, targets, axis, ignore_index, vocab_size):
-        width = local_logits.shape[-1]
+    def forward(ctx, logits, targets, axis, ignore_index, vocab_size, rows):  # (N, V/t), (N,)
+        width, acc = logits.shape[-1], accumulation_dtype(logits.dtype)
         start = axis.rank * width  # every rank holds an equal share of the (padded) vocabulary
-        logits = local_logits.reshape(-1, width)  # (N, V/t)
-        targets = targets.reshape(-1)  # (N,)
-        if vocab_size is not None and vocab_size < start + width:
-            padded = torch.arange(start, start + width, device=logits.device) >= vocab_size
-            logits = logits.masked_fill(padded, float("-inf"))
-        global_max = comm.all_reduce(logits.max(dim=-1).values, axis, op="max")  # (N,)
-        shifted = logits - global_max.unsqueeze(-1)  # (N, V/t), every entry <= 0
+        # this rank's real columns; the rest are padding and take no part (a slice, not a mask)
+        real = width if vocab_size is None else max(0, min(width, vocab_size - start))
+        spans = chunks(logits.shape[0], rows)
+
+        local_max = torch.full(logits.shape[:1], float("-inf"), dtype=acc, device=logits.device)
+        if real:
+            for s, e in spans:
+                local_max[s:e] = logits[s:e, :real].amax(dim=-1)
+        global_max = comm.all_reduce(local_max, axis, op="max")  # 1. (N,)
 
         ignored = targets == ignore_index
-        mine = (targets >= start) & (targets < start + width) & ~ignored
-        local_target = (targets - start).clamp(0, width - 1)
-        target_logit = shifted.gather(1, local_target.unsqueeze(1)).squeeze(1)
-        target_logit = comm.all_reduce(torch.where(mine, target_logit, 0.0), axis)  # (N,)
+        mine = (targets >= start) & (targets < start + real) & ~ignored
+        local_target = (targets - start).clamp(0, max(real, 1) - 1)
+        target_logit = logits.gather(1, local_target.unsqueeze(1)).squeeze(1).to(acc)
+        target_logit = comm.all_reduce(  # 2. z_t − m, from the rank that owns t
+            torch.where(mine, target_logit - global_max, 0.0), axis)
 
-        exp = shifted.exp()
-        sum_exp = comm.all_reduce(exp.sum(dim=-1), axis)  # (N,)
+        sum_exp = torch.zeros_like(local_max)
+        if real:
+            for s, e in spans:
+                shifted = torch.sub(logits[s:e, :real].to(acc), global_max[s:e].unsqueeze(1))
+                sum_exp[s:e] = shifted.exp_().sum(dim=-1)
+        sum_exp = comm.all_reduce(sum_exp, axis)  # 3. (N,)
 
         per_token = torch.where(ignored, 0.0, sum_exp.log() - target_logit)
         count = (~ignored).sum()
-        ctx.save_for_backward(exp, sum_exp, local_target, mine, ignored, count)
-        ctx.shape = local_logits.shape
+        ctx.save_for_backward(logits, global_max + sum_exp.log(), local_target, mine, ignored,
+                              count)
+        ctx.rows, ctx.real = rows, real
         return per_token.sum() / count
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        exp, sum_exp, local_target, mine, ignored, count = ctx.saved_tensors
-        grad_logits = exp / sum_exp.unsqueeze(-1)  # softmax over the whole vocabulary
-        rows = torch.arange(grad_logits.shape[0], device=grad_logits.device)
-        grad_logits[rows[mine], local_target[mine]] -= 1.0
-        grad_logits[ignored] = 0.0
-        # With every target ignored the loss is 0/0 = NaN (as F.cross_entropy's), but
-        # the gradient is zero, not 0·(1/0): every row was zeroed just above.
-        grad_logits *= grad / count.clamp(min=1)
-        return grad_logits.view(ctx.shape), None, None, None, None
+        logits, lse, local_target, mine, ignored, count = ctx.saved_tensors
+        acc, real = lse.dtype, ctx.real
+        # With every target ignored the loss is 0/0 = NaN (as F.cross_entropy's), but the
+        # gradient is zero: every row's factor is 0.
+        scale = (~ignored).to(acc) * (grad.to(acc) / count.clamp(min=1))
+        grad_logits = torch.zeros_like(logits)  # padding columns: no gradient
+        if real:
+            hit = mine.to(acc)
+            for s, e in chunks(logits.shape[0], ctx.rows):
+                grad_logits[s:e, :real] = softmax_minus_one_hot(
+                    logits[s:e, :real], lse[s:e], local_target[s:e], scale[s:e], acc, hit[s:e])
+        return grad_logits, None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor, axis: Axis,
-                                 ignore_index: int = IGNORE_INDEX, vocab_size: int | None = None):
+                                 ignore_index: int = IGNORE_INDEX, vocab_size: int | None = None,
+                                 chunk_rows: int | None = None):
     """Mean cross-entropy of targets under logits split by vocabulary across `axis`.
 
     local_logits: (..., V'/t), this rank's columns of a vocabulary padded to V'
     (a multiple of t); targets: (...) int64 ids in [0, V) or `ignore_index`;
     vocab_size: the real V, so that padded columns are left out (None: no
-    padding, V = V'). Equal to
+    padding, V = V'); chunk_rows: tokens per chunk (None: all at once;
+    `minitp.rules.loss_chunk_rows` is the model's rule). Equal to
     ``F.cross_entropy(gathered_logits[..., :V], targets, ignore_index=…)``.
+    On an axis of one rank with nothing padded, it is the plain chunked loss
+    (`minitp.model.cross_entropy`): no collective, no mask.
     """
     if local_logits.shape[:-1] != targets.shape:
         raise ValueError(
@@ -91,10 +118,12 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
     # Every rank holds the same targets, so every rank raises here alike, before any
     # collective: none is left waiting for a rank that gave up.
     check_token_ids(targets, true_vocab, "target id", ignore_index=ignore_index)
+    if axis.size == 1 and true_vocab == width:
+        return chunked_cross_entropy(local_logits, targets, ignore_index, chunk_rows)
     with trace.forward_phase():
         return _VocabParallelCrossEntropy.apply(
-            loss_precision(local_logits), targets, axis, ignore_index, vocab_size
-        )
+            local_logits.reshape(-1, width), targets.reshape(-1), axis, ignore_index,
+            vocab_size, chunk_rows)
 
 
 def _check_width(width: int, axis: Axis, vocab_size: int | None, device) -> None:

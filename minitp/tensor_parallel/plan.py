@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..rules import check_tp_overlap, kv_layout
+from ..rules import check_tp_overlap, kv_layout, loss_chunk_rows
 from ..runtime.mesh import Axis
 from ..sharding.plan import apply_plan, matches
 from ..sharding.tags import set_tags
@@ -78,15 +78,17 @@ class VocabParallelOutput(nn.Module):
 
 
 class VocabParallelLoss(nn.Module):
-    """The cross-entropy of logits split by vocabulary (`vocab_parallel_cross_entropy`)."""
+    """The cross-entropy of logits split by vocabulary (`vocab_parallel_cross_entropy`), in
+    chunks of `minitp.rules.loss_chunk_rows` tokens, as the plain model's loss."""
 
-    def __init__(self, vocab_size: int, axis: Axis):
+    def __init__(self, vocab_size: int, d_model: int, axis: Axis):
         super().__init__()
-        self.vocab_size, self.axis = vocab_size, axis
+        self.vocab_size, self.d_model, self.axis = vocab_size, d_model, axis
 
     def forward(self, local_logits, targets):
+        rows = loss_chunk_rows(targets.numel(), local_logits.shape[-1], self.d_model)
         return vocab_parallel_cross_entropy(local_logits, targets, self.axis,
-                                            vocab_size=self.vocab_size)
+                                            vocab_size=self.vocab_size, chunk_rows=rows)
 
 
 # Each rule: (module of the plain GPT, tp axis, sequence_parallel, the model) -> shard.
@@ -111,7 +113,7 @@ def _output(m, tp, sp, model):
 
 
 def _loss(m, tp, sp, model):
-    return VocabParallelLoss(m.vocab_size, tp)
+    return VocabParallelLoss(m.vocab_size, m.d_model, tp)
 
 
 def _positions(m, tp, sp, model):

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers import ROOT, random_batches
 
@@ -66,3 +67,14 @@ def test_a_rank_checks_its_configuration_once_and_a_step_once():
     alone = mt.launch(_count_checks, 2, False, timeout=120)
     assert list(trusted) == [{"config": 0, "step": 1}] * 2
     assert list(alone) == [{"config": 1, "step": 1}] * 2
+
+
+def test_a_loss_chunk_holds_no_more_logits_than_the_hidden_states():
+    from minitp.rules import loss_chunk_rows
+    # GPT-2 small's batch, 8 × 1024 tokens, 50,304 logits a token against d_model 768:
+    # 66 chunks of 125 rows, each 125 × 50,304 ≤ 8192 × 768 values
+    rows = loss_chunk_rows(8192, 50304, 768)
+    assert rows == 125 and rows * 50304 <= 8192 * 768
+    assert loss_chunk_rows(100, 64, 128) == 100  # a vocabulary narrower than the model
+    with pytest.raises(ValueError, match="d_model must be a positive integer"):
+        loss_chunk_rows(100, 64, 0)
