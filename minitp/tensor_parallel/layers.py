@@ -121,6 +121,8 @@ class RowParallelLinear(nn.Module):
             set_tags(self.bias, grad_partial_over_tp=True)
 
     def forward(self, x):  # (B, T, d_in/t)
+        if self.axis.size == 1:  # the one term is the sum: the bias fused into the GEMM (addmm)
+            return weight_grad.linear(x, self.weight, self.bias, self)
         partial = weight_grad.linear(x, self.weight, None, self)  # (B, T, d_out): one term
         if self.sequence_parallel:
             y = mappings.reduce_scatter_to_sequence(partial, self.axis)  # (B, T/t, d_out)
@@ -181,6 +183,8 @@ class VocabParallelEmbedding(nn.Module):
         # Every rank holds the same ids, so every rank refuses a bad one alike. Unchecked,
         # a padding id would read a zero row and one past it no row at all: silently zero.
         check_token_ids(ids, self.vocab_size, "input id")
+        if self.axis.size == 1:  # the whole vocabulary: nothing outside, nothing to sum
+            return F.embedding(ids, self.weight)
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local_ids = (ids - self.vocab_start).masked_fill(outside, 0)
         rows = F.embedding(local_ids, self.weight)  # (B, T, C)
