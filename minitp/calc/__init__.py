@@ -11,7 +11,8 @@ measures.
     calc.memory_per_gpu(cfg, micro_batch=1, dp=8, pp=8, tp=8, sp=True, recompute="selective")
     calc.step_time(cfg, calc.A100_80GB, dp=16, pp=8, tp=8, global_batch=1536)
 
-Modules: `params` (counts), `memory` (model states, activations), `comm` (bytes
+Modules: `params` (counts), `memory` (model states, activations), `loss` (the loss's
+bytes, chunked or not), `comm` (bytes
 per axis), `flops` (FLOPs, MFU, the bubble of every schedule, training time), `cluster`
 (hardware presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
 saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
@@ -43,6 +44,7 @@ from .flops import (
     pipeline_idle,
     training_seconds,
 )
+from .loss import loss_bytes
 from .memory import (
     OPTIMIZERS,
     activation_bytes,
@@ -97,7 +99,7 @@ __all__ = [
     "moe_step_time", "node_limited_bytes",
     "OverlapModel", "Plan", "StepTime", "activation_bytes", "activation_bytes_per_layer", "bubble",
     "comm_bytes", "cp_comm_bytes", "dp_comm_bytes", "exact_param_count", "flops_per_iteration",
-    "layer_params_per_rank", "memory_per_gpu", "mfu", "microbatch_count",
+    "layer_params_per_rank", "loss_bytes", "memory_per_gpu", "mfu", "microbatch_count",
     "microbatches_in_flight", "model_flops", "model_state_bytes", "padded_vocab",
     "param_count", "params_per_rank", "params_per_stage", "vision_params", "pipeline_idle", "plan",
     "pp_comm_bytes", "schedule_bubble",

@@ -195,7 +195,8 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
     stage) holds l·(1 + (p−1)/(pv)) (same section): Megatron-LM's warm-up runs
     2(p−1) + (v−1)p forward chunks of l/(pv) layers on the first stage, plus one
     in the steady state. Left out, as the paper finds them negligible (§4.3):
-    the embedding's dropout mask and the output layer and loss. ``schedule``: as
+    the embedding's dropout mask and the output layer and loss (the loss's bytes, chunked
+    or not, are `minitp.calc.loss.loss_bytes`'s). ``schedule``: as
     `microbatches_in_flight` ("interleaved" or None with v > 1); a zero-bubble schedule
     counts each microbatch waiting for its W as a whole one (an upper bound: W needs
     less than B, Qi et al. 2024, Table 1, M_W < M_B).
