@@ -10,7 +10,10 @@ the number of bytes alive; its maximum is the peak.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import sys
 
 import torch
 from torch.autograd.profiler import profile
@@ -27,8 +30,28 @@ def peak_allocated(fn, device=None):
         out = fn()
         torch.cuda.synchronize(device)
         return out, torch.cuda.max_memory_allocated(device) - before
-    with profile(profile_memory=True) as prof:
+    prof = profile(profile_memory=True)
+    with _quiet_stderr():  # the profiler's C++ side logs each start and stop to stderr
+        prof.__enter__()
+    try:
         out = fn()
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
     changes = sorted((e.start_ns(), e.nbytes()) for e in prof.kineto_results.events()
                      if e.name() == "[memory]" and e.device_type().name == "CPU")
     return out, max(itertools.accumulate((b for _, b in changes), initial=0))
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to /dev/null (C++ writes there, not to sys.stderr), then back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
