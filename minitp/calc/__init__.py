@@ -20,7 +20,9 @@ tensor parallelism of one linear layer: bytes, collectives, latency terms), `moe
 (a mixture of experts: total and active parameters, FLOPs from the active ones,
 published shapes `MIXTRAL_8X7B` and `DEEPSEEK_V3`, expert vs tensor parallelism, the
 step time with ep; its all-to-all bytes are in `comm`), `vision` (a vision-language model's
-encoder replicated vs split over tp: params, bytes, FLOPs, time, the crossover width).
+encoder replicated vs split over tp, trained or frozen: params, bytes, FLOPs), `vision_time`
+(its time and the crossover width), `vision_stage` (the encoder on its own pipeline stage
+and tp size).
 """
 
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster

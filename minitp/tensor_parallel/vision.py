@@ -1,6 +1,8 @@
-"""A vision-language model's encoder on a tensor-parallel group: the two layouts of the
-course's source (the Megatron-LM tensor-parallelism write-up, §5 "Multi-GPU VLM
-training") — the decoder tensor-parallel either way.
+"""A vision-language model's encoder on a tensor-parallel group: the two layouts of
+lesson 13's source (a notes file on Megatron-LM's tensor parallelism, §5 "Multi-GPU VLM
+training": djwar42/arr-coc-0-1, `.claude/skills/karpathy-deep-oracle/karpathy/
+distributed-training/02-megatron-lm-tensor-parallelism.md`) — the decoder tensor-parallel
+either way.
 
 * "replicated": every tp rank holds the whole (small) encoder and runs it on the whole
   image. Without sequence parallelism the decoder's residual stream is replicated, so
