@@ -1,5 +1,5 @@
 """Lesson 12's questions: a rank's weight in the gradient sum, ZeRO-1's model states, and
-when to send the gradients."""
+how many buckets hide the gradient sum best."""
 
 from __future__ import annotations
 
@@ -84,40 +84,64 @@ def zero1_bytes(seed=None) -> Question:
     )
 
 
+BUCKETS = (1, 8, 64, 512)  # the four choices: how many equal buckets the gradients go in
+
+
+def exposed_ms(k: int, p: dict) -> float:
+    """Milliseconds the step waits after its last backward, with the gradients in k equal
+    buckets: bucket i is complete at i·T/k (backward produces them evenly, last layers
+    first), each all-reduce takes c = α + (G/k)/B, one at a time. The last finishes at
+    max_i (i·T/k + (k − i + 1)·c): i = k when c ≤ T/k (only the last bucket's c shows),
+    else i = 1 (the all-reduces queue)."""
+    c = p["alpha_us"] / 1e3 + p["mib"] * 2**20 / k / (p["gbs"] * 1e9) * 1e3
+    return max(c, p["T"] / k + k * c - p["T"])
+
+
 def when_to_send(seed=None) -> Question:
     def draw(rng):
-        return {"m": rng.choice((4, 8, 16)), "tensors": rng.choice((148, 292, 580))}
+        while True:  # a draw whose best bucket count is clearly best (5% or more)
+            p = {"T": rng.choice((20, 40, 80)), "mib": rng.choice((100, 400, 1600)),
+                 "gbs": rng.choice((25, 100)), "alpha_us": rng.choice((20, 100, 500))}
+            times = sorted(exposed_ms(k, p) for k in BUCKETS)
+            if times[1] > 1.05 * times[0]:
+                return p
 
-    return Question(
+    def best(p):
+        return "abcd"[min(range(4), key=lambda i: exposed_ms(BUCKETS[i], p))]
+
+    q = Question(
         key="12.when-to-send", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A data-parallel step runs m = {p['m']} microbatches, gradients "
-                        f"accumulating, on a model of {p['tensors']} parameter tensors. How "
-                        "should the gradients be summed over the ranks, to move the fewest "
-                        "bytes and hide the sum behind computation? Answer 'a', 'b', 'c' or "
-                        "'d': (a) one all-reduce of all the gradients after the last backward; "
-                        "(b) one all-reduce per parameter tensor, each as soon as its gradient "
-                        "is ready; (c) buckets of several tensors in reverse order, each "
-                        "all-reduced as soon as its last gradient of the last microbatch is "
-                        "in, waited for before the optimizer step; (d) buckets all-reduced "
-                        "during every microbatch's backward."),
-        right=lambda p: "c",
+        text=lambda p: (
+            f"The last microbatch's backward takes T = {p['T']} ms and produces the "
+            f"{p['mib']:,} MiB of gradients evenly, last layers first. They are summed over "
+            "the data-parallel ranks in k equal buckets, each all-reduced as soon as it is "
+            "complete, one all-reduce at a time; an all-reduce of X bytes takes "
+            f"α + X/B with α = {p['alpha_us']} µs and B = {p['gbs']} GB/s (lesson 01's fit). "
+            "Which k makes the optimizer step wait least after backward ends? Answer 'a', "
+            "'b', 'c' or 'd': (a) k = 1; (b) k = 8; (c) k = 64; (d) k = 512."),
+        right=best,
         wrong=[
-            Wrong(lambda p: "a", "the right bytes, but nothing overlaps: the network idles "
-                                 "during backward and the processors during the all-reduce"),
-            Wrong(lambda p: "b", "it overlaps, but pays one message's latency per tensor, "
-                                 "many small all-reduces instead of a few large ones"),
-            Wrong(lambda p: "d", "while microbatches accumulate the gradients are partial: "
-                                 "sending them every microbatch moves m times the bytes"),
+            Wrong(lambda p: "a", "one bucket: the whole all-reduce, α + G/B, starts only when "
+                  "backward ends; nothing overlaps"),
+            Wrong(lambda p: "b", "8 buckets keep up with backward here only if c ≤ T/8; even "
+                  "then the last one, an eighth of the bytes, is a long tail after backward"),
+            Wrong(lambda p: "c", "64 buckets: compare their tail with the others', and check "
+                  "that each all-reduce (α + G/64B) still fits in its 1/64 of backward"),
+            Wrong(lambda p: "d", "512 buckets pay α 512 times: each all-reduce is mostly "
+                  "latency, and once it takes longer than T/512 they queue past backward's end"),
         ],
         worked=lambda p: (
-            "buckets, in reverse parameter order because backward reaches the last layers "
-            "first, each all-reduce started by a post-accumulate-grad hook as soon as the "
-            "bucket is complete, armed only for the last microbatch: each gradient is sent "
-            f"once, in a few messages instead of {p['tensors']}, and not {p['m']} times; the "
-            "sums of the last layers are in flight while earlier layers' gradients are still "
-            "being computed (the lesson's trace: every bucket started inside the last "
-            "backward). PyTorch DDP and Megatron-LM do the same."),
+            "with k buckets each all-reduce takes c = α + (G/k)/B and bucket i is ready at "
+            "i·T/k; if c ≤ T/k every all-reduce ends before the next bucket is ready, so only "
+            "the last one's c is left after backward; otherwise they queue and the last ends "
+            "T/k + k·c after backward began. Waits after backward: "
+            + "; ".join(f"k = {k}: {exposed_ms(k, p):.2f} ms" for k in BUCKETS)
+            + ". Few buckets: a big tail; many: α paid k times. This is why PyTorch's DDP "
+            "(`bucket_cap_mb`, 25 MB by default) and Megatron-LM bucket by size, not per "
+            "tensor or all at once."),
     )
+    q.wrong = [w for w in q.wrong if w.value(q.params) != q.right(q.params)]  # 3 of the 4
+    return q
 
 
 QUESTIONS = {"12.token-weight": token_weight, "12.zero1-bytes": zero1_bytes,
