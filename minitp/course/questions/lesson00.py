@@ -95,14 +95,48 @@ def tp_group_nodes(p) -> int:
     return len({rank // GPUS_PER_NODE for rank in dp_fastest_tp_group(p)})
 
 
+# How a count of the nodes a dp-fastest tp group spans usually goes wrong, and why.
+NODE_COUNT_SLIPS = (
+    (lambda p: -(-((p["tp"] - 1) * p["dp"] + 1) // GPUS_PER_NODE),
+     "the group's span, (tp-1)·dp + 1 ranks, packed into whole nodes from a node's first rank; "
+     "the span starts where the group's first rank sits, and can straddle one boundary more"),
+    (lambda p: p["tp"], "a node per rank, true only when the ranks are a node or more apart "
+                        "(dp ≥ 8); here neighbours in the group can share a node"),
+    (lambda p: -(-p["dp"] * p["tp"] // GPUS_PER_NODE),
+     "the nodes of the whole stage's dp·tp ranks, not of one group's"),
+)
+
+
+def _slip(p):
+    """The first usual miscount that differs from the right count and from 1."""
+    return next(((f(p), says) for f, says in NODE_COUNT_SLIPS
+                 if f(p) not in (1, tp_group_nodes(p))), None)
+
+
 def why_tp_fastest(seed=None) -> Question:
     def draw(rng):
-        while True:  # a group that leaves its node: one node would be Megatron's answer too
+        while True:  # a group that leaves its node, and a miscount to set beside the count
             p = {"tp": rng.choice((2, 4, 8)), "dp": rng.choice((3, 4, 6, 12)),
                  "pp": rng.choice((2, 4))}
             p["rank"] = rng.randrange(p["dp"] * p["pp"] * p["tp"])
-            if tp_group_nodes(p) > 1:
+            order = list(range(4))
+            rng.shuffle(order)  # where each kind of answer sits among (a)-(d)
+            p["order"] = order
+            if tp_group_nodes(p) > 1 and _slip(p):
                 return p
+
+    def options(p):
+        tp_first = (f"tp fastest: the tensor-parallel group holding rank {p['rank']} sits on 1 "
+                    "node, where dp fastest would spread it over {} nodes, and tensor "
+                    "parallelism's collectives run in every layer")
+        return [tp_first.format(tp_group_nodes(p)), tp_first.format(_slip(p)[0]),
+                "dp fastest: it keeps each data-parallel group on adjacent ranks, and the "
+                "gradients' all-reduce is the largest message",
+                f"either: the tensor-parallel group holding rank {p['rank']} spans as many "
+                "nodes under both orders"]
+
+    def letter(p, kind):
+        return "abcd"[p["order"].index(kind)]
 
     def worked(p):
         group, dp, tp = dp_fastest_tp_group(p), p["dp"], p["tp"]
@@ -111,9 +145,9 @@ def why_tp_fastest(seed=None) -> Question:
         t = (p["rank"] // dp) % tp
         megatron = [(stage * dp + d) * tp + k for k in range(tp)]
         return (
-            f"dp fastest: rank {p['rank']} is d = {p['rank']} mod {dp} = {d}, t = "
-            f"({p['rank']} // {dp}) mod {tp} = {t}, stage {p['rank']} // (dp·tp) = {stage}. Its "
-            f"tensor-parallel group keeps the stage and d and runs t over 0..{tp - 1}: ranks "
+            f"({letter(p, 0)}). Dp fastest: rank {p['rank']} is d = {p['rank']} mod {dp} = {d}, "
+            f"t = ({p['rank']} // {dp}) mod {tp} = {t}, stage {p['rank']} // (dp·tp) = {stage}. "
+            f"Its tensor-parallel group keeps the stage and d and runs t over 0..{tp - 1}: ranks "
             f"{stage}·{dp * tp} + t·{dp} + {d} = {group}, {dp} apart, on nodes {nodes} "
             f"(rank // {GPUS_PER_NODE}): {len(nodes)} nodes. With tp fastest the same group "
             f"is ranks {megatron}, adjacent, on one node. Tensor parallelism sums an activation "
@@ -126,32 +160,33 @@ def why_tp_fastest(seed=None) -> Question:
 
     def text(p):
         return ("Megatron-LM numbers a (dp, pp, tp) mesh's ranks with the tensor-parallel "
-                "index fastest (this lesson's rank formula). Suppose a launcher put the "
+                "index fastest (this lesson's rank formula); a launcher could put the "
                 "data-parallel index fastest instead: r = stage·(dp·tp) + t·dp + d, for tensor "
                 f"index t and data-parallel index d. The run has (dp, pp, tp) = ({p['dp']}, "
-                f"{p['pp']}, {p['tp']}), {GPUS_PER_NODE} GPUs a node, {PLACED}. Under that "
-                "order, on how many nodes are the ranks of the tensor-parallel group that "
-                f"holds rank {p['rank']}? (A whole number.)")
+                f"{p['pp']}, {p['tp']}), {GPUS_PER_NODE} GPUs a node, {PLACED}. Which order "
+                "should it use, and why? Work out where each order puts the tensor-parallel "
+                f"group that holds rank {p['rank']}. "
+                + "; ".join(f"({'abcd'[k]}) {options(p)[p['order'][k]]}" for k in range(4))
+                + ".")
 
-    return _distinct(Question(
-        key="00.why-tp-fastest", seed=seed, draw=draw, text=text,
-        right=tp_group_nodes,
+    q = Question(
+        key="00.why-tp-fastest", seed=seed, draw=draw, text=text, kind="choice",
+        right=lambda p: letter(p, 0),
         wrong=[
-            Wrong(lambda p: 1, "that is Megatron's order, tp fastest, where a group of up to "
-                               "8 is adjacent ranks on one node; with dp fastest its ranks "
-                               "are dp apart"),
-            Wrong(lambda p: -(-((p["tp"] - 1) * p["dp"] + 1) // GPUS_PER_NODE),
-                  "that is the group's span, (tp-1)·dp + 1 ranks, packed into whole nodes "
-                  "from a node's first rank; the span starts where the group's first rank "
-                  "sits, and can straddle one boundary more"),
-            Wrong(lambda p: p["tp"], "that is a node per rank, true only when the ranks are "
-                                     "a node or more apart (dp ≥ 8); here neighbours in the "
-                                     "group can share a node"),
-            Wrong(lambda p: -(-p["dp"] * p["tp"] // GPUS_PER_NODE),
-                  "that is the nodes of the whole stage's dp·tp ranks, not of one group"),
+            Wrong(lambda p: letter(p, 2),
+                  "data parallelism sums the gradients once a step, in buckets that overlap "
+                  "backward; tensor parallelism sums activations in every layer, forward and "
+                  "backward, and needs the fast links more"),
+            Wrong(lambda p: letter(p, 3),
+                  "tp fastest puts the group on adjacent ranks, one node; dp fastest puts its "
+                  "ranks dp apart, across nodes"),
         ],
         worked=worked,
-    ))
+    )
+    # the miscounted option's diagnosis depends on which slip it is, known once drawn
+    q.wrong.insert(0, Wrong(lambda p: letter(p, 1), "the order is right, the count is not: "
+                                                     f"{_slip(q.params)[1]}"))
+    return q
 
 
 QUESTIONS = {"00.replica-nodes": replica_nodes, "00.why-tp-fastest": why_tp_fastest}

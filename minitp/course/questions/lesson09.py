@@ -117,40 +117,50 @@ def rope_positions(seed=None) -> Question:
                  "j": s // (2 * cp) + rng.randrange(s // (2 * cp))}
             values = [_local_to_global(p), *_rope_mistakes(p)]
             if len(set(values)) == len(values):
+                order = list(range(4))
+                rng.shuffle(order)  # where each kind of answer sits among (a)-(d)
+                p["order"] = order
                 return p
 
+    def options(p):
+        return [_local_to_global(p), *_rope_mistakes(p)]
+
+    def letter(p, kind):
+        return "abcd"[p["order"].index(kind)]
+
     return Question(
-        key="09.rope-positions", seed=seed, draw=draw, rel_tol=1e-12,
+        key="09.rope-positions", seed=seed, draw=draw, kind="choice",
         text=lambda p: (f"A sequence of s = {p['s']} tokens is split over cp = {p['cp']} ranks "
                         "by minitp's load-balanced split (lesson 08). cp rank "
                         f"{p['rank']} holds its {p['s'] // p['cp']} tokens in one local tensor, "
                         "in the order the split gives them. By which position must RoPE rotate "
                         f"the query and key of its local token j = {p['j']} (counted from 0)? "
-                        "(A whole number.)"),
-        right=_local_to_global,
+                        + "; ".join(f"({'abcd'[k]}) {options(p)[p['order'][k]]}"
+                                    for k in range(4)) + "."),
+        right=lambda p: letter(p, 0),
         wrong=[
-            Wrong(lambda p: _rope_mistakes(p)[0],
+            Wrong(lambda p: letter(p, 1),
                   "that is the local position, the trap: every rank would rotate its tokens as "
                   "if they began the sequence, and q·k would see the wrong distances"),
-            Wrong(lambda p: _rope_mistakes(p)[1],
+            Wrong(lambda p: letter(p, 2),
                   "that is the contiguous split (rank i holding positions i·s/cp onward), which "
                   "gives the last rank most of the causal work; the load-balanced split gives "
                   "each rank an early and a late chunk"),
-            Wrong(lambda p: _rope_mistakes(p)[2],
+            Wrong(lambda p: letter(p, 3),
                   "that takes chunk i + cp for the late one: the balanced split pairs chunk i "
                   "with its mirror, chunk 2·cp−1−i, so that an early chunk and a late one share "
                   "a rank"),
         ],
         worked=lambda p: (
-            f"the split cuts s into 2·cp = {2 * p['cp']} chunks of s/(2·cp) = "
-            f"{p['s'] // (2 * p['cp'])} and gives rank {p['rank']} chunks {p['rank']} and "
-            f"2·cp−1−{p['rank']} = {2 * p['cp'] - 1 - p['rank']}, the early one first. Local "
-            f"token {p['j']} is past the first chunk, so it is token "
-            f"{p['j'] - p['s'] // (2 * p['cp'])} of chunk {2 * p['cp'] - 1 - p['rank']}: "
-            f"position {2 * p['cp'] - 1 - p['rank']}·{p['s'] // (2 * p['cp'])} + "
-            f"{p['j'] - p['s'] // (2 * p['cp'])} = {_local_to_global(p)} "
-            "(`minitp.context_parallel.split.global_positions`, which `ContextParallelRotary` "
-            "uses)."),
+            f"({letter(p, 0)}) {_local_to_global(p)}. The split cuts s into 2·cp = "
+            f"{2 * p['cp']} chunks of s/(2·cp) = {p['s'] // (2 * p['cp'])} and gives rank "
+            f"{p['rank']} chunks {p['rank']} and 2·cp−1−{p['rank']} = "
+            f"{2 * p['cp'] - 1 - p['rank']}, the early one first. Local token {p['j']} is past "
+            f"the first chunk, so it is token {p['j'] - p['s'] // (2 * p['cp'])} of chunk "
+            f"{2 * p['cp'] - 1 - p['rank']}: position {2 * p['cp'] - 1 - p['rank']}·"
+            f"{p['s'] // (2 * p['cp'])} + {p['j'] - p['s'] // (2 * p['cp'])} = "
+            f"{_local_to_global(p)} (`minitp.context_parallel.split.global_positions`, which "
+            "`ContextParallelRotary` uses)."),
     )
 
 

@@ -39,19 +39,24 @@ def test_replica_nodes_of_the_issues_meshes(mesh, nodes):
     assert replica_nodes_from_layout(dp, pp, tp, 0) == nodes
 
 
-def test_why_tp_fastest_counts_the_nodes_mt_layout_gives_with_dp_fastest():
+def _option(q, p, letter):
+    """The text of choice `letter` in a question that lists (a)-(d) in its text."""
+    return q.text(p).split(f"({letter}) ")[1].split(";")[0].rstrip(".")
+
+
+def test_why_tp_fastest_marks_the_node_count_mt_layout_gives_with_dp_fastest():
     for q, p, right in asked("00.why-tp-fastest"):
         # dp fastest, then tp, then pp is mt.layout's order with the names of dp and tp
         # swapped: its "dp" groups (the middle index varying) are then the tp groups
         groups = mt.layout(dp=p["tp"], pp=p["pp"], tp=p["dp"])["dp"]
         (group,) = [g for g in groups if p["rank"] in g]
         assert len(group) == p["tp"] and group[1] - group[0] == p["dp"]
-        assert right == len({r // 8 for r in group}) > 1, p
-        megatron = [g for g in mt.layout(dp=p["dp"], pp=p["pp"], tp=p["tp"])["tp"]
-                    if p["rank"] in g]
-        assert len({r // 8 for r in megatron[0]}) == 1  # tp fastest: one node
-        for mistake in q.wrong:
-            assert mistake.value(p) != right, (p, mistake.says)
+        nodes = len({r // 8 for r in group})
+        (megatron,) = [g for g in mt.layout(dp=p["dp"], pp=p["pp"], tp=p["tp"])["tp"]
+                       if p["rank"] in g]
+        assert len({r // 8 for r in megatron}) == 1 < nodes  # tp fastest: one node
+        marked = _option(q, p, right)
+        assert marked.startswith("tp fastest") and f"over {nodes} nodes" in marked, (p, marked)
 
 
 # ---- lessons 01 to 05: collectives, tensor and sequence parallelism -------------------------
@@ -174,7 +179,8 @@ def test_08_and_09_context_parallel():
     for _, p, right in asked("09.kv-weight"):
         head_dim = p["d"] // p["heads"]  # tp above the K/V heads: every rank holds them all
         assert close(right, 2 * p["kv"] * head_dim * p["d"] * 2 / MiB)
-    for _, p, right in asked("09.rope-positions"):
+    for q, p, right in asked("09.rope-positions"):
         size = p["s"] // (2 * p["cp"])  # the rank's local tensor: its two chunks, in order
         positions = [k * size + o for k in cp_chunks(p["rank"], p["cp"]) for o in range(size)]
-        assert len(positions) == p["s"] // p["cp"] and right == positions[p["j"]], p
+        assert len(positions) == p["s"] // p["cp"]
+        assert int(_option(q, p, right)) == positions[p["j"]], p
