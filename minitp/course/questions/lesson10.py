@@ -1,5 +1,5 @@
 """Lesson 10's questions: the interleaved bubble, the activations a 1F1B stage holds, and
-what halving the bubble with smaller microbatches does to them."""
+which change halves the bubble within a stage's memory and stays synchronous."""
 
 from __future__ import annotations
 
@@ -85,48 +85,53 @@ def in_flight(seed=None) -> Question:
 def halve_bubble(seed=None) -> Question:
     def draw(rng):
         p = rng.choice((4, 8))
-        # a middle stage; m >= 2p keeps GPipe's whole batch above every other answer
+        # a middle stage; m >= 2p: GPipe's whole batch lies far above the stage's room
         return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
                 "b": rng.choice((4, 8, 16)), "gib": rng.choice((0.25, 0.5, 0.75))}
 
-    def held(p, b):  # 1F1B: stage r holds p - r microbatches of b sequences, whatever m is
-        return (p["p"] - p["r"]) * b * p["gib"]
+    def held(p, microbatches, b):  # GiB of activations on stage r at its peak
+        return microbatches * b * p["gib"]
+
+    def room(p):  # what 1F1B's stage r holds now: p - r microbatches of b sequences
+        return held(p, p["p"] - p["r"], p["b"])
 
     return Question(
-        key="10.halve-bubble", seed=seed, draw=draw,
+        key="10.halve-bubble", seed=seed, draw=draw, kind="choice",
         text=lambda p: (f"A 1F1B pipeline of p = {p['p']} stages (from 0) trains on a global "
                         f"batch of {p['m'] * p['b']} sequences, cut into m = {p['m']} "
                         f"microbatches of {p['b']}. On stage r = {p['r']}, each sequence's "
-                        f"forward keeps {p['gib']:g} GiB of activations until its backward. "
-                        "You halve the bubble by cutting the same global batch into more, "
-                        "smaller microbatches, and keep 1F1B. How many GiB of activations "
-                        f"does stage {p['r']} then hold at its peak? (In GiB; within 1%.)"),
-        right=lambda p: held(p, p["b"] // 2),
+                        f"forward keeps {p['gib']:g} GiB of activations until its backward, "
+                        f"and the stage has room for {room(p):g} GiB of them. You want half "
+                        "the bubble, the same global batch, training that stays exactly "
+                        "synchronous SGD (one device's result), and no more than that room. "
+                        "Which change? Answer 'a', 'b', 'c' or 'd': (a) GPipe over "
+                        f"{2 * p['m']} microbatches of {p['b'] // 2}; (b) 1F1B over "
+                        f"{2 * p['m']} microbatches of {p['b'] // 2}; (c) PipeDream: 1F1B "
+                        "without the flush, weights stashed, the same microbatches; (d) "
+                        f"p = {2 * p['p']} stages of half as many layers, the same "
+                        "microbatches."),
+        right=lambda p: "b",
         wrong=[
-            Wrong(lambda p: held(p, p["b"]),
-                  "that is the peak before the change: 1F1B holds p-r microbatches whatever "
-                  "m is, and each is now half as large"),
-            Wrong(lambda p: p["m"] * p["b"] * p["gib"],
-                  "that is the whole batch, GPipe's peak (every forward before any "
-                  "backward); 1F1B holds only p-r microbatches"),
-            Wrong(lambda p: held(p, 2 * p["b"]),
-                  "twice the microbatches do not mean twice as many in flight: 1F1B's "
-                  "p-r does not grow with m, and each microbatch is half as large"),
-            Wrong(lambda p: (p["p"] - p["r"] - 1) * (p["b"] // 2) * p["gib"],
-                  "that counts the warm-up forwards only: the steady state runs one more "
-                  "forward before the first backward, so p-r are in flight"),
+            Wrong(lambda p: "a", "GPipe's bubble is 1F1B's, (p-1)/m, so it halves too; but "
+                                 "GPipe holds every microbatch until the backwards start, "
+                                 "the whole batch's activations, far more than the room"),
+            Wrong(lambda p: "c", "PipeDream has no bubble after the first fill, but each "
+                                 "stage's gradient is taken at stale weights of a different "
+                                 "age: a different optimiser, no longer synchronous SGD"),
+            Wrong(lambda p: "d", "more stages make the bubble larger, (2p-1)/m, not half of "
+                                 "(p-1)/m"),
         ],
         worked=lambda p: (
-            f"the bubble (p-1)/m halves when m doubles: {2 * p['m']} microbatches of "
-            f"{p['b'] // 2} sequences (`minitp.calc.bubble`: "
+            f"the bubble (p-1)/m halves when m doubles, for GPipe as for 1F1B: "
             f"{bubble_fraction(p['p'], p['m']):.4f} -> "
-            f"{bubble_fraction(p['p'], 2 * p['m']):.4f}, a MODEL). 1F1B's stage r holds "
-            f"p-r = {p['p'] - p['r']} microbatches at its peak whatever m is, each now "
-            f"{p['b'] // 2} × {p['gib']:g} GiB: {held(p, p['b'] // 2):g} GiB, "
-            f"half the {held(p, p['b']):g} GiB it held before (GPipe would hold the "
-            f"whole batch, {p['m'] * p['b'] * p['gib']:g} GiB). The price is smaller matrix "
-            "multiplications, less efficient on an accelerator; interleaving with v = 2 "
-            "halves the bubble too, keeping the microbatches, for twice the messages."),
+            f"{bubble_fraction(p['p'], 2 * p['m']):.4f} (`minitp.calc.bubble`, a MODEL). The "
+            f"memory decides: 1F1B's stage r holds p-r = {p['p'] - p['r']} microbatches "
+            f"whatever m is, now of {p['b'] // 2} sequences: "
+            f"{held(p, p['p'] - p['r'], p['b'] // 2):g} GiB, half its room of {room(p):g}. "
+            f"GPipe would hold all {2 * p['m']}: "
+            f"{held(p, 2 * p['m'], p['b'] // 2):g} GiB. The price of the smaller "
+            "microbatches: smaller matrix multiplications, less efficient on an accelerator "
+            "(interleaving halves the bubble too, keeping them, for twice the messages)."),
     )
 
 

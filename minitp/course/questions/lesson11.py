@@ -1,5 +1,5 @@
-"""Lesson 11's questions: ZB-H1's idle time, the activations a ZB-H1 stage holds, and how
-long a ZB-H2 stage waits for the global gradient norm before it may step."""
+"""Lesson 11's questions: ZB-H1's idle time, the activations a ZB-H1 stage holds, and which
+schedule gives the shortest step when the global gradient norm makes every stage wait."""
 
 from __future__ import annotations
 
@@ -89,52 +89,52 @@ def zb_h1_memory(seed=None) -> Question:
 
 def clip_sync(seed=None) -> Question:
     def draw(rng):
-        # W < F <= B, as Qi et al.'s Table 1 counts a layer; B < 2W < F + B: some of
-        # stage 0's idle falls inside its span, some after it (and the two differ)
-        costs = [(f, b, w) for f in (4, 5, 6) for b in range(f, f + 3) for w in range(3, f)
-                 if b < 2 * w < f + b and f + 2 * b != 4 * w]
-        f, b, w = rng.choice(costs)
+        # W < F <= B, as Qi et al.'s Table 1 counts a transformer layer; B <= 2W keeps
+        # ZB-H2's idle inside a stage, (p-1)(F+B-2W), within the (p-1)F the step adds
+        f, b, w = rng.choice([(f, f + db, f - dw) for f in (4, 5, 6) for db in (0, 1, 2)
+                              for dw in (1, 2) if f + db <= 2 * (f - dw)])
         p = rng.choice((4, 8, 16))
         return {"p": p, "m": 2 * p, "F": f, "B": b, "W": w}
 
-    def wait(p):  # all of stage 0's idle, less the part inside its span
-        return (p["p"] - 1) * p["F"] - (p["p"] - 1) * (p["F"] + p["B"] - 2 * p["W"])
+    def steps(p):  # ms per step: every stage's work, plus the idle of each schedule
+        work = p["m"] * (p["F"] + p["B"] + p["W"])
+        return {"1F1B": work + (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
+                "ZB-H1": work + (p["p"] - 1) * (p["F"] + p["B"] - p["W"]),
+                "ZB-H2": work + (p["p"] - 1) * p["F"]}
 
     return Question(
-        key="11.clip-sync", seed=seed, draw=draw,
-        text=lambda p: (f"A ZB-H2 pipeline of p = {p['p']} stages runs m = {p['m']} "
-                        f"microbatches; per stage a forward takes F = {p['F']} ms, the input "
-                        f"gradient B = {p['B']} ms and the weight gradient W = {p['W']} ms. "
-                        "The step clips by the global gradient norm, so no stage may step "
-                        "before the norm's all-reduce, which needs every stage's last W (take "
-                        "the all-reduce itself as instant). On paper, how many ms does stage "
-                        "0 wait between the end of its last unit and its optimizer step? (In "
-                        "ms; within 1%.)"),
-        right=wait,
+        key="11.clip-sync", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A pipeline of p = {p['p']} stages runs m = {p['m']} microbatches a "
+                        f"step; per stage a forward takes F = {p['F']} ms, the input gradient "
+                        f"B = {p['B']} ms and the weight gradient W = {p['W']} ms, and memory "
+                        "allows ZB-H2's 2p-1 microbatches. The step clips by the global "
+                        "gradient norm: no stage may step before the norm's all-reduce, which "
+                        "needs every stage's last W (take the all-reduce as instant; no "
+                        "post-validation). Which schedule gives the shortest step, on paper? "
+                        "Answer 'a', 'b', 'c' or 'd': (a) 1F1B; (b) ZB-H1; (c) ZB-H2; (d) "
+                        "ZB-H1 and ZB-H2 tie, the norm's wait taking back what ZB-H2 gained."),
+        right=lambda p: "c",
         wrong=[
-            Wrong(lambda p: 0,
-                  "ZB-H2's stages start (p-1)F apart and the last one ends last: stage 0 "
-                  "waits for it, whatever idle there is inside a stage's span"),
-            Wrong(lambda p: (p["p"] - 1) * p["F"],
-                  "that is all the idle of stage 0 in the step, as if it all came at the "
-                  "end: (p-1)(F+B-2W) of it falls inside its span, between its units"),
-            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] - 2 * p["W"]),
-                  "that is the idle inside stage 0's span, Table 2's ZB-H2 bubble; the "
-                  "wait is what is left of its (p-1)F after it"),
-            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
-                  "that is 1F1B's drain, (p-1)(F+B+W): ZB-H2's extra forwards and late W's "
-                  "fill most of it"),
+            Wrong(lambda p: "a", "1F1B idles (p-1)(F+B+W) per rank, the most of the three: "
+                                 "nothing fills its drain"),
+            Wrong(lambda p: "b", "ZB-H1's step is the work plus (p-1)(F+B-W); with the "
+                                 "norm's wait ZB-H2's is the work plus (p-1)F, its stages "
+                                 "starting and so ending (p-1)F apart: shorter when B > W"),
+            Wrong(lambda p: "d", "they tie only when B = W: the wait makes ZB-H2's idle "
+                                 "(p-1)F, not Table 2's (p-1)(F+B-2W), and ZB-H1's is "
+                                 "(p-1)(F+B-W)"),
         ],
         worked=lambda p: (
-            f"the last stage starts (p-1)F = {(p['p'] - 1) * p['F']} ms after stage 0 (microbatch "
-            "0's forward comes down the pipe) and then never idles, so the step lasts "
-            "(p-1)F longer than any stage's work and every stage idles (p-1)F in it. Of stage "
-            f"0's, Table 2's (p-1)(F+B-2W) = {(p['p'] - 1) * (p['F'] + p['B'] - 2 * p['W'])} "
-            "ms falls inside its span (Qi et al. 2024); the rest comes after its last unit, "
-            f"waiting for the last stage: (p-1)(2W-B) = {wait(p)} ms (`simulate('zb-h2', ...)` "
-            "with these costs: a MODEL). Post-validation (Qi et al. 2024, §4) removes the "
-            "wait: each stage steps under the partial norm it has, and the rare step the full "
-            "norm contradicts is rolled back and redone; minitp does not implement it."),
+            "each stage works m(F+B+W) per step; with the norm's all-reduce the step ends when "
+            "the last stage does, so each schedule adds its idle per rank: 1F1B "
+            "(p-1)(F+B+W), ZB-H1 (p-1)(F+B-W) (Qi et al. 2024, Table 2), ZB-H2 (p-1)F — its "
+            "stages start (p-1)F apart, so they end that far apart, and the wait turns its "
+            "Table 2 bubble (p-1)(F+B-2W) back into (p-1)F. Here: "
+            + ", ".join(f"{k} {v} ms" for k, v in steps(p).items())
+            + f". ZB-H2 still wins, by (p-1)(B-W) = {(p['p'] - 1) * (p['B'] - p['W'])} ms; "
+            "with F = B = W it would only tie ZB-H1 (this lesson's timed run). "
+            "Post-validation (Qi et al. 2024, §4) removes the wait; minitp does not implement "
+            "it. A MODEL: `simulate` with these costs plays the same."),
     )
 
 
