@@ -5,7 +5,8 @@ axis's module, and a new axis is one more step:
 
 1. tensor (+ sequence) parallelism — `minitp.tensor_parallel`: swap the plain
    layers for sharded ones, by a plan table;
-2. context parallelism (cp > 1) — `minitp.context_parallel`: ring attention,
+2. context parallelism (cp > 1) — `minitp.context_parallel`: ring attention (or, by
+   ``cp_comm``, K/V all-gathered, Ulysses' all-to-all, or both all-to-all and ring),
    each rank's global positions, the loss over the cp group;
    then expert parallelism — `minitp.expert_parallel`: each MoE layer's experts
    shared out over ep (folded into dp×cp), tokens exchanged by all-to-all, the
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import copy
 
-from .context_parallel.plan import apply_context_parallel
+from .context_parallel.plan import apply_context_parallel, attention_axes
 from .data_parallel.zero import attach_data_parallel
 from .expert_parallel.plan import apply_expert_parallel
 from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
@@ -57,7 +58,8 @@ def label_pieces(model: GPT) -> None:
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
                 tp_overlap: bool = False, param_dtype=None, placement: str = "loop",
-                vision_layout: str = "replicated",
+                vision_layout: str = "replicated", cp_comm: str = "ring",
+                cp_a2a_size: int | None = None,
                 validated: bool = False) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
@@ -88,6 +90,11 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     3 the float32 shards are the masters, and the gradients are widened to float32
     as they are reduce-scattered).
 
+    cp_comm (cp > 1): how attention meets the other cp ranks' keys (`minitp.rules.cp_comm`):
+    "ring" (the default), "allgather" (K/V gathered once), "a2a" (Ulysses: an all-to-all to
+    whole sequences of 1/cp of the heads and back), "a2a+ring" (the all-to-all inside groups
+    of ``cp_a2a_size`` consecutive cp ranks, the ring across them).
+
     validated: the parent already ran `mt.check_parallel_config` with these sizes before
     any process started (the CLI, a checkpoint's load), so this rank trusts them; left
     False, this rank checks them here, once, before it builds anything.
@@ -99,13 +106,14 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
                               recompute=recompute, virtual_stages=virtual_stages,
                               zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
                               tp_overlap=tp_overlap, placement=placement,
-                              vision_layout=vision_layout)
+                              vision_layout=vision_layout, cp_comm=cp_comm,
+                              cp_a2a_size=cp_a2a_size)
     model = copy.deepcopy(ref)
     if param_dtype is not None:
         model.to(param_dtype)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel, tp_overlap)
     apply_vision_parallel(model, mesh.tp, sequence_parallel, vision_layout)
-    apply_context_parallel(model, mesh.cp)
+    apply_context_parallel(model, mesh.cp, cp_comm, attention_axes(mesh, cp_comm, cp_a2a_size))
     apply_expert_parallel(model, mesh, sequence_parallel)
     apply_recompute(model, recompute)
     label_pieces(model)

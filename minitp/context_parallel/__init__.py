@@ -4,10 +4,14 @@
   2·cp − 1 − r, so causal attention's work is even) and its inverse.
 * `ring`: ring attention, each rank's queries meeting every rank's keys and
   values, merged by online softmax (`merge_partials`).
-* `plan`: the plan table that makes a plain GPT context-parallel.
+* `allgather`: K and V gathered once over cp, each rank's queries against all of them;
+* `ulysses`: the all-to-all that trades the sequence split for a head split (Ulysses),
+  and its hybrid with the ring (USP);
+* `plan`: the plan table that makes a plain GPT context-parallel, by ``cp_comm``.
 """
 
-from .plan import CONTEXT_PARALLEL_PLAN, apply_context_parallel
+from .allgather import AllGatherAttention, allgather_attention
+from .plan import CONTEXT_PARALLEL_PLAN, apply_context_parallel, attention_axes
 from .ring import merge_partials, ring_attention
 from .split import (
     chunk_order,
@@ -16,7 +20,10 @@ from .split import (
     merge_sequence,
     split_sequence,
 )
+from .ulysses import UlyssesAttention, heads_to_sequence, hybrid_axes, sequence_to_heads
 
-__all__ = ["CONTEXT_PARALLEL_PLAN", "apply_context_parallel", "chunk_order", "gather_sequence",
-           "global_positions", "merge_partials", "merge_sequence", "ring_attention",
+__all__ = ["CONTEXT_PARALLEL_PLAN", "AllGatherAttention", "UlyssesAttention",
+           "allgather_attention", "apply_context_parallel", "attention_axes", "chunk_order",
+           "gather_sequence", "global_positions", "heads_to_sequence", "hybrid_axes",
+           "merge_partials", "merge_sequence", "ring_attention", "sequence_to_heads",
            "split_sequence"]

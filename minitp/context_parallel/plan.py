@@ -38,7 +38,8 @@ as the trace shows them: forward 2(cp−1) sends (K and V at cp−1 hops);
 backward 2(cp−1) sends of K/V and 2·cp of dK/dV (cp hops, the last one home).
 
 `apply_context_parallel` swaps the plain GPT's pieces for these (the model holds
-no parallel code): the attention core for `RingAttention`, the position
+no parallel code): the attention core for `RingAttention` (or, by ``cp_comm``,
+`AllGatherAttention` or `UlyssesAttention`: `minitp.rules.cp_comm`), the position
 embedding for `ContextParallelPositions` (each rank's global positions), the
 loss for `ContextParallelLoss` (the mean over every token of the cp group).
 The gradients of every parameter are then partial over cp — each rank saw its
@@ -55,14 +56,16 @@ import torch
 import torch.nn as nn
 
 from ..model.llama_layers import Rotary
-from ..rules import IGNORE_INDEX
+from ..rules import IGNORE_INDEX, ulysses_size
 from ..runtime import trace
 from ..runtime.mesh import Axis
 from ..sharding.plan import apply_plan
 from ..tensor_parallel import mappings
 from ..tensor_parallel.plan import SequenceShardedPositions
+from .allgather import AllGatherAttention
 from .ring import ring_attention
 from .split import global_positions
+from .ulysses import UlyssesAttention, hybrid_axes
 
 
 class RingAttention(nn.Module):
@@ -164,11 +167,34 @@ CONTEXT_PARALLEL_PLAN = [
 ]
 
 
-def apply_context_parallel(model: nn.Module, cp: Axis) -> None:
+def _core_maker(cp_comm: str, axes):
+    """The plan's maker of the attention core for `cp_comm` (`minitp.rules.CP_COMMS`)."""
+    if cp_comm == "ring":
+        return _ring
+    if cp_comm == "allgather":
+        return lambda m, cp, model: AllGatherAttention(cp, m.attention)
+    group, ring = axes  # a2a: (cp, one rank); a2a+ring: `hybrid_axes`
+    return lambda m, cp, model: UlyssesAttention(group, m, ring)
+
+
+def apply_context_parallel(model: nn.Module, cp: Axis, cp_comm: str = "ring",
+                           axes: tuple[Axis, Axis] | None = None) -> None:
     """Make `model` (a GPT, after tensor parallelism; changed in place) run on this cp
-    rank's part of the sequence. Nothing to do on an axis of one rank."""
+    rank's part of the sequence, its attention by `cp_comm` ("ring", "allgather", "a2a",
+    "a2a+ring"; the last two need `axes`, the all-to-all group and the ring:
+    `attention_axes`). Nothing to do on an axis of one rank."""
     if cp.size > 1:
         rotary = model.cfg.positions == "rope"  # positions inside attention, not in wpe
-        plan = [(pattern, make) for pattern, make in CONTEXT_PARALLEL_PLAN if pattern != "wpe"
-                or not rotary] + ([("blocks.*.attn.rope", _rotary)] if rotary else [])
+        plan = [(pattern, _core_maker(cp_comm, axes) if pattern.endswith("core") else make)
+                for pattern, make in CONTEXT_PARALLEL_PLAN if pattern != "wpe" or not rotary]
+        plan += [("blocks.*.attn.rope", _rotary)] if rotary else []
         apply_plan(model, plan, (cp, model))
+
+
+def attention_axes(mesh, cp_comm: str, cp_a2a_size: int | None = None):
+    """The (all-to-all group, ring) the attention of `cp_comm` runs over, or None for the
+    ring and the all-gather (they use ``mesh.cp``). "a2a+ring" creates process groups:
+    every rank calls this, in the same order."""
+    if mesh.cp.size == 1 or cp_comm not in ("a2a", "a2a+ring"):
+        return None
+    return hybrid_axes(mesh, ulysses_size(cp_comm, mesh.cp.size, cp_a2a_size))

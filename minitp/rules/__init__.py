@@ -10,9 +10,20 @@ axes, the calculator, the runtime and the CLI alike.
 * `vision`: a vision encoder's layouts over tp; the image patch format;
 * `sizes`: positive sizes, equal slices; `tokens`: token ids and the ignored target;
 * `loss_chunks`: how many tokens' logits the loss widens to float32 at once;
-* `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL.
+* `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL;
+* `cp_comm`: context parallelism's attention variants (ring, allgather, a2a, a2a+ring) and
+  what each needs; `cp_bytes`: their byte MODEL.
 """
 
+from .cp_bytes import (
+    cp_attention_bytes,
+    ring_attention_bytes,
+)
+from .cp_comm import (
+    CP_COMMS,
+    check_cp_comm,
+    ulysses_size,
+)
 from .experts import (
     BALANCES,
     ROUTERS,
@@ -22,7 +33,10 @@ from .experts import (
 )
 from .heads import (
     check_tp_widths,
+    check_ulysses_heads,
+    kv_heads_per_rank,
     kv_layout,
+    ulysses_kv_layout,
 )
 from .labels import (
     LAYER_LABEL,
@@ -98,6 +112,7 @@ __all__ = [
     "BALANCES",
     "CELL_H",
     "CELL_W",
+    "CP_COMMS",
     "IGNORE_INDEX",
     "LAYER_LABEL",
     "PARAM_DTYPES",
@@ -117,6 +132,7 @@ __all__ = [
     "ZERO_STAGES",
     "ceil_div",
     "check_context_split",
+    "check_cp_comm",
     "check_ep_divides_dp_cp",
     "check_expert_parallel",
     "check_microbatches",
@@ -132,14 +148,17 @@ __all__ = [
     "check_token_ids",
     "check_tp_overlap",
     "check_tp_widths",
+    "check_ulysses_heads",
     "check_vision_layout",
     "check_world_size",
     "check_zero_bubble",
     "check_zero_stage",
+    "cp_attention_bytes",
     "cp_chunks",
     "default_schedule",
     "default_vision_patches",
     "interleaving_fits",
+    "kv_heads_per_rank",
     "kv_layout",
     "layer_label",
     "loss_chunk_rows",
@@ -150,9 +169,12 @@ __all__ = [
     "parse_unit_label",
     "placement_of",
     "rank_and_chunk",
+    "ring_attention_bytes",
     "ring_send_fraction",
     "ring_wire_bytes",
     "round_up",
     "stage_of",
+    "ulysses_kv_layout",
+    "ulysses_size",
     "unit_label",
 ]

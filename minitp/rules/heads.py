@@ -1,6 +1,7 @@
 """What tensor parallelism needs of a layer's widths: whole heads, whole K/V heads (or
-whole copies of them), whole MLP features — written once, read by
-`minitp.rules.check_parallel_config` and by the tensor-parallel plan."""
+whole copies of them), whole MLP features; and what Ulysses' all-to-all needs of a tp
+rank's heads after it — written once, read by `minitp.rules.check_parallel_config`, the
+tensor-parallel plan and context parallelism's all-to-all."""
 
 from __future__ import annotations
 
@@ -35,3 +36,36 @@ def check_tp_widths(cfg, tp: int) -> None:
     if getattr(cfg, "n_kv_head", None) is not None:
         kv_layout(cfg, tp)
 
+
+
+def kv_heads_per_rank(cfg, tp: int) -> int:
+    """The K/V heads one tp rank's attention core receives: n_kv/tp where tp splits them,
+    one where tp replicates them (`kv_layout`)."""
+    return cfg.kv_heads // tp if kv_layout(cfg, tp) == "split" else 1
+
+
+def ulysses_kv_layout(cfg, tp: int, ulysses: int) -> str:
+    """How the `ulysses` ranks of an all-to-all (Ulysses) group hold a tp rank's K/V heads
+    once the all-to-all has given each rank 1/ulysses of the query heads: "split" (ulysses
+    divides the tp rank's K/V heads, each rank its own share of them) or "replicated"
+    (ulysses a multiple of them: each K/V head copied to the ulysses/n_kv ranks whose
+    query heads read it, their gradients summed back). ValueError otherwise."""
+    kv = kv_heads_per_rank(cfg, tp)
+    if kv % ulysses == 0:
+        return "split"
+    if ulysses % kv == 0:
+        return "replicated"
+    raise ValueError(f"n_kv_head={cfg.kv_heads} over tp={tp} leaves {kv} K/V heads per rank: "
+                     f"the all-to-all over {ulysses} ranks must divide them or be a multiple "
+                     "of them (each rank's query heads must read whole K/V heads)")
+
+
+def check_ulysses_heads(cfg, tp: int, ulysses: int) -> None:
+    """Ulysses (all-to-all context parallelism) gives each of `ulysses` ranks whole query
+    heads of a tp rank's n_head/tp, and whole K/V heads or whole copies of them."""
+    heads = cfg.n_head // tp
+    if heads % ulysses:
+        raise ValueError(f"n_head={cfg.n_head} over tp={tp} leaves {heads} heads per rank, "
+                         f"not divisible by the all-to-all's {ulysses} ranks: Ulysses gives "
+                         "each rank whole attention heads")
+    ulysses_kv_layout(cfg, tp, ulysses)

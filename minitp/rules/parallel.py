@@ -5,6 +5,7 @@ which two of a sequence's 2·cp chunks each cp rank holds (`cp_chunks`)."""
 
 from __future__ import annotations
 
+from .cp_comm import check_cp_comm
 from .experts import check_expert_parallel
 from .heads import check_tp_widths
 from .schedules import (
@@ -86,7 +87,8 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                           schedule=None, microbatches: int | None = None,
                           batch_size: int | None = None, zero_stage: int = 0, ep: int = 1,
                           param_dtype: str | None = None, tp_overlap: bool = False,
-                          placement: str = "loop", vision_layout: str = "replicated") -> None:
+                          placement: str = "loop", vision_layout: str = "replicated",
+                          cp_comm: str = "ring", cp_a2a_size: int | None = None) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way: the one validator of a parallel configuration, run once per launch.
 
@@ -98,7 +100,8 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     `train_step` for what a step adds (`check_step`, the first time it sees them).
     ep: `minitp.rules.experts.check_expert_parallel`. placement: where the pipeline's
     chunks sit ("loop" or "v": `minitp.rules.schedules`). vision_layout: a
-    vision-language model's encoder over tp (`minitp.rules.vision`)."""
+    vision-language model's encoder over tp (`minitp.rules.vision`). cp_comm, cp_a2a_size:
+    context parallelism's attention (`minitp.rules.cp_comm`)."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size
@@ -109,6 +112,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
         check_world_size(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
     check_tp_widths(cfg, tp)
     check_vision_layout(cfg, vision_layout, tp, cp)
+    check_cp_comm(cfg, cp, tp, cp_comm, cp_a2a_size)
     if sequence_parallel and cp == 1 and cfg.seq_len % tp:
         raise ValueError(
             f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "
