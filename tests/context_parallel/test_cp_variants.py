@@ -30,6 +30,7 @@ from minitp import context_parallel as cpar
 from minitp.context_parallel.ulysses import from_ring_order, to_ring_order
 from minitp.model import AttentionCore
 from minitp.rules import cp_attention_bytes, cp_chunks, ulysses_kv_layout
+from minitp.runtime import io_counters
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -131,20 +132,23 @@ def test_the_byte_model_is_the_formula_and_the_ring_is_calcs():
 
 
 # --------------------------------------------------------------------------- attention alone
-VARIANTS = [("ring", None), ("allgather", None), ("a2a", None), ("a2a+ring", 2)]
+# the hybrid at its ends too: an all-to-all over one rank (the ring) and over all of cp (a2a)
+VARIANTS = [("ring", None), ("allgather", None), ("a2a", None), ("a2a+ring", 1),
+            ("a2a+ring", 2), ("a2a+ring", 4)]
 B, H, T, D = 2, 4, 128, 32  # one all-to-all row at cp 4: 2·1·32·32 float64 values, 16 KiB
 
 
 def _attention_alone():
-    """On 4 ranks: cp 2 (dp 2) and cp 4, every variant (the hybrid at cp 4), 4, 2 and 1
-    K/V heads. Per case: the largest error of the output and of q, k, v's gradients
-    against the plain core, and the trace's bytes per phase (model, measured)."""
+    """On 4 ranks: cp 2 (dp 2) and cp 4, every variant (the hybrid's all-to-all over 1, 2
+    and, at cp 4, 4 ranks), with 4, 2 and 1 K/V heads. Per case: the largest error of the
+    output and of q, k, v's gradients against the plain core, and the trace's bytes per
+    phase (model, measured)."""
     out = {}
     for sizes in ({"dp": 2, "cp": 2}, {"cp": 4}):
         mesh = mt.Mesh(**sizes)
         cp = mesh.cp
         for comm, u in VARIANTS:
-            if u is not None and u == cp.size:
+            if u is not None and u > cp.size:
                 continue
             axes = cpar.attention_axes(mesh, comm, u)
             for kv in (4, 2, 1):
@@ -172,30 +176,54 @@ def _attention_alone():
                            - AttentionCore(0.0)(q, k, v)).abs().max().item()]
                 errors += [(cpar.gather_sequence(m.grad, cp, dim=2) - r.grad).abs().max().item()
                            for m, r in zip(mine, ref, strict=True)]
-                out[(cp.size, comm, kv)] = (max(errors), sent)
+                out[(cp.size, comm, u, kv)] = (max(errors), sent)
     return out
 
 
-def test_each_attention_equals_causal_attention_and_sends_its_model():
+@pytest.fixture(scope="module")
+def alone():
+    """Every rank's results of `_attention_alone`, one launch for the three tests below."""
     run = mt.launch(_attention_alone, 4, timeout=120)
-    for rank, result in enumerate(run):
-        assert len(result) == 3 * 3 + 4 * 3, sorted(result)  # cp 2: no hybrid
-        for (cp, comm, kv), (error, sent) in result.items():
-            where = f"rank {rank}, cp={cp}, {comm}, {kv} K/V heads"
-            assert error < TOLERANCE, f"{where}: differs by {error:.3g}"
-            u = 2 if comm == "a2a+ring" else None
-            fwd, bwd = _bytes_by_hand(comm, B, T, H, kv, D, cp, u, 8)
-            assert (sent["fwd"][0], sent["bwd"][0]) == (fwd, bwd), (where, sent)
-            model = cp_attention_bytes(comm, rows=B, seq_len=T, heads=H, kv_heads=kv,
-                                       head_dim=D, cp=cp, cp_a2a_size=u, bytes_per_value=8)
-            assert model == {"fwd": fwd, "bwd": bwd}, where
-            if comm in ("allgather", "a2a"):  # measured: gloo's few header bytes a message
-                # gloo's reduce-scatter is no ring: it sends an all-reduce's bytes, twice the
-                # ring model (tests/runtime/test_wire_bytes.py); NCCL's would send the model
-                on_gloo = 2 * bwd if comm == "allgather" else bwd
-                for phase, expected in (("fwd", fwd), ("bwd", on_gloo)):
-                    measured = sent[phase][1]
-                    assert expected <= measured <= 1.02 * expected, (where, phase, measured)
+    for result in run:
+        assert len(result) == 5 * 3 + 6 * 3, sorted(result)  # hybrid over 4: cp 4 only
+    return [(rank, key, *value) for rank, result in enumerate(run)
+            for key, value in result.items()]
+
+
+def _where(rank, cp, comm, u, kv):
+    return f"rank {rank}, cp={cp}, {comm} (all-to-all over {u}), {kv} K/V heads"
+
+
+def test_each_attention_equals_causal_attention(alone):
+    for rank, key, error, _ in alone:
+        assert error < TOLERANCE, f"{_where(rank, *key)}: differs by {error:.3g}"
+
+
+def test_each_attention_sends_its_byte_model(alone):
+    for rank, (cp, comm, u, kv), _, sent in alone:
+        fwd, bwd = _bytes_by_hand(comm, B, T, H, kv, D, cp, u, 8)
+        assert (sent["fwd"][0], sent["bwd"][0]) == (fwd, bwd), (_where(rank, cp, comm, u, kv),
+                                                                 sent)
+        model = cp_attention_bytes(comm, rows=B, seq_len=T, heads=H, kv_heads=kv,
+                                   head_dim=D, cp=cp, cp_a2a_size=u, bytes_per_value=8)
+        assert model == {"fwd": fwd, "bwd": bwd}, _where(rank, cp, comm, u, kv)
+
+
+@pytest.mark.skipif(not io_counters.available(), reason="no /proc/self/io: nothing measured")
+def test_the_collectives_measured_bytes_are_their_model(alone):
+    """The all-gather's and the all-to-all's bytes as the kernel counted them (the ring's
+    sends overlap, so no window of theirs is measured alone: `io_counters.Window`)."""
+    for rank, (cp, comm, u, kv), _, sent in alone:
+        if comm not in ("allgather", "a2a"):
+            continue
+        fwd, bwd = _bytes_by_hand(comm, B, T, H, kv, D, cp, u, 8)
+        # gloo's reduce-scatter is no ring: it sends an all-reduce's bytes, twice the ring
+        # model (tests/runtime/test_wire_bytes.py); NCCL's would send the model
+        on_gloo = 2 * bwd if comm == "allgather" else bwd
+        for phase, expected in (("fwd", fwd), ("bwd", on_gloo)):
+            measured = sent[phase][1]  # gloo adds a few dozen header bytes a message
+            assert expected <= measured <= 1.02 * expected, (
+                _where(rank, cp, comm, u, kv), phase, measured, expected)
 
 
 # --------------------------------------------------------------------------- the GPT
@@ -269,7 +297,11 @@ CONFIGS = {
             ({"cp": 4}, GPT2, {"cp_comm": "allgather"}, 1),
             ({"cp": 4}, LLAMA, {"cp_comm": "a2a+ring", "cp_a2a_size": 2}, 1)],
     "cp_tp": [({"cp": 2, "tp": 2}, GPT2, {"cp_comm": "a2a", "sequence_parallel": True}, 1),
-              ({"cp": 2, "tp": 2}, LLAMA, {"cp_comm": "allgather"}, 1)],
+              ({"cp": 2, "tp": 2}, LLAMA, {"cp_comm": "allgather"}, 1),
+              # one K/V head a tp rank (split over tp), copied to both all-to-all ranks
+              ({"cp": 2, "tp": 2}, LLAMA, {"cp_comm": "a2a"}, 1),
+              # one K/V head in all: replicated over tp, then over the all-to-all
+              ({"cp": 2, "tp": 2}, {**LLAMA, "n_kv_head": 1}, {"cp_comm": "a2a"}, 1)],
     "pp_cp": [({"pp": 2, "cp": 2}, LLAMA, {"cp_comm": "a2a"}, 2),
               ({"pp": 2, "cp": 2}, GPT2, {"cp_comm": "allgather"}, 2)],
 }
