@@ -17,6 +17,9 @@ the two big chunks g and 2R−1−g of the sequence cut into 2R, R = cp/U — th
 split of a ring of R ranks. With U = cp (R = 1) that is the global order, and the layer's
 own causal core runs; with R > 1 the ring runs over the R groups (`ring_attention`).
 
+Memory: the core keeps what one device's would for 1/U of the heads — with the
+written-out core, their s×s probabilities too (the ring never forms them).
+
 Grouped-query K/V (`minitp.rules.ulysses_kv_layout`): U dividing a tp rank's K/V heads
 splits them like the queries; U a multiple of them widens each K/V head to U/n_kv copies
 first (its gradient summed back), one per rank whose query heads read it.

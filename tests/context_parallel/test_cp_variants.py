@@ -12,8 +12,10 @@
   bytes beside it too;
 * the whole GPT through `mt.parallelize(cp_comm=...)`, GPT-2-style and Llama-style (GQA,
   RoPE), against the plain GPT: every step's loss, every gradient of the first, every
-  parameter after 3 AdamW steps, float64 to 1e-10 — with tp (and SP) and with pp in the
-  mix for some.
+  parameter after 3 AdamW steps, float64 to 1e-10 — with tp (and SP), with pp and with
+  recomputation in the mix for some — and its trace's cp bytes, the formula's;
+* what each attention core keeps for backward (the ledger, measured) beside a formula:
+  the ring 1/cp of Q, K, V; the all-gather K and V whole; Ulysses 1/cp of the heads.
 """
 
 from __future__ import annotations
@@ -312,3 +314,42 @@ def test_gpt_equals_plain_gpt(name):
     configs = CONFIGS[name]
     world = max(len(mt.layout(**c[0])["tp"]) * c[0].get("tp", 1) for c in configs)
     _check(mt.launch(_compare, world, configs, timeout=120), configs)
+
+
+# --------------------------------------------------------------------------- memory
+def _core_bytes():
+    """The bytes the attention core of layer 0 keeps for backward on this rank (the
+    ledger, measured), GPT-2 with the written-out core, for each variant at cp 1, 2, 4."""
+    out = {}
+    for sizes in ({"dp": 4}, {"dp": 2, "cp": 2}, {"cp": 4}):
+        mesh = mt.Mesh(**sizes)
+        for comm in ("ring", "allgather", "a2a"):
+            torch.manual_seed(0)
+            cfg = mt.GPTConfig(**{**GPT2, "seq_len": 32})
+            model = mt.GPT(cfg).double()
+            cpar.apply_context_parallel(model, mesh.cp, comm, cpar.attention_axes(mesh, comm))
+            x = cpar.split_sequence(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len)), mesh.cp)
+            with mt.memory.ActivationLedger(model) as ledger:
+                model(x, x)
+            out[(mesh.cp.size, comm)] = sum(e.nbytes for e in ledger.layer("layer0")
+                                            if ".attn.core" in e.module)
+    return out
+
+
+def test_what_each_attention_keeps_for_backward():
+    b, s, h, hs, w = 2, 32, GPT2["n_head"], GPT2["d_model"] // GPT2["n_head"], 8
+    qkv, probs, mask = 3 * b * h * s * hs * w, b * h * s * s * w, s * s  # one device's
+    for result in mt.launch(_core_bytes, 4, timeout=60):
+        for comm in ("ring", "allgather", "a2a"):
+            assert result[(1, comm)] == qkv + probs + mask + 8  # (8: the scale, a scalar)
+        for cp in (2, 4):
+            keeps = {
+                # Q, K, V (the projection's one output), O and the log-sum-exp, at s/cp
+                "ring": qkv // cp + qkv // 3 // cp + b * h * s // cp * w,
+                # K and V whole; Q, the probabilities and the mask's rows at s/cp
+                "allgather": qkv // 3 // cp + 2 * qkv // 3 + probs // cp + mask // cp + 8,
+                # whole sequences of h/cp heads: 1/cp of everything but the s×s mask
+                "a2a": (qkv + probs) // cp + mask + 8,
+            }
+            for comm, expected in keeps.items():
+                assert result[(cp, comm)] == expected, (cp, comm, result[(cp, comm)], expected)
