@@ -306,6 +306,11 @@ CONFIGS = {
               ({"cp": 2, "tp": 2}, {**LLAMA, "n_kv_head": 1}, {"cp_comm": "a2a"}, 1)],
     "pp_cp": [({"pp": 2, "cp": 2}, LLAMA, {"cp_comm": "a2a"}, 2),
               ({"pp": 2, "cp": 2}, GPT2, {"cp_comm": "allgather"}, 2)],
+    # 8 ranks: the hybrid beside tp (K/V: one a tp rank, copied to the all-to-all's two)
+    # and in a pipeline
+    "hybrid8": [({"cp": 4, "tp": 2}, LLAMA, {"cp_comm": "a2a+ring", "cp_a2a_size": 2,
+                                           "sequence_parallel": True}, 1),
+                ({"pp": 2, "cp": 4}, GPT2, {"cp_comm": "a2a+ring", "cp_a2a_size": 2}, 2)],
 }
 
 
