@@ -1,7 +1,7 @@
-"""Ulysses context parallelism (Jacobs et al. 2023, DeepSpeed Ulysses, arXiv:2309.14509; DeepSpeed's
-``deepspeed/runtime/sequence_parallel/ulysses_sp.py``; Megatron-LM's ``--cp-comm-type a2a``)
-and its hybrid with the ring (Fang and Zhao 2024, USP, arXiv:2405.07719; Megatron-LM's
-``a2a+p2p``).
+"""Ulysses context parallelism (Jacobs et al. 2023, DeepSpeed Ulysses, arXiv:2309.14509;
+DeepSpeed's ``deepspeed/runtime/sequence_parallel/ulysses_sp.py``; Megatron-LM's
+``--cp-comm-type a2a``) and its hybrid with the ring (Fang and Zhao 2024, USP,
+arXiv:2405.07719; Megatron-LM's ``a2a+p2p``).
 
 Outside attention every rank holds its s/cp positions (the load-balanced split) of every
 head. An all-to-all over the U ranks of a Ulysses group trades that for all the group's
