@@ -40,15 +40,8 @@ from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
-from .flags import (
-    build_parser,
-    on_gpus,
-    sizes_text,
-    under_torchrun,
-    uses_mixed_precision,
-    validate,
-    world_size_of,
-)
+from .flags import build_parser, sizes_text, validate
+from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
 from .rank import lr_at, run_rank, set_lr, step_seed
 

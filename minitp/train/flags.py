@@ -8,14 +8,21 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
 from .. import checkpoint, data
 from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
+from ..rules.cp_comm import CP_COMMS
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
 from . import model_flags
+from .machine import (
+    available_memory,
+    gib,
+    memory_needed,
+    under_torchrun,
+    uses_mixed_precision,
+    world_size_of,
+)
 from .model_flags import DTYPE, MODEL_SIZES, capacity_factor
 from .model_options import ARCHS
 
@@ -43,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
     a("--cp", type=int, default=1, help="context-parallel size: each sequence split over cp "
                                         "ranks, attention by ring (default 1)")
+    a("--cp-comm", choices=CP_COMMS, default="ring",
+      help="context parallelism's attention (needs --cp > 1): ring (K/V passed round the cp "
+           "ranks, default), allgather (K/V gathered once), a2a (Ulysses: an all-to-all "
+           "trades the sequence split for a head split), a2a+ring (the all-to-all inside "
+           "groups of --cp-a2a-size ranks, the ring across them)")
+    a("--cp-a2a-size", type=int, default=None, metavar="U",
+      help="--cp-comm a2a+ring's all-to-all group: U consecutive cp ranks (U divides --cp "
+           "and the heads)")
     a("--sp", action=argparse.BooleanOptionalAction, default=True,
       help="sequence parallelism (default on)")
     a("--tp-overlap", action="store_true",
@@ -127,10 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
 def validate(args, parser):
     """Every check that can fail before a process starts; parser.error (exit 2) if one does.
     Returns (cfg, train_tokens, eval_tokens, start_step).
@@ -140,9 +151,13 @@ def validate(args, parser):
     `minitp.rules.check_parallel_config`'s, given every flag they involve, so a
     run that `train_step` would refuse on every rank is refused here, once."""
     for name in ("dp", "pp", "cp", "tp", "ep", "top_k", "microbatches", "virtual_stages",
-                 "steps", "batch_size", "eval_every", "eval_batches"):
+                 "steps", "batch_size", "eval_every", "eval_batches", "cp_a2a_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: left out
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.cp == 1 and (args.cp_comm != "ring" or args.cp_a2a_size is not None):
+        parser.error(f"--cp-comm {args.cp_comm}"
+                     + (f" --cp-a2a-size {args.cp_a2a_size}" if args.cp_a2a_size else "")
+                     + " needs --cp > 1: without context parallelism no attention is split")
     if placement_of(args.schedule) == "v" and args.virtual_stages == 1:  # implied by a V
         args.virtual_stages = 2
     if args.clip_grad is not None and not args.clip_grad > 0:
@@ -187,7 +202,8 @@ def validate(args, parser):
                               param_dtype="bfloat16" if uses_mixed_precision(args) else None,
                               ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
                               placement=placement_of(args.schedule),
-                              vision_layout=args.vision_layout)
+                              vision_layout=args.vision_layout, cp_comm=args.cp_comm,
+                              cp_a2a_size=args.cp_a2a_size)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -200,10 +216,10 @@ def validate(args, parser):
     need, have = memory_needed(args, cfg), available_memory()
     if have is not None and need["machine"] > have:
         parser.error(
-            f"this run needs about {_gib(need['per_rank'])} per rank, "
-            f"{_gib(need['machine'])} for its {need['ranks']} processes on this machine "
+            f"this run needs about {gib(need['per_rank'])} per rank, "
+            f"{gib(need['machine'])} for its {need['ranks']} processes on this machine "
             f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
-            f"each rank's dense copy), but only {_gib(have)} is available: try a smaller "
+            f"each rank's dense copy), but only {gib(have)} is available: try a smaller "
             f"--d-model, --n-layer, --seq-len or --batch-size")
     if args.save:
         try:  # now, not after the whole run has trained
@@ -222,77 +238,6 @@ def validate(args, parser):
     return cfg, train_tokens, eval_tokens, start_step
 
 
-def uses_mixed_precision(args) -> bool:
-    return args.dtype == "bfloat16"
-
-
-def world_size_of(args) -> int:
-    return args.dp * args.pp * args.cp * args.tp
-
-
 def sizes_text(args) -> str:
     return (f"dp={args.dp} pp={args.pp} " + (f"cp={args.cp} " if args.cp > 1 else "")
             + f"tp={args.tp}" + (f" ep={args.ep}" if args.ep > 1 else ""))
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
-
-
-def memory_needed(args, cfg) -> dict:
-    """Bytes this run will hold, as `minitp.calc` models them (not measured):
-    ``{"per_rank", "ranks", "machine"}``.
-
-    Per rank: `calc.memory_per_gpu` with fp32 Adam (4 + 4 + 8 bytes per
-    parameter; twice that in float64) and the paper's 2-byte activations scaled
-    to --dtype, plus the dense CPU model every rank keeps for evaluation and
-    sampling and the full state dict it copies into it (two copies of every
-    parameter). On the CPU every rank shares this machine's memory, so "machine"
-    is all of them plus, with --check, the single-process reference; under
-    torchrun it counts this node's ranks; on GPUs only the dense copies and the
-    reference stay on the host. Python's and torch's own ~0.3 GB per process
-    are left out: the check is for runs that cannot fit, not a close call.
-    """
-    from .. import calc
-
-    # bf16 with float32 gradients and masters: the 18-byte layout
-    mixed = uses_mixed_precision(args)
-    dtype = getattr(torch, args.dtype or DTYPE)  # None: left out, before `validate`
-    scale = 1 if mixed else torch.tensor([], dtype=dtype).element_size() / 4
-    world = world_size_of(args)
-    micro = max(1, args.batch_size // (args.dp * args.microbatches))
-    on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
-                                  args.recompute, args.zero_stage,
-                                  "megatron" if mixed else "adam-fp32", args.virtual_stages,
-                                  args.microbatches, cp=args.cp, schedule=args.schedule)
-    states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
-    per_rank = scale * (states + (1 if mixed else 2) * on_rank["activations"])
-    dense = scale * 4 * 2 * calc.exact_param_count(cfg)  # float32 copies when mixed
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
-    host = ranks * (dense + (0 if on_gpus(world) else per_rank))
-    if args.check:
-        ref = calc.memory_per_gpu(cfg, args.batch_size, optimizer="adam-fp32")
-        host += scale * (sum(ref[k] for k in ("parameters", "gradients", "optimizer"))
-                         + 2 * ref["activations"])
-    return {"per_rank": per_rank + dense, "ranks": ranks, "machine": host}
-
-
-def available_memory() -> int | None:
-    """Bytes the machine can give without swapping: Linux's MemAvailable (free
-    plus reclaimable cache), else free physical pages; None where neither is known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def on_gpus(world: int) -> bool:
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
-    return torch.cuda.is_available() and torch.cuda.device_count() >= ranks

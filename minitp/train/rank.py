@@ -17,7 +17,8 @@ from ..data import images as vision_data
 from ..model import GPT
 from ..rules import placement_of
 from ..runtime._worker import console
-from .flags import TEMPERATURE, uses_mixed_precision
+from .flags import TEMPERATURE
+from .machine import uses_mixed_precision
 
 
 def lr_at(args, step: int) -> float:
@@ -67,7 +68,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     plan = dict(sequence_parallel=args.sp, recompute=args.recompute,
                 virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
                 tp_overlap=args.tp_overlap, placement=placement_of(args.schedule),
-                vision_layout=args.vision_layout,
+                vision_layout=args.vision_layout, cp_comm=args.cp_comm,
+                cp_a2a_size=args.cp_a2a_size,
                 validated=True)  # the parent checked every flag before any rank started
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16

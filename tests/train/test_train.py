@@ -258,6 +258,11 @@ BAD = [
                                             "GPT-2's GELU MLPs (a SwiGLU expert is not built); "
                                             "use --arch gpt2"),
     (["--schedule", "zbv"], "schedule 'zbv' needs a pipeline of pp >= 2 ranks (got pp=1)"),
+    (["--cp-comm", "a2a"], "--cp-comm a2a needs --cp > 1"),
+    (["--cp", "2", "--cp-comm", "a2a+ring", "--cp-a2a-size", "3"],
+     "cp_a2a_size=3 does not divide cp=2"),
+    (["--cp", "4", "--tp", "2", "--cp-comm", "a2a", "--dp", "1"],
+     "not divisible by the all-to-all's 4 ranks"),  # 4 heads over tp 2: 2 a rank
 ]
 
 
