@@ -22,7 +22,9 @@ published shapes `MIXTRAL_8X7B` and `DEEPSEEK_V3`, expert vs tensor parallelism,
 step time with ep; its all-to-all bytes are in `comm`), `vision` (a vision-language model's
 encoder replicated vs split over tp, trained or frozen: params, bytes, FLOPs), `vision_time`
 (its time and the crossover width), `vision_stage` (the encoder on its own pipeline stage
-and tp size).
+and tp size), `context_parallel` (context parallelism's attentions — ring, all-gather,
+Ulysses, hybrid: what each keeps, its messages' time per layer, `cp_crossover`; their
+bytes are `cp_comm_bytes`'s).
 """
 
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
@@ -36,6 +38,12 @@ from .comm import (
     ring_wire_bytes,
     tp_collectives_per_layer,
     tp_comm_bytes,
+)
+from .context_parallel import (
+    attention_kept_bytes,
+    cp_crossover,
+    cp_layer_seconds,
+    kv_heads_per_tp_rank,
 )
 from .flops import (
     bubble,
@@ -77,7 +85,7 @@ from .params import (
     params_per_stage,
     vision_params,
 )
-from .plan import Candidate, Plan, expert_parallel_sizes, plan
+from .plan import Candidate, Plan, cp_variants, expert_parallel_sizes, plan
 from .timing import StepTime, microbatch_count, schedule_bubble, step_time
 from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
@@ -111,4 +119,6 @@ __all__ = [
     "LLAVA15_VISION", "VisionCrossover", "VisionEncoderShape", "VisionLayoutCost",
     "vision_crossover", "vision_encoder_params", "vision_forward_flops", "vision_layout",
     "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
+    "attention_kept_bytes", "cp_crossover", "cp_layer_seconds", "cp_variants",
+    "kv_heads_per_tp_rank",
 ]

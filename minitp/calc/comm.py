@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from ..rules import check_recompute, ring_send_fraction
+from ..rules import check_recompute, cp_attention_bytes, ring_send_fraction
 from ._util import number
 from .params import params_per_rank
 
@@ -77,26 +77,33 @@ def pp_comm_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False,
     return number(value)
 
 
-def cp_comm_bytes(cfg, micro_batch: int, cp: int, tp: int = 1,
-                  bytes_per_value: int = 2) -> int | float:
-    """MODEL: bytes one GPU sends for context parallelism (ring attention) per layer
-    per microbatch, as minitp's ring sends them (`minitp.context_parallel`).
+def cp_comm_bytes(cfg, micro_batch: int, cp: int, tp: int = 1, bytes_per_value: int = 2,
+                  cp_comm: str = "ring", cp_a2a_size: int | None = None) -> int | float:
+    """MODEL: bytes one GPU sends for context parallelism per layer per microbatch,
+    forward and backward, as minitp's attention ``cp_comm`` sends them
+    (`minitp.context_parallel`): `minitp.rules.cp_attention_bytes`, the one formula the
+    traces' model bytes read too, on this tp rank's heads.
 
-    Each message is one rank's K or V: b·(s/c)·h/t values (its heads only under
-    tensor parallelism) — with grouped-query attention its K/V heads only,
-    b·(s/c)·k·d_head values for the k K/V heads a tp rank holds (n_kv/t, or the one it
-    shares when t is above n_kv), the ring carrying them narrow: n_kv/n_head of
+    The ring (the default) passes one rank's K or V per message: b·(s/c)·h/t values (its
+    heads only under tensor parallelism) — with grouped-query attention its K/V heads
+    only, b·(s/c)·k·d_head values for the k K/V heads a tp rank holds (n_kv/t, or the one
+    it shares when t is above n_kv), the ring carrying them narrow: n_kv/n_head of
     multi-head attention's bytes. Forward: K and V passed c−1 hops, 2(c−1) messages;
     backward: K and V again, 2(c−1), and the dK/dV accumulators c hops (the last
     one home), 2c. In all 2(3c−2) messages, and nothing when c = 1. The trace
     counts the same messages (tests/context_parallel/test_context_parallel.py).
+    "allgather", "a2a" (Ulysses) and "a2a+ring" (its all-to-all over ``cp_a2a_size``
+    ranks): the rule's docstring; tests/context_parallel/test_cp_variants.py sets every
+    one beside its trace. Recomputation's second forward (and its sends) is not counted.
     """
     if cp == 1:
         return 0
     kv_heads = getattr(cfg, "kv_heads", cfg.n_head)  # a rank's: its share, or its one copy
     local = kv_heads // tp if kv_heads % tp == 0 else 1
-    message = Fraction(micro_batch * cfg.seq_len * local * cfg.head_dim * bytes_per_value, cp)
-    return number(2 * (3 * cp - 2) * message)
+    sent = cp_attention_bytes(cp_comm, rows=micro_batch, seq_len=cfg.seq_len,
+                              heads=cfg.n_head // tp, kv_heads=local, head_dim=cfg.head_dim,
+                              cp=cp, cp_a2a_size=cp_a2a_size, bytes_per_value=bytes_per_value)
+    return sent["fwd"] + sent["bwd"]
 
 
 def dp_comm_bytes(n_params: int, dp: int, bytes_per_value: int = 2,
@@ -115,13 +122,15 @@ def dp_comm_bytes(n_params: int, dp: int, bytes_per_value: int = 2,
 
 def comm_bytes(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1, sp: bool = False,
                recompute=None, bytes_per_value: int = 2, grad_bytes: int = 2,
-               zero_stage: int = 0, cp: int = 1) -> dict:
+               zero_stage: int = 0, cp: int = 1, cp_comm: str = "ring",
+               cp_a2a_size: int | None = None) -> dict:
     """Bytes one GPU sends, per axis:
 
     * ``"tp"``: per layer per microbatch (`tp_comm_bytes`);
     * ``"pp"``: per stage boundary per microbatch, each way (`pp_comm_bytes`);
     * ``"dp"``: per iteration, for the gradients of the largest stage (`dp_comm_bytes`);
-    * ``"cp"`` (only with cp > 1): per layer per microbatch (`cp_comm_bytes`). Each
+    * ``"cp"`` (only with cp > 1): per layer per microbatch (`cp_comm_bytes`, for the
+      attention ``cp_comm``, all-to-all over ``cp_a2a_size`` for "a2a+ring"). Each
       rank then holds s/cp of the sequence, so the tp and pp terms are divided by
       cp, and the gradients are summed over dp·cp.
 
@@ -135,7 +144,8 @@ def comm_bytes(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1, sp:
         "dp": dp_comm_bytes(n_params, dp * cp, grad_bytes, zero_stage),
     }
     if cp > 1:
-        out["cp"] = cp_comm_bytes(cfg, micro_batch, cp, tp, bytes_per_value)
+        out["cp"] = cp_comm_bytes(cfg, micro_batch, cp, tp, bytes_per_value, cp_comm,
+                                  cp_a2a_size)
     return out
 
 

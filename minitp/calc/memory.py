@@ -13,10 +13,10 @@ from ..rules import (
     check_zero_bubble,
     check_zero_stage,
     interleaving_fits,
-    kv_layout,
 )
 from ._util import number
-from .params import expert_params_per_stage, ffn_width, grouped, params_per_stage, swiglu
+from .context_parallel import attention_kept_bytes
+from .params import expert_params_per_stage, ffn_width, params_per_stage, swiglu
 
 # bytes per parameter: (parameters, gradients, optimizer state)
 OPTIMIZERS = {
@@ -73,7 +73,8 @@ def model_state_bytes(n_params: int, dp: int = 1, zero_stage: int = 0,
 
 
 def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = False,
-                               recompute=None, cp: int = 1) -> int | float:
+                               recompute=None, cp: int = 1,
+                               cp_comm: str = "ring") -> int | float:
     """Bytes one transformer layer keeps for backward on one rank: Korthikanti et
     al. 2022 (arXiv 2205.05198), §4, Table 2 (16-bit activations, 1-byte masks)::
 
@@ -125,29 +126,22 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     recomputes them in backward from the saved log-sum-exp, as flash attention
     does): for it the selective row, divided by c, is the closer model; the
     ledger measures it (tests/context_parallel/test_context_parallel.py: 1/c per rank).
+    The attention's part, by ``cp_comm`` (`minitp.calc.context_parallel.attention_kept_bytes`):
+    "allgather" keeps K and V whole, 4sbh/t (not /c: every rank holds the gathered
+    sequence); Ulysses ("a2a", "a2a+ring") keeps 1/c of the heads at the whole s —
+    probabilities, Q, K and V alike, the ring's count. Selective recomputation reruns the
+    attention with its collectives and keeps this rank's inputs: the same under every one.
     """
     check_recompute(recompute)
-    s, b, h, a = cfg.seq_len, micro_batch, cfg.d_model, cfg.n_head
+    s, b, h = cfg.seq_len, micro_batch, cfg.d_model
     sbh = s * b * h
     if recompute == "full":
         return number(Fraction(2 * sbh, (tp if sp else 1) * cp))
-    replicated = Fraction(10 * sbh, tp if sp else 1)
-    q_and_proj_input = Fraction(4 * sbh, tp)
-    if recompute == "selective":  # the core's inputs: K and V at this rank's K/V heads
-        k_and_v = 4 * s * b * Fraction(h, a) * _kv_heads_per_rank(cfg, tp)
-    else:  # QKᵀ and ·V keep K and V repeated to this rank's a/t heads
-        k_and_v = Fraction(4 * sbh, tp)
-    mlp = Fraction((8 if swiglu(cfg) else 4) * s * b * ffn_width(cfg), tp)
-    attention = 0 if recompute == "selective" else Fraction(5 * a * s * s * b, tp)
-    return number((replicated + q_and_proj_input + k_and_v + mlp + attention) / cp)
-
-
-def _kv_heads_per_rank(cfg, tp: int) -> Fraction:
-    """The K/V heads one tp rank computes: K/t, or 1 where t exceeds K (replicated);
-    a GPT-2 layer has a K/V head per query head, a/t."""
-    if not grouped(cfg):
-        return Fraction(cfg.n_head, tp)
-    return Fraction(cfg.kv_heads, tp) if kv_layout(cfg, tp) == "split" else Fraction(1)
+    replicated = Fraction(10 * sbh, (tp if sp else 1) * cp)
+    proj_input = Fraction(2 * sbh, tp * cp)
+    mlp = Fraction((8 if swiglu(cfg) else 4) * s * b * ffn_width(cfg), tp * cp)
+    attention = attention_kept_bytes(cfg, micro_batch, tp, cp, cp_comm, recompute)
+    return number(replicated + proj_input + mlp + sum(attention.values()))
 
 
 def microbatches_in_flight(pp: int, microbatches: int | None = None,
@@ -185,7 +179,8 @@ def microbatches_in_flight(pp: int, microbatches: int | None = None,
 
 def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recompute=None,
                      pp: int = 1, virtual: int = 1, microbatches: int | None = None,
-                     schedule: str | None = "1f1b", cp: int = 1) -> int | float:
+                     schedule: str | None = "1f1b", cp: int = 1,
+                     cp_comm: str = "ring") -> int | float:
     """Activation bytes on a rank of the first pipeline stage, the most loaded one:
     `activation_bytes_per_layer` × l/p layers × microbatches in flight.
 
@@ -199,9 +194,11 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
     or not, are `minitp.calc.loss.loss_bytes`'s). ``schedule``: as
     `microbatches_in_flight` ("interleaved" or None with v > 1); a zero-bubble schedule
     counts each microbatch waiting for its W as a whole one (an upper bound: W needs
-    less than B, Qi et al. 2024, Table 1, M_W < M_B).
+    less than B, Qi et al. 2024, Table 1, M_W < M_B). ``cp_comm``: context parallelism's
+    attention (`activation_bytes_per_layer`).
     """
-    per_layer = Fraction(activation_bytes_per_layer(cfg, micro_batch, tp, sp, recompute, cp))
+    per_layer = Fraction(activation_bytes_per_layer(cfg, micro_batch, tp, sp, recompute, cp,
+                                                    cp_comm))
     if cfg.n_layer % (pp * virtual):
         raise ValueError(f"n_layer={cfg.n_layer} is not divisible by pp*virtual={pp * virtual}")
     layers = Fraction(cfg.n_layer, pp)
@@ -222,7 +219,7 @@ def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
                    sp: bool = False, recompute=None, zero_stage: int = 0,
                    optimizer: str = "adam-mixed", virtual: int = 1,
                    microbatches: int | None = None, cp: int = 1, ep: int = 1,
-                   schedule: str | None = None) -> dict:
+                   schedule: str | None = None, cp_comm: str = "ring") -> dict:
     """Bytes on the busiest GPU: the model states of the largest pipeline stage
     (`params_per_rank`, `model_state_bytes`) and the first stage's activations.
     ``{"parameters", "gradients", "optimizer", "activations", "total"}``.
@@ -231,7 +228,8 @@ def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
     ``ep``: a mixture of experts' experts over ep of the dp·cp ranks (`model_state_bytes`);
     its activations are modelled as a dense layer's (the k expert MLPs each token runs
     keep more: not modelled). ``schedule``: the pipeline's (`activation_bytes`); None
-    is 1F1B, or the interleaved one with virtual > 1."""
+    is 1F1B, or the interleaved one with virtual > 1. ``cp_comm``: context parallelism's
+    attention ("allgather" keeps K and V whole: `activation_bytes_per_layer`)."""
     held = params_per_stage(cfg, tp, pp, ep)
     stage = held.index(max(held))
     states = model_state_bytes(params_per_stage(cfg, tp, pp)[stage], dp * cp, zero_stage,
@@ -239,6 +237,6 @@ def memory_per_gpu(cfg, micro_batch: int, dp: int = 1, pp: int = 1, tp: int = 1,
                                ep=ep)
     del states["total"]
     states["activations"] = activation_bytes(cfg, micro_batch, tp, sp, recompute, pp,
-                                             virtual, microbatches, schedule, cp)
+                                             virtual, microbatches, schedule, cp, cp_comm)
     states["total"] = number(sum(Fraction(v) for v in states.values()))
     return states

@@ -18,6 +18,11 @@ Pipeline schedules: 1F1B (interleaved where v > 1) unless ``schedules`` names mo
 ZB-H2 m ≥ 2p − 1: `minitp.rules.check_zero_bubble`), with their bubble
 (`minitp.calc.timing.schedule_bubble`) and microbatches in flight
 (`minitp.calc.microbatches_in_flight`: ZB-H1 p, ZB-H2 2p − 1).
+
+Context parallelism (``cp`` > 1, fixed): each attention of `cp_variants` — ring,
+all-gather, Ulysses, the hybrid at every all-to-all size — that the heads allow
+(`minitp.rules.check_cp_comm`, through `check_parallel_config`), ranked by the same
+`step_time`, which counts each one's messages and bytes. At cp = 1 nothing changes.
 """
 
 from __future__ import annotations
@@ -25,12 +30,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, interleaving_fits, placement_of
+from ..rules import (
+    CP_COMMS,
+    ZERO_BUBBLE_SCHEDULES,
+    check_parallel_config,
+    interleaving_fits,
+    placement_of,
+)
 from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu
 from .moe import moe_step_time
-from .timing import StepTime, schedule_bubble
+from .timing import StepTime, schedule_bubble, step_time
 
 
 @dataclass(frozen=True)
@@ -51,11 +62,14 @@ class Candidate:
     cp: int = 1
     ep: int = 1
     schedule: str | None = None  # None: 1F1B, or the interleaved one where virtual > 1
+    cp_comm: str = "ring"  # context parallelism's attention (cp > 1)
+    cp_a2a_size: int | None = None  # "a2a+ring": its all-to-all's ranks
 
     def __str__(self) -> str:
         zero = f" zero={self.zero_stage}" if self.zero_stage else ""
         zero += f" schedule={self.schedule}" if self.schedule else ""
-        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        hybrid = f" over {self.cp_a2a_size}" if self.cp_a2a_size else ""
+        cp = f" cp={self.cp} ({self.cp_comm}{hybrid})" if self.cp > 1 else ""
         cp += f" ep={self.ep}" if self.ep > 1 else ""
         return (f"dp={self.dp} pp={self.pp}{cp} tp={self.tp} b={self.micro_batch} "
                 f"m={self.microbatches} v={self.virtual} sp={self.sp} "
@@ -117,16 +131,32 @@ def expert_parallel_sizes(cfg, dp: int, cp: int = 1) -> list[int]:
     return [e for e in _divisors(dp * cp) if experts % e == 0] if experts else [1]
 
 
+def cp_variants(cp: int, cp_comms=CP_COMMS) -> list[tuple[str, int | None]]:
+    """(cp_comm, cp_a2a_size) to try at context parallelism ``cp``: the ring alone at
+    cp = 1; else each of ``cp_comms``, "a2a+ring" with every all-to-all size U, 1 < U < cp,
+    that divides cp (at U = 1 it is the ring, at U = cp "a2a"). Whether the heads allow
+    one is `check_parallel_config`'s to say."""
+    if cp == 1:
+        return [("ring", None)]
+    sizes = [u for u in _divisors(cp) if 1 < u < cp]
+    return [(name, u) for name in cp_comms for u in (sizes if name == "a2a+ring" else [None])]
+
+
 def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
          recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
          zero_stage=0, usable: float = 0.9, efficiency: float = 0.5, cp: int = 1,
-         schedules=(None,)) -> Plan:
+         schedules=(None,), cp_comms=CP_COMMS) -> Plan:
     """Every split of ``n_gpus`` (dp·pp·tp) that fits in ``usable`` × the GPU's memory,
     ranked by predicted step time. Sequence parallelism is tried wherever tp > 1;
     the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM.
     zero_stage: one stage, or several to search, e.g. ``(0, 1, 2, 3)`` (a stage
     above 0 is tried only where dp > 1: with one replica there is nothing to shard).
-    cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp.
+    cp: context parallelism, fixed (not searched): the splits are of n_gpus/cp; where
+    cp > 1 each of ``cp_comms`` (`cp_variants`) is tried that `check_parallel_config`
+    accepts (Ulysses needs whole heads on each all-to-all rank), with its memory
+    (`memory_per_gpu`: the all-gather keeps K and V whole) and its messages and bytes
+    (`step_time`). A mixture of experts is tried with the ring only (`moe_step_time`
+    does not take the variants yet).
     A mixture of experts: each split is tried with every ep of `expert_parallel_sizes`.
     schedules: None (1F1B, or interleaved where v > 1) and any of "zb-h1", "zb-h2", each
     tried where pp > 1, v = 1 and `check_parallel_config` accepts it, and "zbv",
@@ -146,7 +176,8 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
         if zero and dp == 1 and len(stages) > 1:
             continue
         m = global_batch // (dp * b)
-        for ep, schedule in product(expert_parallel_sizes(cfg, dp, cp), schedules):
+        for ep, schedule, (comm, u) in product(expert_parallel_sizes(cfg, dp, cp), schedules,
+                                               cp_variants(cp, cp_comms)):
             zb, placement = schedule in ZERO_BUBBLE_SCHEDULES, placement_of(schedule)
             if placement == "v":  # its own two chunks: tried once, priced where F = B = W
                 if v != virtual[0] or rc == "full":
@@ -159,21 +190,30 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
             if (zb and pp == 1) or (not zb and v > 1 and (pp == 1
                                                           or not interleaving_fits(pp, m))):
                 continue
+            if comm != "ring" and getattr(cfg, "n_experts", 0):
+                continue  # (`moe_step_time` prices the ring only)
             try:
                 check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
                                       recompute=rc, virtual_stages=chunks, zero_stage=zero,
                                       ep=ep, schedule=schedule, placement=placement,
-                                      microbatches=m if zb else None)
+                                      microbatches=m if zb else None, cp_comm=comm,
+                                      cp_a2a_size=u)
             except ValueError:
                 continue
             tried += 1
             memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, chunks, m,
-                                    cp=cp, ep=ep, schedule=schedule)
+                                    cp=cp, ep=ep, schedule=schedule, cp_comm=comm)
             if memory["total"] > usable * cluster.memory:
                 continue
-            time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
-                                 efficiency, zero_stage=zero, cp=cp, ep=ep, schedule=schedule)
+            if comm == "ring":
+                time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
+                                     efficiency, zero_stage=zero, cp=cp, ep=ep,
+                                     schedule=schedule)
+            else:
+                time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
+                                 efficiency, zero_stage=zero, cp=cp, schedule=schedule,
+                                 cp_comm=comm, cp_a2a_size=u)
             fits.append(Candidate(dp, pp, tp, b, m, sp, rc, chunks, memory, time, zero, cp, ep,
-                                  schedule))
+                                  schedule, comm, u))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

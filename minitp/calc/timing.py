@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, check_zero_bubble
 from .cluster import Cluster
 from .comm import tp_collectives_per_layer
+from .context_parallel import cp_layer_seconds
 from .flops import bubble as bubble_fraction
 from .flops import flops_per_iteration
 from .params import params_per_rank
@@ -43,7 +44,7 @@ class StepTime:
 
 @dataclass(frozen=True)
 class ContextParallelStepTime(StepTime):
-    """A `StepTime` with one more part: the ring attention's K/V transfers (cp > 1)."""
+    """A `StepTime` with one more part: context parallelism's attention transfers (cp > 1)."""
 
     cp: float = 0.0
 
@@ -74,7 +75,8 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
               micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
               recompute=None, virtual: int = 1, efficiency: float = 0.5,
               bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0,
-              cp: int = 1, schedule=None) -> StepTime:
+              cp: int = 1, schedule=None, cp_comm: str = "ring",
+              cp_a2a_size: int | None = None) -> StepTime:
     """Predicted seconds per iteration on ``cluster`` for a (dp, pp, cp, tp) run.
 
     * compute: FLOPs executed (`flops_per_iteration`, recomputation included),
@@ -91,8 +93,11 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       backward: 2m gathers in all, where the all-reduce counted one — for m = 1,
       1.5× (Rajbhandari et al. 2020, §7); with a B/W-split schedule, m more
       reduce-scatters (each W reduces its unit again: `minitp.tensor_parallel.weight_grad`);
-    * cp (cp > 1): per microbatch and layer, the ring's 2(3c−2) sends of one
-      rank's K or V (`minitp.calc.cp_comm_bytes`), each a point-to-point step,
+    * cp (cp > 1): per microbatch and layer, the attention ``cp_comm``'s messages and
+      bytes (`minitp.calc.context_parallel.cp_layer_seconds`, the bytes
+      `minitp.calc.cp_comm_bytes`'): the ring's 2(3c−2) sends of one rank's K or V
+      (its K/V heads only, under GQA), the all-gather's 4(c−1) steps, the all-to-all's
+      8(U−1) messages a rank (inside tp·U ranks; "a2a+ring": then the ring over c/U),
       none hidden behind compute (minitp's ring overlaps them: an upper bound);
       each rank then holds s/c tokens, so the tp and pp messages are 1/c the
       size and the gradients are all-reduced over dp·cp;
@@ -102,7 +107,8 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
     ``global_batch`` defaults to one microbatch per data-parallel rank.
     """
     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
-                          recompute=recompute, virtual_stages=virtual, zero_stage=zero_stage)
+                          recompute=recompute, virtual_stages=virtual, zero_stage=zero_stage,
+                          cp_comm=cp_comm, cp_a2a_size=cp_a2a_size)
     global_batch = global_batch or dp * micro_batch
     m = microbatch_count(global_batch, dp, micro_batch)
     check_zero_bubble(schedule, pp, m, False)
@@ -118,10 +124,10 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
         send = cluster.collective_seconds("send", activation / (tp if sp else 1), 2,
                                           span=tp * cp * dp * pp)
         pp_time = 2 * m * virtual * send
-    cp_time = 0.0
-    if cp > 1:
-        hop = cluster.collective_seconds("send", activation / tp, 2, span=tp * cp)
-        cp_time = m * (cfg.n_layer // pp) * 2 * (3 * cp - 2) * hop
+    cp_time = m * (cfg.n_layer // pp) * cp_layer_seconds(
+        cluster, cp_comm, rows=micro_batch, seq_len=cfg.seq_len, heads=cfg.n_head,
+        kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, cp=cp, tp=tp, cp_a2a_size=cp_a2a_size,
+        bytes_per_value=bytes_per_value)
     grads = dp * cp  # the group the gradients are summed (and ZeRO shards) over
     gradients = params_per_rank(cfg, tp, pp) * grad_bytes
     dp_time = cluster.collective_seconds("all_reduce", gradients, grads, span=tp * cp * dp)
