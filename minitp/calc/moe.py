@@ -213,8 +213,10 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
                   micro_batch: int = 1, global_batch: int | None = None, sp: bool = False,
                   recompute=None, virtual: int = 1, efficiency: float = 0.5,
                   bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0,
-                  cp: int = 1, ep: int = 1, schedule=None):
-    """`step_time` with a mixture of experts: for a dense config exactly `step_time`.
+                  cp: int = 1, ep: int = 1, schedule=None, cp_comm: str = "ring",
+                  cp_a2a_size: int | None = None):
+    """`step_time` with a mixture of experts: for a dense config exactly `step_time`
+    (context parallelism's attention, `cp_comm`, priced there).
     For an MoE config, on top of it (MODEL, nothing overlapped):
 
     * compute: without sequence parallelism the tp ranks hold the same tokens and each
@@ -230,7 +232,7 @@ def moe_step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
     """
     args = (cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp, recompute, virtual,
             efficiency, bytes_per_value, grad_bytes, zero_stage, cp, schedule)
-    base = step_time(*args)
+    base = step_time(*args, cp_comm=cp_comm, cp_a2a_size=cp_a2a_size)
     if not getattr(cfg, "n_experts", 0):
         return base
     check_expert_parallel(cfg, ep, dp, cp)

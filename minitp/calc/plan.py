@@ -41,7 +41,7 @@ from .cluster import Cluster, GiB
 from .flops import bubble
 from .memory import memory_per_gpu
 from .moe import moe_step_time
-from .timing import StepTime, schedule_bubble, step_time
+from .timing import StepTime, schedule_bubble
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,7 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
     cp > 1 each of ``cp_comms`` (`cp_variants`) is tried that `check_parallel_config`
     accepts (Ulysses needs whole heads on each all-to-all rank), with its memory
     (`memory_per_gpu`: the all-gather keeps K and V whole) and its messages and bytes
-    (`step_time`). A mixture of experts is tried with the ring only (`moe_step_time`
-    does not take the variants yet).
+    (`step_time`, and `moe_step_time` for a mixture of experts).
     A mixture of experts: each split is tried with every ep of `expert_parallel_sizes`.
     schedules: None (1F1B, or interleaved where v > 1) and any of "zb-h1", "zb-h2", each
     tried where pp > 1, v = 1 and `check_parallel_config` accepts it, and "zbv",
@@ -190,8 +189,6 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
             if (zb and pp == 1) or (not zb and v > 1 and (pp == 1
                                                           or not interleaving_fits(pp, m))):
                 continue
-            if comm != "ring" and getattr(cfg, "n_experts", 0):
-                continue  # (`moe_step_time` prices the ring only)
             try:
                 check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
                                       recompute=rc, virtual_stages=chunks, zero_stage=zero,
@@ -205,13 +202,8 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
                                     cp=cp, ep=ep, schedule=schedule, cp_comm=comm)
             if memory["total"] > usable * cluster.memory:
                 continue
-            if comm == "ring":
-                time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
-                                     efficiency, zero_stage=zero, cp=cp, ep=ep,
-                                     schedule=schedule)
-            else:
-                time = step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
-                                 efficiency, zero_stage=zero, cp=cp, schedule=schedule,
+            time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
+                                 efficiency, zero_stage=zero, cp=cp, ep=ep, schedule=schedule,
                                  cp_comm=comm, cp_a2a_size=u)
             fits.append(Candidate(dp, pp, tp, b, m, sp, rc, chunks, memory, time, zero, cp, ep,
                                   schedule, comm, u))

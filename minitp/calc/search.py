@@ -31,7 +31,7 @@ from .cluster import Cluster
 from .memory import memory_per_gpu
 from .moe import moe_step_time
 from .plan import cp_variants, expert_parallel_sizes
-from .timing import StepTime, step_time
+from .timing import StepTime
 
 RECOMPUTE = (None, "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -91,8 +91,6 @@ def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
                 chunks = 2 if placement == "v" else 1  # a V: two chunks per rank
                 if (zb and pp == 1) or (placement == "v" and recompute == "full"):
                     continue  # (a V's closed forms hold for F = B = W: `pipeline_idle`)
-                if comm != "ring" and getattr(cfg, "n_experts", 0):
-                    continue  # (`moe_step_time` prices the ring only)
                 try:
                     check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
                                           recompute=recompute, zero_stage=zero, ep=ep,
@@ -104,14 +102,10 @@ def every_configuration(cfg, cluster: Cluster, n_gpus: int, global_batch: int,
                 memory = memory_per_gpu(cfg, micro_batch, dp, pp, tp, sp, recompute, zero,
                                         optimizer, chunks, microbatches=m, cp=cp, ep=ep,
                                         schedule=schedule, cp_comm=comm)
-                if comm == "ring":
-                    time = moe_step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
-                                         recompute, chunks, efficiency=efficiency,
-                                         zero_stage=zero, cp=cp, ep=ep, schedule=schedule)
-                else:
-                    time = step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
+                time = moe_step_time(cfg, cluster, dp, pp, tp, micro_batch, global_batch, sp,
                                      recompute, chunks, efficiency=efficiency, zero_stage=zero,
-                                     cp=cp, schedule=schedule, cp_comm=comm, cp_a2a_size=u)
+                                     cp=cp, ep=ep, schedule=schedule, cp_comm=comm,
+                                     cp_a2a_size=u)
                 found.append(Configuration(dp, pp, tp, zero, recompute, sp, m, memory, time,
                                            memory["total"] <= memory_cap, ep, schedule, cp,
                                            comm, u))

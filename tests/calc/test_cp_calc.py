@@ -145,6 +145,16 @@ def test_a2a_step_time_counts_its_all_to_alls_and_the_heads_limit_refuses():
         calc.step_time(gpt(n_head=6, d_model=48), cluster, cp=cp, cp_comm="a2a")
 
 
+def test_a_mixture_of_experts_is_priced_with_each_variant():
+    cluster, cp = calc.A100_80GB, 4
+    moe = gpt(n_experts=4, top_k=2)
+    ring, a2a = (calc.moe_step_time(moe, cluster, dp=2, cp=cp, ep=2, cp_comm=comm)
+                 for comm in ("ring", "a2a"))
+    # the experts' all-to-alls do not depend on the attention's: only the cp term moves
+    assert a2a.cp == calc.step_time(moe, cluster, dp=2, cp=cp, cp_comm="a2a").cp != ring.cp
+    assert a2a.total - ring.total == pytest.approx(a2a.cp - ring.cp, rel=1e-9)
+
+
 def test_the_crossover_on_a_case_computed_by_hand():
     """s = 8192 over cp = 4 inside one A100 node (α 5 µs, β 300 GB/s), 32 heads of 128:
     one head at s/c is 2048·128·2 = 512 KiB, one rank's K (or V) 16 MiB."""
