@@ -51,7 +51,8 @@ def memory_needed(args, cfg) -> dict:
     on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
                                   args.recompute, args.zero_stage,
                                   "megatron" if mixed else "adam-fp32", args.virtual_stages,
-                                  args.microbatches, cp=args.cp, schedule=args.schedule)
+                                  args.microbatches, cp=args.cp, schedule=args.schedule,
+                                  cp_comm=args.cp_comm)
     states = sum(on_rank[k] for k in ("parameters", "gradients", "optimizer"))
     per_rank = scale * (states + (1 if mixed else 2) * on_rank["activations"])
     dense = scale * 4 * 2 * calc.exact_param_count(cfg)  # float32 copies when mixed
