@@ -176,13 +176,15 @@ def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
 def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
          virtual_stages: int = 1, optimizer_factory=None, device=None, zero_stage: int = 0,
          tp_overlap: bool = False, placement: str = "loop", vision_layout: str = "replicated",
-         config: GPTConfig | None = None, validated: bool = False):
+         config: GPTConfig | None = None, validated: bool = False, cp_comm: str = "ring",
+         cp_a2a_size: int | None = None):
     """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
 
     device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
     zero_stage: the ZeRO stage to resume at, whatever stage wrote the file.
-    tp_overlap, placement, vision_layout: as `mt.parallelize`'s (they change how a step
-    runs, not what is saved), validated: as `mt.parallelize`'s. config: as `load_dense`'s.
+    tp_overlap, placement, vision_layout, cp_comm, cp_a2a_size: as `mt.parallelize`'s (they
+    change how a step runs, not what is saved), validated: as `mt.parallelize`'s. config: as
+    `load_dense`'s.
 
     optimizer_factory: called with the tensors this rank steps (e.g.
     ``lambda params: torch.optim.Adam(params, lr=1e-3)``): the parallel model's
@@ -194,7 +196,8 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
     ref = ref.to(device)
     plan = dict(sequence_parallel=sequence_parallel, recompute=recompute,
                 virtual_stages=virtual_stages, zero_stage=zero_stage, tp_overlap=tp_overlap,
-                placement=placement, vision_layout=vision_layout)
+                placement=placement, vision_layout=vision_layout, cp_comm=cp_comm,
+                cp_a2a_size=cp_a2a_size)
     model = parallelize(ref, mesh, **plan, validated=validated)
     optimizer = None
     if optimizer_factory is not None:

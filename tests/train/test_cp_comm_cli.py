@@ -29,3 +29,17 @@ def test_cp_comm_through_the_cli_matches_one_process(name, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["max_loss_diff"] < 1e-10 and math.isfinite(summary["eval_loss"])
+
+
+def test_a_checkpoint_saved_under_one_attention_resumes_under_another(tmp_path):
+    """--cp-comm changes how a step runs, not what is saved: a ring run's checkpoint resumes
+    under Ulysses, equal to one process (--check, from the files)."""
+    ckpt, mesh = str(tmp_path / "ckpt"), ["--dp", "1", "--pp", "1", "--tp", "1", "--cp", "2"]
+    first = run_cli(*TINY, *mesh, "--save", ckpt, "--out", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    three_steps = [*TINY[:TINY.index("--steps")], "--steps", "3", "--check"]
+    resumed = run_cli(*three_steps, *mesh, "--cp-comm", "a2a", "--load", ckpt,
+                      "--out", str(tmp_path / "resumed"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["max_loss_diff"] < 1e-10
