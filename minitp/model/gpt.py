@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..rules import check_token_ids
+from ..rules import check_packing, check_token_ids
 from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
 from .cross_entropy import CrossEntropy
@@ -36,6 +36,11 @@ from .vision import NoVision, VisionPrefix
 __all__ = ["ATTENTIONS", "GPT", "AttentionCore", "Block", "CausalSelfAttention", "CrossEntropy",
            "GPTConfig", "MLP", "TiedOutput"]
 
+
+def packed(positions) -> dict:
+    """The keyword a module that may mask by document takes: none for an unpacked batch,
+    so a replacement module written without packing (a lab's, an exercise's) still runs."""
+    return {} if positions is None else {"positions": positions}
 
 
 class CausalSelfAttention(nn.Module):
@@ -48,13 +53,13 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x):  # (B, T, C)
+    def forward(self, x, positions=None):  # positions: packed documents' (attention_core)
         qkv = self.qkv(x)  # (B, T, 3C') with C' the features this module holds
         B, T, _ = qkv.shape  # read here: a sequence-parallel x holds only T/t positions
         heads = qkv.shape[-1] // (3 * self.head_dim)  # all heads here; a shard holds fewer
         qkv = qkv.view(B, T, heads, 3, self.head_dim)  # (B, T, nh, 3, hs)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, nh, T, hs)
-        y = self.core(q, k, v)  # (B, nh, T, hs)
+        y = self.core(q, k, v, **packed(positions))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
         return self.dropout(self.proj(y))
 
@@ -84,22 +89,25 @@ class Block(nn.Module):
         dense = SwiGLU if cfg.mlp == "swiglu" else MLP
         self.mlp = MoE(cfg, MLP(cfg) if cfg.shared_expert else None) if moe else dense(cfg)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x, positions=None):
+        x = x + self.attn(self.ln1(x), **packed(positions))
         return x + self.mlp(self.ln2(x))
 
 
 class LearnedPositions(nn.Embedding):
-    """Adds a learned vector for each position 0..T−1 to the token embeddings.
+    """Adds a learned vector for each position 0..T−1 to the token embeddings — or, for
+    packed documents, for each token's `positions` (B, T) in its document.
 
     An `nn.Embedding` (same weight, same initialisation) whose forward takes the
     token embeddings (B, T, C) rather than position ids, so that a stage or a
     shard can replace it as a whole."""
 
-    def forward(self, x):  # (B, T, C)
+    def forward(self, x, positions=None):  # (B, T, C)
         T = x.shape[1]
         if T > self.num_embeddings:
             raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.num_embeddings}")
+        if positions is not None:
+            return x + self.weight[positions.to(x.device)]  # (B, T, C)
         return x + self.weight[:T]  # (T, C) broadcast over the batch
 
 
@@ -147,16 +155,21 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, inputs, targets=None):
+    def forward(self, inputs, targets=None, positions=None):
         """inputs: token ids (B, T) — or, on a later pipeline stage, the previous
         stage's activations, which the embedding steps (pass-throughs there) leave
-        as they are. Returns (logits, loss); loss is None without targets."""
+        as they are. positions: packed documents (`minitp.data.packing`), (B, T) each
+        token's position in its document — the whole sequence's, even where a rank
+        holds part of it (each parallel piece takes its part); None: one sequence a row.
+        Returns (logits, loss); loss is None without targets."""
         if not inputs.is_floating_point():  # ids, not activations: the rule every model keeps
             check_token_ids(inputs, self.cfg.vocab_size, "input id")
+        if positions is not None:
+            check_packing(self.cfg.vision_patches)
         x = self.vision(self.wte(inputs), inputs)  # an image's tokens first, if any
-        x = self.dropout(self.wpe(x))  # (B, T, C)
+        x = self.dropout(self.wpe(x, **packed(positions)))  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, **packed(positions))
         logits = self.head(self.ln_f(x))  # (B, T, V)
         loss = None if targets is None else self.loss(logits, targets)
         return logits, loss

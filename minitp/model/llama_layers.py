@@ -29,13 +29,18 @@ class NoPositions(nn.Identity):
     """The position step of a model whose positions are rotary (inside attention): the
     token embeddings pass through, so every model keeps one forward and one ``wpe``."""
 
+    def forward(self, x, positions=None):
+        return x
+
 
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021, RoFormer; as in Llama): each pair of
     features (i, i + d/2) of a head's q and k turned by the angle p·θ^(−2i/d) of the
     token's position p, so that q·k depends on positions only through their difference.
     No weights. `positions` is what context parallelism replaces: a rank holding
-    chunks of the sequence must turn each token by its *global* position."""
+    chunks of the sequence must turn each token by its *global* position. Packed
+    documents pass `positions` (B, T): each token turned by its position in its document
+    (`local` picks the tokens this module holds: all of them here)."""
 
     def __init__(self, head_dim: int, seq_len: int, theta: float):
         super().__init__()
@@ -45,7 +50,13 @@ class Rotary(nn.Module):
     def positions(self, length: int, device) -> torch.Tensor:
         return torch.arange(length, device=device)
 
-    def forward(self, q, k):  # (B, nh, T, hs), (B, nkv, T, hs)
+    def local(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions
+
+    def forward(self, q, k, positions=None):  # (B, nh, T, hs), (B, nkv, T, hs)
+        if positions is not None:  # packed: per row, not cached (a new batch each step)
+            cos, sin = self._angles(self.local(positions.to(q.device)), q.dtype)
+            return _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
         key = (q.shape[-2], q.dtype, q.device)
         if key not in self._tables:
             self._tables[key] = self._table(*key)
@@ -53,13 +64,17 @@ class Rotary(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def _table(self, length: int, dtype, device):
-        positions = self.positions(length, device)
+        return self._angles(self.positions(length, device), dtype)
+
+    def _angles(self, positions, dtype):
+        """(cos, sin) of the angles of `positions` (any shape) -> (…, head_dim) each."""
+        device = positions.device
         if int(positions.max()) >= self.seq_len:
             raise ValueError(f"a sequence of {int(positions.max()) + 1} tokens is longer than "
                              f"seq_len={self.seq_len}")
         # the angles in float64, whatever the model's dtype: bf16 cannot hold p·θ
         half = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
-        angles = positions.double()[:, None] * self.theta ** (-half / self.head_dim)
+        angles = positions.double()[..., None] * self.theta ** (-half / self.head_dim)
         return tuple(f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin))
 
     def extra_repr(self) -> str:
@@ -97,7 +112,8 @@ class GroupedQueryAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x):  # (B, T, C)
+    def forward(self, x, positions=None):  # (B, T, C); positions: packed documents'
+        packed = {} if positions is None else {"positions": positions}
         x = self.shared_input(x)
         q, kv = self.q(x), self.kv(x)  # (B, T, nh'·hs), (B, T, nkv'·2·hs)
         B, T, _ = q.shape
@@ -105,8 +121,8 @@ class GroupedQueryAttention(nn.Module):
         q = q.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, nh', T, hs)
         k, v = kv.view(B, T, groups, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
         if self.rope is not None:
-            q, k = self.rope(q, k)
-        y = self.core(q, k, v)  # the core serves each K/V head to its group of queries
+            q, k = self.rope(q, k, **packed)
+        y = self.core(q, k, v, **packed)  # the core serves each K/V head to its group of queries
         y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
         return self.dropout(self.proj(y))
 

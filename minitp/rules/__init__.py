@@ -8,7 +8,8 @@ axes, the calculator, the runtime and the CLI alike.
 * `schedules`: the pipeline schedules' names and needs, placements, the units' labels;
 * `experts`: what a mixture of experts may be, and what ep needs of the mesh;
 * `vision`: a vision encoder's layouts over tp; the image patch format;
-* `sizes`: positive sizes, equal slices; `tokens`: token ids and the ignored target;
+* `sizes`: positive sizes, equal slices; `tokens`: token ids and the ignored target, and
+  packing's refusal;
 * `loss_chunks`: how many tokens' logits the loss widens to float32 at once;
 * `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL;
 * `cp_comm`: context parallelism's attention variants (ring, allgather, a2a, a2a+ring) and
@@ -95,6 +96,7 @@ from .tokens import (
     IGNORE_INDEX,
     SEQ_DIM,
     TOKEN_ID_DTYPE,
+    check_packing,
     check_token_ids,
 )
 from .vision import (
@@ -137,6 +139,7 @@ __all__ = [
     "check_expert_parallel",
     "check_microbatches",
     "check_moe_config",
+    "check_packing",
     "check_parallel_config",
     "check_param_dtype",
     "check_placement",

@@ -29,3 +29,13 @@ def check_token_ids(ids, vocab_size: int, what: str = "token id", ignore_index=N
         allowed = f"[0, {vocab_size})" + ("" if ignore_index is None
                                          else f" or the ignore index {ignore_index}")
         raise ValueError(f"{what} {first} is outside the vocabulary: it must be in {allowed}")
+
+
+def check_packing(vision_patches: int) -> None:
+    """Packed documents need a model that can mask by document: a vision-language model's
+    image prefix (`minitp.model.vision`) sits before the text with no document of its own,
+    so packing is refused there."""
+    if vision_patches:
+        raise ValueError(f"packed documents with a vision-language model ({vision_patches} "
+                         "image patches a row): its image prefix has no document to mask by, "
+                         "so packing is refused")
