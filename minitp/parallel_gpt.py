@@ -23,12 +23,14 @@ from .tensor_parallel.partial_grads import sum_partial_grads
 class ParallelGPT(GPT):
     """This rank's shard of a GPT — or, in a pipeline, of one stage of its layers.
 
-    ``forward(inputs, targets)``: the first stage takes the token ids (B, T), a
+    ``forward(inputs, targets, positions=None)``: the first stage takes the token ids (B, T), a
     later stage the previous stage's activations (B, T or T/t, C). A stage that
     is not the last returns (activations, None); the last returns
     (local_logits, loss): local_logits (B, T, V'/t) are this rank's vocabulary
     columns; the loss is the full model's, the same on every tensor-parallel rank.
-    Without a pipeline there is one stage, first and last: the whole model.
+    Without a pipeline there is one stage, first and last: the whole model. A packed
+    batch's positions are the whole sequence's, (B, T), on every stage and every rank:
+    each piece that needs them takes its part (`minitp.model.GPT.forward`).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Mesh, sequence_parallel: bool, pieces: dict,
@@ -50,12 +52,12 @@ class ParallelGPT(GPT):
         self.zero_units = []          # and ZeRO-2/3's units (each with its shard)
         self.tp_overlap = False       # the layers' GEMMs overlapped with SP's collectives
 
-    def forward(self, inputs, targets=None):
+    def forward(self, inputs, targets=None, positions=None):
         tp = self.mesh.tp
         if self.first and self.sequence_parallel and inputs.shape[1] % tp.size:
             raise ValueError(f"sequence of {inputs.shape[1]} tokens cannot be split across "
                              f"tp={tp.size}")
-        return super().forward(inputs, targets)
+        return super().forward(inputs, targets, positions)
 
     def partial_grad_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients each rank holds only in part (sequence parallelism)."""

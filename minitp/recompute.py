@@ -32,16 +32,17 @@ class Recomputed(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, *inputs):
+    def forward(self, *inputs, **keywords):  # keywords: a packed batch's positions
         if not self.training:
-            return self.module(*inputs)
+            return self.module(*inputs, **keywords)
         # The recomputation runs inside backward, long after this forward's trace
         # label ended: carry the label along so its collectives stay attributed.
-        return checkpoint(self._run, trace.recorder().label, *inputs, use_reentrant=False)
+        return checkpoint(self._run, trace.recorder().label, *inputs, use_reentrant=False,
+                          **keywords)
 
-    def _run(self, label, *inputs):
+    def _run(self, label, *inputs, **keywords):
         with trace.relabel(label):
-            return self.module(*inputs)
+            return self.module(*inputs, **keywords)
 
 
 def apply_recompute(model: nn.Module, mode) -> None:

@@ -115,12 +115,14 @@ def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=No
     ref_opt = optimizer_class(ref.parameters(), lr=lr)
     opt = mt.make_optimizer(model, mesh, optimizer_class, lr=lr)
     loss_error, losses = 0.0, []
-    for step, (x, y) in enumerate(batches):
+    for step, batch in enumerate(batches):  # (x, y), or (x, y, positions): packed documents
+        x, y, *packed = batch
+        positions = packed[0] if packed else None
         ref_opt.zero_grad()
-        _, ref_loss = ref(x, y)
+        _, ref_loss = ref(x, y, positions=positions)
         ref_loss.backward()
         before = len(mt.trace.events())
-        loss = mt.train_step(model, (x, y), mesh, opt, schedule=schedule,
+        loss = mt.train_step(model, batch, mesh, opt, schedule=schedule,
                              microbatches=microbatches, clip_grad=clip_grad)
         if clip_grad is not None:
             ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), clip_grad)
@@ -131,8 +133,8 @@ def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=No
         if after_step is not None:
             after_step(step, mt.trace.events()[before:])
     with torch.no_grad():  # and the trained models still agree, forward only
-        _, ref_loss = ref(x, y)
-    loss_error = max(loss_error, abs(eval_loss(model, (x, y), mesh, microbatches)
+        _, ref_loss = ref(x, y, positions=positions)
+    loss_error = max(loss_error, abs(eval_loss(model, batch, mesh, microbatches)
                                      - ref_loss.item()))
     with gathered(model):  # ZeRO-3 holds shards only: the whole parameters, for once
         dense = model.full_state_dict()

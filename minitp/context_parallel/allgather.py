@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..model.attention_core import keep_mask
 from ..runtime import trace
 from ..runtime.mesh import Axis
 from ..tensor_parallel import mappings
@@ -45,13 +46,16 @@ def masked_attention(q, k, v, keep: torch.Tensor, attention: str = "math"):
     return F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
 
 
-def allgather_attention(q, k, v, cp: Axis, attention: str = "math"):
+def allgather_attention(q, k, v, cp: Axis, attention: str = "math", positions=None):
     """Causal attention of this cp rank's queries (its two chunks, (B, nh, 2c, hs)) over
-    the whole sequence's K and V, gathered once (k, v (B, nkv, 2c, hs), nkv dividing nh)."""
+    the whole sequence's K and V, gathered once (k, v (B, nkv, 2c, hs), nkv dividing nh).
+    positions: packed documents', (B, s) the whole sequence's: masked within documents too."""
     with trace.label("allgather K/V"):
         k, v = gather_keys(k, cp), gather_keys(v, cp)
     mine = global_positions(q.shape[-2], cp, q.device)
-    keep = torch.arange(k.shape[-2], device=q.device)[None, :] <= mine[:, None]  # (2c, s)
+    if positions is not None:
+        positions = positions.to(q.device)
+    keep = keep_mask(positions, mine, torch.arange(k.shape[-2], device=q.device))  # (…, 2c, s)
     return masked_attention(q, k, v, keep, attention)
 
 
@@ -63,8 +67,8 @@ class AllGatherAttention(nn.Module):
         super().__init__()
         self.cp, self.attention = cp, attention
 
-    def forward(self, q, k, v):  # each (B, h, 2c, hs)
-        return allgather_attention(q, k, v, self.cp, self.attention)
+    def forward(self, q, k, v, positions=None):  # each (B, h, 2c, hs)
+        return allgather_attention(q, k, v, self.cp, self.attention, positions)
 
     def extra_repr(self) -> str:
         return f"K/V all-gathered over {self.cp.name} ranks {list(self.cp.ranks)}, {self.attention}"

@@ -64,7 +64,7 @@ from ..tensor_parallel import mappings
 from ..tensor_parallel.plan import SequenceShardedPositions
 from .allgather import AllGatherAttention
 from .ring import ring_attention
-from .split import global_positions
+from .split import global_positions, split_sequence
 from .ulysses import UlyssesAttention, hybrid_axes
 
 
@@ -78,8 +78,8 @@ class RingAttention(nn.Module):
                              "never forms whole probability rows to drop, so it is refused")
         self.cp = cp
 
-    def forward(self, q, k, v):  # each (B, nh, 2c, hs)
-        return ring_attention(q, k, v, self.cp)
+    def forward(self, q, k, v, positions=None):  # each (B, nh, 2c, hs)
+        return ring_attention(q, k, v, self.cp, positions)
 
     def extra_repr(self) -> str:
         return f"ring over {self.cp.name} ranks {list(self.cp.ranks)}"
@@ -88,13 +88,14 @@ class RingAttention(nn.Module):
 class ContextParallelPositions(nn.Module):
     """The position embedding of a context-parallel rank: the whole table
     (replicated), the rows of this rank's global positions — its two chunks and,
-    under sequence parallelism, this tp rank's slice of them."""
+    under sequence parallelism, this tp rank's slice of them; of a packed batch's
+    `positions` (B, T), the whole sequence's, the same slice of them."""
 
     def __init__(self, weight: nn.Parameter, cp: Axis, sequence_axis: Axis | None = None):
         super().__init__()
         self.weight, self.cp, self.sequence_axis = weight, cp, sequence_axis
 
-    def forward(self, x):  # (B, T/cp, C), or (B, T/(cp·t), C) under sequence parallelism
+    def forward(self, x, positions=None):  # (B, T/cp, C), or (B, T/(cp·t), C) under SP
         local, start, per_cp = x.shape[1], 0, x.shape[1]
         if self.sequence_axis is not None:
             per_cp = local * self.sequence_axis.size
@@ -102,8 +103,10 @@ class ContextParallelPositions(nn.Module):
         if per_cp * self.cp.size > self.weight.shape[0]:
             raise ValueError(f"a sequence of {per_cp * self.cp.size} tokens is longer than "
                              f"seq_len={self.weight.shape[0]}")
-        positions = global_positions(per_cp, self.cp, x.device)[start:start + local]
-        return x + self.weight[positions]
+        if positions is not None:  # packed: this rank's chunks of the batch's positions
+            mine = split_sequence(positions.to(x.device), self.cp, dim=1)[:, start:start + local]
+            return x + self.weight[mine]
+        return x + self.weight[global_positions(per_cp, self.cp, x.device)[start:start + local]]
 
 
 class ContextParallelLoss(nn.Module):
@@ -153,6 +156,9 @@ class ContextParallelRotary(Rotary):
 
     def positions(self, length: int, device) -> torch.Tensor:
         return global_positions(length, self.cp, device)
+
+    def local(self, positions: torch.Tensor) -> torch.Tensor:  # packed: this rank's chunks
+        return split_sequence(positions, self.cp, dim=1)
 
 
 def _rotary(m, cp, model):

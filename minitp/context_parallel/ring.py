@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from ..model.attention_core import keep_mask
 from ..rules import cp_chunks
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
@@ -24,13 +25,10 @@ def block_kind(q_chunk: int, k_chunk: int) -> str | None:
     return "causal" if k_chunk == q_chunk else None
 
 
-def _scores(q, k, causal: bool):
+def _scores(q, k, keep):
+    """The block's scores, -inf where `keep` (None: everywhere kept) is False."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, c, c)
-    if causal:
-        n = s.shape[-1]
-        keep = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    return s
+    return s if keep is None else s.masked_fill(~keep, float("-inf"))
 
 
 def widen(kv, heads: int):
@@ -47,29 +45,48 @@ def narrow(grad, kv_heads: int):
     return grad.unflatten(1, (kv_heads, -1)).sum(2)
 
 
-def block_forward(q, k, v, causal: bool):
+def block_forward(q, k, v, keep):
     """One block's partial output and its log-sum-exp: (B, nh, c, hs), (B, nh, c)."""
-    s = _scores(q, k, causal)
+    s = _scores(q, k, keep)
     lse = torch.logsumexp(s, dim=-1)
-    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+    # packed documents: a query may see no key of this block (its document starts later):
+    # its ℓ is −inf and its partial output 0, which the merge then weighs by e^−∞ = 0
+    return torch.exp(s - _finite(lse).unsqueeze(-1)) @ v, lse
+
+
+def _finite(lse):
+    """ℓ, 0 where it is −inf (a row that saw no key): so that e^(s−ℓ) is 0 there, not NaN."""
+    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
 
 
 def merge_partials(out1, lse1, out2, lse2):
     """The online-softmax merge of two partial attention results over disjoint keys."""
     lse = torch.logaddexp(lse1, lse2)
-    out = torch.exp(lse1 - lse).unsqueeze(-1) * out1 + torch.exp(lse2 - lse).unsqueeze(-1) * out2
+    ref = _finite(lse)  # both −inf: a row that has seen no key yet stays 0
+    out = (torch.exp(lse1 - ref).unsqueeze(-1) * out1
+           + torch.exp(lse2 - ref).unsqueeze(-1) * out2)
     return out, lse
 
 
-def _pairs(rank: int, src: int, cp: int):
-    """(query half, key half, causal) of every block rank `rank` computes with the
-    K/V of rank `src` (halves index the two chunks each rank holds)."""
+def _pairs(rank: int, src: int, cp: int, positions, c: int, device):
+    """(query half, key half, mask) of every block rank `rank` computes with the K/V of
+    rank `src` (halves index the two chunks each rank holds; mask: None, all kept).
+    `positions` (B, T), the whole sequence's, for packed documents, else None; c: a chunk's
+    length."""
     mine, theirs = cp_chunks(rank, cp), cp_chunks(src, cp)
     for a in range(2):
         for b in range(2):
             kind = block_kind(mine[a], theirs[b])
-            if kind is not None:
-                yield a, b, kind == "causal"
+            if kind is None:
+                continue
+            if positions is None:
+                keep = (torch.ones(c, c, dtype=torch.bool, device=device).tril()
+                        if kind == "causal" else None)
+            else:  # the causal mask within documents, from both chunks' global indices
+                q_index, k_index = (torch.arange(n * c, (n + 1) * c, device=device)
+                                    for n in (mine[a], theirs[b]))
+                keep = keep_mask(positions, q_index, k_index)
+            yield a, b, keep
 
 
 def _post(tensors, kinds, step: int, cp: Axis):
@@ -97,8 +114,8 @@ class _RingAttention(torch.autograd.Function):
     travelling with their K/V back to their owners."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cp):  # each (B, nh, 2c, hs): this rank's two chunks
-        ctx.cp, ctx.label = cp, trace.recorder().label
+    def forward(ctx, q, k, v, cp, positions):  # each (B, nh, 2c, hs): this rank's two chunks
+        ctx.cp, ctx.label, ctx.positions = cp, trace.recorder().label, positions
         qs = q.chunk(2, dim=-2)
         out, lse = [None, None], [None, None]
         kv = (k.contiguous(), v.contiguous())
@@ -109,8 +126,8 @@ class _RingAttention(torch.autograd.Function):
                     pending = _post(kv, (_K, _V), step, cp)
             src = (cp.rank - step) % cp.size
             ks, vs = (widen(t, q.shape[1]).chunk(2, dim=-2) for t in kv)
-            for a, b, causal in _pairs(cp.rank, src, cp.size):
-                o, ell = block_forward(qs[a], ks[b], vs[b], causal)
+            for a, b, keep in _pairs(cp.rank, src, cp.size, positions, qs[0].shape[-2], q.device):
+                o, ell = block_forward(qs[a], ks[b], vs[b], keep)
                 if out[a] is None:
                     out[a], lse[a] = o, ell
                 else:
@@ -126,10 +143,10 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         cp = ctx.cp
         with trace.relabel(ctx.label):
-            return (*_ring_backward(q, k, v, out, lse, grad_out, cp), None)
+            return (*_ring_backward(q, k, v, out, lse, grad_out, cp, ctx.positions), None, None)
 
 
-def _ring_backward(q, k, v, out, lse, grad_out, cp: Axis):
+def _ring_backward(q, k, v, out, lse, grad_out, cp: Axis, positions):
     scale = 1.0 / math.sqrt(q.shape[-1])
     grad_out = grad_out.contiguous()
     delta = (grad_out * out).sum(-1)  # D = rowsum(dO ∘ O), (B, nh, 2c)
@@ -147,8 +164,8 @@ def _ring_backward(q, k, v, out, lse, grad_out, cp: Axis):
         ks, vs = (widen(t, q.shape[1]).chunk(2, dim=-2) for t in kv)
         dk = [torch.zeros_like(kv[0].chunk(2, dim=-2)[0]) for _ in range(2)]  # K/V's heads
         dv = [torch.zeros_like(kv[1].chunk(2, dim=-2)[0]) for _ in range(2)]
-        for a, b, causal in _pairs(cp.rank, src, cp.size):
-            p = torch.exp(_scores(qs[a], ks[b], causal) - lses[a].unsqueeze(-1))  # (B, nh, c, c)
+        for a, b, keep in _pairs(cp.rank, src, cp.size, positions, qs[0].shape[-2], q.device):
+            p = torch.exp(_scores(qs[a], ks[b], keep) - lses[a].unsqueeze(-1))  # (B, nh, c, c)
             dv[b] += narrow(p.transpose(-2, -1) @ dos[a], k.shape[1])
             ds = p * (dos[a] @ vs[b].transpose(-2, -1) - deltas[a].unsqueeze(-1))
             dq[a] += ds @ ks[b] * scale
@@ -168,16 +185,18 @@ def _ring_backward(q, k, v, out, lse, grad_out, cp: Axis):
     return torch.cat(dq, dim=-2), dk_dv[0], dk_dv[1]
 
 
-def ring_attention(q, k, v, cp: Axis):
+def ring_attention(q, k, v, cp: Axis, positions=None):
     """Causal attention of this cp rank's queries over the whole sequence's keys.
 
     q, k, v: (B, nh, 2c, hs), this rank's two chunks of the sequence
     (`split_sequence`), concatenated; k and v may have fewer heads, nkv dividing nh
     (grouped-query attention: each serves nh/nkv query heads, and travels the ring
     narrow). Returns (B, nh, 2c, hs): this rank's rows of softmax(QKᵀ/√d + causal
-    mask)·V over the whole sequence."""
+    mask)·V over the whole sequence. positions: packed documents', (B, T) the whole
+    sequence's (every rank has them): each block masked within documents too."""
     if q.shape[-2] % 2:
         raise ValueError(f"ring attention needs this rank's two equal chunks, got "
                          f"{q.shape[-2]} positions")
     with trace.forward_phase():
-        return _RingAttention.apply(q, k, v, cp)
+        positions = None if positions is None else positions.to(q.device)
+        return _RingAttention.apply(q, k, v, cp, positions)

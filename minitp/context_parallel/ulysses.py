@@ -15,7 +15,8 @@ The positions arrive in rank order, each rank's two chunks (g·U+u, 2cp−1−g�
 u = 0..U−1: put back as [the U early chunks in order; the U late ones in order] they are
 the two big chunks g and 2R−1−g of the sequence cut into 2R, R = cp/U — the load-balanced
 split of a ring of R ranks. With U = cp (R = 1) that is the global order, and the layer's
-own causal core runs; with R > 1 the ring runs over the R groups (`ring_attention`).
+own causal core runs; with R > 1 the ring runs over the R groups (`ring_attention`). So a
+packed batch's positions, the whole sequence's, mask either as they stand.
 
 Memory: the core keeps what one device's would for 1/U of the heads — with the
 written-out core, their s×s probabilities too (the ring never forms them).
@@ -94,16 +95,16 @@ class UlyssesAttention(nn.Module):
         super().__init__()
         self.group, self.inner, self.ring = group, inner, ring
 
-    def forward(self, q, k, v):  # (B, nh, 2c, hs); k, v (B, nkv, 2c, hs)
+    def forward(self, q, k, v, positions=None):  # (B, nh, 2c, hs); k, v (B, nkv, 2c, hs)
         u = self.group.size
         if k.shape[1] % u:  # fewer K/V heads than ranks: one (copied) K/V head per rank
             k, v = widen(k, u), widen(v, u)
         with trace.label("a2a Q/K/V"):
             q, k, v = (to_ring_order(heads_to_sequence(t, self.group), u) for t in (q, k, v))
         if self.ring is not None and self.ring.size > 1:
-            y = ring_attention(q, k, v, self.ring)
-        else:
-            y = self.inner(q, k, v)  # the whole sequence, global order: the plain causal core
+            y = ring_attention(q, k, v, self.ring, positions)  # whole positions: the ring's chunks
+        else:  # the whole sequence, global order: the plain causal core
+            y = self.inner(q, k, v, **({} if positions is None else {"positions": positions}))
         with trace.label("a2a O"):
             return sequence_to_heads(from_ring_order(y, u), self.group)
 

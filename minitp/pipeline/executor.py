@@ -24,7 +24,9 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                  placement: str = "loop"):
     """Run one rank's `order` of ("F"/"B"/"W", chunk, microbatch).
 
-    microbatches: list of (x, y); weights: each microbatch's share of the loss.
+    microbatches: list of (x, y) or (x, y, positions) — a packed batch's positions, the
+    whole sequence's (every stage passes them to its chunk); weights: each microbatch's
+    share of the loss.
     `before_backward(chunk_index, microbatch)` is called before each backward and each
     weight pass (data parallelism arms its gradient sync there). A "B" whose (chunk,
     microbatch) also has a "W" in the order computes the input gradient and leaves the
@@ -66,7 +68,8 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
     for kind, k, i in order:
         g = stage_of(p, r, k, placement)
         chunk = chunks[k]
-        x, y = microbatches[i]
+        x, y, *packed = microbatches[i]
+        positions = packed[0] if packed else None
         if kind == "F":
             if g == 0:
                 inp = x
@@ -79,7 +82,7 @@ def run_schedule(order, chunks, mesh: Mesh, microbatches, weights, before_backwa
                 inp.requires_grad_()
             store = deferred.setdefault((k, i), DeferredWeightGrads()) if (k, i) in split else None
             with trace.region(unit_label("F", i, k, v), "fwd"), weight_grads_to(chunk, store):
-                out, loss = chunk(inp, y if g == n - 1 else None)
+                out, loss = chunk(inp, y if g == n - 1 else None, positions)
                 if g == n - 1 and weights[i] == 0:  # no targets: its mean is 0/0; learn nothing
                     out = out.sum() * 0.0
                 elif g == n - 1:

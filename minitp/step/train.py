@@ -33,7 +33,9 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     of the whole batch — the mean over its (non-ignored) target tokens, exactly as
     one device computes it — the same float on every rank.
 
-    batch: (x, y), LongTensors (batch, seq_len), the same global batch on every rank;
+    batch: (x, y), LongTensors (batch, seq_len), the same global batch on every rank — or
+    (x, y, positions), packed documents (`minitp.data.packing`): every rank passes its
+    microbatch's whole positions to the model, whose pieces take their part;
     dp rank d takes rows [d·B/dp, (d+1)·B/dp), and with context parallelism cp rank i
     takes chunks i and 2cp−1−i of each row's 2·cp (`minitp.context_parallel`); the
     gradients are then summed over dp×cp. schedule: a name ("gpipe", "1f1b",
@@ -47,10 +49,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     the whole mesh is at most this (`minitp.step.grad_norm`, as ``clip_grad_norm_`` on one
     device); the norm before clipping is left in ``model.grad_norm``.
     """
-    x, y = batch
-    if x.shape != y.shape or x.dim() != 2:
-        raise ValueError(f"batch must be (x, y) of equal shape (batch, seq_len), got "
-                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    x, y, positions = _unpack(batch)
     _check_ids(model, x, y)
     chunks = model_chunks(model)
     v, placement = len(chunks), model_placement(model)
@@ -58,7 +57,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     schedule = schedule or default_schedule(v, placement)
     make_order = schedule if callable(schedule) else SCHEDULES[schedule]
     optimizer.zero_grad(set_to_none=True)
-    pairs, weights = _my_microbatches(x, y, mesh, microbatches)
+    pairs, weights = _my_microbatches(x, y, positions, mesh, microbatches)
     order = make_order(mesh.pp.size, mesh.pp.rank, len(pairs), v)
     syncs = [c.grad_sync for c in chunks]
     last = len(pairs) - 1
@@ -81,11 +80,11 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
 def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     """The batch's mean loss, forward only (no gradients, no step), through the
     pipeline: every chunk's forwards in turn. The same float on every rank."""
-    x, y = batch
+    x, y, positions = _unpack(batch)
     _check_ids(model, x, y)
     chunks, placement = model_chunks(model), model_placement(model)
     _check_step_once(model, mesh, None, microbatches, x.shape[0])
-    pairs, weights = _my_microbatches(x, y, mesh, microbatches)
+    pairs, weights = _my_microbatches(x, y, positions, mesh, microbatches)
     order = [("F", k, i) for k in range(len(chunks)) for i in range(len(pairs))]
     with torch.no_grad():
         return _batch_loss(run_schedule(order, chunks, mesh, pairs, weights,
@@ -110,6 +109,20 @@ def _check_step_once(model, mesh: Mesh, schedule, microbatches, rows: int) -> No
     seen.add(key)
 
 
+def _unpack(batch):
+    """(x, y, positions or None) of a batch of two or three tensors, checked."""
+    if len(batch) not in (2, 3):
+        raise ValueError(f"batch must be (x, y) or (x, y, positions), got {len(batch)} tensors")
+    x, y, positions = (*batch, None)[:3]
+    if x.shape != y.shape or x.dim() != 2:
+        raise ValueError(f"batch must be (x, y) of equal shape (batch, seq_len), got "
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    if positions is not None and (positions.shape != x.shape or positions.is_floating_point()):
+        raise ValueError(f"a packed batch's positions must be integers of x's shape "
+                         f"{tuple(x.shape)}, got {positions.dtype} {tuple(positions.shape)}")
+    return x, y, positions
+
+
 def _check_ids(model, x, y) -> None:
     """Every rank checks the whole batch, so a bad id stops every rank with the same
     clear error (in a pipeline only the last stage would see the targets)."""
@@ -117,25 +130,30 @@ def _check_ids(model, x, y) -> None:
     check_token_ids(y, model.cfg.vocab_size, "target id", ignore_index=IGNORE_INDEX)
 
 
-def _my_microbatches(x, y, mesh: Mesh, microbatches):
+def _my_microbatches(x, y, positions, mesh: Mesh, microbatches):
     """This dp rank's contiguous slice of the global batch, cut into microbatches,
     each weighted by its share of the *global* batch's target tokens: the sum over
     microbatches and dp ranks of weight · mean loss is then the batch mean (not a
     mean of means). (Python ints: dividing two LongTensors would give float32.)
     With context parallelism each microbatch is then cut along the sequence: this
     cp rank's two chunks; its weight stays the whole microbatch's share, since the
-    loss (`ContextParallelLoss`) is the mean over every token of the cp group."""
+    loss (`ContextParallelLoss`) is the mean over every token of the cp group — a cp
+    rank holding fewer real tokens (packing's ignored targets) weighs less in it.
+    A packed batch's positions are sliced by rows alike, never along the sequence."""
     dp = mesh.dp
     total = int((y != IGNORE_INDEX).sum())
     if total == 0:
         raise ValueError("every target of the batch is ignored: its mean loss would be 0/0")
     rows = x.shape[0] // dp.size
-    x, y = x[dp.rank * rows:(dp.rank + 1) * rows], y[dp.rank * rows:(dp.rank + 1) * rows]
+    mine = slice(dp.rank * rows, (dp.rank + 1) * rows)
+    x, y = x[mine], y[mine]
     pairs = list(zip(x.chunk(microbatches), y.chunk(microbatches), strict=True))
+    packed = [None] * len(pairs) if positions is None else positions[mine].chunk(microbatches)
     # A microbatch with no targets weighs 0 (run_schedule keeps it out of the loss):
     # it still runs, so every stage and every dp replica does the same communication.
     weights = [int((ys != IGNORE_INDEX).sum()) / total for _, ys in pairs]
-    pairs = [(split_sequence(xs, mesh.cp), split_sequence(ys, mesh.cp)) for xs, ys in pairs]
+    pairs = [(split_sequence(xs, mesh.cp), split_sequence(ys, mesh.cp), ps)
+             for (xs, ys), ps in zip(pairs, packed, strict=True)]
     return pairs, weights
 
 

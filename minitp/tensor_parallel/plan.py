@@ -39,18 +39,21 @@ from .overlap import OverlappedColumnParallelLinear, OverlappedRowParallelLinear
 
 class SequenceShardedPositions(nn.Module):
     """The position embedding of a sequence-parallel rank: it holds the whole
-    table (replicated) and adds the rows of this rank's slice of the sequence."""
+    table (replicated) and adds the rows of this rank's slice of the sequence — of a packed
+    batch's `positions` (B, T), the rows of this slice's positions."""
 
     def __init__(self, dense: nn.Embedding, axis: Axis):
         super().__init__()
         self.weight, self.axis = dense.weight, axis
 
-    def forward(self, x):  # (B, T/t, C): this rank's slice of the sequence
+    def forward(self, x, positions=None):  # (B, T/t, C): this rank's slice of the sequence
         local = x.shape[1]
         start = self.axis.rank * local
         if start + local > self.weight.shape[0]:
             raise ValueError(f"a sequence of {local * self.axis.size} tokens is longer than "
                              f"seq_len={self.weight.shape[0]}")
+        if positions is not None:
+            return x + self.weight[positions[:, start:start + local].to(x.device)]
         return x + self.weight[start:start + local]
 
 
