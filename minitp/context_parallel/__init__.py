@@ -7,9 +7,12 @@
 * `allgather`: K and V gathered once over cp, each rank's queries against all of them;
 * `ulysses`: the all-to-all that trades the sequence split for a head split (Ulysses),
   and its hybrid with the ring (USP);
-* `plan`: the plan table that makes a plain GPT context-parallel, by ``cp_comm``.
+* `plan`: the plan table that makes a plain GPT context-parallel, by ``cp_comm``;
+* `packed`: packed documents under cp: the split's work counted per document, and
+  packing's two traps (positions that do not restart, a mean of the ranks' means).
 """
 
+from . import packed
 from .allgather import AllGatherAttention, allgather_attention
 from .plan import CONTEXT_PARALLEL_PLAN, apply_context_parallel, attention_axes
 from .ring import merge_partials, ring_attention
@@ -25,5 +28,5 @@ from .ulysses import UlyssesAttention, heads_to_sequence, hybrid_axes, sequence_
 __all__ = ["CONTEXT_PARALLEL_PLAN", "AllGatherAttention", "UlyssesAttention",
            "allgather_attention", "apply_context_parallel", "attention_axes", "chunk_order",
            "gather_sequence", "global_positions", "heads_to_sequence", "hybrid_axes",
-           "merge_partials", "merge_sequence", "ring_attention", "sequence_to_heads",
+           "merge_partials", "merge_sequence", "packed", "ring_attention", "sequence_to_heads",
            "split_sequence"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..rules import IGNORE_INDEX
-from .text import MAX_CORPUS_BYTES, corpus_files
+from .text import HELD_OUT_FRACTION, MAX_CORPUS_BYTES, corpus_files
 
 PAD = 0  # the padding token's id: never a target, never attended to by a real token
 
@@ -97,3 +97,25 @@ def get_packed_batch(documents: list[torch.Tensor], step: int, batch_size: int, 
                 break
     x, y, positions = pack(drawn, seq_len)
     return x[:batch_size], y[:batch_size], positions[:batch_size]
+
+
+def split_documents(documents: list[torch.Tensor], held_out: float = HELD_OUT_FRACTION):
+    """(train, held-out) documents: the concatenation cut where `minitp.data.text.split`
+    cuts the same tokens, the document it falls in split in two."""
+    total = sum(len(d) for d in documents)
+    cut, seen = total - int(total * held_out), 0
+    train, evaluation = [], []
+    for doc in documents:
+        inside = min(max(cut - seen, 0), len(doc))  # how much of it lies before the cut
+        if inside:
+            train.append(doc[:inside])
+        if inside < len(doc):
+            evaluation.append(doc[inside:])
+        seen += len(doc)
+    return train, evaluation
+
+
+def eval_packed_batches(documents: list[torch.Tensor], count: int, batch_size: int,
+                        seq_len: int, seed: int = 0):
+    """`count` fixed packed batches of the held-out documents (the same at every evaluation)."""
+    return [get_packed_batch(documents, i, batch_size, seq_len, seed) for i in range(count)]

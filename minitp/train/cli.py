@@ -35,7 +35,6 @@ import time
 import torch
 
 from .. import checkpoint
-from ..data import images as vision_data
 from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
@@ -43,7 +42,7 @@ from ..runtime.errors import LaunchError
 from .flags import build_parser, sizes_text, validate
 from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
-from .rank import lr_at, run_rank, set_lr, step_seed
+from .rank import batch_of, lr_at, run_rank, set_lr, step_seed
 
 
 # --------------------------------------------------------------------------- parent
@@ -76,10 +75,10 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
                      mininterval=0.5, dynamic_ncols=True)
     for step in steps:
         torch.manual_seed(step_seed(args.seed, step))
-        x, y = vision_data.batch_for(cfg, train_tokens, step, args.batch_size, args.seed)
+        x, y, *packed = batch_of(args, cfg, train_tokens, step)
         set_lr(optimizer, lr_at(args, step))
         optimizer.zero_grad(set_to_none=True)
-        _, loss = ref(x, y)
+        _, loss = ref(x, y, positions=packed[0] if packed else None)
         loss.backward()
         if args.clip_grad is not None:
             torch.nn.utils.clip_grad_norm_(ref.parameters(), args.clip_grad)

@@ -8,8 +8,17 @@ from __future__ import annotations
 import argparse
 import os
 
+import torch
+
 from .. import checkpoint, data
-from ..rules import SCHEDULE_NAMES, ZERO_STAGES, check_parallel_config, check_tp_overlap
+from ..data import packing
+from ..rules import (
+    SCHEDULE_NAMES,
+    ZERO_STAGES,
+    check_packing,
+    check_parallel_config,
+    check_tp_overlap,
+)
 from ..rules.cp_comm import CP_COMMS
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
@@ -104,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--steps", type=int, default=400, help="optimizer steps in all (default 400)")
     a("--seed", type=int, default=0)
     a("--data", metavar="FILE", help="train on this text file instead of the embedded corpus")
+    a("--pack", action="store_true",
+      help="pack documents (the corpus's files; --data's file is one) into the rows, each "
+           "token masked to its own document, positions restarting (minitp.data.packing)")
     a("--out", metavar="DIR", help="run directory (default runs/<timestamp>)")
     a("--check", action="store_true",
       help="also train the single-process GPT on the same batches; report the largest "
@@ -144,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(args, parser):
     """Every check that can fail before a process starts; parser.error (exit 2) if one does.
-    Returns (cfg, train_tokens, eval_tokens, start_step).
+    Returns (cfg, train_tokens, eval_tokens, start_step); with --pack, the tokens are
+    lists of documents (`minitp.data.packing`).
 
     The rules of the split (what must divide what, which schedule fits which
     virtual stages and microbatches, how the batch is cut) are
@@ -228,11 +241,22 @@ def validate(args, parser):
             parser.error(f"--save: {exc}")
     if args.data and not os.path.isfile(args.data):
         parser.error(f"--data {args.data}: no such file")
-    tokens = data.load_tokens(args.data)
-    train_tokens, eval_tokens = data.split(tokens)
+    if args.pack:
+        try:
+            check_packing(cfg.vision_patches)
+        except ValueError as exc:
+            parser.error(f"--pack: {exc}")
+        documents = ([data.load_tokens(args.data)] if args.data
+                     else packing.corpus_documents())
+        train_tokens, eval_tokens = packing.split_documents(documents)
+        whole = [torch.cat(docs) if docs else torch.zeros(0) for docs in (train_tokens,
+                                                                           eval_tokens)]
+    else:
+        train_tokens, eval_tokens = data.split(data.load_tokens(args.data))
+        whole = [train_tokens, eval_tokens]
     try:
-        data.check_length(train_tokens, cfg.seq_len, "training split")
-        data.check_length(eval_tokens, cfg.seq_len, "held-out split (the last 5%)")
+        data.check_length(whole[0], cfg.seq_len, "training split")
+        data.check_length(whole[1], cfg.seq_len, "held-out split (the last 5%)")
     except ValueError as exc:
         parser.error(f"{args.data or 'the corpus'}: {exc}")
     return cfg, train_tokens, eval_tokens, start_step

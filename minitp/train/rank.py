@@ -14,8 +14,9 @@ import torch
 
 from .. import checkpoint, data
 from ..data import images as vision_data
+from ..data import packing
 from ..model import GPT
-from ..rules import placement_of
+from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
 from .flags import TEMPERATURE
 from .machine import uses_mixed_precision
@@ -42,6 +43,14 @@ def set_lr(optimizer, lr: float) -> None:
 def step_seed(seed: int, step: int) -> int:
     """The RNG seed of one step (dropout masks): a function of (seed, step) only."""
     return seed * 1_000_003 + step + 1
+
+
+def batch_of(args, cfg, corpus, step: int):
+    """The global batch of `step`: (x, y), or with --pack (x, y, positions) drawn from the
+    documents `corpus` holds then (`minitp.data.packing`)."""
+    if args.pack:
+        return packing.get_packed_batch(corpus, step, args.batch_size, cfg.seq_len, args.seed)
+    return vision_data.batch_for(cfg, corpus, step, args.batch_size, args.seed)
 
 
 def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
@@ -81,8 +90,12 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
         optimizer = zero.make_optimizer(model, mesh, new_optimizer)
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
-    eval_set = vision_data.eval_batches_for(cfg, eval_tokens, args.eval_batches, args.batch_size,
-                                            args.seed)
+    if args.pack:
+        eval_set = packing.eval_packed_batches(eval_tokens, args.eval_batches, args.batch_size,
+                                               cfg.seq_len, args.seed)
+    else:
+        eval_set = vision_data.eval_batches_for(cfg, eval_tokens, args.eval_batches,
+                                                args.batch_size, args.seed)
 
     def evaluate() -> float:
         # Every rank scores its share of the held-out batches with the dense model,
@@ -93,9 +106,11 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
                                        **checkpoint.dense_expert_biases(model, mesh)})
             total = torch.zeros(2, dtype=torch.float64)
             with torch.no_grad():
-                for x, y in eval_set[mesh.rank::mesh.world_size]:
-                    total += torch.tensor([float(dense(x, y)[1]) * y.numel(), y.numel()],
-                                          dtype=torch.float64)
+                for x, y, *packed in eval_set[mesh.rank::mesh.world_size]:
+                    # packed: each batch weighs its counted targets (never its padding)
+                    n = int((y != IGNORE_INDEX).sum()) if packed else y.numel()
+                    loss = dense(x, y, positions=packed[0] if packed else None)[1]
+                    total += torch.tensor([float(loss) * n, n], dtype=torch.float64)
             total = comm.all_reduce(total.to(device), world()).cpu()
         return float(total[0] / total[1])
 
@@ -111,8 +126,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     flops_per_step = calc.model_flops(cfg, args.batch_size)
     for step in range(start_step, args.steps):
         torch.manual_seed(step_seed(args.seed, step))
-        batch = vision_data.batch_for(cfg, train_tokens, step, args.batch_size, args.seed)
-        batch = tuple(t.to(device) for t in batch)
+        batch = tuple(t.to(device) for t in batch_of(args, cfg, train_tokens, step))
         set_lr(optimizer, lr_at(args, step))
         started = time.perf_counter()
         with contextlib.ExitStack() as stack:

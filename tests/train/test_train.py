@@ -252,6 +252,7 @@ BAD = [
     (["--arch", "llama", "--n-kv-head", "3"], "n_head=4 is not divisible by n_kv_head=3"),
     (["--vision-layout", "tensor"], "--vision-layout needs --arch vlm"),
     (["--arch", "vlm", "--cp", "2"], "cp=2 with a vision-language model: not built"),
+    (["--arch", "vlm", "--pack"], "--pack: packed documents with a vision-language model"),
     (["--arch", "vlm", "--seq-len", "6"], "--arch vlm with --seq-len 6: the image takes half"),
     # the advice names the user's flags, not a GPTConfig field or a placement they never chose
     (["--arch", "llama", "--experts", "4"], "--experts with --arch llama: minitp's experts are "
