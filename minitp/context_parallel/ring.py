@@ -26,9 +26,13 @@ def block_kind(q_chunk: int, k_chunk: int) -> str | None:
 
 
 def _scores(q, k, keep):
-    """The block's scores, -inf where `keep` (None: everywhere kept) is False."""
+    """The block's scores, -inf where the mask `keep` is False. keep: a bool tensor, or
+    True (the causal triangle), False or None (every key kept)."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, c, c)
-    return s if keep is None else s.masked_fill(~keep, float("-inf"))
+    if keep is True:
+        n = s.shape[-1]
+        keep = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
+    return s if keep is None or keep is False else s.masked_fill(~keep, float("-inf"))
 
 
 def widen(kv, heads: int):
@@ -46,7 +50,8 @@ def narrow(grad, kv_heads: int):
 
 
 def block_forward(q, k, v, keep):
-    """One block's partial output and its log-sum-exp: (B, nh, c, hs), (B, nh, c)."""
+    """One block's partial output and its log-sum-exp: (B, nh, c, hs), (B, nh, c). keep:
+    True for the causal triangle, False for every key, or a bool mask (`_scores`)."""
     s = _scores(q, k, keep)
     lse = torch.logsumexp(s, dim=-1)
     # packed documents: a query may see no key of this block (its document starts later):
@@ -80,8 +85,7 @@ def _pairs(rank: int, src: int, cp: int, positions, c: int, device):
             if kind is None:
                 continue
             if positions is None:
-                keep = (torch.ones(c, c, dtype=torch.bool, device=device).tril()
-                        if kind == "causal" else None)
+                keep = kind == "causal"  # the triangle, or every key
             else:  # the causal mask within documents, from both chunks' global indices
                 q_index, k_index = (torch.arange(n * c, (n + 1) * c, device=device)
                                     for n in (mine[a], theirs[b]))

@@ -1,5 +1,6 @@
 """`--cp-comm`: each context-parallel attention through the command line equals the
-one-process model in float64 (--check); the CLI's refusals are in test_train.py's BAD."""
+one-process model in float64 (--check), and so does each with `--pack` (packed documents,
+evaluated packed); the CLI's refusals are in test_train.py's BAD."""
 
 import json
 import math
@@ -20,6 +21,16 @@ RUNS = {  # sampled, not enumerated: each variant once, beside tp or a pipeline
                                        "--cp-comm", "allgather"],
     "a2a, cp 2 x pp 2": ["--dp", "1", "--pp", "2", "--tp", "1", "--cp", "2",
                          "--cp-comm", "a2a", "--microbatches", "2"],
+    # packed documents, each variant once more (a2a alone: in the hybrid)
+    "--pack, ring, cp 2 x tp 2 with SP": ["--pack", "--dp", "1", "--pp", "1", "--tp", "2",
+                                          "--cp", "2", "--sp"],
+    "--pack, a2a+ring, cp 4, llama GQA": ["--pack", "--dp", "1", "--pp", "1", "--tp", "1",
+                                          "--cp", "4", "--cp-comm", "a2a+ring",
+                                          "--cp-a2a-size", "2", "--arch", "llama",
+                                          "--n-kv-head", "2"],
+    "--pack, allgather, cp 2 x pp 2": ["--pack", "--dp", "1", "--pp", "2", "--tp", "1",
+                                       "--cp", "2", "--cp-comm", "allgather",
+                                       "--microbatches", "2"],
 }
 
 
