@@ -6,9 +6,9 @@ p + 1 keys (itself and the p before it), so a cp rank's attention work is Σ (p 
 the tokens it holds (`causal_work`). Unpacked, the load-balanced split (`cp_chunks`) gives
 every rank the same sum; packed, the documents decide, and the ranks differ.
 
-The traps (both Megatron-LM and NeMo shipped one in 2026: Megatron-LM pull request #5243,
-packed RoPE positions under cp; NeMo Automodel pull request #3640, padding counted as
-tokens):
+The traps (positions are where packing under cp goes wrong in practice: Megatron-LM pull
+request #5243, "Fix packed THD RoPE under CP", merged in 2026, fixed cp ranks of a packed
+batch turning later documents' tokens by the first document's positions):
 * `positions_trap`: a packed row scored with positions 0..T−1 — as one long document,
   every token seeing the documents before its own, and numbered past its document's start
   — against the same row with positions restarting at each document, and against each
