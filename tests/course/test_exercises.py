@@ -145,14 +145,14 @@ def test_grader_reports_a_syntax_error_without_crashing(tmp_path):
 
 
 def test_command_line_exit_codes():
-    # ex16's grader runs no ranks: the command line is what is tested here (every grader's
+    # ex17's grader runs no ranks: the command line is what is tested here (every grader's
     # solution passes in its lesson's cell), in 2 s rather than ex01's 6
     root = repo_root()
-    good = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex16", "--solutions"],
+    good = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex17", "--solutions"],
                           cwd=root, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "3/3 checks passed" in good.stdout
-    blank = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex16"],
+    blank = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex17"],
                            cwd=root, capture_output=True, text=True, timeout=120)
     assert blank.returncode == 1 and "not written yet" in blank.stdout
     check = subprocess.run([sys.executable, "-m", "minitp.course.make_exercises", "--check"],
@@ -174,12 +174,12 @@ def _variant(tmp_path, exercise, *edits):
 def test_ex07_reports_a_deadlock_by_who_waits_for_what(tmp_path, monkeypatch):
     # Fewer forwards ahead on the early stages than on the late ones: stage 0 waits for
     # a gradient while stage 1 waits for the activation stage 0 has not sent.
-    from minitp.course.graders import ex10
+    from minitp.course.graders import ex11
 
-    monkeypatch.setattr(ex10, "TIMEOUT", 1.0)
-    wrong = _variant(tmp_path, "ex10", ("warmup = min(stage.p - stage.r - 1, m)",
+    monkeypatch.setattr(ex11, "TIMEOUT", 1.0)
+    wrong = _variant(tmp_path, "ex11", ("warmup = min(stage.p - stage.r - 1, m)",
                                         "warmup = min(stage.r, m)"))
-    report = mt.grade("ex10", path=wrong)
+    report = mt.grade("ex11", path=wrong)
     first = report.checks[0]
     assert not any(c.passed for c in report.checks), str(report)
     assert first.detail.startswith("deadlock"), str(report)
@@ -190,33 +190,33 @@ def test_ex07_reports_a_deadlock_by_who_waits_for_what(tmp_path, monkeypatch):
 
 def test_ex07_reports_activations_kept_past_their_backward_and_after_the_step(tmp_path):
     # The 1F1B order and the numbers are right; only the keeping is wrong.
-    kept = _variant(tmp_path, "ex10", ("x, out = held.pop(i)", "x, out = held[i]"))
-    report = mt.grade("ex10", path=kept)
+    kept = _variant(tmp_path, "ex11", ("x, out = held.pop(i)", "x, out = held[i]"))
+    report = mt.grade("ex11", path=kept)
     failed = [c for c in report.checks if not c.passed]
-    assert [c.name for c in failed] == [n for n in ex10_names() if "held" in n], str(report)
+    assert [c.name for c in failed] == [n for n in ex11_names() if "held" in n], str(report)
     assert "after its backward" in failed[0].detail and failed[0].rank is not None
-    leak = _variant(tmp_path, "ex10", ("x, out = held.pop(i)", "x, out = held[i]"),
+    leak = _variant(tmp_path, "ex11", ("x, out = held.pop(i)", "x, out = held[i]"),
                     ("    held = {}", "    held = stage.saved = {}"))
-    report = mt.grade("ex10", path=leak)
+    report = mt.grade("ex11", path=leak)
     failed = [c for c in report.checks if not c.passed]
     assert len(failed) == 2 and all("a leak" in c.detail for c in failed), str(report)
 
 
-def ex10_names():
-    from minitp.course.graders import ex10
+def ex11_names():
+    from minitp.course.graders import ex11
 
-    return [name for m in ex10.MS for name in ex10._names(m)]
+    return [name for m in ex11.MS for name in ex11._names(m)]
 
 
 def test_ex08_fails_a_sync_that_waits_for_backward_to_end(tmp_path):
     # Correct sums, the right buckets, but every all-reduce after backward: no overlap.
     late = _variant(
-        tmp_path, "ex12",
+        tmp_path, "ex13",
         ("        if self.arrived[k] == len(self.buckets[k]):", "        if False:"),
         ("            flat = self.pending.pop(k).wait()",
          "            flat = mt.comm.all_reduce(torch.cat([q.grad.reshape(-1) for q in bucket]), "
          "self.axis)"))
-    report = mt.grade("ex12", path=late)
+    report = mt.grade("ex13", path=late)
     assert [c.passed for c in report.checks] == [True, True, False] * 2, str(report)
     assert "started after backward ended" in report.checks[2].detail
 

@@ -15,7 +15,6 @@ from . import (
     ex06,
     ex07,
     ex08,
-    ex09,
     ex10,
     ex11,
     ex12,
@@ -25,6 +24,7 @@ from . import (
     ex16,
     ex17,
     ex18,
+    ex19,
 )
 
 
@@ -53,23 +53,23 @@ EXERCISES = {
                      "selective recomputation of the attention core", ex07.run),
     "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, the load-balanced "
                      "split and the ring step that uses it", ex08.run),
-    "ex09": Exercise("ex09_kv_heads_and_positions.py", "a tensor-parallel rank's K/V heads, "
-                     "who shares them, and a context-parallel rank's positions", ex09.run),
-    "ex10": Exercise("ex10_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex10.run),
-    "ex11": Exercise("ex11_zb_h1_order.py", "ZB-H1's order for one pipeline stage, through "
-                     "the custom-schedule API", ex11.run),
-    "ex12": Exercise("ex12_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
-                     ex12.run),
-    "ex13": Exercise("ex13_image_tokens.py", "a vision-language model's image tokens on a "
-                     "sequence-parallel rank, and whose gradient the encoder sums", ex13.run),
-    "ex14": Exercise("ex14_tp_step_time.py", "a tensor-parallel step's compute and "
-                     "communication, predicted", ex14.run),
-    "ex15": Exercise("ex15_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, and say why", ex15.run),
-    "ex16": Exercise("ex16_bytes_and_days.py", "two claims checked by hand: model-state GB "
-                     "and training days", ex16.run),
-    "ex17": Exercise("ex17_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
-                     "storage, refill it in place for backward, free it again", ex17.run),
-    "ex18": Exercise("ex18_moe_dispatch.py", "expert parallelism's dispatch and combine",
-                     ex18.run),
+    "ex10": Exercise("ex10_kv_heads_and_positions.py", "a tensor-parallel rank's K/V heads, "
+                     "who shares them, and a context-parallel rank's positions", ex10.run),
+    "ex11": Exercise("ex11_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex11.run),
+    "ex12": Exercise("ex12_zb_h1_order.py", "ZB-H1's order for one pipeline stage, through "
+                     "the custom-schedule API", ex12.run),
+    "ex13": Exercise("ex13_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
+                     ex13.run),
+    "ex14": Exercise("ex14_image_tokens.py", "a vision-language model's image tokens on a "
+                     "sequence-parallel rank, and whose gradient the encoder sums", ex14.run),
+    "ex15": Exercise("ex15_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex15.run),
+    "ex16": Exercise("ex16_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, and say why", ex16.run),
+    "ex17": Exercise("ex17_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex17.run),
+    "ex18": Exercise("ex18_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex18.run),
+    "ex19": Exercise("ex19_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex19.run),
 }

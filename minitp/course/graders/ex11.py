@@ -1,360 +1,294 @@
-"""Checks for ex11: ZB-H1's order for stage r, written through the custom-schedule API.
+"""Checks for ex11: the learner's 1F1B executor, run on a real pipeline.
 
-The learner's ``zb_h1_order(p, r, m)`` is called in this process for every stage r of
-p = 2, 3, 4 stages and m = p, 2p, 2p+1 microbatches (and the real runs' (p, m), and
-m = 2 < p = 4, a warm-up cut short). Graded by properties, not by equality with
-`minitp.pipeline.schedules.zb_h1`, so any order with ZB-H1's bound and bubble passes:
+On 4 processes, a float64 GPT cut into 4 stages (`parallelize` with pp = 4)
+takes one training step at m = 5 and one at m = 2 (fewer microbatches than
+stages: a warm-up cut short), each stage run by the learner's
+``one_f_one_b_step(stage, m)``. `Stage` hands the learner the computing
+(forward, backward, a receive buffer) and records, on the way, which units
+ran in which order and what the learner still holds. Per m:
 
-* on paper, the dependencies: every F, B, W of every microbatch exactly once per
-  stage, each B after its F and each W after its B, the stage's last B or W the last
-  microbatch's (what `run_schedule` needs), and the pipeline runs to its end: the
-  grader plays the orders out together, and a deadlock is named as the two stages
-  that wait for each other, never a hang;
-* the activation bound: at most p microbatches in flight on every stage (forwarded, W
-  not yet run; `simulate(...)["peak"]`), 1F1B's peak on its first stage;
-* the bubble: with the paper's unit costs F = B = W = 1 (`simulate(..., costs=...)`),
-  every rank idles exactly p − 1 ticks, (p−1)(F+B−W), for m ≥ p (no order does better:
-  the last stage's first forward waits p − 1 forwards);
-* exactness: `train_step(schedule=<the order>)` on 4 real ranks, Mesh(pp=4) and
-  Mesh(pp=2, dp=2), float64, two AdamW steps: the losses and every parameter equal one
-  device's to 1e-10;
-* the order is the learner's: no call to `zb_h1` (watched by its code object, whatever
-  name it is called by). Calling `one_f_one_b` is allowed.
-
-A failed bound or bubble is matched against the usual mistakes, read off the order's
-shape: all W at the end; W not delayed (each W right after its B); a warm-up of other
-than p − r − 1 forwards; W delayed by more or less than r.
+* the step ends (a deadlock is a `CollectiveTimeout`, reported as the ranks
+  that never met), and the loss and every gradient equal the plain GPT's;
+* every stage ran its forwards and backwards in 1F1B's order;
+* one activation went forward and one gradient back per microbatch and
+  boundary, every send waited for;
+* no stage held more than p − r microbatches' activations at once — a
+  microbatch counts from its forward until its backward, and after that for
+  as long as the learner still references its input or output — and none
+  once the step returned (a leak).
 """
 
 from __future__ import annotations
 
-import sys
+import gc
+import re
+import weakref
 
 import torch
 
-from ...data_parallel import make_optimizer
 from ...model import GPT, GPTConfig
 from ...parallelize import parallelize
-from ...pipeline import on_paper, schedules
+from ...pipeline import schedules
+from ...rules import unit_label
+from ...runtime import trace
 from ...runtime._device import device
-from ...runtime.errors import LaunchError
+from ...runtime.errors import CollectiveTimeout, LaunchError
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh
-from ...step import train_step
-from .base import Check, crashed, failure_check, no_shortcut, not_written
+from .base import Check, failure_check
 
-UNIT_COSTS = dict(F=1, B=1, W=1)
-BUBBLE_CASES = [(p, m) for p in (2, 3, 4) for m in (p, 2 * p, 2 * p + 1)]
-MESHES = ((dict(pp=4), 6), (dict(pp=2, dp=2), 3))  # the real runs: mesh sizes, microbatches
-CASES = BUBBLE_CASES + [(4, 2)] + [(s["pp"], m) for s, m in MESHES if s["pp"] != m]
+PP, MS = 4, (5, 2)  # m = 2 < p: rank 0's warm-up is cut short by the microbatches
+ROWS = 2  # rows per microbatch
 CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
-ROWS, STEPS = 2, 2  # rows per microbatch (per dp rank), AdamW steps
-TOLERANCE = 1e-10  # float64
-TIMEOUT = 60.0
-STEP_CHECK = True  # the real ranks (the tests of the diagnoses leave them out)
-NAMES = ["on paper: every F, B and W once, in dependency order, and the pipeline runs to "
-         "its end",
-         "on paper: at most p microbatches in flight on every stage",
-         "on paper: with F = B = W = 1 tick, every rank idles p − 1 ticks",
-         "real ranks: pp=4 and pp=2 × dp=2 train exactly as one device (float64)",
-         "your own order: no call to minitp.pipeline.schedules.zb_h1"]
-HINT = ("which units of 1F1B's order must stay where they are, which can move, and where "
-        "does stage r sit idle?")
-
-# After a named mistake the hint may say the fix; otherwise it asks.
-BOUND_FIX = ("a microbatch counts from its F until its W: after stage r's first r B's, "
-             "follow each B with the oldest W owed")
-BOUND_ASK = ("a microbatch counts from its F until its W: how many does stage r hold at "
-             "1F1B's peak, and so how many W's may it owe at once?")
-BUBBLE_FIX = ("1F1B's order with stage r's W's delayed by r microbatches: the W's owed at "
-              "the end fill the drain, where stage r would wait for the B's coming back")
-BUBBLE_ASK = ("where does this rank sit idle, and which of its W's could run there without "
-              "breaking the bound?")
+TOLERANCE = 1e-12  # float64; the pipeline sums the microbatches' gradients in another order
+TIMEOUT = 10.0  # seconds a rank may wait for a message before the run counts as a deadlock
 
 
-def run(module) -> list[Check]:
-    fn = module.zb_h1_order
-    orders = {}
-    with _Watch(schedules.zb_h1) as watch:
-        for p, m in CASES:
-            for r in range(p):
-                try:
-                    orders[p, m, r] = _units(fn(p, r, m))
-                except NotImplementedError as exc:
-                    return not_written(NAMES, "zb_h1_order", str(exc).strip("'\"") or HINT)
-                except Exception as exc:  # noqa: BLE001 - the learner's bug, politely
-                    return crashed(NAMES, f"zb_h1_order({p}, {r}, {m})", exc,
-                                   "return a list of (kind, 0, microbatch) tuples, kind "
-                                   '"F", "B" or "W"')
-    shortcut = no_shortcut(NAMES[4], watch.calls, "write the order yourself: that is the "
-                           "exercise (one_f_one_b is allowed)")
-    valid = _dependencies(orders)
-    if not valid.passed:
-        why = "not checked: the order is not a pipeline order yet (see above)"
-        return [valid] + [Check(name, False, why) for name in NAMES[1:4]] + [shortcut]
-    played = {(p, m): on_paper.simulate(_fixed(orders, p, m), p, m, costs=UNIT_COSTS)
-              for p, m in CASES}
-    return [valid, _bound(orders, played), _bubble(orders, played), _real(fn), shortcut]
+class Stage:
+    """One pipeline stage as the learner sees it: it computes; the learner moves
+    and keeps. It also watches: the order of the units, and which microbatches'
+    activations (the learner's x and out) are still alive at each unit."""
+
+    def __init__(self, chunk, mesh: Mesh, x, y, m: int):
+        self.chunk, self.m = chunk, m
+        self.r, self.p = mesh.pp.rank, mesh.pp.size
+        self.prev = None if mesh.pp.is_first else mesh.pp.prev
+        self.next = None if mesh.pp.is_last else mesh.pp.next
+        self.param = next(chunk.parameters())
+        self.x = x.to(self.param.device).chunk(m)
+        self.y = y.to(self.param.device).chunk(m)
+        self.loss = 0.0
+        self.order: list[str] = []
+        self.refs: dict[int, list[weakref.ref]] = {}  # microbatch -> its x and out
+        self.backward_at: dict[int, int] = {}  # microbatch -> index of its backward unit
+        self.peak, self.kept_after = 0, []  # kept_after: (microbatch, unit) alive too long
+
+    def activation_buffer(self) -> torch.Tensor:
+        return torch.empty((ROWS, CFG["seq_len"], CFG["d_model"]), dtype=self.param.dtype,
+                           device=self.param.device)
+
+    def forward(self, i: int, x):
+        i = self._unit("F", i)
+        if self.prev is None:
+            if x is not None:
+                raise ValueError("the first stage reads the tokens itself: pass x=None")
+            x = self.x[i]
+        elif not isinstance(x, torch.Tensor):
+            raise ValueError(f"stage {self.r} needs the activation from stage {self.r - 1} "
+                             f"as x, got {type(x).__name__}")
+        elif not x.requires_grad:
+            raise ValueError("x must require grad (x.requires_grad_()), so that backward "
+                             "leaves in x.grad the gradient to send back")
+        with trace.region(unit_label("F", i), "fwd"):
+            out, loss = self.chunk(x, self.y[i] if self.next is None else None)
+            if self.next is None:
+                out = loss / self.m  # equal microbatches: the batch mean is their mean
+                self.loss += out.item()
+        self.refs[i] = [weakref.ref(t) for t in (x, out) if t.requires_grad]
+        return out
+
+    def backward(self, i: int, out, grad) -> None:
+        i = self._unit("B", i)
+        if (grad is None) != (self.next is None):
+            raise ValueError("pass the gradient received from the next stage as g "
+                             "(None only on the last stage)")
+        with trace.region(unit_label("B", i), "bwd"):
+            torch.autograd.backward(out, grad)
+        self.backward_at[i] = len(self.order) - 1
+
+    def _unit(self, kind: str, i) -> int:
+        """Record one unit; count the microbatches held as it starts."""
+        i = int(i)
+        if not 0 <= i < self.m:
+            raise ValueError(f"microbatch {i} is not one of 0 … {self.m - 1}")
+        if i in (self.refs if kind == "F" else self.backward_at):
+            raise ValueError(f"{kind}{i} runs twice")
+        if kind == "B" and i not in self.refs:
+            raise ValueError(f"B{i} before F{i}")
+        unit = len(self.order)
+        self.order.append(f"{kind}{i}")
+        held = {i} if kind == "F" else set()
+        for j, refs in self.refs.items():
+            if j not in self.backward_at:
+                held.add(j)  # its graph, the saved activations, lives until its backward
+            elif self.backward_at[j] < unit - 1 and any(ref() is not None for ref in refs):
+                # A name that still points at the last backward's tensors is fine (a
+                # loop variable); two units later, something is keeping them.
+                held.add(j)
+                self.kept_after.append((j, self.order[-1]))
+        self.peak = max(self.peak, len(held))
+        return i
+
+    def left_behind(self) -> list[int]:
+        """Microbatches whose activations are still alive: never backpropagated, or
+        referenced by something that outlived the step."""
+
+        gc.collect()  # a reference cycle keeps its tensors only until the collector runs
+        return sorted(j for j, refs in self.refs.items()
+                      if j not in self.backward_at or any(ref() is not None for ref in refs))
 
 
-class _Watch:
-    """Records the calls of `function` (by its code object: any alias counts) while active."""
-
-    def __init__(self, function):
-        self.code, self.calls = function.__code__, []
-
-    def __enter__(self):
-        self._before = sys.getprofile()
-
-        def profile(frame, event, arg):
-            if event == "call" and frame.f_code is self.code:
-                self.calls.append("minitp.pipeline.schedules.zb_h1")
-
-        sys.setprofile(profile)
-        return self
-
-    def __exit__(self, *exc):
-        sys.setprofile(self._before)
+def _reference(x, y):
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig(**CFG)).double()
+    _, loss = ref(x, y)
+    loss.backward()
+    return loss.item(), {name: p.grad for name, p in ref.named_parameters()}
 
 
-def _units(order) -> list[tuple]:
-    """The order as a list of (kind, chunk, microbatch); a malformed unit raises."""
-    if not isinstance(order, list | tuple):
-        raise TypeError(f"returned {type(order).__name__}, not a list of units")
-    units = list(order)
-    for unit in units:
-        if not (isinstance(unit, tuple | list) and len(unit) == 3
-                and unit[0] in ("F", "B", "W") and unit[1] == 0 and isinstance(unit[2], int)):
-            raise ValueError(f"{unit!r} is no unit: write (kind, 0, microbatch), kind "
-                             '"F", "B" or "W"')
-    return [tuple(unit) for unit in units]
-
-
-def _fixed(orders, p, m):
-    return lambda p_, r, m_, v=1: orders[p, m, r]
-
-
-# --------------------------------------------------------------------------- dependencies
-def _dependencies(orders) -> Check:
-    for p, m in CASES:
-        for r in range(p):
-            wrong = _stage_wrong(orders[p, m, r], m)
-            if wrong:
-                detail, hint = wrong
-                return Check(NAMES[0], False, f"p={p}, m={m}, stage {r}: {detail}", rank=r,
-                             hint=hint)
-        stuck = _deadlock([orders[p, m, r] for r in range(p)], p)
-        if stuck:
-            detail, rank = stuck
-            return Check(NAMES[0], False, f"p={p}, m={m}: {detail}", rank=rank,
-                         hint="before each B, a stage must have sent every forward the next "
-                              "stage runs before its own B of that microbatch: 1F1B's "
-                              "warm-up gives stage r p − r − 1 forwards, one more than "
-                              "stage r + 1")
-    return Check(NAMES[0], True, f"{len(CASES)} pipelines (p = 2, 3, 4; m = 2 … 2p+1)")
-
-
-def _stage_wrong(order, m):
-    """(detail, hint) for the first thing in one stage's order the executor refuses."""
-    seen = set()
-    for kind, _, i in order:
-        if not 0 <= i < m:
-            return f"{kind}{i}: microbatch {i} is not one of 0 … {m - 1}", "microbatches 0 … m−1"
-        if (kind, i) in seen:
-            return f"{kind}{i} runs twice", "each unit once"
-        if kind == "B" and ("F", i) not in seen:
-            return f"B{i} comes before F{i}", "a backward needs its forward"
-        if kind == "W" and ("B", i) not in seen:
-            return (f"W{i} comes before B{i}: a weight pass needs the gradient its B "
-                    "computed", "append each W after its own B")
-        seen.add((kind, i))
-    for kind in "FBW":
-        missing = [i for i in range(m) if (kind, i) not in seen]
-        if missing:
-            return (f"{', '.join(f'{kind}{i}' for i in missing)} missing",
-                    "every microbatch's F, B and W, once each")
-    last = [i for kind, _, i in order if kind != "F"][-1]
-    if last != m - 1:
-        return (f"the last B or W is microbatch {last}'s, not {m - 1}'s (the data-parallel "
-                "gradient sync starts with the last microbatch's)",
-                "run the W's owed at the end oldest first")
-    return None
-
-
-def _deadlock(orders, p):
-    """Play the orders out together, in dependencies only: None if every stage finishes,
-    else (what the two stages that wait for each other wait for, the first's rank)."""
-    done, pos = set(), [0] * p
-    while True:
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(orders[r]):
-                kind, _, i = orders[r][pos[r]]
-                if not all(d in done for d in _needs(kind, r, i, p)):
-                    break
-                done.add((kind, r, i))
-                pos[r] += 1
-                progressed = True
-        if all(pos[r] == len(orders[r]) for r in range(p)):
-            return None
-        if not progressed:
-            break
-    # Every stuck stage waits for a neighbour: stage r at a B for r+1's B, stage r+1 at an
-    # F for r's F (each is complete, so what is waited for is in a stuck order): a pair.
-    stuck = [orders[r][pos[r]] if pos[r] < len(orders[r]) else ("", 0, 0) for r in range(p)]
-    for r in range(p - 1):
-        (k0, _, i), (k1, _, j) = stuck[r], stuck[r + 1]
-        if k0 == "B" and k1 == "F":
-            return (f"deadlock: stage {r} waits at B{i} for microbatch {i}'s gradient from "
-                    f"stage {r + 1}; stage {r + 1} waits at F{j} for microbatch {j}'s "
-                    f"activation, which stage {r} sends only after B{i}: stage {r}'s B{i} "
-                    f"comes before the next stage's B{i} can arrive"), r
-    return "deadlock", None  # unreachable for complete orders
-
-
-def _needs(kind, r, i, p):
-    if kind == "F":
-        return [("F", r - 1, i)] if r > 0 else []
-    if kind == "B":
-        return [("F", r, i)] + ([("B", r + 1, i)] if r < p - 1 else [])
-    return [("B", r, i)]
-
-
-# --------------------------------------------------------------------------- bound, bubble
-def _shape(order, p, r, m) -> dict:
-    """What the usual mistakes change, read off one stage's order."""
-    kinds = [kind for kind, _, _ in order]
-    first_b, last_b, first_w = kinds.index("B"), len(kinds) - 1 - kinds[::-1].index("B"), \
-        kinds.index("W")
-    return {"ahead": kinds[:first_b].count("F"), "want_ahead": min(p - r, m),
-            "delay": kinds[:first_w].count("B") - 1, "want_delay": min(r, m - 1),
-            "at_end": first_w > last_b,
-            "right_after": all(order[k - 1] == ("B", 0, i)
-                               for k, (kind, _, i) in enumerate(order) if kind == "W")}
-
-
-def _mistake(orders, p, m, bound: bool):
-    """(stage, words) for the first stage whose order has a usual mistake's shape."""
-    for r in range(p):
-        s = _shape(orders[p, m, r], p, r, m)
-        if s["at_end"] and r < m - 1:  # (ZB-H1's own stages r ≥ m − 1 have every W last)
-            return r, (f"all W at the end: each microbatch is held from its F until its W, "
-                       f"so stage {r} holds all m = {m}" if bound else
-                       "all W at the end: they wait behind the last B and cannot fill the "
-                       f"gaps while stage {r} waits for the gradients coming back")
-        if s["ahead"] != s["want_ahead"]:
-            more = ": each extra one is one more microbatch held" if bound else ""
-            return r, (f"stage {r} runs {s['ahead']} forwards before its first B, where "
-                       f"1F1B runs p − r = {s['want_ahead']} (a warm-up of p − r − 1, then "
-                       f"one forward and one backward){more}")
-        if r > 0 and s["right_after"] and not bound:
-            return r, (f"W not delayed: on stage {r} each W runs right after its B, so the "
-                       "B's reach the first stage later and no W is left for the drain")
-        if s["delay"] != s["want_delay"]:
-            return r, (f"stage {r}'s first W comes after {s['delay'] + 1} B's: its W's are "
-                       f"delayed by {_microbatches(s['delay'])}, where ZB-H1 delays stage r's "
-                       f"by r = {s['want_delay']}")
-    return None, ""
-
-
-def _bound(orders, played) -> Check:
-    for p, m in _largest_first(CASES):
-        peaks = played[p, m]["peak"]
-        worst = max(peaks)
-        if worst > p:
-            _, words = _mistake(orders, p, m, bound=True)
-            why = f": {words}" if words else ""
-            return Check(NAMES[1], False, f"p={p}, m={m}: stage {peaks.index(worst)} holds "
-                         f"{worst} microbatches at once, more than p = {p}{why}",
-                         rank=peaks.index(worst), hint=BOUND_FIX if words else BOUND_ASK)
-    return Check(NAMES[1], True, f"{len(CASES)} pipelines; at p=4, m=8 the stages' peaks are "
-                 f"{played[4, 8]['peak']}")
-
-
-def _bubble(orders, played) -> Check:
-    for p, m in _largest_first(BUBBLE_CASES):
-        idle = played[p, m]["idle"]
-        if max(idle) != p - 1:
-            r, words = _mistake(orders, p, m, bound=False)
-            why = f": {words}" if words else ""
-            return Check(NAMES[2], False, f"p={p}, m={m}: every rank idles "
-                         f"{_ticks(max(idle), p)}, where ZB-H1 idles p − 1 = {p - 1}{why}",
-                         rank=r, hint=BUBBLE_FIX if words else BUBBLE_ASK)
-    return Check(NAMES[2], True, f"p − 1 on every rank, m = p, 2p, 2p+1 ({len(BUBBLE_CASES)} "
-                 "pipelines; 1F1B idles 3(p − 1))")
-
-
-def _largest_first(cases):
-    """p = 4 first: the lesson's pipeline, where a mistake's cost shows most."""
-    return sorted(cases, key=lambda case: (-case[0], case[1]))
-
-
-def _ticks(idle, p) -> str:
-    """An idle time, named where it is a known schedule's: 2(p − 1) is (p − 1)(F + B), each
-    W on the B's path; 3(p − 1) is 1F1B's (p − 1)(F + B + W)."""
-    known = {2 * (p - 1): " = 2(p − 1) = (p − 1)(F + B)",
-             3 * (p - 1): " = 3(p − 1), 1F1B's (p − 1)(F + B + W)"}
-    return f"{idle} tick{'s' if idle != 1 else ''}{known.get(idle, '')}"
-
-
-def _microbatches(n) -> str:
-    return f"{n} microbatch{'es' if n != 1 else ''}"
-
-
-# --------------------------------------------------------------------------- real ranks
-def _real(fn) -> Check:
-    if not STEP_CHECK:
-        return Check(NAMES[3], False, "not run")
-    g = torch.Generator().manual_seed(3)
-    rows = max(ROWS * m * sizes.get("dp", 1) for sizes, m in MESHES)
-    batches = [tuple(torch.randint(0, CFG["vocab_size"], (rows, CFG["seq_len"]), generator=g)
-                     for _ in range(2)) for _ in range(STEPS)]
+def _in_rank(step, x, y):
+    """Every rank: one pipeline step per m, run by the learner's executor."""
+    mesh = Mesh(pp=PP)
+    found = []
+    # What exists now (torch, the preloaded library) is no one's leak: frozen, the
+    # collector skips it, and `left_behind`'s collection takes milliseconds, not seconds.
+    gc.freeze()
     try:
-        found = launch(_in_rank, 4, fn, batches, timeout=TIMEOUT)
-    except LaunchError as error:
-        return failure_check(NAMES[3], error, "zb_h1_order")
-    for sizes, m in MESHES:
-        mesh = _label(sizes)
-        for rank, per_mesh in enumerate(found):
-            error, what = per_mesh[mesh]
-            if error > TOLERANCE:
-                return Check(NAMES[3], False, f"{mesh}, m={m}, rank {rank}: {what} differs "
-                             f"from one device's by {error:.3g}", rank=rank, max_error=error,
-                             hint="every F, B and W of every microbatch once")
-    worst = max(e for per_mesh in found for e, _ in per_mesh.values())
-    return Check(NAMES[3], True, f"losses and parameters: largest error {worst:.1e}",
-                 max_error=worst)
-
-
-def _in_rank(fn, batches):
-    """Every rank: the plain GPT and its pipeline trained side by side, per mesh."""
-    def schedule(p, r, m, v=1):
-        return fn(p, r, m)
-
-    found = {}
-    for sizes, m in MESHES:
-        mesh = Mesh(**sizes)
-        torch.manual_seed(0)
-        ref = GPT(GPTConfig(**CFG)).double().to(device())
-        model = parallelize(ref, mesh)
-        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
-        worst = (0.0, "the loss")
-        for x, y in batches:
-            x, y = x[:ROWS * m * mesh.dp.size].to(device()), y[:ROWS * m * mesh.dp.size].to(
-                device())
-            ref_opt.zero_grad()
-            _, ref_loss = ref(x, y)
-            ref_loss.backward()
-            ref_opt.step()
-            loss = train_step(model, (x, y), mesh, opt, schedule=schedule, microbatches=m)
-            worst = max(worst, (abs(loss - ref_loss.item()), "the loss"))
-        dense = model.full_state_dict()
-        worst = max([worst] + [((dense[n] - q.detach()).abs().max().item(),
-                                f"{n} after {STEPS} steps") for n, q in ref.named_parameters()])
-        found[_label(sizes)] = worst
+        for m in MS:
+            torch.manual_seed(0)
+            model = parallelize(GPT(GPTConfig(**CFG)).double().to(device()), mesh)
+            stage = Stage(model.chunks[0], mesh, x[:ROWS * m].to(device()),
+                          y[:ROWS * m].to(device()), m)
+            first = len(trace.events())
+            step(stage, m)
+            events = trace.events()[first:]
+            left = stage.left_behind()
+            model.sync_embedding_grads()  # the tied embedding's two uses, summed (lesson 11)
+            grads = model.full_grad_dict()
+            ref_loss, ref_grads = _reference(x[:ROWS * m], y[:ROWS * m])
+            worst = max(((grads[n] - g).abs().max().item(), n) for n, g in ref_grads.items())
+            found.append({
+                "loss": (stage.loss, ref_loss), "grad": worst, "order": stage.order,
+                "messages": [(e.op, e.peer) for e in events if e.op in ("send", "recv")],
+                "peak": stage.peak, "kept_after": stage.kept_after[:1], "left": left,
+            })
+    finally:
+        gc.unfreeze()  # in case this process lives on (a launch in place, under torchrun)
     return found
 
 
-def _label(sizes) -> str:
-    return " × ".join(f"{k}={n}" for k, n in sizes.items())
+def run(module) -> list[Check]:
+    names = [name for m in MS for name in _names(m)]
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randint(0, CFG["vocab_size"], (ROWS * max(MS), CFG["seq_len"]),
+                      generator=generator)
+    y = torch.randint(0, CFG["vocab_size"], x.shape, generator=generator)
+    try:
+        per_rank = launch(_in_rank, PP, module.one_f_one_b_step, x, y, timeout=TIMEOUT)
+    except LaunchError as error:
+        failed = failure_check(names[0], error, "one_f_one_b_step")
+        why = "the run above failed"
+        if isinstance(error, CollectiveTimeout):
+            failed.detail, why = _deadlock(error), "the step deadlocked (see above)"
+            failed.hint = ("a stage waited for a message its neighbour never sent: each stage "
+                           "must receive in the order its neighbours send (how many forwards "
+                           "does a stage run before its first backward?)")
+        elif "not written yet" in failed.detail:
+            why = failed.detail
+        return [failed] + [Check(name, False, f"not run: {why}") for name in names[1:]]
+    checks = []
+    for k, m in enumerate(MS):
+        these = _names(m)
+        found = [rank_found[k] for rank_found in per_rank]
+        checks += [_numbers(these[0], found), _order(these[1], found, m),
+                   _messages(these[2], found, m), _held(these[3], found)]
+    return checks
+
+
+def _deadlock(error: CollectiveTimeout) -> str:
+    """Who waited for what, in the pipeline's words: from rank r−1 comes an activation,
+    from rank r+1 a gradient."""
+    waits = []
+    for r, op in sorted(error.waiting.items()):
+        peer = re.search(r"recv on peer rank (\d+)", op)
+        if peer:
+            src = int(peer[1])
+            what = "an activation" if src < r else "a gradient"
+            waits.append(f"rank {r} waits for {what} from rank {src}")
+        else:
+            waits.append(f"rank {r} waits in {op}")
+    done = f"; ranks {error.finished} had returned" if error.finished else ""
+    return f"deadlock after {TIMEOUT:g} s: " + "; ".join(waits) + done
+
+
+def _names(m) -> list[str]:
+    head = f"p={PP}, m={m}"
+    return [f"{head}: the step ends, loss and every gradient equal the plain GPT's",
+            f"{head}: every stage runs 1F1B's order",
+            f"{head}: one message per microbatch each way, every send waited for",
+            f"{head}: at most p − r microbatches held, none after the step"]
+
+
+def _numbers(name, found) -> Check:
+    got, want = found[-1]["loss"]  # the last stage computes the loss
+    loss_error = abs(got - want)
+    error, rank, tensor = max((f["grad"][0], r, f["grad"][1]) for r, f in enumerate(found))
+    if loss_error > TOLERANCE:
+        return Check(name, False, f"loss {got:.12f}, plain GPT {want:.12f}", rank=PP - 1,
+                     max_error=loss_error, hint="every microbatch runs forward exactly once, "
+                     "on the activation the previous stage sent for it")
+    if error <= TOLERANCE:
+        return Check(name, True, f"largest gradient error {error:.1e}", max_error=error)
+    return Check(name, False, f"rank {rank}, {tensor}.grad: largest error {error:.3g}",
+                 rank=rank, tensor=tensor, max_error=error,
+                 hint="backward each microbatch from its own out, with the gradient the next "
+                      "stage sent for that microbatch, and send back its x.grad")
+
+
+def _order(name, found, m) -> Check:
+    for r, f in enumerate(found):
+        want = [f"{kind}{i}" for kind, _, i in schedules.one_f_one_b(PP, r, m)]
+        if f["order"] != want:
+            pairs = zip(f["order"], want, strict=False)  # unequal lengths: the shorter one
+            at = next((k for k, (a, b) in enumerate(pairs) if a != b),
+                      min(len(f["order"]), len(want)))
+            ran = " ".join(f["order"][:at + 1])
+            return Check(name, False, f"rank {r} ran {ran} …, where 1F1B runs "
+                         f"{want[at] if at < len(want) else 'nothing more'}",
+                         rank=r, hint="a stage runs forwards until the stages after it are "
+                         "busy and its first gradient can come back; then one forward, one "
+                         "backward; then the backwards left")
+    return Check(name, True, "")
+
+
+def _messages(name, found, m) -> Check:
+    for r, f in enumerate(found):
+        want = []
+        if r > 0:
+            want += [("recv", r - 1), ("send", r - 1)]
+        if r < PP - 1:
+            want += [("send", r + 1), ("recv", r + 1)]
+        for op, peer in want:
+            count = f["messages"].count((op, peer))
+            if count != m:
+                what = "activations" if (op == "send") == (peer > r) else "gradients"
+                verb = "sent to" if op == "send" else "received from"
+                hint = ("wait() for every isend before returning: a send never waited for "
+                        "may not have been delivered" if op == "send" and count < m else
+                        "one activation forward and one gradient back, per microbatch")
+                return Check(name, False, f"rank {r} {verb} rank {peer} {count} {what} "
+                             f"(waited for); expected {m}", rank=r, hint=hint)
+        extra = sorted(set(f["messages"]) - set(want))
+        if extra:
+            return Check(name, False, f"rank {r} exchanged messages with rank {extra[0][1]}",
+                         rank=r, hint="a stage talks only to stage.prev and stage.next")
+    return Check(name, True, f"{m} per neighbour each way")
+
+
+def _held(name, found) -> Check:
+    for r, f in enumerate(found):
+        if f["left"]:
+            return Check(name, False, f"rank {r} still holds microbatches {f['left']} after "
+                         "the step (a leak)", rank=r, hint="every forward needs its backward, "
+                         "and nothing may keep a microbatch's x or out once the step returns")
+        if f["kept_after"]:
+            j, unit = f["kept_after"][0]
+            return Check(name, False, f"rank {r} still held microbatch {j}'s x or out at {unit}, "
+                         "after its backward", rank=r, hint="once its backward has run, drop "
+                         "what you kept for it")
+        if f["peak"] > PP - r:
+            return Check(name, False, f"rank {r} held {f['peak']} microbatches at once; 1F1B "
+                         f"needs at most p − r = {PP - r}", rank=r,
+                         hint="start each backward as soon as the schedule allows")
+    peaks = [f["peak"] for f in found]
+    return Check(name, True, f"at most {peaks} on ranks 0 … {PP - 1}")

@@ -1,164 +1,360 @@
-"""Checks for ex12: bucketed gradient sync, overlapped with backward.
+"""Checks for ex12: ZB-H1's order for stage r, written through the custom-schedule API.
 
-At dp = 2 and 4, in float64: each rank hooks a small GPT with the learner's
-`OverlappedGradSync` and runs two steps; in each, backward on its slice of a
-batch with unevenly ignored targets (weighted by its share of the counted
-tokens, as `train_step` does), recorded as one trace region, then
-``finish()``. Per world size:
+The learner's ``zb_h1_order(p, r, m)`` is called in this process for every stage r of
+p = 2, 3, 4 stages and m = p, 2p, 2p+1 microbatches (and the real runs' (p, m), and
+m = 2 < p = 4, a warm-up cut short). Graded by properties, not by equality with
+`minitp.pipeline.schedules.zb_h1`, so any order with ZB-H1's bound and bubble passes:
 
-* after ``finish()`` every gradient equals the plain model's on the whole
-  batch, at both steps (the second shows the object serves step after step);
-* each step made exactly one all-reduce per bucket (the bucket rule of the
-  exercise), carrying every gradient once, and nothing else;
-* the trace shows the overlap: every all-reduce started inside the backward
-  region (from a hook, not after it) and was waited for after it (started
-  asynchronously, not waited for on the spot, which would stall backward).
+* on paper, the dependencies: every F, B, W of every microbatch exactly once per
+  stage, each B after its F and each W after its B, the stage's last B or W the last
+  microbatch's (what `run_schedule` needs), and the pipeline runs to its end: the
+  grader plays the orders out together, and a deadlock is named as the two stages
+  that wait for each other, never a hang;
+* the activation bound: at most p microbatches in flight on every stage (forwarded, W
+  not yet run; `simulate(...)["peak"]`), 1F1B's peak on its first stage;
+* the bubble: with the paper's unit costs F = B = W = 1 (`simulate(..., costs=...)`),
+  every rank idles exactly p − 1 ticks, (p−1)(F+B−W), for m ≥ p (no order does better:
+  the last stage's first forward waits p − 1 forwards);
+* exactness: `train_step(schedule=<the order>)` on 4 real ranks, Mesh(pp=4) and
+  Mesh(pp=2, dp=2), float64, two AdamW steps: the losses and every parameter equal one
+  device's to 1e-10;
+* the order is the learner's: no call to `zb_h1` (watched by its code object, whatever
+  name it is called by). Calling `one_f_one_b` is allowed.
+
+A failed bound or bubble is matched against the usual mistakes, read off the order's
+shape: all W at the end; W not delayed (each W right after its B); a warm-up of other
+than p − r − 1 forwards; W delayed by more or less than r.
 """
 
 from __future__ import annotations
 
-import copy
+import sys
 
 import torch
 
+from ...data_parallel import make_optimizer
 from ...model import GPT, GPTConfig
-from ...runtime import trace
+from ...parallelize import parallelize
+from ...pipeline import on_paper, schedules
 from ...runtime._device import device
+from ...runtime.errors import LaunchError
 from ...runtime.launch import launch
-from ...runtime.mesh import world
-from .base import Check, run_per_size
+from ...runtime.mesh import Mesh
+from ...step import train_step
+from .base import Check, crashed, failure_check, no_shortcut, not_written
 
-WORLD_SIZES = (2, 4)
-STEPS = 2
-BUCKET_BYTES = 4096  # a handful of buckets for this model (~2k float64 parameters)
-CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
-TOLERANCE = 1e-12  # float64; the sum is taken in another order than the plain model's
+UNIT_COSTS = dict(F=1, B=1, W=1)
+BUBBLE_CASES = [(p, m) for p in (2, 3, 4) for m in (p, 2 * p, 2 * p + 1)]
+MESHES = ((dict(pp=4), 6), (dict(pp=2, dp=2), 3))  # the real runs: mesh sizes, microbatches
+CASES = BUBBLE_CASES + [(4, 2)] + [(s["pp"], m) for s, m in MESHES if s["pp"] != m]
+CFG = dict(vocab_size=16, seq_len=8, n_layer=4, n_head=2, d_model=8)
+ROWS, STEPS = 2, 2  # rows per microbatch (per dp rank), AdamW steps
+TOLERANCE = 1e-10  # float64
+TIMEOUT = 60.0
+STEP_CHECK = True  # the real ranks (the tests of the diagnoses leave them out)
+NAMES = ["on paper: every F, B and W once, in dependency order, and the pipeline runs to "
+         "its end",
+         "on paper: at most p microbatches in flight on every stage",
+         "on paper: with F = B = W = 1 tick, every rank idles p − 1 ticks",
+         "real ranks: pp=4 and pp=2 × dp=2 train exactly as one device (float64)",
+         "your own order: no call to minitp.pipeline.schedules.zb_h1"]
+HINT = ("which units of 1F1B's order must stay where they are, which can move, and where "
+        "does stage r sit idle?")
 
-
-def _expected_buckets(params, bucket_bytes):
-    sizes, size = [[]], 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if sizes[-1] and size + nbytes > bucket_bytes:
-            sizes.append([])
-            size = 0
-        sizes[-1].append(nbytes)
-        size += nbytes
-    return [sum(b) for b in sizes]
-
-
-def _in_rank(sync_class):
-    """Runs on every rank: the learner's sync against the plain model's gradients."""
-    axis = world()
-    cfg = GPTConfig(**CFG)
-    torch.manual_seed(0)
-    ref = GPT(cfg).double().to(device())
-    model = copy.deepcopy(ref)
-    params = list(model.parameters())
-    sync = sync_class(params, axis, BUCKET_BYTES)
-    generator = torch.Generator().manual_seed(1)
-    steps = []
-    for step in range(STEPS):
-        x = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
-        y = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
-        x, y = x.to(device()), y.to(device())  # drawn on the CPU: the same on every device
-        y[step, :5] = -100  # more ignored targets in dp rank 0's slice
-        ref.zero_grad()
-        model.zero_grad()
-        _, loss = ref(x, y)
-        loss.backward()
-        mine = slice(2 * axis.rank, 2 * axis.rank + 2)  # this rank's contiguous slice
-        share = int((y[mine] != -100).sum()) / int((y != -100).sum())  # a float64 weight
-        first = len(trace.events())
-        _, local = model(x[mine], y[mine])
-        with trace.region("backward", "bwd"):
-            (local * share).backward()
-        sync.finish()
-        events = trace.events()[first:]
-        backward = next(e for e in events if e.op == "compute" and e.label == "backward")
-        comms = [e for e in events if e.is_comm]
-        missing = [n for (n, _), p in zip(ref.named_parameters(), params, strict=True)
-                   if p.grad is None]
-        worst = max(((p.grad - q.grad).abs().max().item(), name)
-                    for (name, q), p in zip(ref.named_parameters(), params, strict=True)
-                    if p.grad is not None) if not missing else (float("inf"), missing[0])
-        steps.append({
-            "error": worst, "ops": [e.op for e in comms], "nbytes": [e.nbytes for e in comms],
-            "times": [(e.start - backward.start, e.end - backward.start) for e in comms],
-            "backward": backward.end - backward.start,
-        })
-    return {"steps": steps, "expected": _expected_buckets(params, BUCKET_BYTES)}
+# After a named mistake the hint may say the fix; otherwise it asks.
+BOUND_FIX = ("a microbatch counts from its F until its W: after stage r's first r B's, "
+             "follow each B with the oldest W owed")
+BOUND_ASK = ("a microbatch counts from its F until its W: how many does stage r hold at "
+             "1F1B's peak, and so how many W's may it owe at once?")
+BUBBLE_FIX = ("1F1B's order with stage r's W's delayed by r microbatches: the W's owed at "
+              "the end fill the drain, where stage r would wait for the B's coming back")
+BUBBLE_ASK = ("where does this rank sit idle, and which of its W's could run there without "
+              "breaking the bound?")
 
 
 def run(module) -> list[Check]:
-    def launch_at(n):
-        return launch(_in_rank, n, module.OverlappedGradSync, timeout=20.0)
-
-    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="OverlappedGradSync",
-                        size="dp")
-
-
-def _names(n) -> list[str]:
-    return [f"dp={n}: gradients equal the plain model's, step after step",
-            f"dp={n}: one all-reduce per bucket",
-            f"dp={n}: every all-reduce starts during backward, waited for after it"]
-
-
-def _judge(n, names, per_rank) -> list[Check]:
-    return [_equality(names[0], per_rank), _count(names[1], per_rank),
-            _overlap(names[2], per_rank)]
-
-
-def _equality(name, per_rank) -> Check:
-    error, step, rank, tensor = max((s["error"][0], k, rank, s["error"][1])
-                                    for rank, r in enumerate(per_rank)
-                                    for k, s in enumerate(r["steps"]))
-    if error <= TOLERANCE:
-        return Check(name, True, f"largest error {error:.1e}", max_error=error)
-    where = f"step {step + 1}, rank {rank}, {tensor}.grad"
-    if error == float("inf"):
-        return Check(name, False, f"{where} is None", rank=rank, tensor=tensor,
-                     hint="copy each bucket's sum back into the gradients it came from")
-    return Check(name, False, f"{where}: largest error {error:.3g}", rank=rank, tensor=tensor,
-                 max_error=error, hint="a sum, no division (the loss weighting did it); each "
-                 "piece of the sum back into the gradient it came from; and the second step "
-                 "starts from a clean slate")
+    fn = module.zb_h1_order
+    orders = {}
+    with _Watch(schedules.zb_h1) as watch:
+        for p, m in CASES:
+            for r in range(p):
+                try:
+                    orders[p, m, r] = _units(fn(p, r, m))
+                except NotImplementedError as exc:
+                    return not_written(NAMES, "zb_h1_order", str(exc).strip("'\"") or HINT)
+                except Exception as exc:  # noqa: BLE001 - the learner's bug, politely
+                    return crashed(NAMES, f"zb_h1_order({p}, {r}, {m})", exc,
+                                   "return a list of (kind, 0, microbatch) tuples, kind "
+                                   '"F", "B" or "W"')
+    shortcut = no_shortcut(NAMES[4], watch.calls, "write the order yourself: that is the "
+                           "exercise (one_f_one_b is allowed)")
+    valid = _dependencies(orders)
+    if not valid.passed:
+        why = "not checked: the order is not a pipeline order yet (see above)"
+        return [valid] + [Check(name, False, why) for name in NAMES[1:4]] + [shortcut]
+    played = {(p, m): on_paper.simulate(_fixed(orders, p, m), p, m, costs=UNIT_COSTS)
+              for p, m in CASES}
+    return [valid, _bound(orders, played), _bubble(orders, played), _real(fn), shortcut]
 
 
-def _count(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        for k, s in enumerate(r["steps"]):
-            others = sorted({op for op in s["ops"] if op != "all_reduce"})
-            if others:
-                return Check(name, False, f"step {k + 1}, rank {rank} called "
-                             f"{', '.join(others)}", rank=rank,
-                             hint="sum with mt.comm.all_reduce_start only, once per bucket")
-            if s["nbytes"] != r["expected"]:
-                return Check(name, False, f"step {k + 1}, rank {rank} all-reduced (and "
-                             f"waited for) {len(s['nbytes'])} tensors of {s['nbytes']} bytes; "
-                             f"expected {len(r['expected'])} buckets of {r['expected']} bytes",
-                             rank=rank, hint="read the bucket rule in the exercise again; "
-                             "every bucket's all-reduce is waited for, at every step")
-    buckets = len(per_rank[0]["expected"])
-    return Check(name, True, f"{buckets} all-reduces per step, every gradient once")
+class _Watch:
+    """Records the calls of `function` (by its code object: any alias counts) while active."""
+
+    def __init__(self, function):
+        self.code, self.calls = function.__code__, []
+
+    def __enter__(self):
+        self._before = sys.getprofile()
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code is self.code:
+                self.calls.append("minitp.pipeline.schedules.zb_h1")
+
+        sys.setprofile(profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._before)
 
 
-def _overlap(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        for k, s in enumerate(r["steps"]):
-            for b, (start, end) in enumerate(s["times"]):
-                where = f"step {k + 1}, rank {rank}: all-reduce {b}"
-                if not 0 <= start < s["backward"]:
-                    when = ("after backward ended" if start >= s["backward"]
-                            else "before backward began")
-                    return Check(name, False, f"{where} started {when}", rank=rank,
-                                 hint="start each bucket's sum from a gradient hook, as soon "
-                                      "as its last gradient is in")
-                if end < s["backward"]:
-                    return Check(name, False, f"{where} was over before backward ended: "
-                                 "backward stood still while it ran", rank=rank,
-                                 hint="start it with mt.comm.all_reduce_start and wait() for "
-                                      "it in finish()")
-    leads = [s["backward"] - start for r in per_rank for s in r["steps"] for start, _ in s["times"]]
-    return Check(name, True, f"started {max(leads) * 1e3:.1f} to {min(leads) * 1e3:.1f} ms "
-                 "before backward ended")
+def _units(order) -> list[tuple]:
+    """The order as a list of (kind, chunk, microbatch); a malformed unit raises."""
+    if not isinstance(order, list | tuple):
+        raise TypeError(f"returned {type(order).__name__}, not a list of units")
+    units = list(order)
+    for unit in units:
+        if not (isinstance(unit, tuple | list) and len(unit) == 3
+                and unit[0] in ("F", "B", "W") and unit[1] == 0 and isinstance(unit[2], int)):
+            raise ValueError(f"{unit!r} is no unit: write (kind, 0, microbatch), kind "
+                             '"F", "B" or "W"')
+    return [tuple(unit) for unit in units]
+
+
+def _fixed(orders, p, m):
+    return lambda p_, r, m_, v=1: orders[p, m, r]
+
+
+# --------------------------------------------------------------------------- dependencies
+def _dependencies(orders) -> Check:
+    for p, m in CASES:
+        for r in range(p):
+            wrong = _stage_wrong(orders[p, m, r], m)
+            if wrong:
+                detail, hint = wrong
+                return Check(NAMES[0], False, f"p={p}, m={m}, stage {r}: {detail}", rank=r,
+                             hint=hint)
+        stuck = _deadlock([orders[p, m, r] for r in range(p)], p)
+        if stuck:
+            detail, rank = stuck
+            return Check(NAMES[0], False, f"p={p}, m={m}: {detail}", rank=rank,
+                         hint="before each B, a stage must have sent every forward the next "
+                              "stage runs before its own B of that microbatch: 1F1B's "
+                              "warm-up gives stage r p − r − 1 forwards, one more than "
+                              "stage r + 1")
+    return Check(NAMES[0], True, f"{len(CASES)} pipelines (p = 2, 3, 4; m = 2 … 2p+1)")
+
+
+def _stage_wrong(order, m):
+    """(detail, hint) for the first thing in one stage's order the executor refuses."""
+    seen = set()
+    for kind, _, i in order:
+        if not 0 <= i < m:
+            return f"{kind}{i}: microbatch {i} is not one of 0 … {m - 1}", "microbatches 0 … m−1"
+        if (kind, i) in seen:
+            return f"{kind}{i} runs twice", "each unit once"
+        if kind == "B" and ("F", i) not in seen:
+            return f"B{i} comes before F{i}", "a backward needs its forward"
+        if kind == "W" and ("B", i) not in seen:
+            return (f"W{i} comes before B{i}: a weight pass needs the gradient its B "
+                    "computed", "append each W after its own B")
+        seen.add((kind, i))
+    for kind in "FBW":
+        missing = [i for i in range(m) if (kind, i) not in seen]
+        if missing:
+            return (f"{', '.join(f'{kind}{i}' for i in missing)} missing",
+                    "every microbatch's F, B and W, once each")
+    last = [i for kind, _, i in order if kind != "F"][-1]
+    if last != m - 1:
+        return (f"the last B or W is microbatch {last}'s, not {m - 1}'s (the data-parallel "
+                "gradient sync starts with the last microbatch's)",
+                "run the W's owed at the end oldest first")
+    return None
+
+
+def _deadlock(orders, p):
+    """Play the orders out together, in dependencies only: None if every stage finishes,
+    else (what the two stages that wait for each other wait for, the first's rank)."""
+    done, pos = set(), [0] * p
+    while True:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                kind, _, i = orders[r][pos[r]]
+                if not all(d in done for d in _needs(kind, r, i, p)):
+                    break
+                done.add((kind, r, i))
+                pos[r] += 1
+                progressed = True
+        if all(pos[r] == len(orders[r]) for r in range(p)):
+            return None
+        if not progressed:
+            break
+    # Every stuck stage waits for a neighbour: stage r at a B for r+1's B, stage r+1 at an
+    # F for r's F (each is complete, so what is waited for is in a stuck order): a pair.
+    stuck = [orders[r][pos[r]] if pos[r] < len(orders[r]) else ("", 0, 0) for r in range(p)]
+    for r in range(p - 1):
+        (k0, _, i), (k1, _, j) = stuck[r], stuck[r + 1]
+        if k0 == "B" and k1 == "F":
+            return (f"deadlock: stage {r} waits at B{i} for microbatch {i}'s gradient from "
+                    f"stage {r + 1}; stage {r + 1} waits at F{j} for microbatch {j}'s "
+                    f"activation, which stage {r} sends only after B{i}: stage {r}'s B{i} "
+                    f"comes before the next stage's B{i} can arrive"), r
+    return "deadlock", None  # unreachable for complete orders
+
+
+def _needs(kind, r, i, p):
+    if kind == "F":
+        return [("F", r - 1, i)] if r > 0 else []
+    if kind == "B":
+        return [("F", r, i)] + ([("B", r + 1, i)] if r < p - 1 else [])
+    return [("B", r, i)]
+
+
+# --------------------------------------------------------------------------- bound, bubble
+def _shape(order, p, r, m) -> dict:
+    """What the usual mistakes change, read off one stage's order."""
+    kinds = [kind for kind, _, _ in order]
+    first_b, last_b, first_w = kinds.index("B"), len(kinds) - 1 - kinds[::-1].index("B"), \
+        kinds.index("W")
+    return {"ahead": kinds[:first_b].count("F"), "want_ahead": min(p - r, m),
+            "delay": kinds[:first_w].count("B") - 1, "want_delay": min(r, m - 1),
+            "at_end": first_w > last_b,
+            "right_after": all(order[k - 1] == ("B", 0, i)
+                               for k, (kind, _, i) in enumerate(order) if kind == "W")}
+
+
+def _mistake(orders, p, m, bound: bool):
+    """(stage, words) for the first stage whose order has a usual mistake's shape."""
+    for r in range(p):
+        s = _shape(orders[p, m, r], p, r, m)
+        if s["at_end"] and r < m - 1:  # (ZB-H1's own stages r ≥ m − 1 have every W last)
+            return r, (f"all W at the end: each microbatch is held from its F until its W, "
+                       f"so stage {r} holds all m = {m}" if bound else
+                       "all W at the end: they wait behind the last B and cannot fill the "
+                       f"gaps while stage {r} waits for the gradients coming back")
+        if s["ahead"] != s["want_ahead"]:
+            more = ": each extra one is one more microbatch held" if bound else ""
+            return r, (f"stage {r} runs {s['ahead']} forwards before its first B, where "
+                       f"1F1B runs p − r = {s['want_ahead']} (a warm-up of p − r − 1, then "
+                       f"one forward and one backward){more}")
+        if r > 0 and s["right_after"] and not bound:
+            return r, (f"W not delayed: on stage {r} each W runs right after its B, so the "
+                       "B's reach the first stage later and no W is left for the drain")
+        if s["delay"] != s["want_delay"]:
+            return r, (f"stage {r}'s first W comes after {s['delay'] + 1} B's: its W's are "
+                       f"delayed by {_microbatches(s['delay'])}, where ZB-H1 delays stage r's "
+                       f"by r = {s['want_delay']}")
+    return None, ""
+
+
+def _bound(orders, played) -> Check:
+    for p, m in _largest_first(CASES):
+        peaks = played[p, m]["peak"]
+        worst = max(peaks)
+        if worst > p:
+            _, words = _mistake(orders, p, m, bound=True)
+            why = f": {words}" if words else ""
+            return Check(NAMES[1], False, f"p={p}, m={m}: stage {peaks.index(worst)} holds "
+                         f"{worst} microbatches at once, more than p = {p}{why}",
+                         rank=peaks.index(worst), hint=BOUND_FIX if words else BOUND_ASK)
+    return Check(NAMES[1], True, f"{len(CASES)} pipelines; at p=4, m=8 the stages' peaks are "
+                 f"{played[4, 8]['peak']}")
+
+
+def _bubble(orders, played) -> Check:
+    for p, m in _largest_first(BUBBLE_CASES):
+        idle = played[p, m]["idle"]
+        if max(idle) != p - 1:
+            r, words = _mistake(orders, p, m, bound=False)
+            why = f": {words}" if words else ""
+            return Check(NAMES[2], False, f"p={p}, m={m}: every rank idles "
+                         f"{_ticks(max(idle), p)}, where ZB-H1 idles p − 1 = {p - 1}{why}",
+                         rank=r, hint=BUBBLE_FIX if words else BUBBLE_ASK)
+    return Check(NAMES[2], True, f"p − 1 on every rank, m = p, 2p, 2p+1 ({len(BUBBLE_CASES)} "
+                 "pipelines; 1F1B idles 3(p − 1))")
+
+
+def _largest_first(cases):
+    """p = 4 first: the lesson's pipeline, where a mistake's cost shows most."""
+    return sorted(cases, key=lambda case: (-case[0], case[1]))
+
+
+def _ticks(idle, p) -> str:
+    """An idle time, named where it is a known schedule's: 2(p − 1) is (p − 1)(F + B), each
+    W on the B's path; 3(p − 1) is 1F1B's (p − 1)(F + B + W)."""
+    known = {2 * (p - 1): " = 2(p − 1) = (p − 1)(F + B)",
+             3 * (p - 1): " = 3(p − 1), 1F1B's (p − 1)(F + B + W)"}
+    return f"{idle} tick{'s' if idle != 1 else ''}{known.get(idle, '')}"
+
+
+def _microbatches(n) -> str:
+    return f"{n} microbatch{'es' if n != 1 else ''}"
+
+
+# --------------------------------------------------------------------------- real ranks
+def _real(fn) -> Check:
+    if not STEP_CHECK:
+        return Check(NAMES[3], False, "not run")
+    g = torch.Generator().manual_seed(3)
+    rows = max(ROWS * m * sizes.get("dp", 1) for sizes, m in MESHES)
+    batches = [tuple(torch.randint(0, CFG["vocab_size"], (rows, CFG["seq_len"]), generator=g)
+                     for _ in range(2)) for _ in range(STEPS)]
+    try:
+        found = launch(_in_rank, 4, fn, batches, timeout=TIMEOUT)
+    except LaunchError as error:
+        return failure_check(NAMES[3], error, "zb_h1_order")
+    for sizes, m in MESHES:
+        mesh = _label(sizes)
+        for rank, per_mesh in enumerate(found):
+            error, what = per_mesh[mesh]
+            if error > TOLERANCE:
+                return Check(NAMES[3], False, f"{mesh}, m={m}, rank {rank}: {what} differs "
+                             f"from one device's by {error:.3g}", rank=rank, max_error=error,
+                             hint="every F, B and W of every microbatch once")
+    worst = max(e for per_mesh in found for e, _ in per_mesh.values())
+    return Check(NAMES[3], True, f"losses and parameters: largest error {worst:.1e}",
+                 max_error=worst)
+
+
+def _in_rank(fn, batches):
+    """Every rank: the plain GPT and its pipeline trained side by side, per mesh."""
+    def schedule(p, r, m, v=1):
+        return fn(p, r, m)
+
+    found = {}
+    for sizes, m in MESHES:
+        mesh = Mesh(**sizes)
+        torch.manual_seed(0)
+        ref = GPT(GPTConfig(**CFG)).double().to(device())
+        model = parallelize(ref, mesh)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
+        worst = (0.0, "the loss")
+        for x, y in batches:
+            x, y = x[:ROWS * m * mesh.dp.size].to(device()), y[:ROWS * m * mesh.dp.size].to(
+                device())
+            ref_opt.zero_grad()
+            _, ref_loss = ref(x, y)
+            ref_loss.backward()
+            ref_opt.step()
+            loss = train_step(model, (x, y), mesh, opt, schedule=schedule, microbatches=m)
+            worst = max(worst, (abs(loss - ref_loss.item()), "the loss"))
+        dense = model.full_state_dict()
+        worst = max([worst] + [((dense[n] - q.detach()).abs().max().item(),
+                                f"{n} after {STEPS} steps") for n, q in ref.named_parameters()])
+        found[_label(sizes)] = worst
+    return found
+
+
+def _label(sizes) -> str:
+    return " × ".join(f"{k}={n}" for k, n in sizes.items())

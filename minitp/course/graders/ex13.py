@@ -1,280 +1,164 @@
-"""Checks for ex13: a vision-language model's image tokens on a sequence-parallel rank, and
-when the encoder's gradients are partial over tp.
+"""Checks for ex13: bucketed gradient sync, overlapped with backward.
 
-The reference is what minitp builds, not a second copy of the arithmetic: the placement
-is `minitp.tensor_parallel.vision.SequenceShardedPlace` (the module `parallelize` puts in
-a vision-language model under sequence parallelism), called here with this grader's own
-axis, no collective; whether the encoder's gradients are partial is read from the tags
-`apply_vision_parallel` sets on a small vision-language GPT's encoder
-(``grad_partial_over_tp``: summed over tp with the other partial gradients).
+At dp = 2 and 4, in float64: each rank hooks a small GPT with the learner's
+`OverlappedGradSync` and runs two steps; in each, backward on its slice of a
+batch with unevenly ignored targets (weighted by its share of the counted
+tokens, as `train_step` does), recorded as one trace region, then
+``finish()``. Per world size:
 
-In this process, float64, on `mt.device()`:
-
-* `place_image_tokens` at every rank of (P, T, t) = (2, 12, 3) (the image shorter than
-  one slice), (6, 16, 4) (one slice all image, the next half), (8, 12, 3) (two whole
-  slices), (5, 8, 2). A wrong result is matched against what each usual slip gives,
-  judged by every wrong case: the image's first tokens at every rank's start (local
-  positions), a rank past the image's end with a negative count (no ``max(0, …)``), a
-  rank's image tokens not capped at its slice (overflowing), and the whole image on rank
-  0 only;
-* its gradient, once the values are right: image[:, start:start + mine] gets the upstream
-  gradient of the rank's first `mine` positions and every other image position none; its
-  embeddings the rest. An image cut off the graph is named;
-* `encoder_grads_are_partial` for both layouts with and without sequence parallelism,
-  and a ValueError for a layout minitp does not have. The first wrong setting alone is
-  named (with why): the others are neither shown nor counted, so one wrong attempt does
-  not give away the whole table.
+* after ``finish()`` every gradient equals the plain model's on the whole
+  batch, at both steps (the second shows the object serves step after step);
+* each step made exactly one all-reduce per bucket (the bucket rule of the
+  exercise), carrying every gradient once, and nothing else;
+* the trace shows the overlap: every all-reduce started inside the backward
+  region (from a hook, not after it) and was waited for after it (started
+  asynchronously, not waited for on the spot, which would stall backward).
 """
 
 from __future__ import annotations
 
-from functools import cache
+import copy
 
 import torch
 
 from ...model import GPT, GPTConfig
+from ...runtime import trace
 from ...runtime._device import device
-from ...runtime.mesh import Axis
-from ...sharding.tags import tag
-from ...tensor_parallel.vision import SequenceShardedPlace, apply_vision_parallel
-from .base import Check, crashed, not_written
+from ...runtime.launch import launch
+from ...runtime.mesh import world
+from .base import Check, run_per_size
 
-B, C = 2, 3  # batch, the decoder's width
-CASES = ((2, 12, 3), (6, 16, 4), (8, 12, 3), (5, 8, 2))  # (P image tokens, T positions, t)
-SETTINGS = (("replicated", True), ("tensor", True), ("replicated", False), ("tensor", False))
-UNKNOWN = "tensor_parallel"  # a layout minitp does not have (`minitp.rules.vision.VISION_LAYOUTS`)
-TOLERANCE = 1e-12  # float64: a cat of slices is exact
-VLM = dict(vocab_size=256, seq_len=8, n_layer=1, n_head=2, d_model=8,
-           vision_patches=2, vision_layers=1, vision_width=8, vision_heads=2)
-NAMES = ["place_image_tokens: each rank's slice of the joined sequence, every rank",
-         "place_image_tokens: the gradient reaches exactly the image tokens the rank placed",
-         "encoder_grads_are_partial: when the encoder's gradients must be summed over tp"]
-PLACE_HINT = ("count the image positions inside this rank's slice — it starts at global "
-              "position rank·T/t and holds T/t — never fewer than 0, never more than T/t; those "
-              "image tokens first, then x_local's positions after them")
-
-# The usual slips, each as the placement it gives, and what to say when a learner's answers
-# are exactly that slip's (judged by every wrong case; tried in this order).
+WORLD_SIZES = (2, 4)
+STEPS = 2
+BUCKET_BYTES = 4096  # a handful of buckets for this model (~2k float64 parameters)
+CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
+TOLERANCE = 1e-12  # float64; the sum is taken in another order than the plain model's
 
 
-def _slips():
-    def local(image, x, rank, tp):  # the rank's own count, from image position 0
-        mine = _mine(image, x, rank)
-        return torch.cat([image[:, :mine], x[:, mine:]], dim=1)
-
-    def unclamped(image, x, rank, tp):  # no max(0, ...)
-        start, local = rank * x.shape[1], x.shape[1]
-        mine = min(image.shape[1] - start, local)
-        return torch.cat([image[:, start:start + mine], x[:, mine:]], dim=1)
-
-    def uncapped(image, x, rank, tp):  # no min(..., T/t)
-        start = rank * x.shape[1]
-        mine = max(0, image.shape[1] - start)
-        return torch.cat([image[:, start:start + mine], x[:, mine:]], dim=1)
-
-    def rank_zero(image, x, rank, tp):  # the one-device PlacePrefix, on rank 0 alone
-        return torch.cat([image, x[:, image.shape[1]:]], dim=1) if rank == 0 else x
-
-    return (
-        (local, "the image at every rank's start: image[:, :mine] are image positions 0 .. "
-         "mine - 1, rank 0's. Rank r's slice begins at global position start = r·T/t, so its "
-         "image tokens are image[:, start:start + mine]; as written every rank repeats the "
-         "image's first tokens and the rest of the image is never placed"),
-        (unclamped, "a rank past the image's end got a negative count (P - start < 0), and "
-         "x_local[:, mine:] then kept only its last |mine| embeddings: clamp it, mine = "
-         "max(0, ...). Such a rank places no image token and keeps all its embeddings"),
-        (uncapped, "overflowing: mine was not capped at T/t. A rank whose slice is all image "
-         "still holds only T/t positions; the image tokens past its slice are the next "
-         "rank's"),
-        (rank_zero, "the whole image on rank 0 only, overflowing: rank 0 holds T/t positions, "
-         "so the image tokens past them are not its own but the next ranks', each placing "
-         "the ones inside its slice (and none on a rank past the image)"),
-    )
+def _expected_buckets(params, bucket_bytes):
+    sizes, size = [[]], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if sizes[-1] and size + nbytes > bucket_bytes:
+            sizes.append([])
+            size = 0
+        sizes[-1].append(nbytes)
+        size += nbytes
+    return [sum(b) for b in sizes]
 
 
-def _mine(image, x, rank) -> int:
-    local = x.shape[1]
-    return max(0, min(image.shape[1] - rank * local, local))
-
-
-def _reference(image, x, rank, tp):
-    return SequenceShardedPlace(Axis("tp", tuple(range(tp)), rank), whole_grad=False)(image, x)
-
-
-def _inputs(P, T, t, seed):
-    g = torch.Generator().manual_seed(seed)
-    image = torch.randn(B, P, C, generator=g, dtype=torch.float64).to(device())
-    x = torch.randn(t, B, T // t, C, generator=g, dtype=torch.float64).to(device())
-    grad = torch.randn(B, T // t, C, generator=g, dtype=torch.float64).to(device())
-    return image, x, grad  # x[r]: rank r's slice of the token embeddings
-
-
-def _same(got, want) -> bool:
-    return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and (got.detach().double() - want).abs().max().item() <= TOLERANCE)
-
-
-def _case(P, T, t, rank) -> str:
-    local = T // t
-    start, mine = rank * local, max(0, min(P - rank * local, local))
-    image = f"image {start}..{start + mine - 1}" if mine else "no image"
-    return f"P={P}, T={T}, t={t}, rank {rank} (positions {start}..{start + local - 1}: {image})"
+def _in_rank(sync_class):
+    """Runs on every rank: the learner's sync against the plain model's gradients."""
+    axis = world()
+    cfg = GPTConfig(**CFG)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(device())
+    model = copy.deepcopy(ref)
+    params = list(model.parameters())
+    sync = sync_class(params, axis, BUCKET_BYTES)
+    generator = torch.Generator().manual_seed(1)
+    steps = []
+    for step in range(STEPS):
+        x = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        y = torch.randint(0, cfg.vocab_size, (2 * axis.size, cfg.seq_len), generator=generator)
+        x, y = x.to(device()), y.to(device())  # drawn on the CPU: the same on every device
+        y[step, :5] = -100  # more ignored targets in dp rank 0's slice
+        ref.zero_grad()
+        model.zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        mine = slice(2 * axis.rank, 2 * axis.rank + 2)  # this rank's contiguous slice
+        share = int((y[mine] != -100).sum()) / int((y != -100).sum())  # a float64 weight
+        first = len(trace.events())
+        _, local = model(x[mine], y[mine])
+        with trace.region("backward", "bwd"):
+            (local * share).backward()
+        sync.finish()
+        events = trace.events()[first:]
+        backward = next(e for e in events if e.op == "compute" and e.label == "backward")
+        comms = [e for e in events if e.is_comm]
+        missing = [n for (n, _), p in zip(ref.named_parameters(), params, strict=True)
+                   if p.grad is None]
+        worst = max(((p.grad - q.grad).abs().max().item(), name)
+                    for (name, q), p in zip(ref.named_parameters(), params, strict=True)
+                    if p.grad is not None) if not missing else (float("inf"), missing[0])
+        steps.append({
+            "error": worst, "ops": [e.op for e in comms], "nbytes": [e.nbytes for e in comms],
+            "times": [(e.start - backward.start, e.end - backward.start) for e in comms],
+            "backward": backward.end - backward.start,
+        })
+    return {"steps": steps, "expected": _expected_buckets(params, BUCKET_BYTES)}
 
 
 def run(module) -> list[Check]:
-    for function in ("place_image_tokens", "encoder_grads_are_partial"):
-        if not hasattr(module, function):
-            return [Check(n, False, f"the file has no {function}",
-                          hint="keep the names of the exercise file") for n in NAMES]
-    try:
-        placed = _placement(module.place_image_tokens, NAMES[0])
-    except NotImplementedError as exc:
-        placed = not_written([NAMES[0]], "place_image_tokens", str(exc))[0]
-    if placed.passed:
-        try:
-            gradient = _gradient(module.place_image_tokens, NAMES[1])
-        except Exception as exc:  # noqa: BLE001  (the learner's code: say what it raised)
-            gradient = crashed([NAMES[1]], "the backward", exc, "return a tensor built from "
-                               "image and x_local by slicing and torch.cat")[0]
-    else:
-        why = ("place_image_tokens is not written yet" if "not written" in placed.detail
-               else "the values above are wrong")
-        gradient = Check(NAMES[1], False, f"not checked: {why}")
-    try:
-        partial = _partial(module.encoder_grads_are_partial, NAMES[2])
-    except NotImplementedError as exc:
-        partial = not_written([NAMES[2]], "encoder_grads_are_partial", str(exc))[0]
-    except Exception as exc:  # noqa: BLE001
-        partial = crashed([NAMES[2]], "encoder_grads_are_partial", exc,
-                          "return True or False for each of the four settings")[0]
-    return [placed, gradient, partial]
+    def launch_at(n):
+        return launch(_in_rank, n, module.OverlappedGradSync, timeout=20.0)
+
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="OverlappedGradSync",
+                        size="dp")
 
 
-# --------------------------------------------------------------------------- the placement
-def _placement(place, name) -> Check:
-    wrong = []  # (case, rank, yours, minitp's, the inputs)
-    for seed, (P, T, t) in enumerate(CASES):
-        image, x, _ = _inputs(P, T, t, seed)
-        for rank in range(t):
-            try:
-                got = place(image.clone(), x[rank].clone(), rank, t)
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001  (the learner's code: say what it raised)
-                return crashed([name], _case(P, T, t, rank), exc,
-                               f"work this case through by hand: {PLACE_HINT}")[0]
-            want = _reference(image, x[rank], rank, t)
-            if not _same(got, want):
-                wrong.append(((P, T, t), rank, got, want, (image, x[rank])))
-    if not wrong:
-        return Check(name, True, f"{len(CASES)} (P, T, t) cases, every rank: the image shorter "
-                     "than a slice, spanning two, filling two whole")
-    hint = next((words for slip, words in _slips()
-                 if all(_same(got, slip(*inputs, rank, case[2]))
-                        for case, rank, got, _, inputs in wrong)), None)
-    (P, T, t), rank, got, want, _ = max(wrong, key=lambda w: w[1])  # a rank above 0 if any
-    if not isinstance(got, torch.Tensor):
-        return Check(name, False, f"{_case(P, T, t, rank)}: returned {type(got).__name__}",
-                     rank=rank, hint="return a tensor (B, T/t, C): " + PLACE_HINT)
-    if got.shape != want.shape:
-        return Check(name, False, f"{_case(P, T, t, rank)}: shape {tuple(got.shape)}, not "
-                     f"{tuple(want.shape)}", rank=rank, hint=hint or "the result is this "
-                     "rank's slice, T/t positions, no more, no fewer: " + PLACE_HINT)
-    error = (got.detach().double() - want).abs().max().item()
-    return Check(name, False, f"{_case(P, T, t, rank)}: largest error {error:.3g} from "
-                 "minitp's SequenceShardedPlace", rank=rank, tensor="the result",
-                 max_error=error, hint=hint or PLACE_HINT)
+def _names(n) -> list[str]:
+    return [f"dp={n}: gradients equal the plain model's, step after step",
+            f"dp={n}: one all-reduce per bucket",
+            f"dp={n}: every all-reduce starts during backward, waited for after it"]
 
 
-# --------------------------------------------------------------------------- the gradient
-def _grads(place, image, x, rank, tp, grad):
-    """d(<out, grad>)/d image and / d x, zeros where nothing reached them."""
-    image, x = image.clone().requires_grad_(), x.clone().requires_grad_()
-    out = place(image * 1, x * 1, rank, tp)  # not leaves, as the encoder's and embedding's are
-    if not out.requires_grad:
-        return torch.zeros_like(image), torch.zeros_like(x)
-    found = torch.autograd.grad(out, (image, x), grad, allow_unused=True)
-    return tuple(torch.zeros_like(v) if g is None else g.detach()
-                 for g, v in zip(found, (image, x), strict=True))
+def _judge(n, names, per_rank) -> list[Check]:
+    return [_equality(names[0], per_rank), _count(names[1], per_rank),
+            _overlap(names[2], per_rank)]
 
 
-def _gradient(place, name) -> Check:
-    for seed, (P, T, t) in enumerate(CASES):
-        image, x, grad = _inputs(P, T, t, seed)
-        for rank in range(t):
-            got = _grads(place, image, x[rank], rank, t, grad)
-            want = _grads(_reference, image, x[rank], rank, t, grad)
-            for tensor, g, w in zip(("image", "x_local"), got, want, strict=True):
-                error = (g.double() - w).abs().max().item()
-                if error <= TOLERANCE:
-                    continue
-                mine = _mine(image, x[rank], rank)
-                if tensor == "image" and not g.any():
-                    hint = ("no gradient reached the image tokens: the values are right, but "
-                            "something cut them off the graph (a .detach(), .data, "
-                            "torch.no_grad(), a copy through .tolist() or numpy), so the "
-                            "encoder would never learn from the text after it")
-                elif tensor == "image":
-                    hint = ("image[:, start:start + mine] gets the upstream gradient of this "
-                            "rank's first mine positions; every other image position none "
-                            "(another rank's slice holds it)")
-                else:
-                    hint = ("the embeddings the image tokens replaced are not in the sequence: "
-                            "no gradient for x_local[:, :mine], the upstream gradient for the "
-                            "rest")
-                return Check(name, False, f"{_case(P, T, t, rank)}: the gradient of {tensor} "
-                             f"is off by {error:.3g} (mine = {mine})", rank=rank,
-                             tensor=f"{tensor}.grad", max_error=error, hint=hint)
-    return Check(name, True, f"{len(CASES)} (P, T, t) cases, every rank: image and x_local")
+def _equality(name, per_rank) -> Check:
+    error, step, rank, tensor = max((s["error"][0], k, rank, s["error"][1])
+                                    for rank, r in enumerate(per_rank)
+                                    for k, s in enumerate(r["steps"]))
+    if error <= TOLERANCE:
+        return Check(name, True, f"largest error {error:.1e}", max_error=error)
+    where = f"step {step + 1}, rank {rank}, {tensor}.grad"
+    if error == float("inf"):
+        return Check(name, False, f"{where} is None", rank=rank, tensor=tensor,
+                     hint="copy each bucket's sum back into the gradients it came from")
+    return Check(name, False, f"{where}: largest error {error:.3g}", rank=rank, tensor=tensor,
+                 max_error=error, hint="a sum, no division (the loss weighting did it); each "
+                 "piece of the sum back into the gradient it came from; and the second step "
+                 "starts from a clean slate")
 
 
-# --------------------------------------------------------------------------- partial grads
-@cache
-def _partial_reference(layout: str, sequence_parallel: bool) -> bool:
-    """Whether `apply_vision_parallel` (what `parallelize` runs) tags the encoder's
-    parameters as partial over tp: a small vision-language GPT, rank 0 of tp = 2."""
-    model = GPT(GPTConfig(**VLM)).to(device())
-    apply_vision_parallel(model, Axis("tp", (0, 1), 0), sequence_parallel, layout)
-    return any(tag(p, "grad_partial_over_tp") for p in model.vision.parameters())
+def _count(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            others = sorted({op for op in s["ops"] if op != "all_reduce"})
+            if others:
+                return Check(name, False, f"step {k + 1}, rank {rank} called "
+                             f"{', '.join(others)}", rank=rank,
+                             hint="sum with mt.comm.all_reduce_start only, once per bucket")
+            if s["nbytes"] != r["expected"]:
+                return Check(name, False, f"step {k + 1}, rank {rank} all-reduced (and "
+                             f"waited for) {len(s['nbytes'])} tensors of {s['nbytes']} bytes; "
+                             f"expected {len(r['expected'])} buckets of {r['expected']} bytes",
+                             rank=rank, hint="read the bucket rule in the exercise again; "
+                             "every bucket's all-reduce is waited for, at every step")
+    buckets = len(per_rank[0]["expected"])
+    return Check(name, True, f"{buckets} all-reduces per step, every gradient once")
 
 
-PARTIAL_HINTS = {
-    ("replicated", True): (
-        "the encoder's gradients not reduced over tp: under sequence parallelism each rank "
-        "placed only the image tokens in its slice, so its encoder gradient is one term of "
-        "the sum; without the all-reduce the copies drift apart with no error (lesson 13 "
-        "runs it)"),
-    ("tensor", True): (
-        "the split encoder's image tokens have their gradient all-reduced before its "
-        "backward, so each weight has its whole gradient"),
-    ("replicated", False): (
-        "without sequence parallelism every rank places all P image tokens and gets their "
-        "whole gradient"),
-}
-PARTIAL_HINTS[("tensor", False)] = PARTIAL_HINTS[("replicated", False)]
-
-
-def _partial(partial, name) -> Check:
-    for layout, sp in SETTINGS:  # the first wrong setting only: a bool named is a bool told
-        got, want = partial(layout, sp), _partial_reference(layout, sp)
-        if isinstance(got, bool) and got == want:
-            continue
-        said = f"layout {layout!r}, sequence_parallel={sp}: you said {got!r}"
-        if not isinstance(got, bool):
-            return Check(name, False, said, hint="return a bool, True or False, for each "
-                         "(layout, sequence_parallel)")
-        return Check(name, False, f"{said}, minitp "
-                     f"{'sums them over tp' if want else 'does not sum them'}",
-                     hint=PARTIAL_HINTS[(layout, sp)])
-    try:
-        answer = partial(UNKNOWN, True)
-    except ValueError:
-        return Check(name, True, "both layouts, with and without sequence parallelism, and "
-                     "an unknown layout refused")
-    except Exception as exc:  # noqa: BLE001  (the learner's code: say what it raised)
-        said = f"raised {type(exc).__name__}: {exc}"
-    else:
-        said = f"returned {answer!r}"
-    return Check(name, False, f"the layout {UNKNOWN!r} (minitp has none such) {said}",
-                 hint="raise ValueError for a layout that is neither 'replicated' nor "
-                 "'tensor': a typo must stop the run, not train it with the wrong sum")
+def _overlap(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            for b, (start, end) in enumerate(s["times"]):
+                where = f"step {k + 1}, rank {rank}: all-reduce {b}"
+                if not 0 <= start < s["backward"]:
+                    when = ("after backward ended" if start >= s["backward"]
+                            else "before backward began")
+                    return Check(name, False, f"{where} started {when}", rank=rank,
+                                 hint="start each bucket's sum from a gradient hook, as soon "
+                                      "as its last gradient is in")
+                if end < s["backward"]:
+                    return Check(name, False, f"{where} was over before backward ended: "
+                                 "backward stood still while it ran", rank=rank,
+                                 hint="start it with mt.comm.all_reduce_start and wait() for "
+                                      "it in finish()")
+    leads = [s["backward"] - start for r in per_rank for s in r["steps"] for start, _ in s["times"]]
+    return Check(name, True, f"started {max(leads) * 1e3:.1f} to {min(leads) * 1e3:.1f} ms "
+                 "before backward ended")

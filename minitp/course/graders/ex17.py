@@ -1,501 +1,233 @@
-"""Checks for ex17: one ZeRO-3 unit — the gathered parameters freed after the forward,
-refilled in place just before the backward, freed again after it.
+"""Checks for ex17: two numbers popular claims rest on, computed from first principles.
 
-At dp = 2 and 3, in float64: every rank wraps each of two small MLP blocks (Ψ_u
-= 235 values: 236 after padding at dp = 2, 237 at dp = 3) in the learner's
-`Zero3Unit`, and runs two steps on its slice of a batch: forward through both
-units, backward of a weighted sum, one SGD step on the shards. The plain blocks
-run beside it on the whole batch with autograd (the loss is a sum, so the ranks'
-gradients add up to the plain one). Per world size:
+The learner's `model_states_gb(n_params, optimizer)` against
+`calc.model_state_bytes(...)["total"]` in GB (10**9 bytes), for four model sizes
+(GPT-3's 174.6B, its 43.68B per GPU at t = 4, 22B over 8 GPUs, 1.3B) in both
+mixed-precision layouts ("adam-mixed", 16 bytes a parameter; "megatron", 18); and
+`training_days(tokens, n_params, n_gpus, peak_flops, efficiency, recompute)` against
+`calc.training_seconds` (Narayanan et al. 2021, Eq. 4: 8TP/(nX), with recomputation;
+6/8 of it without) in days, for five runs with different GPUs, efficiencies and
+recomputation:
 
-* the numbers: the output, the input's gradient and each shard's gradient (this
-  rank's slice of the summed gradient) equal the plain blocks', at both steps.
-  A backward that fails is named by what autograd found: a saved view whose
-  storage holds 0 bytes (nothing refilled it in time, or the refill went into
-  another storage), or one written since it was saved (a refill autograd
-  counted). A right output with wrong gradients: backward read other values;
-* after each unit's forward: the storage of every tensor of at least Ψ_u values
-  made during the forward (the gathered vector, which autograd's saved views
-  keep alive) holds 0 bytes;
-* during backward, at each unit's reduce-scatter, no other unit's gathered
-  storage holds a byte (a later unit's: not freed after its backward; an
-  earlier unit's: refilled too soon); after backward, none, nor any buffer an
-  all-gather filled in backward;
-* the trace, per unit and step: one all-gather in the forward, one in backward
-  (the refill), one reduce-scatter, each of the whole padded vector;
-* gradient accumulation, on fresh units: two micro-batches, both forwards first, then
-  both backwards (the first micro-batch's first), then the step. Each backward must
-  refill the vector its own forward gathered (the unit has two gathered-and-freed
-  vectors at once), and the shards' gradients must be the sum of both backwards'
-  (the plain blocks' accumulated ones); afterwards no gathered storage holds a byte.
-  Named: a backward that reads a freed vector (the refill went to the unit's latest
-  vector, not this forward's), a gradient that is one micro-batch's alone (overwritten,
-  not accumulated).
+* the GB equal, to 1e-9 relative;
+* the days equal, to 1e-9 relative;
+* built from first principles: neither function is called, nor `calc.OPTIMIZERS` read,
+  while the learner's code runs.
 
-Why one file: the run on the ranks and the five judgements read the same record,
-field by field; apart, each half would only make sense with the other open.
+A wrong answer is matched against the usual slips, each a factor on every case's right
+answer (a missing fp32 row, 6·N·D where the run recomputes, the peak for the achieved
+FLOP/s, GiB for GB, seconds for days, ...), one slip or two of different kinds, and the
+hint names them. No process is launched: the grader is the calculator.
 """
 
 from __future__ import annotations
 
-import copy
-import time
-import weakref
+import math
+from itertools import combinations
+from numbers import Real
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.overrides import TorchFunctionMode
+from ... import calc
+from ...calc import flops as flops_module
+from ...calc import memory as memory_module
+from ...model import GPTConfig
+from .base import Check
 
-from ...rules import round_up
-from ...runtime import trace
-from ...runtime._device import device
-from ...runtime.launch import launch
-from ...runtime.mesh import world
-from .base import Check, run_per_size
+GB, DAY, RELATIVE = 10**9, 86400, 1e-9
+NAMES = ["model states in GB equal calc.model_state_bytes's (16 and 18 bytes a parameter)",
+         "training days equal calc.training_seconds's (8·N·D with recomputation, 6·N·D "
+         "without)",
+         "from first principles: calc.model_state_bytes, calc.OPTIMIZERS and "
+         "calc.training_seconds not used"]
+SHORTCUT = ("the point is to see where the number comes from: add up the bytes and count the "
+            "FLOPs yourself")
 
-WORLD_SIZES = (2, 3)
-STEPS, UNITS, LR = 2, 2, 0.1
-B, T, D = 2, 3, 5  # per rank: batch, sequence, width (the MLP's hidden layer is 4D)
-TOLERANCE = 1e-12  # float64
-FREED = "out of bounds for storage of size 0"  # autograd reading a freed saved view
-WRITTEN = "modified by an inplace operation"  # autograd's version check
-
-
-def _block() -> nn.Module:
-    """LayerNorm + MLP, 235 parameters: padded at dp = 2 and 3 alike."""
-    return nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
-
-
-def _flat_grad(module, padded) -> torch.Tensor:
-    flat = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
-    return nn.functional.pad(flat, (0, padded - flat.numel()))
-
-
-class _MadeInForward(TorchFunctionMode):
-    """Weak references to every tensor of at least `numel` values made while active."""
-
-    def __init__(self, numel: int):
-        super().__init__()
-        self.numel, self.made = numel, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.numel() >= self.numel:
-            self.made.append(weakref.ref(out))
-        return out
+GPT3 = GPTConfig(vocab_size=51200, seq_len=2048, n_layer=96, n_head=96, d_model=12288)
+SIZES = (("GPT-3", calc.param_count(GPT3)),
+         ("GPT-3 at t = 4, per GPU", calc.params_per_rank(GPT3, tp=4)),
+         ("22B over 8 GPUs", 22 * 10**9 // 8), ("a 1.3B model", 1_300_000_000))
+STATES = [(f"{name} ({n / 1e9:.2f}B parameters), {optimizer!r}", (n, optimizer))
+          for name, n in SIZES for optimizer in ("adam-mixed", "megatron")]
+A100, H100, V100 = (c.peak_flops for c in (calc.A100_80GB, calc.H100_80GB, calc.DGX2H_V100))
+_RUNS = (  # (tokens, parameters, GPUs, peak FLOP/s, efficiency, recompute)
+    (300e9, SIZES[0][1], 1024, A100, 140e12 / A100, True),
+    (300e9, SIZES[0][1], 1024, A100, 0.45, False),
+    (450e9, 10**12, 3072, A100, 0.52, True),
+    (26e9, 1_300_000_000, 8, H100, 0.40, False),
+    (100e9, 22 * 10**9, 64, V100, 0.30, True),
+)
+RUNS = [(f"{n / 1e9:.4g}B parameters, {t / 1e9:.0f}B tokens, {g} GPUs at {e:.0%} of "
+         f"{p / 1e12:.0f} TFLOP/s, {'recomputing' if r else 'no recomputation'}",
+         (t, n, g, p, e, r)) for t, n, g, p, e, r in _RUNS]
 
 
-class _WatchBackward:
-    """While active: every buffer an all-gather fills (weakly), and at each
-    reduce-scatter the bytes each unit's forward-made tensors hold. (Autograd's
-    backward runs outside the forward's function mode: the collectives are watched.)"""
+def _layout(adam_mixed: float, megatron: float):
+    return lambda args: (adam_mixed / 16 if args[1] == "adam-mixed" else megatron / 18)
 
-    def __init__(self, made: list[list]):
-        self.made, self.gathered, self.held = made, [], []
-        self._originals = None
+
+# The usual slips, in kinds: each is the factor it puts on a case's right answer. One slip,
+# or two of different kinds, are recognised (their factors multiply).
+STATE_SLIPS = [
+    {"an fp32 row is missing, 4 bytes a parameter: Adam's master copy of the weights (what "
+     "it updates), or one of its two moments": _layout(12, 14),
+     "the gradients are counted in 16 bits under 'megatron', which accumulates them in "
+     "fp32 (4 bytes)": _layout(16, 16),
+     "the gradients are counted in fp32 under 'adam-mixed', which keeps them in 16 bits, as "
+     "the weights": _layout(18, 18),
+     "the gradients are missing: 2 bytes a parameter under 'adam-mixed', 4 under "
+     "'megatron'": _layout(14, 14),
+     "that is the 16-bit weights alone, 2 bytes a parameter: enough to run the model, not "
+     "to train it": _layout(2, 2)},
+    {"that is GiB (2**30 bytes); the claims, and this exercise, count GB (10**9 bytes)":
+     lambda args: GB / 2**30,
+     "that is bytes: divide by 10**9 for GB": lambda args: GB},
+]
+DAY_SLIPS = [
+    {"6·N·D where the run recomputes: full recomputation runs the forward again, 8 FLOPs a "
+     "parameter a token": lambda a: 6 / 8 if a[5] else 1,
+     "8·N·D where the run does not recompute: forward 2 and backward 4 FLOPs a parameter a "
+     "token make 6": lambda a: 1 if a[5] else 8 / 6,
+     "2·N·D counts the forward only: the backward costs twice the forward": (
+         lambda a: 2 / (8 if a[5] else 6))},
+    {"the peak FLOP/s is not what a GPU achieves: multiply it by the efficiency":
+     lambda a: a[4],
+     "the efficiency divides the peak: the GPUs achieve efficiency × peak, less than peak":
+     lambda a: a[4] ** 2},
+    {"the GPUs share the work: divide by their number": lambda a: a[2]},
+    {"that is seconds: a day has 86,400": lambda a: DAY,
+     "that is hours: a day has 24": lambda a: 24},
+]
+HINTS = ["2 (16-bit weights) + 4 (fp32 master) + 4 + 4 (Adam's moments) + the gradients, "
+         "bytes a parameter; a GB is 10**9 bytes",
+         "FLOPs: (8 with recomputation, else 6) × parameters × tokens; divide by what the GPUs "
+         "achieve together, n × efficiency × peak FLOP/s, then by 86,400 s a day"]
+
+
+def _reference_states(args) -> float:
+    n_params, optimizer = args
+    return calc.model_state_bytes(n_params, optimizer=optimizer)["total"] / GB
+
+
+def _reference_days(args) -> float:
+    tokens, n_params, n_gpus, peak, efficiency, recompute = args
+    seconds = calc.training_seconds(tokens, n_params, n_gpus, efficiency * peak)
+    return seconds * (1 if recompute else 6 / 8) / DAY  # Eq. 4 is the 8-FLOP rule
+
+
+class _Watch:
+    """Records the calculator's answers being used while the learner's code runs: the two
+    functions, wherever they were imported to (calc, its module, the learner's own file),
+    and every read of a row of `calc.OPTIMIZERS` (its rows are swapped, in place, for
+    tuples that record being read)."""
+
+    FUNCTIONS = ((memory_module, "model_state_bytes"), (flops_module, "training_seconds"))
+
+    def __init__(self, learner):
+        self.learner, self.calls, self._undo = learner, [], []
+
+    def _swap(self, namespace: dict, key, value):
+        self._undo.append((namespace, key, namespace[key]))
+        namespace[key] = value
 
     def __enter__(self):
-        self._originals = gather, scatter = (dist.all_gather_into_tensor,
-                                             dist.reduce_scatter_tensor)
+        for module, name in self.FUNCTIONS:
+            original = getattr(module, name)
 
-        def watched_gather(output, *args, **kwargs):
-            self.gathered.append(weakref.ref(output))
-            return gather(output, *args, **kwargs)
+            def recorded(*args, _f=original, _name=f"calc.{name}", **kwargs):
+                self.calls.append(_name)
+                return _f(*args, **kwargs)
 
-        def watched_scatter(*args, **kwargs):
-            self.held.append([_bytes(refs) for refs in self.made])
-            return scatter(*args, **kwargs)
-
-        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = watched_gather, watched_scatter
+            for namespace in (vars(calc), vars(module), vars(self.learner)):
+                for key in [k for k, v in namespace.items() if v is original]:
+                    self._swap(namespace, key, recorded)
+        rows = memory_module.OPTIMIZERS
+        if any(v is held for v in vars(self.learner).values()
+               for held in (rows, *rows.values())):
+            self.calls.append("calc.OPTIMIZERS")  # a row, or the table, held since import
+        for key, row in list(rows.items()):
+            self._swap(rows, key, _Row(row, self.calls))
         return self
 
     def __exit__(self, *exc):
-        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = self._originals
+        for namespace, key, value in reversed(self._undo):
+            namespace[key] = value
+        self._undo = []
 
 
-def _bytes(refs) -> int:
-    """Bytes the storages of the still-referenced tensors of `refs` hold (each once)."""
-    seen, total = set(), 0
-    for ref in refs:
-        t = ref()
-        if t is not None and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
-        del t
-    return total
+class _Row(tuple):
+    """A row of `calc.OPTIMIZERS` that records being read (indexed or iterated)."""
 
+    def __new__(cls, row, calls):
+        self = super().__new__(cls, row)
+        self.calls = calls
+        return self
 
-def _alive_bytes(refs, settle: float = 0.2) -> int:
-    """`_bytes`, once more than nothing has stayed so `settle` seconds: gloo's worker
-    thread may drop its reference to a collective's buffer a moment after ``wait()``."""
-    deadline = time.perf_counter() + settle
-    while (total := _bytes(refs)) and time.perf_counter() < deadline:
-        time.sleep(0.002)
-    return total
+    def __getitem__(self, index):
+        self.calls.append("calc.OPTIMIZERS")
+        return super().__getitem__(index)
 
-
-def _fresh(unit_class, axis, dev, seed: int):
-    """UNITS plain blocks drawn from `seed`, a copy of them (the reference), the learner's
-    units over the blocks, and a block's numel, padded size and shard size."""
-    torch.manual_seed(seed)
-    blocks = [_block().double().to(dev) for _ in range(UNITS)]
-    refs = copy.deepcopy(blocks)
-    numel = sum(p.numel() for p in refs[0].parameters())
-    padded = round_up(numel, axis.size)
-    return refs, [unit_class(block, axis) for block in blocks], numel, padded, padded // axis.size
-
-
-def _in_rank(unit_class):
-    """Runs on every rank: the learner's units against the plain blocks."""
-    axis, dev = world(), device()
-    n, r = axis.size, axis.rank
-    refs, units, numel, padded, size = _fresh(unit_class, axis, dev, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    steps = []
-    for _ in range(STEPS):
-        x = torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
-        w = torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
-        mine = slice(r * B, (r + 1) * B)  # this rank's rows of the global batch
-        record = {"grad": [], "after_fwd": [], "error": {}, "crash": None}
-        # the plain blocks, the whole batch
-        ref_in = x.clone().requires_grad_()
-        h = ref_in
-        for block in refs:
-            h = block(h)
-        ref_out = h
-        (ref_out * w).sum().backward()
-        # the learner's units, this rank's rows
-        mine_in = x[mine].clone().requires_grad_()
-        first = len(trace.events())
-        h, made = mine_in, []
-        with trace.phase("fwd"):
-            for unit in units:
-                with _MadeInForward(numel) as watch:
-                    h = unit(h)
-                made.append(watch.made)
-                record["after_fwd"].append(_alive_bytes(watch.made))
-        with _WatchBackward(made) as watch:
-            try:
-                (h * w[mine]).sum().backward()
-            except NotImplementedError:
-                raise  # a blank still there (it is a RuntimeError): "not written yet"
-            except RuntimeError as error:
-                record["crash"] = str(error).strip().splitlines()[0]
-        record["held"] = watch.held
-        record["after_bwd"] = _alive_bytes([ref for refs_ in made for ref in refs_]
-                                           + watch.gathered)
-        events = trace.events()[first:]
-        record["ops"] = [(e.op, e.phase or "fwd", e.nbytes) for e in events if e.is_comm]
-        steps.append(record)
-        if record["crash"]:
-            break  # the gradients are half made: nothing more to compare
-        record["error"]["output"] = (h - ref_out[mine]).abs().max().item()
-        record["error"]["input gradient"] = (mine_in.grad - ref_in.grad[mine]).abs().max().item()
-        with torch.no_grad():
-            for k, unit in enumerate(units):
-                grad = _flat_grad(refs[k], padded)[r * size:(r + 1) * size]
-                mine_grad = unit.shard.grad
-                ok = mine_grad is not None and mine_grad.shape == grad.shape
-                record["grad"].append((mine_grad - grad).abs().max().item() if ok else None)
-                for p in refs[k].parameters():  # one SGD step, both sides
-                    p -= LR * p.grad
-                    p.grad = None
-                if ok:
-                    unit.shard -= LR * mine_grad
-                unit.shard.grad = None
-    return {"steps": steps, "padded": padded, "e": 8,
-            "accumulate": _accumulate(unit_class, axis, dev)}
-
-
-def _accumulate(unit_class, axis, dev) -> dict:
-    """Two micro-batches before one step, on fresh units: both forwards, then both
-    backwards (micro-batch 1's first). The shards' gradients against the plain blocks'
-    accumulated ones, and against each micro-batch's alone (to name an overwrite)."""
-    n, r = axis.size, axis.rank
-    refs, units, numel, padded, size = _fresh(unit_class, axis, dev, seed=2)
-    generator = torch.Generator().manual_seed(3)
-    batches = [tuple(torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
-                     for _ in range(2)) for _ in range(2)]  # (x, w) per micro-batch
-    mine = slice(r * B, (r + 1) * B)
-    alone = []  # per micro-batch: each unit's slice of the plain gradient of it alone
-    for x, w in batches:
-        h = x
-        for block in refs:
-            h = block(h)
-        (h * w).sum().backward()
-        alone.append([_flat_grad(block, padded)[r * size:(r + 1) * size].clone()
-                      for block in refs])
-        for block in refs:
-            for p in block.parameters():
-                p.grad = None
-    outputs, made = [], []
-    for x, _ in batches:
-        h = x[mine].clone().requires_grad_()  # as in the steps: the input's gradient too
-        for unit in units:
-            with _MadeInForward(numel) as watch:
-                h = unit(h)
-            made.append(watch.made)
-        outputs.append(h)
-    record = {"crash": None, "error": None, "alone": None, "micro": None}
-    with _WatchBackward([]) as watch:
-        for k, (h, (_, w)) in enumerate(zip(outputs, batches, strict=True)):
-            try:
-                (h * w[mine]).sum().backward()
-            except NotImplementedError:
-                raise
-            except RuntimeError as error:
-                record["crash"] = str(error).strip().splitlines()[0]
-                record["micro"] = k + 1
-                return record
-    record["after_bwd"] = _alive_bytes([ref for refs_ in made for ref in refs_]
-                                       + watch.gathered)
-    errors, alone_errors = [], [[], []]
-    for u, unit in enumerate(units):
-        got = unit.shard.grad
-        if got is None or got.shape != alone[0][u].shape:
-            record["error"] = None
-            record["shape"] = u
-            return record
-        errors.append((got - alone[0][u] - alone[1][u]).abs().max().item())
-        for k in range(2):
-            alone_errors[k].append((got - alone[k][u]).abs().max().item())
-    record["error"] = errors
-    record["alone"] = [max(e) for e in alone_errors]
-    return record
+    def __iter__(self):
+        self.calls.append("calc.OPTIMIZERS")
+        return super().__iter__()
 
 
 def run(module) -> list[Check]:
-    def launch_at(n):
-        return launch(_in_rank, n, module.Zero3Unit, timeout=20.0)
-
-    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="Zero3Unit", size="dp")
-
-
-def _names(n) -> list[str]:
-    return [f"dp={n}: output, input gradient and shard gradients equal the plain blocks'",
-            f"dp={n}: after each unit's forward, the gathered storage holds 0 bytes",
-            f"dp={n}: in backward only the unit being differentiated is gathered; after, none",
-            f"dp={n}: per unit: an all-gather in forward, one in backward, a reduce-scatter",
-            f"dp={n}: two micro-batches' backwards before a step: the shard gradients "
-            "accumulate to the plain blocks'"]
-
-
-def _judge(n, names, per_rank) -> list[Check]:
-    crashed = _crash(names[0], per_rank)
-    if crashed:
-        skipped = "not checked: backward failed (see above)"
-        return [crashed, _after_forward(names[1], per_rank),
-                Check(names[2], False, skipped), Check(names[3], False, skipped),
-                _accumulation(names[4], per_rank)]
-    return [_numbers(names[0], per_rank), _after_forward(names[1], per_rank),
-            _in_backward(names[2], per_rank), _collectives(names[3], per_rank),
-            _accumulation(names[4], per_rank)]
+    with _Watch(module) as watch:  # only the learner's code runs inside: the references after
+        states = _ask(module.model_states_gb, STATES, NAMES[0], "GB")
+        days = _ask(module.training_days, RUNS, NAMES[1], "days")
+    checks = [_judge(states, STATES, _reference_states, NAMES[0], "GB", STATE_SLIPS, HINTS[0]),
+              _judge(days, RUNS, _reference_days, NAMES[1], "days", DAY_SLIPS, HINTS[1])]
+    if all(isinstance(a, Check) and "not written" in a.detail for a in (states, days)):
+        return checks + [Check(NAMES[2], False, "not checked: nothing is written yet")]
+    calls = sorted(set(watch.calls))
+    if calls:
+        return checks + [Check(NAMES[2], False, f"your code used {', '.join(calls)}",
+                               hint=SHORTCUT)]
+    return checks + [Check(NAMES[2], True, "no shortcut taken")]
 
 
-def _crash(name, per_rank) -> Check | None:
-    for rank, r in enumerate(per_rank):
-        for k, s in enumerate(r["steps"]):
-            if not s["crash"]:
-                continue
-            where = f"step {k + 1}, rank {rank}"
-            refills = sum(op == "all_gather" and phase == "bwd" for op, phase, _ in s["ops"])
-            if FREED in s["crash"] and not refills:
-                return Check(name, False, f"{where}: backward read a saved view of the "
-                             "parameters while their storage held 0 bytes: nothing refilled "
-                             "it before the unit's backward", rank=rank, tensor="saved views",
-                             hint="the refill must run after the forward and before the first "
-                                  "of the unit's backward nodes: when the gradient of the "
-                                  "unit's output arrives (a hook on its input fires too late)")
-            if FREED in s["crash"]:
-                return Check(name, False, f"{where}: backward gathered again, but a saved "
-                             "view of the parameters still saw a storage of 0 bytes: the "
-                             "refill went somewhere else", rank=rank, tensor="saved views",
-                             hint="the saved views point into full's own storage: give that "
-                                  "storage its bytes back and write the values into it; a new "
-                                  "tensor (full.data = ..., full = ...) leaves them on the "
-                                  "freed one")
-            if WRITTEN in s["crash"]:
-                return Check(name, False, f"{where}: autograd refused a saved view of the "
-                             "parameters: the refill counted as an in-place write (its "
-                             "version went up)", rank=rank, tensor="saved views",
-                             hint="autograd counts every in-place write to a tensor it "
-                                  "saved, under torch.no_grad() too, and refuses the tensor "
-                                  "after one; the refill changes no value: write the same "
-                                  "storage through a tensor autograd does not watch")
-            return Check(name, False, f"{where}: backward raised RuntimeError: {s['crash']}",
-                         rank=rank, hint="read the message: backward fails where a saved "
-                                         "tensor is read")
+def _ask(function, cases, name: str, unit: str):
+    """The learner's answer for every case, or the failed check that says why there is none."""
+    answers = []
+    for label, args in cases:
+        try:
+            answer = function(*args)
+        except NotImplementedError as exc:
+            return Check(name, False, f"{function.__name__} is not written yet", hint=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+            return Check(name, False, f"{label}: raised {type(exc).__name__}: {exc}",
+                         hint=f"return one number, in {unit}")
+        if not isinstance(answer, Real) or isinstance(answer, bool):
+            return Check(name, False, f"{label}: returned {answer!r}",
+                         hint=f"return one number, in {unit}")
+        answers.append(float(answer))
+    return answers
+
+
+def _judge(answers, cases, reference, name: str, unit: str, slips, hint: str) -> Check:
+    if isinstance(answers, Check):
+        return answers
+    expected = [reference(args) for _, args in cases]
+    errors = [abs(got - want) / want for got, want in zip(answers, expected, strict=True)]
+    if max(errors) <= RELATIVE:
+        return Check(name, True, f"{len(cases)} cases")
+    first = next(i for i, e in enumerate(errors) if e > RELATIVE)
+    found = _slips([got / want for got, want in zip(answers, expected, strict=True)],
+                   [args for _, args in cases], slips)
+    if found:
+        hint = ("every answer is what this slip gives: " if len(found) == 1 else
+                "every answer is what these two slips give together: ") + "; and ".join(found)
+    return Check(name, False, f"{cases[first][0]}: {answers[first]:.6g} {unit}, expected "
+                 f"{expected[first]:.6g} {unit}", tensor=unit, max_error=max(errors),
+                 hint=hint)
+
+
+def _slips(ratios, cases, kinds) -> list[str] | None:
+    """The slip (or two, of different kinds) whose factors turn every right answer into the
+    learner's; None if no such one."""
+    ones = [[slip] for kind in kinds for slip in kind.items()]
+    twos = [[a, b] for k1, k2 in combinations(kinds, 2) for a in k1.items() for b in k2.items()]
+    for found in ones + twos:
+        if all(math.isclose(ratio, math.prod(f(args) for _, f in found), rel_tol=RELATIVE)
+               for ratio, args in zip(ratios, cases, strict=True)):
+            return [text for text, _ in found]
     return None
-
-
-def _numbers(name, per_rank) -> Check:
-    worst = 0.0
-    for rank, r in enumerate(per_rank):
-        for k, s in enumerate(r["steps"]):
-            where = f"step {k + 1}, rank {rank}"
-            errors = dict(s["error"])
-            for u, error in enumerate(s["grad"]):
-                if error is None:
-                    return Check(name, False, f"{where}: unit {u}'s shard has no gradient of "
-                                 "its shape", rank=rank, tensor="shard.grad",
-                                 hint="keep GatherParams as given: its backward returns the "
-                                      "shard's gradient")
-                errors[f"shard gradient of unit {u}"] = error
-            tensor, error = max(errors.items(), key=lambda item: item[1])
-            if error > TOLERANCE:
-                why = (": the forward is right, so backward read other values than the "
-                       "forward's" if errors["output"] <= TOLERANCE else "")
-                return Check(name, False, f"{where}, the {tensor}: largest error "
-                             f"{error:.3g}{why}", rank=rank, tensor=tensor, max_error=error,
-                             hint="the refill must bring back exactly the values the forward "
-                                  "used (every rank's shard, in rank order); storage given "
-                                  "its bytes back holds garbage until they are written")
-            worst = max(worst, error)
-    return Check(name, True, f"largest error {worst:.1e}", max_error=worst)
-
-
-def _after_forward(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        whole = r["padded"] * r["e"]
-        for k, s in enumerate(r["steps"]):
-            for u, held in enumerate(s["after_fwd"]):
-                if held:
-                    return Check(name, False, f"step {k + 1}, rank {rank}: {held} bytes of "
-                                 f"gathered parameters still held after unit {u}'s forward "
-                                 f"(the whole vector is {whole} bytes)", rank=rank,
-                                 tensor="gathered parameters",
-                                 hint="autograd saved views of the vector and keeps them "
-                                      "alive: `del` drops only your name. Free the memory "
-                                      "they all point to")
-    return Check(name, True, "between a unit's forward and its backward each rank held "
-                 "its shards only (the saved views alive, their storage empty)")
-
-
-def _in_backward(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        for k, s in enumerate(r["steps"]):
-            where = f"step {k + 1}, rank {rank}"
-            # backward reaches the units last to first: the i-th reduce-scatter is unit -i-1's
-            for i, held in enumerate(s["held"][:UNITS]):
-                unit = UNITS - 1 - i
-                for other, nbytes in enumerate(held):
-                    if other == unit or not nbytes:
-                        continue
-                    if other > unit:
-                        return Check(name, False, f"{where}: unit {other} still held {nbytes} "
-                                     f"bytes while unit {unit}'s gradient was reduce-scattered:"
-                                     f" not freed after its own backward", rank=rank,
-                                     tensor="gathered parameters", hint=FREE_AGAIN)
-                    never = bool(s["after_fwd"][other])
-                    why = ("never freed after its forward" if never
-                           else "refilled before backward reached it")
-                    return Check(name, False, f"{where}: unit {other} held {nbytes} bytes "
-                                 f"while unit {unit}'s gradient was reduce-scattered: {why}",
-                                 rank=rank, tensor="gathered parameters",
-                                 hint="free the vector after the unit's forward (the check "
-                                      "above)" if never else "refill a unit when the gradient "
-                                      "of its output arrives, not sooner: two units gathered "
-                                      "at once is the memory ZeRO-3 exists to save")
-            if s["after_bwd"]:
-                return Check(name, False, f"{where}: {s['after_bwd']} bytes of gathered "
-                             "parameters still held after backward", rank=rank,
-                             tensor="gathered parameters", hint=FREE_AGAIN)
-    return Check(name, True, "at each unit's reduce-scatter no other unit was gathered; "
-                 "none after backward")
-
-
-FREE_AGAIN = ("free the vector again once the unit's backward is over: when GatherParams' "
-              "backward runs, every node that read the vector has run")
-
-
-def _collectives(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        whole = r["padded"] * r["e"]
-        for k, s in enumerate(r["steps"]):
-            where = f"step {k + 1}, rank {rank}"
-            ops = s["ops"]
-            fwd = [op for op, phase, _ in ops if phase == "fwd"]
-            bwd = [op for op, phase, _ in ops if phase == "bwd"]
-            if fwd != ["all_gather"] * UNITS:
-                return Check(name, False, f"{where}: forward made {fwd or 'no collective'}; "
-                             f"expected one all_gather per unit ({UNITS})", rank=rank,
-                             hint="keep the forward's GatherParams as given: one gather per "
-                                  "unit, nothing else")
-            refills = bwd.count("all_gather")
-            if refills == 0:
-                return Check(name, False, f"{where}: backward made no all_gather: the "
-                             "parameters were kept from the forward, not gathered again",
-                             rank=rank, hint="free the vector after the forward and refill "
-                                             "it when backward reaches the unit")
-            if refills != UNITS:
-                return Check(name, False, f"{where}: backward made {refills} all_gathers for "
-                             f"{UNITS} units: refill each unit once", rank=rank,
-                             hint="one refill per unit per backward: one hook, on the "
-                                  "unit's output")
-            if bwd.count("reduce_scatter") != UNITS or len(bwd) != 2 * UNITS:
-                return Check(name, False, f"{where}: backward made {bwd}; expected per unit "
-                             "one all_gather and one reduce_scatter", rank=rank,
-                             hint="the refill is the only collective you add")
-            sizes = sorted({nbytes for _, _, nbytes in ops})
-            if sizes != [whole]:
-                return Check(name, False, f"{where}: collectives of {sizes} bytes; expected "
-                             f"the whole padded vector, {whole} bytes, each time", rank=rank,
-                             hint="refill by gathering every rank's shard, as the forward did")
-    return Check(name, True, f"{UNITS} units x (1 + 1 all-gathers, 1 reduce-scatter) a step: "
-                 "3 collectives of the unit's values, where data parallelism makes 1 all-reduce")
-
-
-def _accumulation(name, per_rank) -> Check:
-    for rank, r in enumerate(per_rank):
-        a = r["accumulate"]
-        where = f"rank {rank}, both forwards done"
-        if a["crash"] and FREED in a["crash"]:
-            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward read a "
-                         "saved view of the parameters while their storage held 0 bytes: "
-                         "the refill did not fill the vector this forward gathered",
-                         rank=rank, tensor="saved views",
-                         hint="with two forwards before the backwards a unit has two "
-                              "gathered (and freed) vectors at once: each backward must refill "
-                              "the `full` of its own forward, the one its hook captured, not "
-                              "one kept on the unit (self.full is the latest forward's)")
-        if a["crash"] and WRITTEN in a["crash"]:
-            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward: "
-                         "autograd refused a saved view of the parameters (written in place "
-                         "since it was saved)", rank=rank, tensor="saved views",
-                         hint="write the refill through a tensor autograd does not watch")
-        if a["crash"]:
-            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward raised "
-                         f"RuntimeError: {a['crash']}", rank=rank,
-                         hint="each backward must find its own forward's vector refilled")
-        if a["error"] is None:
-            return Check(name, False, f"rank {rank}: after two backwards unit "
-                         f"{a['shape']}'s shard has no gradient of its shape", rank=rank,
-                         tensor="shard.grad", hint="keep GatherParams as given: its backward "
-                         "returns the shard's gradient, and autograd adds it to shard.grad")
-        u, error = max(enumerate(a["error"]), key=lambda item: item[1])
-        if error > TOLERANCE:
-            only = next((k + 1 for k, e in enumerate(a["alone"]) if e <= TOLERANCE), None)
-            if only:
-                return Check(name, False, f"rank {rank}: after two backwards the shards' "
-                             f"gradients are micro-batch {only}'s alone: the other "
-                             "backward's were overwritten, not accumulated", rank=rank,
-                             tensor="shard.grad", max_error=error,
-                             hint="autograd adds each backward's gradient into shard.grad; "
-                                  "set or clear .grad nowhere in the unit (the optimizer "
-                                  "clears it after the step)")
-            return Check(name, False, f"rank {rank}: unit {u}'s shard gradient after two "
-                         f"backwards: largest error {error:.3g} from the sum of both "
-                         "micro-batches' plain gradients", rank=rank, tensor="shard.grad",
-                         max_error=error,
-                         hint="each backward must read exactly its own forward's values: "
-                              "refill the vector its forward gathered, every rank's shard in "
-                              "rank order")
-        if a["after_bwd"]:
-            return Check(name, False, f"rank {rank}: {a['after_bwd']} bytes of gathered "
-                         "parameters still held after both backwards", rank=rank,
-                         tensor="gathered parameters", hint=FREE_AGAIN)
-    worst = max(max(r["accumulate"]["error"]) for r in per_rank)
-    return Check(name, True, f"both forwards, then both backwards: the shards' gradients "
-                 f"the plain blocks' sum (largest error {worst:.1e}); nothing held after",
-                 max_error=worst)

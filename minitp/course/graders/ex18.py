@@ -1,387 +1,501 @@
-"""Checks for ex18: expert parallelism's dispatch and combine.
+"""Checks for ex18: one ZeRO-3 unit — the gathered parameters freed after the forward,
+refilled in place just before the backward, freed again after it.
 
-One launch of 4 ranks, in float64. First the learner's `dispatch_and_combine`
-alone, at ep = 4 (the whole world; E = 8 experts, 2 per rank, top-2, some
-assignments dropped, gates not 1): every rank knows every rank's tokens and
-routing, so it knows what each step of its run should hold, and checks:
+At dp = 2 and 3, in float64: every rank wraps each of two small MLP blocks (Ψ_u
+= 235 values: 236 after padding at dp = 2, 237 at dp = 3) in the learner's
+`Zero3Unit`, and runs two steps on its slice of a batch: forward through both
+units, backward of a weighted sum, one SGD step on the shards. The plain blocks
+run beside it on the whole batch with autograd (the loss is a sum, so the ranks'
+gradients add up to the plain one). Per world size:
 
-* the split sizes: a counts exchange (an all-to-all of integers) before the
-  rows move; the dispatch's splits (send: rows for each rank's experts; recv:
-  rows from each rank) and the combine's, swapped. Every all-to-all is watched:
-  the ranks compare their splits before it runs, so splits that do not match
-  stop every rank with a diagnosis, never a hang;
-* the output equals the one-device layer's (`minitp.model.moe.LocalDispatch` with all
-  E experts). If not, the first step that went wrong is named: the rows sent,
-  the results sent back (the regroup not undone, or undone by itself), the
-  un-permute (by `order` rather than its inverse) or the gates (forgotten, or
-  applied twice);
-* the gradients of the tokens, the gates and this rank's experts equal one
-  device's (backward runs through the learner's all-to-alls).
+* the numbers: the output, the input's gradient and each shard's gradient (this
+  rank's slice of the summed gradient) equal the plain blocks', at both steps.
+  A backward that fails is named by what autograd found: a saved view whose
+  storage holds 0 bytes (nothing refilled it in time, or the refill went into
+  another storage), or one written since it was saved (a refill autograd
+  counted). A right output with wrong gradients: backward read other values;
+* after each unit's forward: the storage of every tensor of at least Ψ_u values
+  made during the forward (the gathered vector, which autograd's saved views
+  keep alive) holds 0 bytes;
+* during backward, at each unit's reduce-scatter, no other unit's gathered
+  storage holds a byte (a later unit's: not freed after its backward; an
+  earlier unit's: refilled too soon); after backward, none, nor any buffer an
+  all-gather filled in backward;
+* the trace, per unit and step: one all-gather in the forward, one in backward
+  (the refill), one reduce-scatter, each of the whole padded vector;
+* gradient accumulation, on fresh units: two micro-batches, both forwards first, then
+  both backwards (the first micro-batch's first), then the step. Each backward must
+  refill the vector its own forward gathered (the unit has two gathered-and-freed
+  vectors at once), and the shards' gradients must be the sum of both backwards'
+  (the plain blocks' accumulated ones); afterwards no gathered storage holds a byte.
+  Named: a backward that reads a freed vector (the refill went to the unit's latest
+  vector, not this forward's), a gradient that is one micro-batch's alone (overwritten,
+  not accumulated).
 
-Then the function is installed as every MoE layer's dispatch of a GPT made by
-`parallelize` on ``Mesh(dp=4, ep=2)`` (E = 4, 2 per rank), and one AdamW step's
-loss and every parameter after it must equal the plain GPT's.
+Why one file: the run on the ranks and the five judgements read the same record,
+field by field; apart, each half would only make sense with the other open.
 """
 
 from __future__ import annotations
 
+import copy
+import time
+import weakref
+
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
-from ...data_parallel import make_optimizer
-from ...expert_parallel import shard_experts, source_to_expert_major
-from ...model import GPT, GPTConfig
-from ...model.moe import Experts, LocalDispatch, moe_layers, permute
-from ...parallelize import parallelize
-from ...runtime import comm
+from ...rules import round_up
+from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
-from ...runtime.mesh import Mesh, world
-from ...step import train_step
+from ...runtime.mesh import world
 from .base import Check, run_per_size
 
-WORLD = 4
-E, D, K, N = 8, 4, 2, 6  # experts, width, top-k, tokens per rank (the function alone)
-MODEL = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=8, n_experts=4, top_k=2)
+WORLD_SIZES = (2, 3)
+STEPS, UNITS, LR = 2, 2, 0.1
+B, T, D = 2, 3, 5  # per rank: batch, sequence, width (the MLP's hidden layer is 4D)
 TOLERANCE = 1e-12  # float64
-STEP_TOLERANCE = 1e-10
-TIMEOUT = 30.0
-STEP_CHECK = True  # the training step on Mesh(dp=4, ep=2) (its tests may leave it out)
-NAMES = ["ep=4: counts exchanged, rows dispatched and combined with the right split sizes",
-         "ep=4: the output equals the one-device layer's",
-         "ep=4: the gradients of the tokens, the gates and this rank's experts equal one device's",
-         "dp=4, ep=2: a training step of the MoE GPT equals one device's"]
-REFUSED = "not checked: the all-to-alls' split sizes do not match (see above)"
-ELSEWHERE = "the results that came back are not this rank's rows'"
+FREED = "out of bounds for storage of size 0"  # autograd reading a freed saved view
+WRITTEN = "modified by an inplace operation"  # autograd's version check
 
 
-class _Refused(Exception):
-    """The ranks' splits for one all-to-all do not match: every rank stops here."""
+def _block() -> nn.Module:
+    """LayerNorm + MLP, 235 parameters: padded at dp = 2 and 3 alike."""
+    return nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
 
 
-class _Watch:
-    """Every all-to-all and counts exchange while active; the splits of each compared
-    over the ranks before it runs. ``record``: keep the calls (the function alone)."""
+def _flat_grad(module, padded) -> torch.Tensor:
+    flat = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+    return nn.functional.pad(flat, (0, padded - flat.numel()))
 
-    def __init__(self):
-        self.calls, self.record = [], False
+
+class _MadeInForward(TorchFunctionMode):
+    """Weak references to every tensor of at least `numel` values made while active."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.made = numel, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.numel() >= self.numel:
+            self.made.append(weakref.ref(out))
+        return out
+
+
+class _WatchBackward:
+    """While active: every buffer an all-gather fills (weakly), and at each
+    reduce-scatter the bytes each unit's forward-made tensors hold. (Autograd's
+    backward runs outside the forward's function mode: the collectives are watched.)"""
+
+    def __init__(self, made: list[list]):
+        self.made, self.gathered, self.held = made, [], []
+        self._originals = None
 
     def __enter__(self):
-        self._originals = a2a, exchange = comm.all_to_all, comm.exchange_counts
+        self._originals = gather, scatter = (dist.all_gather_into_tensor,
+                                             dist.reduce_scatter_tensor)
 
-        def all_to_all(x, axis, send_splits, recv_splits=None):
-            send = [int(s) for s in send_splits]
-            recv = None if recv_splits is None else [int(s) for s in recv_splits]
-            call = {"kind": "rows" if x.is_floating_point() else "counts", "send": send,
-                    "recv": recv, "x": x.detach().clone()}
-            if self.record:
-                self.calls.append(call)
-            problem = None
-            if len(send) != axis.size or (recv is not None and len(recv) != axis.size):
-                problem = "length"
-            elif sum(send) != x.shape[0]:
-                problem = "sum"
-            everyone = [None] * axis.size
-            dist.all_gather_object(everyone, (problem, send, recv), group=axis.group)
-            if any(p for p, _, _ in everyone) or any(
-                    r is not None and r[s] != everyone[s][1][i]
-                    for i, (_, _, r) in enumerate(everyone) for s in range(axis.size)):
-                call["problem"] = problem or "mismatch"
-                raise _Refused
-            out = a2a(x, axis, send_splits, recv_splits)
-            call["out"] = out.detach().clone()
-            return out
+        def watched_gather(output, *args, **kwargs):
+            self.gathered.append(weakref.ref(output))
+            return gather(output, *args, **kwargs)
 
-        def exchange_counts(counts, axis):
-            got = exchange(counts, axis)
-            if self.record:
-                self.calls.append({"kind": "counts", "send": list(counts), "recv": got})
-            return got
+        def watched_scatter(*args, **kwargs):
+            self.held.append([_bytes(refs) for refs in self.made])
+            return scatter(*args, **kwargs)
 
-        comm.all_to_all, comm.exchange_counts = all_to_all, exchange_counts
+        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = watched_gather, watched_scatter
         return self
 
     def __exit__(self, *exc):
-        comm.all_to_all, comm.exchange_counts = self._originals
+        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = self._originals
 
 
-def _close(a, b) -> bool:
-    return a is not None and a.shape == b.shape and (a - b).abs().max().item() <= TOLERANCE
+def _bytes(refs) -> int:
+    """Bytes the storages of the still-referenced tensors of `refs` hold (each once)."""
+    seen, total = set(), 0
+    for ref in refs:
+        t = ref()
+        if t is not None and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+        del t
+    return total
 
 
-def _in_rank(fn):
-    """Runs on every rank: the learner's function alone, then in a MoE GPT."""
+def _alive_bytes(refs, settle: float = 0.2) -> int:
+    """`_bytes`, once more than nothing has stayed so `settle` seconds: gloo's worker
+    thread may drop its reference to a collective's buffer a moment after ``wait()``."""
+    deadline = time.perf_counter() + settle
+    while (total := _bytes(refs)) and time.perf_counter() < deadline:
+        time.sleep(0.002)
+    return total
+
+
+def _fresh(unit_class, axis, dev, seed: int):
+    """UNITS plain blocks drawn from `seed`, a copy of them (the reference), the learner's
+    units over the blocks, and a block's numel, padded size and shard size."""
+    torch.manual_seed(seed)
+    blocks = [_block().double().to(dev) for _ in range(UNITS)]
+    refs = copy.deepcopy(blocks)
+    numel = sum(p.numel() for p in refs[0].parameters())
+    padded = round_up(numel, axis.size)
+    return refs, [unit_class(block, axis) for block in blocks], numel, padded, padded // axis.size
+
+
+def _in_rank(unit_class):
+    """Runs on every rank: the learner's units against the plain blocks."""
     axis, dev = world(), device()
-    ep, r, local = axis.size, axis.rank, E // axis.size
-    g = torch.Generator().manual_seed(3)
-    tokens = torch.randn(ep * N, D, generator=g, dtype=torch.float64)
-    skew = torch.arange(E).repeat(ep * N, 1) == (torch.arange(ep * N) * 3 % E).unsqueeze(1)
-    experts = (torch.rand(ep * N, E, generator=g) + skew).topk(K).indices
-    gates = torch.rand(ep * N, K, generator=g, dtype=torch.float64) + 0.5
-    keep = torch.rand(ep * N, K, generator=g) > 0.2
-    w = torch.randn(ep * N, D, generator=g, dtype=torch.float64)
-    tokens, experts, gates, keep, w = (t.to(dev) for t in (tokens, experts, gates, keep, w))
-    torch.manual_seed(0)
-    full = Experts(E, D, bias=True).double().to(dev)
-    with torch.no_grad():
-        for p in full.parameters():
-            p.normal_(0, 0.5)
-    shard = shard_experts(full, axis)
-    # one device: every rank's tokens, all E experts
-    ref_t, ref_g = tokens.clone().requires_grad_(), gates.clone().requires_grad_()
-    ref_out = LocalDispatch()(ref_t, experts, ref_g * keep, keep, full, E)
-    (ref_out * w).sum().backward()
-    mine = slice(r * N, (r + 1) * N)
-    t, gt = tokens[mine].clone().requires_grad_(), gates[mine].clone().requires_grad_()
-    with _Watch() as watch:
-        watch.record = True
-        try:
-            out = fn(t, experts[mine], gt * keep[mine], keep[mine], shard, axis, E)
-        except _Refused:
-            out = None
-        watch.record = False
-        plan = _plan(tokens, experts, keep, gates, full, ep, r)
-        checks = [_splits(watch.calls, plan, ep, r)]
-        if out is None:
-            return {"checks": checks + [(False, REFUSED, "", None)] * 3}
-        checks.append(_output(out, ref_out[mine], watch.calls, plan, r))
-        crash = None
-        try:
-            (out * w[mine]).sum().backward()
-        except RuntimeError as error:
-            crash = str(error).strip().splitlines()[0]
-        grads = {"tokens": (t.grad, ref_t.grad[mine]), "gates": (gt.grad, ref_g.grad[mine])}
-        for name, p in shard.named_parameters():
-            grads[f"experts.{name}"] = (p.grad, getattr(full, name).grad[r * local:][:local])
-        checks.append(_gradients(checks[1][0], crash, grads, r))
-        checks.append(_step(fn, dev) if STEP_CHECK else (False, "not run", "", None))
-    return {"checks": checks}
+    n, r = axis.size, axis.rank
+    refs, units, numel, padded, size = _fresh(unit_class, axis, dev, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    steps = []
+    for _ in range(STEPS):
+        x = torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
+        w = torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
+        mine = slice(r * B, (r + 1) * B)  # this rank's rows of the global batch
+        record = {"grad": [], "after_fwd": [], "error": {}, "crash": None}
+        # the plain blocks, the whole batch
+        ref_in = x.clone().requires_grad_()
+        h = ref_in
+        for block in refs:
+            h = block(h)
+        ref_out = h
+        (ref_out * w).sum().backward()
+        # the learner's units, this rank's rows
+        mine_in = x[mine].clone().requires_grad_()
+        first = len(trace.events())
+        h, made = mine_in, []
+        with trace.phase("fwd"):
+            for unit in units:
+                with _MadeInForward(numel) as watch:
+                    h = unit(h)
+                made.append(watch.made)
+                record["after_fwd"].append(_alive_bytes(watch.made))
+        with _WatchBackward(made) as watch:
+            try:
+                (h * w[mine]).sum().backward()
+            except NotImplementedError:
+                raise  # a blank still there (it is a RuntimeError): "not written yet"
+            except RuntimeError as error:
+                record["crash"] = str(error).strip().splitlines()[0]
+        record["held"] = watch.held
+        record["after_bwd"] = _alive_bytes([ref for refs_ in made for ref in refs_]
+                                           + watch.gathered)
+        events = trace.events()[first:]
+        record["ops"] = [(e.op, e.phase or "fwd", e.nbytes) for e in events if e.is_comm]
+        steps.append(record)
+        if record["crash"]:
+            break  # the gradients are half made: nothing more to compare
+        record["error"]["output"] = (h - ref_out[mine]).abs().max().item()
+        record["error"]["input gradient"] = (mine_in.grad - ref_in.grad[mine]).abs().max().item()
+        with torch.no_grad():
+            for k, unit in enumerate(units):
+                grad = _flat_grad(refs[k], padded)[r * size:(r + 1) * size]
+                mine_grad = unit.shard.grad
+                ok = mine_grad is not None and mine_grad.shape == grad.shape
+                record["grad"].append((mine_grad - grad).abs().max().item() if ok else None)
+                for p in refs[k].parameters():  # one SGD step, both sides
+                    p -= LR * p.grad
+                    p.grad = None
+                if ok:
+                    unit.shard -= LR * mine_grad
+                unit.shard.grad = None
+    return {"steps": steps, "padded": padded, "e": 8,
+            "accumulate": _accumulate(unit_class, axis, dev)}
 
 
-def _plan(tokens, experts, keep, gates, full, ep, r) -> dict:
-    """What rank r's run should hold at each step, and what the usual mistakes give."""
-    local, mine = E // ep, slice(r * N, (r + 1) * N)
-    parts = [permute(tokens[s * N:(s + 1) * N], experts[s * N:(s + 1) * N],
-                     keep[s * N:(s + 1) * N], E) for s in range(ep)]
-    tables = [counts.view(ep, local) for _, counts, _, _ in parts]
-    arrived = torch.stack([tables[s][r] for s in range(ep)])
-    got = torch.cat([rows.split(tables[s].sum(1).tolist())[r]
-                     for s, (rows, _, _, _) in enumerate(parts)])
-    regroup = source_to_expert_major(arrived)
-    padded = [0] * (r * local) + arrived.sum(0).tolist() + [0] * ((ep - r - 1) * local)
-    rows, counts, order, token_of = parts[r]
-    g = (gates[mine] * keep[mine])[keep[mine]]
-    with torch.no_grad():
-        expert_major = full(got[regroup], padded)
-        plan = {"send": tables[r].sum(1).tolist(), "recv": arrived.sum(1).tolist(),
-                "rows": rows, "gated rows": rows * g[order].unsqueeze(1),
-                "combine": expert_major[_inverse(regroup)],
-                "expert-major": expert_major, "regrouped twice": expert_major[regroup],
-                "unsorted": full(got, padded), "back": full(rows, counts.tolist()),
-                "order": order, "token_of": token_of, "g": g}
-    return plan
-
-
-def _inverse(perm):
-    out = torch.empty_like(perm)
-    out[perm] = torch.arange(perm.numel(), device=perm.device)
-    return out
-
-
-def _splits(calls, plan, ep, r):
-    send, recv = plan["send"], plan["recv"]
-    rows = [c for c in calls if c["kind"] == "rows"]
-    before = calls[:calls.index(rows[0])] if rows else calls
-    exchanged = any(c["kind"] == "counts" for c in before)
-    if not rows:
-        return (False, f"rank {r} sent no rows by all-to-all", "send the rows with all_to_all "
-                "(minitp.expert_parallel), split by destination rank", None)
-    d = rows[0]
-    if len(d["send"]) == E != ep:
-        return (False, f"rank {r}'s dispatch had {E} send splits {d['send']}: one per expert, "
-                f"where an all-to-all takes one per rank ({ep})", "the rows for all of rank "
-                "j's experts go in one run: one split per rank, the sum of its experts' "
-                "counts", None)
-    if d["send"] != send:
-        return (False, f"rank {r} sent {d['send']} rows to ranks 0..{ep - 1}; its rows for "
-                f"each rank's experts are {send}", "how many of this rank's rows "
-                "are for rank j's experts?", None)
-    if d["recv"] is not None and d["recv"] != recv:
-        if not exchanged and d["recv"] == d["send"]:
-            return (False, f"the counts exchange is missing: rank {r} assumed it receives what "
-                    f"it sends ({d['send']} rows); the ranks send it {recv}", "only the "
-                    "senders know what they send: all-to-all the counts table first, and "
-                    "take recv from what arrives", None)
-        return (False, f"rank {r} expected {d['recv']} rows from ranks 0..{ep - 1}; they send "
-                f"it {recv}", "how many rows does rank s send this "
-                "rank, and how did this rank learn it?", None)
-    if not exchanged:
-        return (False, f"rank {r} sent rows before any counts exchange", "exchange the counts "
-                "table (an all-to-all of integers) before the rows", None)
-    if len(rows) < 2:
-        return (False, f"rank {r} made one all-to-all of rows: the results never went back",
-                "all_to_all the experts' results back, the splits swapped", None)
-    c = rows[1]
-    if c["send"] == send and c["recv"] in (recv, None) and send != recv:
-        return (False, f"rank {r}'s combine used the dispatch's splits (send {send}, recv "
-                f"{recv}): not swapped", "each rank returns to rank s the recv[s] rows it got "
-                "from it: the combine sends by recv and receives by send", None)
-    if c["send"] != recv or c["recv"] not in (send, None):
-        return (False, f"rank {r}'s combine sent {c['send']} and expected {c['recv']}; it "
-                f"should send {recv} and receive {send}", "the combine is the dispatch "
-                "reversed: its splits swapped", None)
-    return (True, f"rank {r}: counts exchanged, then {send} rows sent, {recv} received, and "
-            "back", "", None)
-
-
-def _output(out, expected, calls, plan, r):
-    if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return (False, f"rank {r} returned {shape}, expected {tuple(expected.shape)}",
-                "return one row per token: (N, C)", None)
-    error = (out.detach() - expected).abs().max().item()
-    if error <= TOLERANCE:
-        return (True, f"largest error {error:.1e}", "", error)
-    why, hint = _diagnosis(out.detach(), calls, plan)
-    # named: the rank whose own step went wrong, rather than one that got wrong rows back
-    return (False, f"rank {r}: largest error {error:.3g}" + (f": {why}" if why else ""),
-            hint, error, bool(why) and not why.startswith(ELSEWHERE))
-
-
-def _diagnosis(out, calls, plan):
-    """The first step whose tensor differs from what it should be, and which mistake it is."""
-    rows = [c for c in calls if c["kind"] == "rows"]
-    if rows and not _close(rows[0]["x"], plan["rows"]):
-        if _close(rows[0]["x"], plan["gated rows"]):
-            return ("the rows were weighted by their gates before the experts", "an expert "
-                    "is not linear: the gate multiplies its output, once, after the combine")
-        return ("the rows sent are not the token rows sorted by expert", "which of this "
-                "rank's rows does each rank need, and in what order?")
-    if len(rows) > 1 and not _close(rows[1]["x"], plan["combine"]):
-        x = rows[1]["x"]
-        for key, why, hint in [
-            ("expert-major", "the results went back grouped by expert: the regroup was not "
-             "undone", "row i of the combine must be the result of the i-th row that arrived: "
-             "index the experts' output by the regroup's inverse"),
-            ("regrouped twice", "the results were permuted by the regroup again, not by its "
-             "inverse", "out[regroup] applies the regroup twice; out[inverse(regroup)] undoes "
-             "it"),
-            ("unsorted", "the experts ran on the rows as they arrived, grouped by source rank",
-             "regroup them expert-major first: sort the rows that arrived by local expert, "
-             "stably")]:
-            if _close(x, plan[key]):
-                return why, hint
-        return ("the combine sent other values than the experts' results, in the order the "
-                "rows arrived", "which rows does each expert run on, and in which order must "
-                "its results go back?")
-    if len(rows) > 1 and not _close(rows[1]["out"], plan["back"]):
-        return (f"{ELSEWHERE}: another rank sent back other values than its experts' results",
-                "row i of the combine must be the result of the i-th row that arrived")
-    back = rows[1]["out"] if len(rows) > 1 else plan["back"]
-    order, token_of, g = plan["order"], plan["token_of"], plan["g"].unsqueeze(1)
-    for why, placed, weight, hint in [
-        ("un-permuted by order, not by its inverse", back[order], g, "row i of back is "
-         "assignment order[i]: assignment a is row inverse(order)[a]"),
-        ("not un-permuted", back, g, "back's rows are sorted by expert: put them back in "
-         "assignment order (the inverse of order) before summing into the tokens"),
-        ("the gates are forgotten", back[_inverse(order)], 1.0, "weight each expert's output "
-         "by its gate, gates[keep]"),
-        ("the outputs were weighted by their gates twice", back[_inverse(order)], g * g,
-         "the gate multiplies each expert's output once")]:
-        guess = out.new_zeros(out.shape).index_add(0, token_of, placed * weight)
-        if _close(out, guess):
-            return why, hint
-    return "", ("which token is each returned row's, and with what weight? A token's "
-                "results are summed")
-
-
-def _gradients(forward_ok, crash, grads, r):
-    if not forward_ok:
-        return (False, "not checked: the output is wrong (see above)", "", None)
-    if crash:
-        return (False, f"rank {r}: backward failed: {crash}", "the output carries no gradient: "
-                "mt.comm.all_to_all carries none; send the rows with all_to_all "
-                "(minitp.expert_parallel), which does", None)
-    worst, where = 0.0, ""
-    for name, (got, want) in grads.items():
-        if got is None:
-            return (False, f"rank {r}: {name}.grad is None", "no gradient came back through "
-                    "the all-to-alls: send the rows with all_to_all (minitp.expert_parallel), "
-                    "not mt.comm.all_to_all, and keep them attached to the graph", None)
-        error = (got - want).abs().max().item()
-        if error > worst:
-            worst, where = error, name
-    if worst > TOLERANCE:
-        return (False, f"rank {r}, {where}.grad: largest error {worst:.3g}", "the forward is "
-                "right: is any tensor detached, or are the splits of backward's all-to-all "
-                "not the forward's, swapped?", worst)
-    return (True, f"largest error {worst:.1e}", "", worst)
-
-
-class _Learners(LocalDispatch):
-    """A MoE layer's dispatch that calls the learner's function."""
-
-    def __init__(self, axis, fn):
-        super().__init__()
-        self.axis, self.fn = axis, fn
-
-    def forward(self, tokens, experts, gates, keep, expert_module, n_experts):
-        return self.fn(tokens, experts, gates, keep, expert_module, self.axis, n_experts)
-
-
-def _step(fn, dev):
-    mesh = Mesh(dp=4, ep=2)
-    cfg = GPTConfig(**MODEL)
-    torch.manual_seed(0)
-    ref = GPT(cfg).double().to(dev)
-    model = parallelize(ref, mesh)
-    for layer in moe_layers(model):
-        layer.dispatch = _Learners(mesh.ep, fn)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    opt = make_optimizer(model, mesh, torch.optim.AdamW, lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    x, y = (torch.randint(0, cfg.vocab_size, (8, cfg.seq_len), generator=g).to(dev)
-            for _ in range(2))
-    _, ref_loss = ref(x, y)
-    ref_loss.backward()
-    ref_opt.step()
-    try:
-        loss = train_step(model, (x, y), mesh, opt)
-    except _Refused:
-        return (False, "the all-to-alls' split sizes do not match in the model", "", None)
-    error = abs(loss - ref_loss.item())
-    if error > STEP_TOLERANCE:
-        return (False, f"the loss differs from one device's by {error:.3g}", "", error)
-    dense = model.full_state_dict()
-    worst, name = max(((dense[n] - p.detach()).abs().max().item(), n)
-                      for n, p in ref.named_parameters())
-    if worst > STEP_TOLERANCE:
-        return (False, f"after the step, {name} differs by {worst:.3g}", "", worst)
-    return (True, f"loss and every parameter after an AdamW step: largest error "
-            f"{max(error, worst):.1e}", "", max(error, worst))
+def _accumulate(unit_class, axis, dev) -> dict:
+    """Two micro-batches before one step, on fresh units: both forwards, then both
+    backwards (micro-batch 1's first). The shards' gradients against the plain blocks'
+    accumulated ones, and against each micro-batch's alone (to name an overwrite)."""
+    n, r = axis.size, axis.rank
+    refs, units, numel, padded, size = _fresh(unit_class, axis, dev, seed=2)
+    generator = torch.Generator().manual_seed(3)
+    batches = [tuple(torch.randn(n * B, T, D, generator=generator, dtype=torch.float64).to(dev)
+                     for _ in range(2)) for _ in range(2)]  # (x, w) per micro-batch
+    mine = slice(r * B, (r + 1) * B)
+    alone = []  # per micro-batch: each unit's slice of the plain gradient of it alone
+    for x, w in batches:
+        h = x
+        for block in refs:
+            h = block(h)
+        (h * w).sum().backward()
+        alone.append([_flat_grad(block, padded)[r * size:(r + 1) * size].clone()
+                      for block in refs])
+        for block in refs:
+            for p in block.parameters():
+                p.grad = None
+    outputs, made = [], []
+    for x, _ in batches:
+        h = x[mine].clone().requires_grad_()  # as in the steps: the input's gradient too
+        for unit in units:
+            with _MadeInForward(numel) as watch:
+                h = unit(h)
+            made.append(watch.made)
+        outputs.append(h)
+    record = {"crash": None, "error": None, "alone": None, "micro": None}
+    with _WatchBackward([]) as watch:
+        for k, (h, (_, w)) in enumerate(zip(outputs, batches, strict=True)):
+            try:
+                (h * w[mine]).sum().backward()
+            except NotImplementedError:
+                raise
+            except RuntimeError as error:
+                record["crash"] = str(error).strip().splitlines()[0]
+                record["micro"] = k + 1
+                return record
+    record["after_bwd"] = _alive_bytes([ref for refs_ in made for ref in refs_]
+                                       + watch.gathered)
+    errors, alone_errors = [], [[], []]
+    for u, unit in enumerate(units):
+        got = unit.shard.grad
+        if got is None or got.shape != alone[0][u].shape:
+            record["error"] = None
+            record["shape"] = u
+            return record
+        errors.append((got - alone[0][u] - alone[1][u]).abs().max().item())
+        for k in range(2):
+            alone_errors[k].append((got - alone[k][u]).abs().max().item())
+    record["error"] = errors
+    record["alone"] = [max(e) for e in alone_errors]
+    return record
 
 
 def run(module) -> list[Check]:
     def launch_at(n):
-        return launch(_in_rank, n, module.dispatch_and_combine, timeout=TIMEOUT)
+        return launch(_in_rank, n, module.Zero3Unit, timeout=20.0)
 
-    return run_per_size((WORLD,), lambda n: list(NAMES), launch_at, _judge,
-                        what="dispatch_and_combine", size="n")
+    return run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="Zero3Unit", size="dp")
+
+
+def _names(n) -> list[str]:
+    return [f"dp={n}: output, input gradient and shard gradients equal the plain blocks'",
+            f"dp={n}: after each unit's forward, the gathered storage holds 0 bytes",
+            f"dp={n}: in backward only the unit being differentiated is gathered; after, none",
+            f"dp={n}: per unit: an all-gather in forward, one in backward, a reduce-scatter",
+            f"dp={n}: two micro-batches' backwards before a step: the shard gradients "
+            "accumulate to the plain blocks'"]
 
 
 def _judge(n, names, per_rank) -> list[Check]:
-    checks = []
-    for i, name in enumerate(names):
-        results = [r["checks"][i] for r in per_rank]
-        failed = [(rank, res) for rank, res in enumerate(results) if not res[0]]
-        if not failed:  # the numbers: the largest error over the ranks
-            errors = [res[3] for res in results if res[3] is not None]
-            worst = max(errors) if errors and i in (1, 2) else None
-            detail = results[0][1] if worst is None else f"largest error {worst:.1e}"
-            checks.append(Check(name, True, detail, max_error=worst))
-            continue
-        # the first rank that names its mistake, else the first that failed
-        rank, (_, detail, hint, error, *_) = max(
-            failed, key=lambda item: (len(item[1]) > 4 and item[1][4], -item[0]))
-        checks.append(Check(name, False, detail, rank=rank, max_error=error, hint=hint))
-    return checks
+    crashed = _crash(names[0], per_rank)
+    if crashed:
+        skipped = "not checked: backward failed (see above)"
+        return [crashed, _after_forward(names[1], per_rank),
+                Check(names[2], False, skipped), Check(names[3], False, skipped),
+                _accumulation(names[4], per_rank)]
+    return [_numbers(names[0], per_rank), _after_forward(names[1], per_rank),
+            _in_backward(names[2], per_rank), _collectives(names[3], per_rank),
+            _accumulation(names[4], per_rank)]
+
+
+def _crash(name, per_rank) -> Check | None:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            if not s["crash"]:
+                continue
+            where = f"step {k + 1}, rank {rank}"
+            refills = sum(op == "all_gather" and phase == "bwd" for op, phase, _ in s["ops"])
+            if FREED in s["crash"] and not refills:
+                return Check(name, False, f"{where}: backward read a saved view of the "
+                             "parameters while their storage held 0 bytes: nothing refilled "
+                             "it before the unit's backward", rank=rank, tensor="saved views",
+                             hint="the refill must run after the forward and before the first "
+                                  "of the unit's backward nodes: when the gradient of the "
+                                  "unit's output arrives (a hook on its input fires too late)")
+            if FREED in s["crash"]:
+                return Check(name, False, f"{where}: backward gathered again, but a saved "
+                             "view of the parameters still saw a storage of 0 bytes: the "
+                             "refill went somewhere else", rank=rank, tensor="saved views",
+                             hint="the saved views point into full's own storage: give that "
+                                  "storage its bytes back and write the values into it; a new "
+                                  "tensor (full.data = ..., full = ...) leaves them on the "
+                                  "freed one")
+            if WRITTEN in s["crash"]:
+                return Check(name, False, f"{where}: autograd refused a saved view of the "
+                             "parameters: the refill counted as an in-place write (its "
+                             "version went up)", rank=rank, tensor="saved views",
+                             hint="autograd counts every in-place write to a tensor it "
+                                  "saved, under torch.no_grad() too, and refuses the tensor "
+                                  "after one; the refill changes no value: write the same "
+                                  "storage through a tensor autograd does not watch")
+            return Check(name, False, f"{where}: backward raised RuntimeError: {s['crash']}",
+                         rank=rank, hint="read the message: backward fails where a saved "
+                                         "tensor is read")
+    return None
+
+
+def _numbers(name, per_rank) -> Check:
+    worst = 0.0
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            where = f"step {k + 1}, rank {rank}"
+            errors = dict(s["error"])
+            for u, error in enumerate(s["grad"]):
+                if error is None:
+                    return Check(name, False, f"{where}: unit {u}'s shard has no gradient of "
+                                 "its shape", rank=rank, tensor="shard.grad",
+                                 hint="keep GatherParams as given: its backward returns the "
+                                      "shard's gradient")
+                errors[f"shard gradient of unit {u}"] = error
+            tensor, error = max(errors.items(), key=lambda item: item[1])
+            if error > TOLERANCE:
+                why = (": the forward is right, so backward read other values than the "
+                       "forward's" if errors["output"] <= TOLERANCE else "")
+                return Check(name, False, f"{where}, the {tensor}: largest error "
+                             f"{error:.3g}{why}", rank=rank, tensor=tensor, max_error=error,
+                             hint="the refill must bring back exactly the values the forward "
+                                  "used (every rank's shard, in rank order); storage given "
+                                  "its bytes back holds garbage until they are written")
+            worst = max(worst, error)
+    return Check(name, True, f"largest error {worst:.1e}", max_error=worst)
+
+
+def _after_forward(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        whole = r["padded"] * r["e"]
+        for k, s in enumerate(r["steps"]):
+            for u, held in enumerate(s["after_fwd"]):
+                if held:
+                    return Check(name, False, f"step {k + 1}, rank {rank}: {held} bytes of "
+                                 f"gathered parameters still held after unit {u}'s forward "
+                                 f"(the whole vector is {whole} bytes)", rank=rank,
+                                 tensor="gathered parameters",
+                                 hint="autograd saved views of the vector and keeps them "
+                                      "alive: `del` drops only your name. Free the memory "
+                                      "they all point to")
+    return Check(name, True, "between a unit's forward and its backward each rank held "
+                 "its shards only (the saved views alive, their storage empty)")
+
+
+def _in_backward(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        for k, s in enumerate(r["steps"]):
+            where = f"step {k + 1}, rank {rank}"
+            # backward reaches the units last to first: the i-th reduce-scatter is unit -i-1's
+            for i, held in enumerate(s["held"][:UNITS]):
+                unit = UNITS - 1 - i
+                for other, nbytes in enumerate(held):
+                    if other == unit or not nbytes:
+                        continue
+                    if other > unit:
+                        return Check(name, False, f"{where}: unit {other} still held {nbytes} "
+                                     f"bytes while unit {unit}'s gradient was reduce-scattered:"
+                                     f" not freed after its own backward", rank=rank,
+                                     tensor="gathered parameters", hint=FREE_AGAIN)
+                    never = bool(s["after_fwd"][other])
+                    why = ("never freed after its forward" if never
+                           else "refilled before backward reached it")
+                    return Check(name, False, f"{where}: unit {other} held {nbytes} bytes "
+                                 f"while unit {unit}'s gradient was reduce-scattered: {why}",
+                                 rank=rank, tensor="gathered parameters",
+                                 hint="free the vector after the unit's forward (the check "
+                                      "above)" if never else "refill a unit when the gradient "
+                                      "of its output arrives, not sooner: two units gathered "
+                                      "at once is the memory ZeRO-3 exists to save")
+            if s["after_bwd"]:
+                return Check(name, False, f"{where}: {s['after_bwd']} bytes of gathered "
+                             "parameters still held after backward", rank=rank,
+                             tensor="gathered parameters", hint=FREE_AGAIN)
+    return Check(name, True, "at each unit's reduce-scatter no other unit was gathered; "
+                 "none after backward")
+
+
+FREE_AGAIN = ("free the vector again once the unit's backward is over: when GatherParams' "
+              "backward runs, every node that read the vector has run")
+
+
+def _collectives(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        whole = r["padded"] * r["e"]
+        for k, s in enumerate(r["steps"]):
+            where = f"step {k + 1}, rank {rank}"
+            ops = s["ops"]
+            fwd = [op for op, phase, _ in ops if phase == "fwd"]
+            bwd = [op for op, phase, _ in ops if phase == "bwd"]
+            if fwd != ["all_gather"] * UNITS:
+                return Check(name, False, f"{where}: forward made {fwd or 'no collective'}; "
+                             f"expected one all_gather per unit ({UNITS})", rank=rank,
+                             hint="keep the forward's GatherParams as given: one gather per "
+                                  "unit, nothing else")
+            refills = bwd.count("all_gather")
+            if refills == 0:
+                return Check(name, False, f"{where}: backward made no all_gather: the "
+                             "parameters were kept from the forward, not gathered again",
+                             rank=rank, hint="free the vector after the forward and refill "
+                                             "it when backward reaches the unit")
+            if refills != UNITS:
+                return Check(name, False, f"{where}: backward made {refills} all_gathers for "
+                             f"{UNITS} units: refill each unit once", rank=rank,
+                             hint="one refill per unit per backward: one hook, on the "
+                                  "unit's output")
+            if bwd.count("reduce_scatter") != UNITS or len(bwd) != 2 * UNITS:
+                return Check(name, False, f"{where}: backward made {bwd}; expected per unit "
+                             "one all_gather and one reduce_scatter", rank=rank,
+                             hint="the refill is the only collective you add")
+            sizes = sorted({nbytes for _, _, nbytes in ops})
+            if sizes != [whole]:
+                return Check(name, False, f"{where}: collectives of {sizes} bytes; expected "
+                             f"the whole padded vector, {whole} bytes, each time", rank=rank,
+                             hint="refill by gathering every rank's shard, as the forward did")
+    return Check(name, True, f"{UNITS} units x (1 + 1 all-gathers, 1 reduce-scatter) a step: "
+                 "3 collectives of the unit's values, where data parallelism makes 1 all-reduce")
+
+
+def _accumulation(name, per_rank) -> Check:
+    for rank, r in enumerate(per_rank):
+        a = r["accumulate"]
+        where = f"rank {rank}, both forwards done"
+        if a["crash"] and FREED in a["crash"]:
+            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward read a "
+                         "saved view of the parameters while their storage held 0 bytes: "
+                         "the refill did not fill the vector this forward gathered",
+                         rank=rank, tensor="saved views",
+                         hint="with two forwards before the backwards a unit has two "
+                              "gathered (and freed) vectors at once: each backward must refill "
+                              "the `full` of its own forward, the one its hook captured, not "
+                              "one kept on the unit (self.full is the latest forward's)")
+        if a["crash"] and WRITTEN in a["crash"]:
+            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward: "
+                         "autograd refused a saved view of the parameters (written in place "
+                         "since it was saved)", rank=rank, tensor="saved views",
+                         hint="write the refill through a tensor autograd does not watch")
+        if a["crash"]:
+            return Check(name, False, f"{where}: micro-batch {a['micro']}'s backward raised "
+                         f"RuntimeError: {a['crash']}", rank=rank,
+                         hint="each backward must find its own forward's vector refilled")
+        if a["error"] is None:
+            return Check(name, False, f"rank {rank}: after two backwards unit "
+                         f"{a['shape']}'s shard has no gradient of its shape", rank=rank,
+                         tensor="shard.grad", hint="keep GatherParams as given: its backward "
+                         "returns the shard's gradient, and autograd adds it to shard.grad")
+        u, error = max(enumerate(a["error"]), key=lambda item: item[1])
+        if error > TOLERANCE:
+            only = next((k + 1 for k, e in enumerate(a["alone"]) if e <= TOLERANCE), None)
+            if only:
+                return Check(name, False, f"rank {rank}: after two backwards the shards' "
+                             f"gradients are micro-batch {only}'s alone: the other "
+                             "backward's were overwritten, not accumulated", rank=rank,
+                             tensor="shard.grad", max_error=error,
+                             hint="autograd adds each backward's gradient into shard.grad; "
+                                  "set or clear .grad nowhere in the unit (the optimizer "
+                                  "clears it after the step)")
+            return Check(name, False, f"rank {rank}: unit {u}'s shard gradient after two "
+                         f"backwards: largest error {error:.3g} from the sum of both "
+                         "micro-batches' plain gradients", rank=rank, tensor="shard.grad",
+                         max_error=error,
+                         hint="each backward must read exactly its own forward's values: "
+                              "refill the vector its forward gathered, every rank's shard in "
+                              "rank order")
+        if a["after_bwd"]:
+            return Check(name, False, f"rank {rank}: {a['after_bwd']} bytes of gathered "
+                         "parameters still held after both backwards", rank=rank,
+                         tensor="gathered parameters", hint=FREE_AGAIN)
+    worst = max(max(r["accumulate"]["error"]) for r in per_rank)
+    return Check(name, True, f"both forwards, then both backwards: the shards' gradients "
+                 f"the plain blocks' sum (largest error {worst:.1e}); nothing held after",
+                 max_error=worst)

@@ -1,4 +1,4 @@
-"""Lab: zero-bubble pipelines run on real ranks — timed, weighed, checked (lesson 11).
+"""Lab: zero-bubble pipelines run on real ranks — timed, weighed, checked (lesson 12).
 
 Qi et al. 2024 ("Zero Bubble Pipeline Parallelism", ICLR 2024) split each backward in
 two: B, the input gradient the previous stage waits for, and W, the weight gradients,
@@ -6,9 +6,9 @@ which can wait (`minitp.tensor_parallel.weight_grad`). Three experiments, each o
 
 * `timed`: 1F1B, ZB-H1 and ZB-H2 (or ZBV and DualPipeV, two chunks per rank in a V) on
   p ranks with the paper's unit costs SET by sleep
-  (F = B = W = ``unit`` seconds; a whole backward sleeps B + W), as lesson 10 sets its
-  costs (lesson 11 checks the bubbles against the formulas), or with real compute only
-  (``unit=None``: lesson 11 sets the formulas' costs from the measured medians). The trace then
+  (F = B = W = ``unit`` seconds; a whole backward sleeps B + W), as lesson 11 sets its
+  costs (lesson 12 checks the bubbles against the formulas), or with real compute only
+  (``unit=None``: lesson 12 sets the formulas' costs from the measured medians). The trace then
   MEASURES the order, the waits, the bubble and the step's "grad norm" all-reduce
   (``clip_grad`` is on). In a second, untimed step of each schedule the lab WEIGHS what a
   stage holds: each microbatch's saved activations (`ActivationLedger` around

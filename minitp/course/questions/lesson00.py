@@ -50,7 +50,7 @@ def replica_nodes(seed=None) -> Question:
                "replicas' ranks between them")
         return (
             f"stage s, tensor index t of the replica holding rank 0 is rank s·dp·tp + t "
-            f"(tp fastest, then dp, then pp: lesson 12), so its {p['pp']} stages are "
+            f"(tp fastest, then dp, then pp: lesson 13), so its {p['pp']} stages are "
             f"dp·tp = {p['dp']}·{p['tp']} = {apart} ranks apart, not side by side: ranks "
             f"{ranks}. Rank r sits on node r // {GPUS_PER_NODE}, so they are on nodes "
             f"{nodes}: {len(nodes)} node(s). Here {how}. The replica's "

@@ -1,138 +1,168 @@
-"""Lesson 10's questions: the interleaved bubble, the activations a 1F1B stage holds, and
-which change halves the bubble within a stage's memory and stays synchronous."""
+"""Lesson 10's questions: the ring's bytes with grouped-query attention, the K/V weight a
+tensor-parallel rank holds when tp is above the K/V heads, and the positions a
+context-parallel rank must rotate by."""
 
 from __future__ import annotations
 
-from ...calc.flops import bubble as bubble_fraction
-from ...pipeline.schedules import SCHEDULES
+from types import SimpleNamespace
+
+from ...calc.comm import cp_comm_bytes
 from .form import Question, Wrong
 
+# (name, n_head, n_kv, d_model): Llama 3's 8B and 70B (Meta, "The Llama 3 Herd of Models"
+# 2024, Table 3: 32 and 64 query heads, 8 K/V heads, model dimension 4096 and 8192)
+MODELS = (("Llama 3 8B", 32, 8, 4096), ("Llama 3 70B", 64, 8, 8192))
 
-def bubble(seed=None) -> Question:
+
+def _cfg(n_head, n_kv, d, seq):
+    return SimpleNamespace(n_head=n_head, kv_heads=n_kv, head_dim=d // n_head,
+                           seq_len=seq, d_model=d)
+
+
+def ring_bytes(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8))  # p > 2 keeps p/(v·m) apart from (p-1)/m
-        return {"p": p, "m": p * rng.choice((2, 4, 8)), "v": rng.choice((2, 3, 4))}
+        name, heads, kv, d = rng.choice(MODELS)
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "seq": rng.choice((8192, 16384)),
+                "cp": rng.choice((2, 4, 8))}
+
+    def mib(p, kv=None):
+        cfg = _cfg(p["heads"], p["kv"] if kv is None else kv, p["d"], p["seq"])
+        return cp_comm_bytes(cfg, 1, p["cp"], 1, bytes_per_value=2) / 2**20
 
     return Question(
-        key="10.bubble", seed=seed, draw=draw,
-        text=lambda p: (f"An interleaved 1F1B pipeline has p = {p['p']} stages, each rank "
-                        f"holding v = {p['v']} chunks of layers, and runs m = {p['m']} "
-                        "microbatches per step. What is its bubble: the idle time of a rank "
-                        "as a fraction of its busy (useful) time, on paper? (A fraction such "
-                        "as 0.25; within 1%.)"),
-        right=lambda p: bubble_fraction(p["p"], p["m"], p["v"]),
+        key="10.ring-bytes", seed=seed, draw=draw,
+        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads, "
+                        f"d_model {p['d']}) trains on sequences of {p['seq']} tokens split over "
+                        f"cp = {p['cp']} ranks by minitp's ring attention (load-balanced), one "
+                        "sequence a microbatch, bf16, no tensor parallelism. How many MiB does "
+                        "one rank send for the ring in one layer, forward and backward, per "
+                        "microbatch? (In MiB; within 1%.)"),
+        right=mib,
         wrong=[
-            Wrong(lambda p: (p["p"] - 1) / p["m"],
-                  "that is GPipe's and plain 1F1B's bubble: interleaving makes every unit 1/v "
-                  "as long, so the fill and drain take 1/v as long"),
-            Wrong(lambda p: p["p"] / (p["v"] * p["m"]),
-                  "the fill and drain take p-1 slots, not p: the first stage starts at once"),
-            Wrong(lambda p: (p["p"] - 1) / (p["v"] * p["m"] + p["p"] - 1),
-                  "that is the idle share of the whole step (idle over idle + busy); the "
-                  "bubble is counted against the busy time alone"),
+            Wrong(lambda p: mib(p, p["heads"]),
+                  "that is with a K/V head per query head: the ring would carry K and V widened "
+                  "to the query heads, which minitp's ring does not (it widens each block as it "
+                  "computes)"),
+            Wrong(lambda p: mib(p) * 2 * (p["cp"] - 1) / (2 * (3 * p["cp"] - 2)),
+                  "that is the forward's sends only; backward passes K and V again and the "
+                  "dK/dV accumulators a full turn home"),
+            Wrong(lambda p: mib(p) * 4 * (p["cp"] - 1) / (2 * (3 * p["cp"] - 2)),
+                  "that is K and V forward and backward, without the dK/dV accumulators, which "
+                  "travel a full turn (cp hops) to come home to their owner"),
         ],
         worked=lambda p: (
-            f"the fill and drain cost p-1 = {p['p'] - 1} unit slots, each unit 1/v of a "
-            f"stage's layers, against m = {p['m']} microbatches of v = {p['v']} units each: "
-            f"(p-1)/(v·m) = {p['p'] - 1}/{p['v'] * p['m']} = "
-            f"{bubble_fraction(p['p'], p['m'], p['v']):.4f} (`minitp.calc.bubble`, which "
-            "`simulate` reproduces tick for tick; a MODEL: the measured bubbles in this lesson "
-            "sit above it, each hop adding latency). The price: v times the messages."),
+            f"each message is one rank's K or V: (s/cp)·n_kv·d_head values = {p['seq']}/{p['cp']}"
+            f" × {p['kv']} × {p['d'] // p['heads']} × 2 bytes; 2(3cp−2) = "
+            f"{2 * (3 * p['cp'] - 2)} messages: {mib(p):.2f} MiB (`mt.calc.cp_comm_bytes`, a "
+            f"MODEL the trace matches in the lesson). With a K/V head per query head it would "
+            f"be {mib(p, p['heads']):.2f} MiB: n_head/n_kv = {p['heads'] // p['kv']} times."),
     )
 
 
-def in_flight(seed=None) -> Question:
+def kv_weight(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8))
-        # a middle stage (not the first, not the last) and m >= 2p
-        return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
-                "gib": rng.choice((1.5, 2.0, 3.0))}
+        name, heads, kv, d = rng.choice(MODELS)
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "tp": rng.choice((16, 32))}
 
-    def peak(p, schedule="1f1b"):
-        alive = most = 0
-        for kind, _, _ in SCHEDULES[schedule](p["p"], p["r"], p["m"]):
-            alive += 1 if kind == "F" else -1
-            most = max(most, alive)
-        return most
+    def mib(p):  # the whole K/V projection on every rank: 2·n_kv·d_head·d, bf16
+        return 2 * p["kv"] * (p["d"] // p["heads"]) * p["d"] * 2 / 2**20
 
     return Question(
-        key="10.in-flight", seed=seed, draw=draw,
-        text=lambda p: (f"A pipeline of p = {p['p']} stages (from 0) runs m = {p['m']} "
-                        "microbatches with the 1F1B schedule. On stage r = "
-                        f"{p['r']}, one microbatch's forward keeps {p['gib']:g} GiB of "
-                        "activations until its backward. How many GiB of activations does "
-                        "that stage hold at its peak? (In GiB; within 1%.)"),
-        right=lambda p: peak(p) * p["gib"],
+        key="10.kv-weight", seed=seed, draw=draw,
+        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads of "
+                        f"{p['d'] // p['heads']}, d_model {p['d']}) runs at tp = {p['tp']}, "
+                        "above its K/V heads, as minitp runs it (the whole K/V projection "
+                        "replicated on every rank, each computing its one K/V head). How many "
+                        "MiB of one layer's K/V projection weight does one tp rank hold, in "
+                        "bf16? (In MiB; within 1%.)"),
+        right=mib,
         wrong=[
-            Wrong(lambda p: p["m"] * p["gib"],
-                  "that is GPipe's peak, every microbatch's forward before any backward; 1F1B "
-                  "starts backwards after a warm-up, whatever m is"),
-            Wrong(lambda p: p["p"] * p["gib"],
-                  "that is the first stage's peak, p microbatches; stage r holds p-r"),
-            Wrong(lambda p: (p["p"] - p["r"] - 1) * p["gib"],
-                  "that counts the warm-up forwards only: the steady state runs one more "
-                  "forward before the first backward"),
+            Wrong(lambda p: mib(p) / p["tp"],
+                  "that splits the K/V projection over tp as if tp divided the K/V heads: "
+                  "there are fewer K/V heads than ranks"),
+            Wrong(lambda p: mib(p) / p["kv"],
+                  "that is one K/V head's K and V, what a rank would keep if it held only the "
+                  "head it reads; minitp keeps the whole projection and sums its gradient over tp"),
+            Wrong(lambda p: mib(p) / 2,
+                  "that counts K or V, not both"),
         ],
         worked=lambda p: (
-            f"stage r runs p-r-1 = {p['p'] - p['r'] - 1} warm-up forwards, then one more "
-            "before its first backward, and from then on one forward per backward: "
-            f"p-r = {peak(p)} microbatches in flight at most (counted from "
-            f"`minitp.pipeline.SCHEDULES['1f1b']`), {peak(p) * p['gib']:g} GiB. GPipe would "
-            f"hold all m = {p['m']}, {peak(p, 'gpipe') * p['gib']:g} GiB."),
+            f"2 (K and V) × n_kv × d_head × d_model × 2 bytes = 2 × {p['kv']} × "
+            f"{p['d'] // p['heads']} × {p['d']} × 2 = {mib(p):.1f} MiB on every rank "
+            f"(`ReplicatedKV`); keeping only the head a rank reads would be {mib(p) / p['kv']:.1f} "
+            "MiB, its gradient then summed over the ranks that share it."),
     )
 
 
-def halve_bubble(seed=None) -> Question:
+def _local_to_global(p) -> int:
+    """The global position of local token j on cp rank `rank` under the load-balanced
+    split: chunks i and 2·cp−1−i of s / (2·cp) tokens, the early one first."""
+    size, i = p["s"] // (2 * p["cp"]), p["rank"]
+    chunk, offset = divmod(p["j"], size)
+    return (i if chunk == 0 else 2 * p["cp"] - 1 - i) * size + offset
+
+
+def _rope_mistakes(p) -> list[int]:
+    """The usual mistakes' positions: local, the contiguous split, chunk i + cp."""
+    size, i, k = p["s"] // (2 * p["cp"]), p["rank"], p["j"] - p["s"] // (2 * p["cp"])
+    return [p["j"], i * (p["s"] // p["cp"]) + p["j"], (i + p["cp"]) * size + k]
+
+
+def rope_positions(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8))
-        # a middle stage; m >= 2p: GPipe's whole batch lies far above the stage's room
-        return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
-                "b": rng.choice((4, 8, 16)), "gib": rng.choice((0.25, 0.5, 0.75))}
+        while True:  # a token of the rank's second chunk, where every mistake differs
+            cp = rng.choice((2, 4, 8))
+            s = rng.choice((4096, 8192)) * cp
+            p = {"cp": cp, "rank": rng.randrange(1, cp), "s": s,
+                 "j": s // (2 * cp) + rng.randrange(s // (2 * cp))}
+            values = [_local_to_global(p), *_rope_mistakes(p)]
+            if len(set(values)) == len(values):
+                order = list(range(4))
+                rng.shuffle(order)  # where each kind of answer sits among (a)-(d)
+                p["order"] = order
+                return p
 
-    def held(p, microbatches, b):  # GiB of activations on stage r at its peak
-        return microbatches * b * p["gib"]
+    def options(p):
+        return [_local_to_global(p), *_rope_mistakes(p)]
 
-    def room(p):  # what 1F1B's stage r holds now: p - r microbatches of b sequences
-        return held(p, p["p"] - p["r"], p["b"])
+    def letter(p, kind):
+        return "abcd"[p["order"].index(kind)]
 
     return Question(
-        key="10.halve-bubble", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A 1F1B pipeline of p = {p['p']} stages (from 0) trains on a global "
-                        f"batch of {p['m'] * p['b']} sequences, cut into m = {p['m']} "
-                        f"microbatches of {p['b']}. On stage r = {p['r']}, each sequence's "
-                        f"forward keeps {p['gib']:g} GiB of activations until its backward, "
-                        f"and the stage has room for {room(p):g} GiB of them. You want half "
-                        "the bubble, the same global batch, training that stays exactly "
-                        "synchronous SGD (one device's result), and no more than that room. "
-                        "Which change? Answer 'a', 'b', 'c' or 'd': (a) GPipe over "
-                        f"{2 * p['m']} microbatches of {p['b'] // 2}; (b) 1F1B over "
-                        f"{2 * p['m']} microbatches of {p['b'] // 2}; (c) PipeDream: 1F1B "
-                        "without the flush, weights stashed, the same microbatches; (d) "
-                        f"p = {2 * p['p']} stages of half as many layers, the same "
-                        "microbatches."),
-        right=lambda p: "b",
+        key="10.rope-positions", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A sequence of s = {p['s']} tokens is split over cp = {p['cp']} ranks "
+                        "by minitp's load-balanced split (lesson 08). cp rank "
+                        f"{p['rank']} holds its {p['s'] // p['cp']} tokens in one local tensor, "
+                        "in the order the split gives them. By which position must RoPE rotate "
+                        f"the query and key of its local token j = {p['j']} (counted from 0)? "
+                        + "; ".join(f"({'abcd'[k]}) {options(p)[p['order'][k]]}"
+                                    for k in range(4)) + "."),
+        right=lambda p: letter(p, 0),
         wrong=[
-            Wrong(lambda p: "a", "GPipe's bubble is 1F1B's, (p-1)/m, so it halves too; but "
-                                 "GPipe holds every microbatch until the backwards start, "
-                                 "the whole batch's activations, far more than the room"),
-            Wrong(lambda p: "c", "PipeDream has no bubble after the first fill, but each "
-                                 "stage's gradient is taken at stale weights of a different "
-                                 "age: a different optimiser, no longer synchronous SGD"),
-            Wrong(lambda p: "d", "more stages make the bubble larger, (2p-1)/m, not half of "
-                                 "(p-1)/m"),
+            Wrong(lambda p: letter(p, 1),
+                  "that is the local position, the trap: every rank would rotate its tokens as "
+                  "if they began the sequence, and q·k would see the wrong distances"),
+            Wrong(lambda p: letter(p, 2),
+                  "that is the contiguous split (rank i holding positions i·s/cp onward), which "
+                  "gives the last rank most of the causal work; the load-balanced split gives "
+                  "each rank an early and a late chunk"),
+            Wrong(lambda p: letter(p, 3),
+                  "that takes chunk i + cp for the late one: the balanced split pairs chunk i "
+                  "with its mirror, chunk 2·cp−1−i, so that an early chunk and a late one share "
+                  "a rank"),
         ],
         worked=lambda p: (
-            f"the bubble (p-1)/m halves when m doubles, for GPipe as for 1F1B: "
-            f"{bubble_fraction(p['p'], p['m']):.4f} -> "
-            f"{bubble_fraction(p['p'], 2 * p['m']):.4f} (`minitp.calc.bubble`, a MODEL). The "
-            f"memory decides: 1F1B's stage r holds p-r = {p['p'] - p['r']} microbatches "
-            f"whatever m is, now of {p['b'] // 2} sequences: "
-            f"{held(p, p['p'] - p['r'], p['b'] // 2):g} GiB, half its room of {room(p):g}. "
-            f"GPipe would hold all {2 * p['m']}: "
-            f"{held(p, 2 * p['m'], p['b'] // 2):g} GiB. The price of the smaller "
-            "microbatches: smaller matrix multiplications, less efficient on an accelerator "
-            "(interleaving halves the bubble too, keeping them, for twice the messages)."),
+            f"({letter(p, 0)}) {_local_to_global(p)}. The split cuts s into 2·cp = "
+            f"{2 * p['cp']} chunks of s/(2·cp) = {p['s'] // (2 * p['cp'])} and gives rank "
+            f"{p['rank']} chunks {p['rank']} and 2·cp−1−{p['rank']} = "
+            f"{2 * p['cp'] - 1 - p['rank']}, the early one first. Local token {p['j']} is past "
+            f"the first chunk, so it is token {p['j'] - p['s'] // (2 * p['cp'])} of chunk "
+            f"{2 * p['cp'] - 1 - p['rank']}: position {2 * p['cp'] - 1 - p['rank']}·"
+            f"{p['s'] // (2 * p['cp'])} + {p['j'] - p['s'] // (2 * p['cp'])} = "
+            f"{_local_to_global(p)} (`minitp.context_parallel.split.global_positions`, which "
+            "`ContextParallelRotary` uses)."),
     )
 
 
-QUESTIONS = {"10.bubble": bubble, "10.in-flight": in_flight, "10.halve-bubble": halve_bubble}
+QUESTIONS = {"10.ring-bytes": ring_bytes, "10.kv-weight": kv_weight,
+             "10.rope-positions": rope_positions}

@@ -1,142 +1,138 @@
-"""Lesson 11's questions: ZB-H1's idle time, the activations a ZB-H1 stage holds, and which
-schedule gives the shortest step when the global gradient norm makes every stage wait."""
+"""Lesson 11's questions: the interleaved bubble, the activations a 1F1B stage holds, and
+which change halves the bubble within a stage's memory and stays synchronous."""
 
 from __future__ import annotations
 
-from ...calc.flops import pipeline_idle
+from ...calc.flops import bubble as bubble_fraction
+from ...pipeline.schedules import SCHEDULES
 from .form import Question, Wrong
 
 
-def zb_h1_idle(seed=None) -> Question:
+def bubble(seed=None) -> Question:
     def draw(rng):
-        p = rng.choice((4, 8))
-        f = rng.choice((4, 5, 6))
-        # W lighter than F and B: the condition under which (p-1)(F+B-W) is exact
-        return {"p": p, "m": 2 * p, "F": f, "B": f + rng.choice((0, 1, 2)),
-                "W": f - rng.choice((1, 2, 3))}
-
-    def idle(p):
-        return pipeline_idle("zb-h1", p["p"], p["m"], t_f=p["F"], t_b=p["B"], t_w=p["W"])["idle"]
+        p = rng.choice((4, 8))  # p > 2 keeps p/(v·m) apart from (p-1)/m
+        return {"p": p, "m": p * rng.choice((2, 4, 8)), "v": rng.choice((2, 3, 4))}
 
     return Question(
-        key="11.zb-h1-idle", seed=seed, draw=draw,
-        text=lambda p: (f"A ZB-H1 pipeline of p = {p['p']} stages runs m = {p['m']} "
-                        f"microbatches. Per stage, a forward takes F = {p['F']} ms, the input "
-                        f"gradient B = {p['B']} ms and the weight gradient W = {p['W']} ms. "
-                        "How many ms does each rank idle in one step, on paper? (In ms; "
-                        "within 1%.)"),
-        right=idle,
+        key="11.bubble", seed=seed, draw=draw,
+        text=lambda p: (f"An interleaved 1F1B pipeline has p = {p['p']} stages, each rank "
+                        f"holding v = {p['v']} chunks of layers, and runs m = {p['m']} "
+                        "microbatches per step. What is its bubble: the idle time of a rank "
+                        "as a fraction of its busy (useful) time, on paper? (A fraction such "
+                        "as 0.25; within 1%.)"),
+        right=lambda p: bubble_fraction(p["p"], p["m"], p["v"]),
         wrong=[
-            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
-                  "that is 1F1B's idle, (p-1)(F+B+W): ZB-H1 lets the B's run ahead and fills "
-                  "the drain with delayed W's"),
-            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] - 2 * p["W"]),
-                  "that is ZB-H2's (p-1)(F+B-2W), which holds up to 2p-1 microbatches; ZB-H1 "
-                  "keeps 1F1B's memory and fills only one W per stage of the drain"),
-            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"]),
-                  "that splits the backward but moves no W: the late W's are what fill "
-                  "(p-1)·W of the drain"),
+            Wrong(lambda p: (p["p"] - 1) / p["m"],
+                  "that is GPipe's and plain 1F1B's bubble: interleaving makes every unit 1/v "
+                  "as long, so the fill and drain take 1/v as long"),
+            Wrong(lambda p: p["p"] / (p["v"] * p["m"]),
+                  "the fill and drain take p-1 slots, not p: the first stage starts at once"),
+            Wrong(lambda p: (p["p"] - 1) / (p["v"] * p["m"] + p["p"] - 1),
+                  "that is the idle share of the whole step (idle over idle + busy); the "
+                  "bubble is counted against the busy time alone"),
         ],
         worked=lambda p: (
-            f"(p-1)(F+B-W) = {p['p'] - 1} × ({p['F']} + {p['B']} - {p['W']}) = {idle(p)} ms "
-            "(Qi et al. 2024, Table 2; `minitp.calc.pipeline_idle('zb-h1', ...)`, which "
-            "`simulate` reproduces with these costs: a MODEL, no message latency). 1F1B "
-            f"would idle (p-1)(F+B+W) = {(p['p'] - 1) * (p['F'] + p['B'] + p['W'])} ms."),
+            f"the fill and drain cost p-1 = {p['p'] - 1} unit slots, each unit 1/v of a "
+            f"stage's layers, against m = {p['m']} microbatches of v = {p['v']} units each: "
+            f"(p-1)/(v·m) = {p['p'] - 1}/{p['v'] * p['m']} = "
+            f"{bubble_fraction(p['p'], p['m'], p['v']):.4f} (`minitp.calc.bubble`, which "
+            "`simulate` reproduces tick for tick; a MODEL: the measured bubbles in this lesson "
+            "sit above it, each hop adding latency). The price: v times the messages."),
     )
 
 
-def zb_h1_memory(seed=None) -> Question:
+def in_flight(seed=None) -> Question:
     def draw(rng):
         p = rng.choice((4, 8))
-        return {"p": p, "r": rng.randrange(1, p), "m": p * rng.choice((2, 3)),
-                "mb": rng.choice((2.0, 3.0, 4.0)), "mw": rng.choice((0.5, 1.0, 1.5))}
+        # a middle stage (not the first, not the last) and m >= 2p
+        return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
+                "gib": rng.choice((1.5, 2.0, 3.0))}
 
-    def held(p, before_b, before_w):  # GiB for so many microbatches before B, before W
-        return before_b * p["mb"] + before_w * p["mw"]
+    def peak(p, schedule="1f1b"):
+        alive = most = 0
+        for kind, _, _ in SCHEDULES[schedule](p["p"], p["r"], p["m"]):
+            alive += 1 if kind == "F" else -1
+            most = max(most, alive)
+        return most
 
     return Question(
-        key="11.zb-h1-memory", seed=seed, draw=draw,
-        text=lambda p: (f"A ZB-H1 pipeline of p = {p['p']} stages (from 0) runs m = {p['m']} "
-                        f"microbatches. On stage r = {p['r']}, a microbatch's forward keeps "
-                        f"{p['mb']:g} GiB of activations until its B pass; B frees them but "
-                        "for the inputs and output gradients of its linear layers, "
-                        f"{p['mw']:g} GiB, which stay until its W pass. How many GiB does "
+        key="11.in-flight", seed=seed, draw=draw,
+        text=lambda p: (f"A pipeline of p = {p['p']} stages (from 0) runs m = {p['m']} "
+                        "microbatches with the 1F1B schedule. On stage r = "
+                        f"{p['r']}, one microbatch's forward keeps {p['gib']:g} GiB of "
+                        "activations until its backward. How many GiB of activations does "
                         "that stage hold at its peak? (In GiB; within 1%.)"),
-        right=lambda p: held(p, p["p"] - p["r"], p["r"]),
+        right=lambda p: peak(p) * p["gib"],
         wrong=[
-            Wrong(lambda p: held(p, p["p"], 0),
-                  "that is the paper's bound pM_B, every microbatch counted whole until its "
-                  "W: after its B a microbatch keeps only its linear layers' (x, g)"),
-            Wrong(lambda p: held(p, p["p"] - p["r"], 0),
-                  "that is 1F1B's peak on stage r, p-r microbatches between forward and B: "
-                  "ZB-H1 also runs stage r's W's r microbatches late, and those r wait"),
-            Wrong(lambda p: held(p, 2 * p["p"] - 1, 0),
-                  "that is ZB-H2's peak, 2p-1 whole forwards: ZB-H1 keeps 1F1B's order of "
-                  "forwards and B's"),
+            Wrong(lambda p: p["m"] * p["gib"],
+                  "that is GPipe's peak, every microbatch's forward before any backward; 1F1B "
+                  "starts backwards after a warm-up, whatever m is"),
+            Wrong(lambda p: p["p"] * p["gib"],
+                  "that is the first stage's peak, p microbatches; stage r holds p-r"),
+            Wrong(lambda p: (p["p"] - p["r"] - 1) * p["gib"],
+                  "that counts the warm-up forwards only: the steady state runs one more "
+                  "forward before the first backward"),
         ],
         worked=lambda p: (
-            f"ZB-H1 keeps 1F1B's order of forwards and B's, so at the peak stage r holds "
-            f"1F1B's p-r = {p['p'] - p['r']} microbatches between forward and B "
-            f"({p['mb']:g} GiB each); and it runs each W r = {p['r']} microbatches late, "
-            f"so {p['r']} more wait for their W ({p['mw']:g} GiB each): "
-            f"{p['p'] - p['r']} × {p['mb']:g} + {p['r']} × {p['mw']:g} = "
-            f"{held(p, p['p'] - p['r'], p['r']):g} GiB (Qi et al. 2024, §2.3: worker i of p "
-            "holds (p-i+1)M_B + (i-1)M_W; this lesson's ledger weighed the same on every "
-            f"stage). Table 2's bound pM_B = {held(p, p['p'], 0):g} GiB counts all p whole; "
-            f"1F1B would hold {held(p, p['p'] - p['r'], 0):g} GiB."),
+            f"stage r runs p-r-1 = {p['p'] - p['r'] - 1} warm-up forwards, then one more "
+            "before its first backward, and from then on one forward per backward: "
+            f"p-r = {peak(p)} microbatches in flight at most (counted from "
+            f"`minitp.pipeline.SCHEDULES['1f1b']`), {peak(p) * p['gib']:g} GiB. GPipe would "
+            f"hold all m = {p['m']}, {peak(p, 'gpipe') * p['gib']:g} GiB."),
     )
 
 
-def clip_sync(seed=None) -> Question:
+def halve_bubble(seed=None) -> Question:
     def draw(rng):
-        # W < F <= B, as Qi et al.'s Table 1 counts a transformer layer; B <= 2W keeps
-        # ZB-H2's idle inside a stage, (p-1)(F+B-2W), within the (p-1)F the step adds
-        f, b, w = rng.choice([(f, f + db, f - dw) for f in (4, 5, 6) for db in (0, 1, 2)
-                              for dw in (1, 2) if f + db <= 2 * (f - dw)])
-        p = rng.choice((4, 8, 16))
-        return {"p": p, "m": 2 * p, "F": f, "B": b, "W": w}
+        p = rng.choice((4, 8))
+        # a middle stage; m >= 2p: GPipe's whole batch lies far above the stage's room
+        return {"p": p, "r": rng.randrange(1, p - 1), "m": p * rng.choice((2, 4)),
+                "b": rng.choice((4, 8, 16)), "gib": rng.choice((0.25, 0.5, 0.75))}
 
-    def steps(p):  # ms per step: every stage's work, plus the idle of each schedule
-        work = p["m"] * (p["F"] + p["B"] + p["W"])
-        return {"1F1B": work + (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
-                "ZB-H1": work + (p["p"] - 1) * (p["F"] + p["B"] - p["W"]),
-                "ZB-H2": work + (p["p"] - 1) * p["F"]}
+    def held(p, microbatches, b):  # GiB of activations on stage r at its peak
+        return microbatches * b * p["gib"]
+
+    def room(p):  # what 1F1B's stage r holds now: p - r microbatches of b sequences
+        return held(p, p["p"] - p["r"], p["b"])
 
     return Question(
-        key="11.clip-sync", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A pipeline of p = {p['p']} stages runs m = {p['m']} microbatches a "
-                        f"step; per stage a forward takes F = {p['F']} ms, the input gradient "
-                        f"B = {p['B']} ms and the weight gradient W = {p['W']} ms, and memory "
-                        "allows ZB-H2's 2p-1 microbatches. The step clips by the global "
-                        "gradient norm: no stage may step before the norm's all-reduce, which "
-                        "needs every stage's last W (take the all-reduce as instant; no "
-                        "post-validation). Which schedule gives the shortest step, on paper? "
-                        "Answer 'a', 'b', 'c' or 'd': (a) 1F1B; (b) ZB-H1; (c) ZB-H2; (d) "
-                        "ZB-H1 and ZB-H2 tie, the norm's wait taking back what ZB-H2 gained."),
-        right=lambda p: "c",
+        key="11.halve-bubble", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A 1F1B pipeline of p = {p['p']} stages (from 0) trains on a global "
+                        f"batch of {p['m'] * p['b']} sequences, cut into m = {p['m']} "
+                        f"microbatches of {p['b']}. On stage r = {p['r']}, each sequence's "
+                        f"forward keeps {p['gib']:g} GiB of activations until its backward, "
+                        f"and the stage has room for {room(p):g} GiB of them. You want half "
+                        "the bubble, the same global batch, training that stays exactly "
+                        "synchronous SGD (one device's result), and no more than that room. "
+                        "Which change? Answer 'a', 'b', 'c' or 'd': (a) GPipe over "
+                        f"{2 * p['m']} microbatches of {p['b'] // 2}; (b) 1F1B over "
+                        f"{2 * p['m']} microbatches of {p['b'] // 2}; (c) PipeDream: 1F1B "
+                        "without the flush, weights stashed, the same microbatches; (d) "
+                        f"p = {2 * p['p']} stages of half as many layers, the same "
+                        "microbatches."),
+        right=lambda p: "b",
         wrong=[
-            Wrong(lambda p: "a", "1F1B idles (p-1)(F+B+W) per rank, the most of the three: "
-                                 "nothing fills its drain"),
-            Wrong(lambda p: "b", "ZB-H1's step is the work plus (p-1)(F+B-W); with the "
-                                 "norm's wait ZB-H2's is the work plus (p-1)F, its stages "
-                                 "starting and so ending (p-1)F apart: shorter when B > W"),
-            Wrong(lambda p: "d", "they tie only when B = W: the wait makes ZB-H2's idle "
-                                 "(p-1)F, not Table 2's (p-1)(F+B-2W), and ZB-H1's is "
-                                 "(p-1)(F+B-W)"),
+            Wrong(lambda p: "a", "GPipe's bubble is 1F1B's, (p-1)/m, so it halves too; but "
+                                 "GPipe holds every microbatch until the backwards start, "
+                                 "the whole batch's activations, far more than the room"),
+            Wrong(lambda p: "c", "PipeDream has no bubble after the first fill, but each "
+                                 "stage's gradient is taken at stale weights of a different "
+                                 "age: a different optimiser, no longer synchronous SGD"),
+            Wrong(lambda p: "d", "more stages make the bubble larger, (2p-1)/m, not half of "
+                                 "(p-1)/m"),
         ],
         worked=lambda p: (
-            "each stage works m(F+B+W) per step; with the norm's all-reduce the step ends when "
-            "the last stage does, so each schedule adds its idle per rank: 1F1B "
-            "(p-1)(F+B+W), ZB-H1 (p-1)(F+B-W) (Qi et al. 2024, Table 2), ZB-H2 (p-1)F — its "
-            "stages start (p-1)F apart, so they end that far apart, and the wait turns its "
-            "Table 2 bubble (p-1)(F+B-2W) back into (p-1)F. Here: "
-            + ", ".join(f"{k} {v} ms" for k, v in steps(p).items())
-            + f". ZB-H2 still wins, by (p-1)(B-W) = {(p['p'] - 1) * (p['B'] - p['W'])} ms; "
-            "with F = B = W it would only tie ZB-H1 (this lesson's timed run). "
-            "Post-validation (Qi et al. 2024, §4) removes the wait; minitp does not implement "
-            "it. A MODEL: `simulate` with these costs plays the same."),
+            f"the bubble (p-1)/m halves when m doubles, for GPipe as for 1F1B: "
+            f"{bubble_fraction(p['p'], p['m']):.4f} -> "
+            f"{bubble_fraction(p['p'], 2 * p['m']):.4f} (`minitp.calc.bubble`, a MODEL). The "
+            f"memory decides: 1F1B's stage r holds p-r = {p['p'] - p['r']} microbatches "
+            f"whatever m is, now of {p['b'] // 2} sequences: "
+            f"{held(p, p['p'] - p['r'], p['b'] // 2):g} GiB, half its room of {room(p):g}. "
+            f"GPipe would hold all {2 * p['m']}: "
+            f"{held(p, 2 * p['m'], p['b'] // 2):g} GiB. The price of the smaller "
+            "microbatches: smaller matrix multiplications, less efficient on an accelerator "
+            "(interleaving halves the bubble too, keeping them, for twice the messages)."),
     )
 
 
-QUESTIONS = {"11.zb-h1-idle": zb_h1_idle, "11.zb-h1-memory": zb_h1_memory,
-             "11.clip-sync": clip_sync}
+QUESTIONS = {"11.bubble": bubble, "11.in-flight": in_flight, "11.halve-bubble": halve_bubble}

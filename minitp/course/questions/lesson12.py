@@ -1,148 +1,142 @@
-"""Lesson 12's questions: a rank's weight in the gradient sum, ZeRO-1's model states, and
-how many buckets hide the gradient sum best."""
+"""Lesson 12's questions: ZB-H1's idle time, the activations a ZB-H1 stage holds, and which
+schedule gives the shortest step when the global gradient norm makes every stage wait."""
 
 from __future__ import annotations
 
-from ...calc.cluster import GB
-from ...calc.memory import model_state_bytes
+from ...calc.flops import pipeline_idle
 from .form import Question, Wrong
 
 
-def token_weight(seed=None) -> Question:
+def zb_h1_idle(seed=None) -> Question:
     def draw(rng):
-        # k ignored targets on rank 0, at least a quarter of its slice: 1/D stays far off
-        return {"d": rng.choice((2, 4, 8)), "rows": rng.choice((4, 8)),
-                "ignored": rng.choice((1024, 1536, 2048))}
+        p = rng.choice((4, 8))
+        f = rng.choice((4, 5, 6))
+        # W lighter than F and B: the condition under which (p-1)(F+B-W) is exact
+        return {"p": p, "m": 2 * p, "F": f, "B": f + rng.choice((0, 1, 2)),
+                "W": f - rng.choice((1, 2, 3))}
 
-    def counts(p):
-        per_rank = p["rows"] * 1024
-        return per_rank - p["ignored"], p["d"] * per_rank - p["ignored"]
+    def idle(p):
+        return pipeline_idle("zb-h1", p["p"], p["m"], t_f=p["F"], t_b=p["B"], t_w=p["W"])["idle"]
 
     return Question(
-        key="12.token-weight", seed=seed, draw=draw,
-        text=lambda p: (f"A global batch is split over D = {p['d']} data-parallel ranks, "
-                        f"{p['rows']} rows of 1,024 tokens each. Rank 0's slice has "
-                        f"{p['ignored']:,} ignored targets (-100); no other rank has any. Each "
-                        "rank computes the mean loss over its own counted tokens. By what "
-                        "factor must rank 0 scale that mean loss before backward, so that an "
-                        "all-reduce with SUM leaves every rank the gradient of the global "
-                        "batch's mean loss? (A number; within 1%.)"),
-        right=lambda p: counts(p)[0] / counts(p)[1],
+        key="12.zb-h1-idle", seed=seed, draw=draw,
+        text=lambda p: (f"A ZB-H1 pipeline of p = {p['p']} stages runs m = {p['m']} "
+                        f"microbatches. Per stage, a forward takes F = {p['F']} ms, the input "
+                        f"gradient B = {p['B']} ms and the weight gradient W = {p['W']} ms. "
+                        "How many ms does each rank idle in one step, on paper? (In ms; "
+                        "within 1%.)"),
+        right=idle,
         wrong=[
-            Wrong(lambda p: 1 / p["d"],
-                  "that is averaging the ranks: right only when every slice counts the same "
-                  "tokens, and rank 0's counts fewer"),
-            Wrong(lambda p: 1.0, "a plain sum of the ranks' mean-loss gradients is about D times "
-                                 "too large, and still weights rank 0's tokens wrongly"),
-            Wrong(lambda p: 1 / counts(p)[1],
-                  "the mean loss has already divided by rank 0's own count: multiply by "
-                  "n_0/N, not divide by N once more"),
+            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
+                  "that is 1F1B's idle, (p-1)(F+B+W): ZB-H1 lets the B's run ahead and fills "
+                  "the drain with delayed W's"),
+            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"] - 2 * p["W"]),
+                  "that is ZB-H2's (p-1)(F+B-2W), which holds up to 2p-1 microbatches; ZB-H1 "
+                  "keeps 1F1B's memory and fills only one W per stage of the drain"),
+            Wrong(lambda p: (p["p"] - 1) * (p["F"] + p["B"]),
+                  "that splits the backward but moves no W: the late W's are what fill "
+                  "(p-1)·W of the drain"),
         ],
         worked=lambda p: (
-            f"the global mean is Σ_d (n_d/N)·L_d. Rank 0 counts n_0 = "
-            f"{p['rows']}·1024 - {p['ignored']} = {counts(p)[0]:,} tokens, the batch N = "
-            f"{p['d']}·{p['rows']}·1024 - {p['ignored']} = {counts(p)[1]:,}: n_0/N = "
-            f"{counts(p)[0] / counts(p)[1]:.4f} (1/D would be {1 / p['d']:.4f}). That is what "
-            "`mt.train_step` multiplies rank 0's mean loss by (with one microbatch per step)."),
+            f"(p-1)(F+B-W) = {p['p'] - 1} × ({p['F']} + {p['B']} - {p['W']}) = {idle(p)} ms "
+            "(Qi et al. 2024, Table 2; `minitp.calc.pipeline_idle('zb-h1', ...)`, which "
+            "`simulate` reproduces with these costs: a MODEL, no message latency). 1F1B "
+            f"would idle (p-1)(F+B+W) = {(p['p'] - 1) * (p['F'] + p['B'] + p['W'])} ms."),
     )
 
 
-def zero1_bytes(seed=None) -> Question:
+def zb_h1_memory(seed=None) -> Question:
     def draw(rng):
-        return {"billions": rng.choice((7, 13, 30, 70)), "d": rng.choice((8, 16, 64))}
+        p = rng.choice((4, 8))
+        return {"p": p, "r": rng.randrange(1, p), "m": p * rng.choice((2, 3)),
+                "mb": rng.choice((2.0, 3.0, 4.0)), "mw": rng.choice((0.5, 1.0, 1.5))}
 
-    def gb(p, stage):
-        return model_state_bytes(p["billions"] * 10**9, dp=p["d"], zero_stage=stage,
-                                 optimizer="adam-mixed")["total"] / GB
+    def held(p, before_b, before_w):  # GiB for so many microbatches before B, before W
+        return before_b * p["mb"] + before_w * p["mw"]
 
     return Question(
-        key="12.zero1-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"A model of Ψ = {p['billions']}B parameters trains with Adam in mixed "
-                        "precision: 16-bit parameters and gradients (2 + 2 bytes each), and an "
-                        "fp32 copy of the parameters, momentum and variance (12 bytes), as "
-                        "ZeRO counts them (Rajbhandari et al. 2020, §3.1). With ZeRO stage 1 "
-                        f"over d = {p['d']} data-parallel ranks, how many GB (10^9 bytes) of "
-                        "model states (parameters, gradients, optimizer state) does each rank "
-                        "hold? (In GB; within 1%.)"),
-        right=lambda p: gb(p, 1),
+        key="12.zb-h1-memory", seed=seed, draw=draw,
+        text=lambda p: (f"A ZB-H1 pipeline of p = {p['p']} stages (from 0) runs m = {p['m']} "
+                        f"microbatches. On stage r = {p['r']}, a microbatch's forward keeps "
+                        f"{p['mb']:g} GiB of activations until its B pass; B frees them but "
+                        "for the inputs and output gradients of its linear layers, "
+                        f"{p['mw']:g} GiB, which stay until its W pass. How many GiB does "
+                        "that stage hold at its peak? (In GiB; within 1%.)"),
+        right=lambda p: held(p, p["p"] - p["r"], p["r"]),
         wrong=[
-            Wrong(lambda p: gb(p, 0), "that is every rank holding all 16 bytes a parameter: "
-                                      "no ZeRO"),
-            Wrong(lambda p: gb(p, 2), "that shards the gradients too: ZeRO stage 2"),
-            Wrong(lambda p: gb(p, 3), "that shards everything, 16Ψ/d: ZeRO stage 3; stage 1 "
-                                      "shards only the optimizer state"),
-            Wrong(lambda p: 12 * p["billions"] / p["d"],
-                  "that is the optimizer state alone; the parameters and gradients, 4 bytes "
-                  "each in all, stay whole on every rank"),
+            Wrong(lambda p: held(p, p["p"], 0),
+                  "that is the paper's bound pM_B, every microbatch counted whole until its "
+                  "W: after its B a microbatch keeps only its linear layers' (x, g)"),
+            Wrong(lambda p: held(p, p["p"] - p["r"], 0),
+                  "that is 1F1B's peak on stage r, p-r microbatches between forward and B: "
+                  "ZB-H1 also runs stage r's W's r microbatches late, and those r wait"),
+            Wrong(lambda p: held(p, 2 * p["p"] - 1, 0),
+                  "that is ZB-H2's peak, 2p-1 whole forwards: ZB-H1 keeps 1F1B's order of "
+                  "forwards and B's"),
         ],
         worked=lambda p: (
-            f"stage 1 shards the 12 bytes of optimizer state over d and keeps the 2 + 2 "
-            f"whole: (4 + 12/d)·Ψ = (4 + 12/{p['d']})·{p['billions']}·10^9 bytes = "
-            f"{gb(p, 1):.2f} GB (`minitp.calc.model_state_bytes`, a MODEL; this lesson measured "
-            f"1/d of the optimizer state at d = 4, in fp32), against {gb(p, 0):.0f} GB "
-            "without ZeRO."),
+            f"ZB-H1 keeps 1F1B's order of forwards and B's, so at the peak stage r holds "
+            f"1F1B's p-r = {p['p'] - p['r']} microbatches between forward and B "
+            f"({p['mb']:g} GiB each); and it runs each W r = {p['r']} microbatches late, "
+            f"so {p['r']} more wait for their W ({p['mw']:g} GiB each): "
+            f"{p['p'] - p['r']} × {p['mb']:g} + {p['r']} × {p['mw']:g} = "
+            f"{held(p, p['p'] - p['r'], p['r']):g} GiB (Qi et al. 2024, §2.3: worker i of p "
+            "holds (p-i+1)M_B + (i-1)M_W; this lesson's ledger weighed the same on every "
+            f"stage). Table 2's bound pM_B = {held(p, p['p'], 0):g} GiB counts all p whole; "
+            f"1F1B would hold {held(p, p['p'] - p['r'], 0):g} GiB."),
     )
 
 
-BUCKETS = (1, 8, 64, 512)  # the four choices: how many equal buckets the gradients go in
-
-
-def exposed_ms(k: int, p: dict) -> float:
-    """Milliseconds the step waits after its last backward, with the gradients in k equal
-    buckets: bucket i is complete at i·T/k (backward produces them evenly, last layers
-    first), each all-reduce takes c = α + (G/k)/B, one at a time. The last finishes at
-    max_i (i·T/k + (k − i + 1)·c): i = k when c ≤ T/k (only the last bucket's c shows),
-    else i = 1 (the all-reduces queue)."""
-    c = p["alpha_us"] / 1e3 + p["mib"] * 2**20 / k / (p["gbs"] * 1e9) * 1e3
-    return max(c, p["T"] / k + k * c - p["T"])
-
-
-def when_to_send(seed=None) -> Question:
+def clip_sync(seed=None) -> Question:
     def draw(rng):
-        while True:  # a draw whose best bucket count is clearly best (5% or more)
-            p = {"T": rng.choice((20, 40, 80)), "mib": rng.choice((100, 400, 1600)),
-                 "gbs": rng.choice((25, 100)), "alpha_us": rng.choice((20, 100, 500))}
-            times = sorted(exposed_ms(k, p) for k in BUCKETS)
-            if times[1] > 1.05 * times[0]:
-                return p
+        # W < F <= B, as Qi et al.'s Table 1 counts a transformer layer; B <= 2W keeps
+        # ZB-H2's idle inside a stage, (p-1)(F+B-2W), within the (p-1)F the step adds
+        f, b, w = rng.choice([(f, f + db, f - dw) for f in (4, 5, 6) for db in (0, 1, 2)
+                              for dw in (1, 2) if f + db <= 2 * (f - dw)])
+        p = rng.choice((4, 8, 16))
+        return {"p": p, "m": 2 * p, "F": f, "B": b, "W": w}
 
-    def best(p):
-        return "abcd"[min(range(4), key=lambda i: exposed_ms(BUCKETS[i], p))]
+    def steps(p):  # ms per step: every stage's work, plus the idle of each schedule
+        work = p["m"] * (p["F"] + p["B"] + p["W"])
+        return {"1F1B": work + (p["p"] - 1) * (p["F"] + p["B"] + p["W"]),
+                "ZB-H1": work + (p["p"] - 1) * (p["F"] + p["B"] - p["W"]),
+                "ZB-H2": work + (p["p"] - 1) * p["F"]}
 
-    q = Question(
-        key="12.when-to-send", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (
-            f"The last microbatch's backward takes T = {p['T']} ms and produces the "
-            f"{p['mib']:,} MiB of gradients evenly, last layers first. They are summed over "
-            "the data-parallel ranks in k equal buckets, each all-reduced as soon as it is "
-            "complete, one all-reduce at a time; an all-reduce of X bytes takes "
-            f"α + X/B with α = {p['alpha_us']} µs and B = {p['gbs']} GB/s (lesson 01's fit). "
-            "Which k makes the optimizer step wait least after backward ends? Answer 'a', "
-            "'b', 'c' or 'd': (a) k = 1; (b) k = 8; (c) k = 64; (d) k = 512."),
-        right=best,
+    return Question(
+        key="12.clip-sync", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A pipeline of p = {p['p']} stages runs m = {p['m']} microbatches a "
+                        f"step; per stage a forward takes F = {p['F']} ms, the input gradient "
+                        f"B = {p['B']} ms and the weight gradient W = {p['W']} ms, and memory "
+                        "allows ZB-H2's 2p-1 microbatches. The step clips by the global "
+                        "gradient norm: no stage may step before the norm's all-reduce, which "
+                        "needs every stage's last W (take the all-reduce as instant; no "
+                        "post-validation). Which schedule gives the shortest step, on paper? "
+                        "Answer 'a', 'b', 'c' or 'd': (a) 1F1B; (b) ZB-H1; (c) ZB-H2; (d) "
+                        "ZB-H1 and ZB-H2 tie, the norm's wait taking back what ZB-H2 gained."),
+        right=lambda p: "c",
         wrong=[
-            Wrong(lambda p: "a", "one bucket: the whole all-reduce, α + G/B, starts only when "
-                  "backward ends; nothing overlaps"),
-            Wrong(lambda p: "b", "8 buckets keep up with backward here only if c ≤ T/8; even "
-                  "then the last one, an eighth of the bytes, is a long tail after backward"),
-            Wrong(lambda p: "c", "64 buckets: compare their tail with the others', and check "
-                  "that each all-reduce (α + G/64B) still fits in its 1/64 of backward"),
-            Wrong(lambda p: "d", "512 buckets pay α 512 times: each all-reduce is mostly "
-                  "latency, and once it takes longer than T/512 they queue past backward's end"),
+            Wrong(lambda p: "a", "1F1B idles (p-1)(F+B+W) per rank, the most of the three: "
+                                 "nothing fills its drain"),
+            Wrong(lambda p: "b", "ZB-H1's step is the work plus (p-1)(F+B-W); with the "
+                                 "norm's wait ZB-H2's is the work plus (p-1)F, its stages "
+                                 "starting and so ending (p-1)F apart: shorter when B > W"),
+            Wrong(lambda p: "d", "they tie only when B = W: the wait makes ZB-H2's idle "
+                                 "(p-1)F, not Table 2's (p-1)(F+B-2W), and ZB-H1's is "
+                                 "(p-1)(F+B-W)"),
         ],
         worked=lambda p: (
-            "with k buckets each all-reduce takes c = α + (G/k)/B and bucket i is ready at "
-            "i·T/k; if c ≤ T/k every all-reduce ends before the next bucket is ready, so only "
-            "the last one's c is left after backward; otherwise they queue and the last ends "
-            "T/k + k·c after backward began. Waits after backward: "
-            + "; ".join(f"k = {k}: {exposed_ms(k, p):.2f} ms" for k in BUCKETS)
-            + ". Few buckets: a big tail; many: α paid k times. This is why PyTorch's DDP "
-            "(`bucket_cap_mb`, 25 MB by default) and Megatron-LM bucket by size, not per "
-            "tensor or all at once."),
+            "each stage works m(F+B+W) per step; with the norm's all-reduce the step ends when "
+            "the last stage does, so each schedule adds its idle per rank: 1F1B "
+            "(p-1)(F+B+W), ZB-H1 (p-1)(F+B-W) (Qi et al. 2024, Table 2), ZB-H2 (p-1)F — its "
+            "stages start (p-1)F apart, so they end that far apart, and the wait turns its "
+            "Table 2 bubble (p-1)(F+B-2W) back into (p-1)F. Here: "
+            + ", ".join(f"{k} {v} ms" for k, v in steps(p).items())
+            + f". ZB-H2 still wins, by (p-1)(B-W) = {(p['p'] - 1) * (p['B'] - p['W'])} ms; "
+            "with F = B = W it would only tie ZB-H1 (this lesson's timed run). "
+            "Post-validation (Qi et al. 2024, §4) removes the wait; minitp does not implement "
+            "it. A MODEL: `simulate` with these costs plays the same."),
     )
-    q.wrong = [w for w in q.wrong if w.value(q.params) != q.right(q.params)]  # 3 of the 4
-    return q
 
 
-QUESTIONS = {"12.token-weight": token_weight, "12.zero1-bytes": zero1_bytes,
-             "12.when-to-send": when_to_send}
+QUESTIONS = {"12.zb-h1-idle": zb_h1_idle, "12.zb-h1-memory": zb_h1_memory,
+             "12.clip-sync": clip_sync}

@@ -39,7 +39,7 @@ def pipeline_gantt(run_or_events, ax=None, *, ranks=None, title: str | None = No
     lighter shade, its box labelled "3:1". Idle time within the step is shaded
     grey, and the measured bubble (idle / busy, mean over ranks) is in the title.
     Every box is where and how long the trace says the unit ran: measured. What made
-    a unit last that long (its compute, or a cost set by the caller, as lesson 10
+    a unit last that long (its compute, or a cost set by the caller, as lesson 11
     does with sleep) the trace cannot tell; the caller's title should say.
 
     run_or_events: a `Run` or a list of `Event`. ranks: which ranks to draw (default

@@ -80,7 +80,7 @@ def runs():
 
 def test_flush_is_plain_synchronous_sgd(runs):
     assert _largest_difference(runs["flush"].weights, _plain_sgd(SETUP)) < 1e-12
-    losses, weights = pd.single_device(SETUP)  # the lab's own reference, used by lesson 10
+    losses, weights = pd.single_device(SETUP)  # the lab's own reference, used by lesson 11
     assert max(abs(a - b) for a, b in zip(losses, runs["flush"].losses, strict=True)) < 1e-12
     assert _largest_difference(runs["flush"].weights, [weights[0:4], weights[4:8],
                                                        weights[8:12]]) < 1e-12
