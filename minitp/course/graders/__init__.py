@@ -15,6 +15,7 @@ from . import (
     ex06,
     ex07,
     ex08,
+    ex09,
     ex10,
     ex11,
     ex12,
@@ -53,6 +54,8 @@ EXERCISES = {
                      "selective recomputation of the attention core", ex07.run),
     "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, the load-balanced "
                      "split and the ring step that uses it", ex08.run),
+    "ex09": Exercise("ex09_ulysses_all_to_all.py", "Ulysses' two all-to-alls (heads for "
+                     "positions and back) and grouped-query K/V before them", ex09.run),
     "ex10": Exercise("ex10_kv_heads_and_positions.py", "a tensor-parallel rank's K/V heads, "
                      "who shares them, and a context-parallel rank's positions", ex10.run),
     "ex11": Exercise("ex11_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex11.run),

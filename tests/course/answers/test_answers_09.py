@@ -1,0 +1,83 @@
+"""Lesson 09: which context parallelism. Every answer is recomputed by counting what each
+variant's collectives move (one rank's tensors, the hops of the ring, the (c-1)/c an
+all-to-all or all-gather sends of a rank's share), and the heads limit from the rules
+(`mt.check_parallel_config`), never by the question's own formula.
+
+Not checked: none."""
+
+from answers_common import MiB, asked, close
+
+import minitp as mt
+
+NOT_CHECKED: set[str] = set()
+
+
+def _unit(s, c, d, heads):
+    """Bytes of one head at one rank's s/c positions, bfloat16."""
+    return s // c * (d // heads) * 2
+
+
+def _a2a_sent(q_heads, kv_heads, c):
+    """Heads' worth one rank sends through Ulysses' all-to-alls in one forward and backward:
+    the four tensors each way (Q, K, V, O; dO, dQ, dK, dV), each all but its own 1/c."""
+    tensors = [q_heads, kv_heads, kv_heads, q_heads] * 2
+    return sum(t * (c - 1) / c for t in tensors)
+
+
+def _kv_sent(kv_on_rank, c):
+    """K/V heads the all-to-all carries: split as they are where c divides them, else
+    one copy for each of the c ranks (the one its query heads read)."""
+    return kv_on_rank if kv_on_rank % c == 0 else c
+
+
+def _ring_sent(kv_heads, c):
+    """Heads' worth one rank sends on the ring: K and V c-1 hops forward, c-1 again
+    backward, and dK, dV c hops home."""
+    return kv_heads * (2 * (c - 1) + 2 * (c - 1) + 2 * c)
+
+
+def _allgather_sent(kv_heads, c):
+    """K and V to the c-1 others forward; their gradients' reduce-scatter backward."""
+    return kv_heads * (2 * (c - 1) + 2 * (c - 1))
+
+
+def _runs_a2a(heads, kv, tp, u):
+    cfg = mt.GPTConfig(vocab_size=8, seq_len=4 * u, n_layer=1, n_head=heads,
+                       d_model=heads * 2, n_kv_head=kv)
+    try:
+        mt.check_parallel_config(cfg, tp=tp, cp=u, cp_comm="a2a")
+    except ValueError:
+        return False
+    return True
+
+
+def test_09_a2a_bytes():
+    for _, p, right in asked("09.a2a-bytes"):
+        tp, c = p["tp"], p["c"]
+        kv_on_rank = p["kv"] // tp if p["kv"] % tp == 0 else 1  # split over tp, or a copy
+        assert kv_on_rank < c  # the question's point: the all-to-all copies them
+        sent = _a2a_sent(p["heads"] // tp, _kv_sent(kv_on_rank, c), c)
+        assert close(right, sent * _unit(p["s"], c, p["d"], p["heads"]) / MiB), p
+
+
+def test_09_ring_over_a2a():
+    for _, p, right in asked("09.ring-over-a2a"):
+        c = p["c"]
+        ring = _ring_sent(p["kv"], c)
+        a2a = _a2a_sent(p["heads"], _kv_sent(p["kv"], c), c)
+        assert close(right, ring / a2a), p
+
+
+def test_09_pick_is_the_fewest_bytes_among_what_runs():
+    for _, p, right in asked("09.pick"):
+        heads, kv, c, tp = p["heads"], p["kv"], p["c"], 8
+        q_rank, kv_rank = heads // tp, max(kv // tp, 1)
+        sent = {"a": _ring_sent(kv_rank, c), "b": _allgather_sent(kv_rank, c)}
+        if _runs_a2a(heads, kv, tp, c):
+            sent["c"] = _a2a_sent(q_rank, _kv_sent(kv_rank, c), c)
+        u = c // 2
+        if _runs_a2a(heads, kv, tp, u):  # the all-to-all over U, then a ring of c/U groups
+            kv_u = _kv_sent(kv_rank, u)
+            # the ring's blocks: kv_u/U heads at U·s/c positions = kv_u heads' worth
+            sent["d"] = _a2a_sent(q_rank, kv_u, u) + _ring_sent(kv_u, c // u)
+        assert right == min(sent, key=sent.get), (p, sent)
