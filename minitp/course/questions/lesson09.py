@@ -1,6 +1,6 @@
 """Lesson 09's questions: the bytes Ulysses' all-to-alls send when tp has left fewer K/V
 heads than cp ranks, the ring's bytes over the all-to-all's, and which context
-parallelism a Llama 3 model with tp = 8 should use."""
+parallelism sends least for a Llama 3 model at a given c."""
 
 from __future__ import annotations
 
@@ -128,48 +128,60 @@ def ring_over_a2a(seed=None) -> Question:
     )
 
 
+CHOICES = {"a": ("ring", None), "b": ("allgather", None), "c": ("a2a", None),
+           "d": ("a2a+ring", 2)}  # the hybrid's all-to-all over c/2 ranks (2: its ring)
+
+
+def _sent(p, letter):
+    """MODEL: bytes one GPU sends per layer (fwd + bwd) with option `letter`."""
+    comm, ring = CHOICES[letter]
+    b = cp_attention_bytes(comm, rows=1, seq_len=p["s"], heads=p["heads"], kv_heads=p["kv"],
+                           head_dim=p["d"] // p["heads"], cp=p["c"],
+                           cp_a2a_size=p["c"] // ring if ring else None)
+    return b["fwd"] + b["bwd"]
+
+
 def pick(seed=None) -> Question:
     def draw(rng):
         name, heads, kv, d = rng.choice(LLAMA3)
-        return {"name": name, "heads": heads, "kv": kv, "d": d, "c": rng.choice((8, 16)),
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "c": rng.choice((4, 8, 16, 32)),
                 "s": 131072}
+
+    def right(p):
+        return min(CHOICES, key=lambda letter: _sent(p, letter))
+
+    def heads_worth(p, letter):  # in units of one head at s/c positions
+        return _sent(p, letter) / (p["s"] // p["c"] * (p["d"] // p["heads"]) * 2)
 
     return Question(
         key="09.pick", seed=seed, draw=draw, kind="choice",
         text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads) trains "
-                        f"on s = {p['s']:,} tokens with tensor parallelism t = 8 inside each "
-                        f"node and c = {p['c']} context-parallel ranks. Which attention sends "
-                        "the fewest bytes per GPU, forward and backward, among those minitp "
-                        "can run? Answer 'a', 'b', 'c' or 'd': (a) cp_comm='ring'; (b) "
-                        "cp_comm='allgather'; (c) cp_comm='a2a'; (d) cp_comm='a2a+ring', "
-                        f"cp_a2a_size={p['c'] // 2}."),
-        right=lambda p: "b",
+                        f"on s = {p['s']:,} tokens without tensor parallelism, over c = "
+                        f"{p['c']} context-parallel ranks. Which attention sends the fewest "
+                        "bytes per GPU and layer, forward and backward together? Answer 'a', "
+                        "'b', 'c' or 'd': (a) cp_comm='ring'; (b) cp_comm='allgather'; (c) "
+                        f"cp_comm='a2a'; (d) cp_comm='a2a+ring', cp_a2a_size={p['c'] // 2}."),
+        right=right,
         wrong=[
-            Wrong(lambda p: "a", "the ring sends each K and V block c-1 hops forward and "
-                                 "again backward with dK, dV c hops: 2(3c-2) blocks, where "
-                                 "the all-gather sends K and V to the c-1 others once each "
-                                 "way: 4(c-1)"),
-            Wrong(lambda p: "c", "after t = 8 a GPU holds h/8 query heads and one K/V head: "
-                                 "where c exceeds the query heads the all-to-all cannot "
-                                 "split them at all, and where it can it sends Q and O, "
-                                 "h/8 heads each, where the all-gather sends one K/V head"),
-            Wrong(lambda p: "d", "where the hybrid runs at all (U must divide the h/8 query "
-                                 "heads), its all-to-all still sends Q and O, h/8 heads "
-                                 "against one K/V head, and its ring adds K and V over the "
-                                 "c/U groups"),
+            Wrong(lambda p: "a", "the ring sends each K and V block 2(3c-2) times in all, "
+                                 "never fewer than the all-gather's 4(c-1)"),
+            Wrong(lambda p: "c" if right(p) == "b" else "b",
+                  "compare the two at this c: the all-gather sends n_kv heads' worth 4(c-1) "
+                  "times, growing with c; the all-to-all sends 2(c-1)/c·(2h + 2n_kv), Q and O "
+                  "included and K/V copied to c heads where c exceeds them, falling with c"),
+            Wrong(lambda p: "d", "the hybrid sends the all-to-all's Q and O over its U ranks "
+                                 "and adds a ring of K and V over the c/U groups: at least "
+                                 "as much as the plain all-to-all here"),
         ],
         worked=lambda p: (
-            f"t = 8 leaves {p['heads'] // 8} query heads and 1 K/V head a GPU. In units of "
-            f"one K/V head at s/c positions (model: `minitp.rules.cp_attention_bytes`): "
-            f"ring 2(3c-2) = {2 * (3 * p['c'] - 2)}; all-gather 4(c-1) = {4 * (p['c'] - 1)}; "
-            + (f"a2a 2·(c-1)/c·(2·{p['heads'] // 8} + 2·{p['c']}) = "
-               f"{2 * (p['c'] - 1) / p['c'] * (2 * p['heads'] // 8 + 2 * p['c']):.0f}"
-               if (p["heads"] // 8) % p["c"] == 0 else
-               f"a2a refused ({p['heads'] // 8} heads over {p['c']} ranks)")
-            + "; the hybrid pays an all-to-all of Q and O and a ring on top. With grouped-"
-            "query attention K and V are small beside Q and O: the all-gather wins on bytes "
-            "(Llama 3's own choice, Dubey et al. 2024, Section 3.3.2), at the cost of "
-            "keeping K and V whole for backward."),
+            "in units of one head at s/c positions (MODEL: `minitp.rules.cp_attention_bytes`): "
+            + ", ".join(f"({letter}) {CHOICES[letter][0]} {heads_worth(p, letter):,.0f}"
+                        for letter in CHOICES)
+            + f": ({right(p)}) sends least. The all-gather's 4(c-1)·n_kv grows with c; the "
+            "all-to-all's 2(c-1)/c·(2h + 2n_kv) tends to a constant (K/V copied to c heads "
+            "once c exceeds them): the more ranks, the better the all-to-all, and the more "
+            "query heads per K/V head, the later it wins. Bytes are not all: the all-gather "
+            "keeps K and V whole, and the ring hides its sends behind compute."),
     )
 
 
