@@ -25,7 +25,7 @@ import sys
 import cloudpickle
 import pytest
 import torch
-from helpers import train_side_by_side
+from helpers import random_batches, train_side_by_side
 
 import minitp as mt
 from minitp import context_parallel as cpar
@@ -237,11 +237,8 @@ def test_the_collectives_measured_bytes_are_their_model(alone):
 # --------------------------------------------------------------------------- the GPT
 def _batches(steps, cfg, batch):
     """Ignored targets unevenly over the chunks, so unevenly over cp ranks."""
-    xy = torch.randint(0, cfg.vocab_size, (steps, 2, batch, cfg.seq_len),
-                       generator=torch.Generator().manual_seed(1))
-    xy[:, 1, 0, :5] = -100
-    xy[:, 1, -1, -3:] = -100
-    return [(x.to(mt.device()), y.to(mt.device())) for x, y in xy]
+    return random_batches(steps, cfg, batch, ignored=((0, slice(0, 5)), (-1, slice(-3, None))),
+                          device=mt.device())
 
 
 def _compare(configs, steps=3):
