@@ -45,6 +45,7 @@ from .context_parallel import (
     cp_layer_seconds,
     kv_heads_per_tp_rank,
 )
+from .cp_core_memory import CoreBytes, cp_core_bytes
 from .flops import (
     bubble,
     flops_per_iteration,
@@ -119,6 +120,6 @@ __all__ = [
     "LLAVA15_VISION", "VisionCrossover", "VisionEncoderShape", "VisionLayoutCost",
     "vision_crossover", "vision_encoder_params", "vision_forward_flops", "vision_layout",
     "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
-    "attention_kept_bytes", "cp_crossover", "cp_layer_seconds", "cp_variants",
-    "kv_heads_per_tp_rank",
+    "CoreBytes", "attention_kept_bytes", "cp_core_bytes", "cp_crossover", "cp_layer_seconds",
+    "cp_variants", "kv_heads_per_tp_rank",
 ]

@@ -203,3 +203,22 @@ def test_every_configuration_lists_the_variants_at_cp_above_1():
     assert {c.cp_comm for c in every} == {"ring", "allgather", "a2a+ring"}
     assert all(c.dp * c.pp * c.tp * 4 == 8 for c in every)
     assert len({c.key() for c in every}) == len(every)
+
+
+def test_the_core_model_counts_each_cores_terms_by_hand():
+    """`cp_core_bytes` on a case small enough to count: b = 1, h = 2, d = 4, s = 8, c = 2,
+    float64: m (Q at s/c) = 256 bytes, a score matrix (s/c × s) 512, a ring block
+    (s/2c × s/2c) 64, the mask 64 one-byte values, the log-sum-exp 64."""
+    def core(comm, **kw):
+        shape = dict(rows=1, seq_len=8, heads=2, head_dim=4, cp=2, bytes_per_value=8)
+        out = calc.cp_core_bytes(comm, **{**shape, **kw})
+        return out.kept, out.working
+
+    assert core("ring") == (4 * 256 + 64, 3 * 64 + 9 * 256)
+    assert core("allgather") == (256 + 4 * 256 + 512 + 32 + 8, 2 * 512 + 256 + 4 * 256)
+    assert core("a2a") == (3 * 256 + 512 + 64 + 8, 2 * 512 + 3 * 256)
+    # cp 4 as 2 x 2: the ring of 2 on 1 head at 8 positions a rank: blocks of 4 x 4
+    assert core("a2a+ring", seq_len=16, cp=4, cp_a2a_size=2) == (
+        4 * 256 + 64, 3 * 128 + 9 * 256 + 3 * 256)
+    with pytest.raises(ValueError, match="2·cp"):
+        core("ring", seq_len=12, cp=4)

@@ -14,10 +14,13 @@ step on the same batch, beside the plain GPT on every rank:
   MEASURED; ``None`` for the ring's sends, which overlap one another and the compute:
   no window holds one alone);
 * what the attention core of layer 0 keeps for backward, MEASURED by the
-  `ActivationLedger` during a separate forward of the same batch.
+  `ActivationLedger` during a separate forward of the same batch;
+* the most bytes that core holds at once through its forward and backward, MEASURED by
+  the allocator (`mt.memory.peak_allocated`), run again on the inputs it was given.
 
-`kept_model` is the formula for that last number (a MODEL, written from what each core
-saves; `tests/context_parallel/test_cp_variants.py` asserts the same), and
+`kept_model` is the formula for the kept bytes and `minitp.calc.cp_core_bytes` for both
+(MODELS, written from what each core saves and works with;
+`tests/context_parallel/test_cp_variants.py` asserts the kept bytes too), and
 `minitp.rules.cp_attention_bytes` the byte model the measured bytes stand beside.
 """
 
@@ -46,6 +49,7 @@ class VariantRun:
     measurable_model: dict
     ops: dict  # (phase, label, op) -> how many
     kept: int  # bytes the attention core of layer 0 keeps for backward (ledger)
+    peak: int  # the most bytes that core held at once, forward and backward (allocator)
     events: list = field(default_factory=list)  # the attention's trace events
 
 
@@ -88,9 +92,15 @@ def _in_rank(cfg, rows: int, seed: int):
         grad_error = max((grads[n] - p.grad).abs().max().item()
                          for n, p in ref.named_parameters())
         mine = cpar.split_sequence(x, mesh.cp)
+        core = next(m for n, m in model.named_modules() if n.endswith("0.attn.core"))
+        given = {}
+        hook = core.register_forward_hook(  # the inputs the core is given, for its peak
+            lambda module, args, out, given=given: given.update(qkv=[a.detach() for a in args[:3]]))
         with ActivationLedger(model) as ledger:
             model(mine, cpar.split_sequence(y, mesh.cp))
+        hook.remove()
         kept = sum(e.nbytes for e in ledger.layer("layer0") if ".attn.core" in e.module)
+        peak = _core_peak(core, given["qkv"], seed)
         model_bytes, ops = {"fwd": 0, "bwd": 0}, {}
         sent, measurable = {"fwd": 0, "bwd": 0}, {"fwd": 0, "bwd": 0}
         for e in events:
@@ -104,8 +114,19 @@ def _in_rank(cfg, rows: int, seed: int):
             key = (e.phase, e.label.split(".")[-1], e.op)
             ops[key] = ops.get(key, 0) + 1
         out.append(VariantRun(name_of(comm, u), abs(loss - ref_loss.item()), grad_error,
-                              model_bytes, sent, measurable, ops, kept, events))
+                              model_bytes, sent, measurable, ops, kept, peak, events))
     return out
+
+
+def _core_peak(core, qkv, seed: int) -> int:
+    """The allocator's peak (bytes above what was allocated before) through the core's
+    forward and backward on these inputs, with a fixed gradient for its output."""
+    from ...memory.peak_allocated import peak_allocated
+
+    q, k, v = (t.clone().requires_grad_() for t in qkv)
+    g = torch.Generator(device=q.device).manual_seed(seed + 2)
+    grad = torch.randn(q.shape, generator=g, dtype=q.dtype, device=q.device)
+    return peak_allocated(lambda: core(q, k, v).backward(grad), q.device)[1]
 
 
 def side_by_side(cfg, rows: int = 2, world_size: int = 4, seed: int = 0,
@@ -120,20 +141,13 @@ def side_by_side(cfg, rows: int = 2, world_size: int = 4, seed: int = 0,
 def kept_model(comm: str, *, rows: int, seq_len: int, heads: int, head_dim: int, cp: int,
                bytes_per_value: int = 8) -> int:
     """MODEL: the bytes the written-out attention core of one layer keeps for backward on
-    one cp rank (one K/V head per query head). One device keeps Q, K, V (the projection's
-    one output), the s×s probabilities, the s×s causal mask (a byte each) and the scale.
+    one cp rank (one K/V head per query head): `minitp.calc.cp_core_bytes`'s ``kept``,
+    every term of it named there. One device (cp = 1, "a2a") keeps Q, K, V (the
+    projection's one output), the s×s probabilities, the s×s causal mask (a byte each) and
+    the scale; the hybrid keeps what the ring keeps (its ring runs on 1/U of the heads at
+    U times the positions)."""
+    from ...calc.cp_core_memory import cp_core_bytes
 
-    * ring (and the hybrid, whose ring runs on 1/U of the heads at U times the positions):
-      Q, K, V, the output and one log-sum-exp per query and head, all at s/cp;
-    * allgather: Q at s/cp, K and V whole, the probabilities' and the mask's rows of this
-      rank's queries;
-    * a2a: whole sequences of 1/cp of the heads: 1/cp of everything but the mask."""
-    one = rows * heads * seq_len * head_dim * bytes_per_value  # Q (or K, or V), every position
-    probs, mask, scale = rows * heads * seq_len ** 2 * bytes_per_value, seq_len ** 2, 8
-    if comm in ("ring", "a2a+ring"):
-        return (4 * one + rows * heads * seq_len * bytes_per_value) // cp
-    if comm == "allgather":
-        return one // cp + 2 * one + (probs + mask) // cp + scale
-    if comm == "a2a":
-        return (3 * one + probs) // cp + mask + scale
-    raise ValueError(f"no memory model for {comm!r}")
+    u = 2 if comm == "a2a+ring" else None
+    return cp_core_bytes(comm, rows=rows, seq_len=seq_len, heads=heads, head_dim=head_dim,
+                         cp=cp, cp_a2a_size=u, bytes_per_value=bytes_per_value).kept
