@@ -1,4 +1,4 @@
-"""Record the figures lessons 01, 07 and 15 show beside their CPU measurements, on this node.
+"""Record the figures lessons 01, 07 and 16 show beside their CPU measurements, on this node.
 
     python bench/gpu_figures.py                  # -> bench/results/figures-<device>.json
     python bench/gpu_figures.py --quick          # everything shrunk: ~20 s on a 2-core CPU
@@ -23,7 +23,7 @@ not copied):
   dropout 0.1, float32) with no / selective / full recomputation at t = 1, and
   lesson 07's five settings (TP, +SP, +selective, both, full) at t = 2: the
   models take turns (`minitp.course.labs.step_timing.step_seconds`), the median step;
-* 14: a tensor-parallel training step (Adam) of lesson 15's shrunk Megatron-LM
+* 14: a tensor-parallel training step (Adam) of lesson 16's shrunk Megatron-LM
   family at t = 1, 2, 4, 8 as far as the node allows (`scaling.measure_tp`):
   the fastest step and its share in collectives.
 
@@ -67,7 +67,7 @@ SETTINGS_07 = {
     2: {"TP": (False, None), "TP + SP": (True, None), "TP + selective": (False, "selective"),
         "TP + SP + selective": (True, "selective"), "full recompute": (False, "full")},
 }
-# Lesson 15's shrunk family and batch.
+# Lesson 16's shrunk family and batch.
 SHRINK_13 = dict(head_dim=16, head_divisor=2, layer_divisor=8, vocab_size=256, seq_len=64)
 BATCH_13 = 8
 
@@ -163,7 +163,7 @@ def figure_07(quick: bool) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- lesson 15
+# --------------------------------------------------------------------------- lesson 16
 def figure_14(quick: bool) -> list[dict]:
     sizes = [t for t in ((1, 2) if quick else (1, 2, 4, 8)) if t <= max_ranks()]
     rows = []

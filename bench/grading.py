@@ -1,13 +1,13 @@
 """How long grading takes: every exercise's reference solution graded, timed, one run.
 
 Grading is what a learner waits for after each exercise, so it should feel instant
-where it can: ex16 (a plan chosen by the calculator, no processes) in well under a
+where it can: ex17 (a plan chosen by the calculator, no processes) in well under a
 second once its reference plans are cached, the others a few seconds of real
 processes. These were timing assertions in the tests; on a noisy 2-core machine they
 belong here, measured and printed, never asserted.
 
     python bench/grading.py               # every exercise, twice (cold, then warm)
-    python bench/grading.py ex16 ex01     # only these
+    python bench/grading.py ex17 ex01     # only these
 """
 
 from __future__ import annotations

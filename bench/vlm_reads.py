@@ -1,9 +1,9 @@
-"""Does the vision-language model read its images? Record the answer for lesson 14.
+"""Does the vision-language model read its images? Record the answer for lesson 15.
 
     python bench/vlm_reads.py                 # -> bench/results/vlm-reads.json (~1.5 min, CPU)
     python bench/vlm_reads.py --steps 10 --out /tmp/x.json   # a check that it runs
 
-One process trains lesson 14's small VLM (`minitp.course.labs.vision_language.READING_CFG`)
+One process trains lesson 15's small VLM (`minitp.course.labs.vision_language.READING_CFG`)
 twice from the same start on the same rendered batches: shown the images, and shown a blank
 picture. Both are scored on held-out batches at the targets the image shows (the first
 characters of the text) and at the rest (`vision_language.reading`). If the model reads,

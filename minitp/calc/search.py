@@ -7,7 +7,7 @@ recompute) whose product is the GPU count and that `check_parallel_config`
 accepts, fits or not, each with its MODELLED memory (`memory_per_gpu`) and step
 time (`step_time`) — the same two functions `plan` ranks with, so the two must
 agree on the best; where they do not, the difference is in the search. The rest
-is fixed, as in exercise 16: micro-batch ``micro_batch``, sequence parallelism
+is fixed, as in exercise 17: micro-batch ``micro_batch``, sequence parallelism
 wherever tp > 1, the 1F1B schedule without interleaving.
 
     every = every_configuration(cfg, calc.A100_80GB, 1024, 1536, memory_cap=72 * GiB)

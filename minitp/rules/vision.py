@@ -7,7 +7,7 @@ from __future__ import annotations
 from .heads import check_tp_widths
 
 # How a vision-language model's encoder sits on a tensor-parallel group: "replicated" (whole on
-# every rank, as lesson 14's source suggests for a small encoder) or "tensor" (its blocks
+# every rank, as lesson 15's source suggests for a small encoder) or "tensor" (its blocks
 # split like the decoder's): `minitp.tensor_parallel.vision`.
 VISION_LAYOUTS = ("replicated", "tensor")
 

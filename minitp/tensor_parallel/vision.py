@@ -1,5 +1,5 @@
 """A vision-language model's encoder on a tensor-parallel group: the two layouts of
-lesson 14's source (a notes file on Megatron-LM's tensor parallelism, §5 "Multi-GPU VLM
+lesson 15's source (a notes file on Megatron-LM's tensor parallelism, §5 "Multi-GPU VLM
 training": djwar42/arr-coc-0-1, `.claude/skills/karpathy-deep-oracle/karpathy/
 distributed-training/02-megatron-lm-tensor-parallelism.md`) — the decoder tensor-parallel
 either way.

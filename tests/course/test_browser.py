@@ -1,8 +1,8 @@
-"""Lessons 00 and 16 as a learner meets them: JupyterLab on 127.0.0.1, driven by
+"""Lessons 00 and 17 as a learner meets them: JupyterLab on 127.0.0.1, driven by
 Playwright in Debian's Chromium (/usr/bin/chromium; `.ci/run` installs it with apt).
 
 Lesson 00 is run whole (Run → Run All Cells) and must end with every cell run, no
-error or stderr output, and the launches' results on the page. Lesson 16's
+error or stderr output, and the launches' results on the page. Lesson 17's
 explorer must come up as a live widget (not a text repr, not "Error displaying
 widget"), laid out well at 1440, 1280 and 1024-px windows (the explorer as wide as
 the notebook cell and nothing past it, the summary's lines whole, the figure as wide
@@ -40,7 +40,7 @@ from processes import descendants, describe, wait_until_gone
 
 CHROMIUM = Path(os.environ.get("MINITP_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-LESSON_00, LESSON_16 = "00_welcome.ipynb", "16_planning_a_run.ipynb"
+LESSON_00, LESSON_17 = "00_welcome.ipynb", "17_planning_a_run.ipynb"
 
 if not CHROMIUM.exists():
     pytest.skip(f"no Chromium at {CHROMIUM}: `.ci/run` installs Debian's package with "
@@ -94,7 +94,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     notebooks, settings = root / "notebooks", root / "settings"
     notebooks.mkdir()
-    for name in (LESSON_00, LESSON_16):
+    for name in (LESSON_00, LESSON_17):
         shutil.copy(NOTEBOOKS / name, notebooks / name)
     for plugin, values in LAB_SETTINGS.items():
         path = settings / f"{plugin}.jupyterlab-settings"
@@ -376,9 +376,9 @@ def _check_layout(box: dict, at: str) -> None:
 
 
 @pytest.mark.timeout(STARTUP_S * 2 + STEP_S * 4)
-def test_lesson_16_explorer_is_a_live_widget(lab, page, artifacts):
+def test_lesson_17_explorer_is_a_live_widget(lab, page, artifacts):
     start = time.monotonic()
-    _open(page, lab, LESSON_16)
+    _open(page, lab, LESSON_17)
     cell = _code_cell(page, "w = explorer_widget()")
     cell.screenshot(path=artifacts / "13_explorer_as_committed.png")  # before it is run
     _clear_outputs(page)
@@ -399,7 +399,7 @@ def test_lesson_16_explorer_is_a_live_widget(lab, page, artifacts):
     for instead_of_widget in ("Error displaying widget", "Explorer(children"):
         assert instead_of_widget not in text, (
             f"the explorer is not shown as a widget {where}: {text[:300]!r}")
-    assert not _stderr(page), f"lesson 16 printed errors {where}: {_stderr(page)}"
+    assert not _stderr(page), f"lesson 17 printed errors {where}: {_stderr(page)}"
     # the widget's own root, whatever box it is (the explorer has been a grid, a VBox)
     explorer = output.locator(".jp-OutputArea-output > .jupyter-widgets").first
     assert explorer.is_visible(), f"no widget in the explorer's cell {where}: {text[:300]!r}"
@@ -429,8 +429,8 @@ def test_lesson_16_explorer_is_a_live_widget(lab, page, artifacts):
                       f"reads {summary.inner_text()[:400]!r} and the figure is "
                       f"{'new' if image.get_attribute('src') != drawn else 'the old one'} "
                       f"{where}",
-              cell, artifacts / "13_explorer_tp19.png",
+              cell, artifacts / "13_explorer_tp23.png",
               arg=[summary.element_handle(), image.element_handle(), drawn])
     assert "dp=8 x pp=16 x tp=8" not in summary.inner_text()
-    assert not _stderr(page), f"lesson 16 printed errors after tp=16 {where}: {_stderr(page)}"
-    print(f"lesson 16: explorer checked in {time.monotonic() - start:.0f} s")
+    assert not _stderr(page), f"lesson 17 printed errors after tp=16 {where}: {_stderr(page)}"
+    print(f"lesson 17: explorer checked in {time.monotonic() - start:.0f} s")

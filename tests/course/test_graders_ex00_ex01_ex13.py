@@ -1,4 +1,4 @@
-"""The graders of ex00 (the mesh, lesson 00) and ex15 (a TP step predicted, lesson 15)
+"""The graders of ex00 (the mesh, lesson 00) and ex16 (a TP step predicted, lesson 16)
 say what is wrong, not only that something is: solution-passes and blank-fails are
 tests/course/test_exercises.py's, for every exercise."""
 
@@ -22,15 +22,15 @@ def test_ex00_grader_names_the_rank_whose_coordinates_are_wrong(tmp_path):
     assert not groups.passed and "group" in groups.detail
 
 
-def test_ex15_grader_spots_a_factor_and_a_shortcut(tmp_path):
-    wrong = tmp_path / "ex15_wrong.py"
+def test_ex16_grader_spots_a_factor_and_a_shortcut(tmp_path):
+    wrong = tmp_path / "ex16_wrong.py"
     wrong.write_text(
         "from minitp import calc\n"
         "def tp_step_seconds(cfg, t, batch, cluster, efficiency):\n"
         "    st = calc.step_time(cfg, cluster, tp=t, micro_batch=batch, efficiency=efficiency)\n"
         "    return st.compute, st.tp / 2\n"
     )
-    report = mt.grade("ex15", path=wrong)
+    report = mt.grade("ex16", path=wrong)
     compute, communication, pieces = report.checks
     assert compute.passed
     assert not communication.passed and "factor of 0.5" in communication.hint

@@ -6,7 +6,7 @@ AdamW steps, on 4 real ranks.
 Both encoder layouts of `minitp.tensor_parallel.vision` — replicated on every tp rank
 and tensor-parallel — with and without sequence parallelism (6 image tokens over 4
 slices of 4: one rank's slice all image, one half, two none; tp 4 with SP and the
-encoder replicated, and split without overlap, are lesson 14's checked cell), the encoder in a
+encoder replicated, and split without overlap, are lesson 15's checked cell), the encoder in a
 pipeline's first stage (1F1B, zb-h1 with its deferred weight gradients), data
 parallelism with ZeRO-1 and ZeRO-3 (the encoder one unit; with it replicated under SP,
 a unit of gradients partial over tp), recomputation and the

@@ -20,12 +20,12 @@ from . import (
     ex11,
     ex12,
     ex13,
-    ex14,
     ex15,
     ex16,
     ex17,
-    ex18,
     ex19,
+    ex20,
+    ex23,
 )
 
 
@@ -63,16 +63,16 @@ EXERCISES = {
                      "the custom-schedule API", ex12.run),
     "ex13": Exercise("ex13_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
                      ex13.run),
-    "ex14": Exercise("ex14_image_tokens.py", "a vision-language model's image tokens on a "
-                     "sequence-parallel rank, and whose gradient the encoder sums", ex14.run),
-    "ex15": Exercise("ex15_tp_step_time.py", "a tensor-parallel step's compute and "
-                     "communication, predicted", ex15.run),
-    "ex16": Exercise("ex16_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
-                     "memory cap, and say why", ex16.run),
-    "ex17": Exercise("ex17_bytes_and_days.py", "two claims checked by hand: model-state GB "
-                     "and training days", ex17.run),
-    "ex18": Exercise("ex18_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
-                     "storage, refill it in place for backward, free it again", ex18.run),
-    "ex19": Exercise("ex19_moe_dispatch.py", "expert parallelism's dispatch and combine",
-                     ex19.run),
+    "ex15": Exercise("ex15_image_tokens.py", "a vision-language model's image tokens on a "
+                     "sequence-parallel rank, and whose gradient the encoder sums", ex15.run),
+    "ex16": Exercise("ex16_tp_step_time.py", "a tensor-parallel step's compute and "
+                     "communication, predicted", ex16.run),
+    "ex17": Exercise("ex17_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
+                     "memory cap, and say why", ex17.run),
+    "ex19": Exercise("ex19_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex19.run),
+    "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex20.run),
+    "ex23": Exercise("ex23_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex23.run),
 }

@@ -1,5 +1,5 @@
 """What every grader shares: the result types, the run at each world size, and what
-an in-process grader (ex15, ex16) reports for a blank, a crash or a shortcut taken.
+an in-process grader (ex16, ex17) reports for a blank, a crash or a shortcut taken.
 
 The bottom of the grader: the checks of each exercise (``graders/exNN.py``) build
 on this module, the registry (``graders/__init__.py``) on them, and

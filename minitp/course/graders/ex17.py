@@ -1,233 +1,445 @@
-"""Checks for ex17: two numbers popular claims rest on, computed from first principles.
+"""Checks for ex17: choose (dp, pp, tp, recompute, ZeRO stage) for a run, and say why.
 
-The learner's `model_states_gb(n_params, optimizer)` against
-`calc.model_state_bytes(...)["total"]` in GB (10**9 bytes), for four model sizes
-(GPT-3's 174.6B, its 43.68B per GPU at t = 4, 22B over 8 GPUs, 1.3B) in both
-mixed-precision layouts ("adam-mixed", 16 bytes a parameter; "megatron", 18); and
-`training_days(tokens, n_params, n_gpus, peak_flops, efficiency, recompute)` against
-`calc.training_seconds` (Narayanan et al. 2021, Eq. 4: 8TP/(nX), with recomputation;
-6/8 of it without) in days, for five runs with different GPUs, efficiencies and
-recomputation:
+The learner's `choose_plan(cfg, cluster, n_gpus, global_batch, memory_cap)` is asked
+about six runs (`CASES`), each chosen so that a habit fails somewhere: GPT-3 on 1024
+A100s (lesson 17's), on 64 (fits only with recomputation at t = 8), a 76B model whose
+60 layers forbid a deeper pipeline on 128 GPUs under 40 GiB (only ZeRO fits fast), 22B
+on 64 H100s under 16 GiB (t = 8, the obvious rule, is 21% slower than t = 4), 1.7B,
+where tensor parallelism only costs, and 43B with 60 heads (t stops at 4). Each plan is
+measured with the calculator, as the exercise states, and:
 
-* the GB equal, to 1e-9 relative;
-* the days equal, to 1e-9 relative;
-* built from first principles: neither function is called, nor `calc.OPTIMIZERS` read,
-  while the learner's code runs.
+* is a valid split: dp·pp·tp = n_gpus, the model and the batch divide, known modes;
+* fits: `calc.memory_per_gpu` of its busiest GPU at most the cap;
+* is fast: `calc.step_time` within `TOLERANCE` of the fastest plan `calc.plan` finds
+  in the same space (micro-batch 1, any ZeRO stage) — a slow one is told which part
+  of its step (compute, tp, pp, dp, bubble) exceeds the best plan's the most;
+* is justified: its ``why`` gives the memory of the plan and of the next shallower
+  pipeline within `MEMORY_TOLERANCE` of `calc.memory_per_gpu`, why tp stops ("node",
+  "heads", "cost": exactly) and the bubble (p − 1)/m within `BUBBLE_TOLERANCE`; a wrong
+  number is named in a sentence (GB for GiB, the states without activations, ZeRO
+  forgotten, the bubble as a share of the step, m for the whole batch, ...);
+* was reasoned, not searched: neither `calc.plan` nor `calc.search.every_configuration`
+  runs, and `calc.memory_per_gpu` and `calc.step_time` together run at most
+  `CALLS_PER_RUN` times per run. The reference makes at most 3 (one step_time, two
+  memory checks); a search makes one or two per configuration, dozens to hundreds
+  per run. Calls are counted by the functions' code objects (`sys.setprofile`), so
+  every call is seen however the learner imported the function.
 
-A wrong answer is matched against the usual slips, each a factor on every case's right
-answer (a missing fp32 row, 6·N·D where the run recomputes, the peak for the achieved
-FLOP/s, GiB for GB, seconds for days, ...), one slip or two of different kinds, and the
-hint names them. No process is launched: the grader is the calculator.
+No process is launched: the grader is the calculator (well under a second).
 """
 
 from __future__ import annotations
 
-import math
-from itertools import combinations
-from numbers import Real
+import sys
+from collections import Counter
 
 from ... import calc
-from ...calc import flops as flops_module
-from ...calc import memory as memory_module
+from ...calc import search
+from ...calc.cluster import GiB
 from ...model import GPTConfig
-from .base import Check
+from ...rules import check_parallel_config
+from .base import Check, crashed, not_written
 
-GB, DAY, RELATIVE = 10**9, 86400, 1e-9
-NAMES = ["model states in GB equal calc.model_state_bytes's (16 and 18 bytes a parameter)",
-         "training days equal calc.training_seconds's (8·N·D with recomputation, 6·N·D "
-         "without)",
-         "from first principles: calc.model_state_bytes, calc.OPTIMIZERS and "
-         "calc.training_seconds not used"]
-SHORTCUT = ("the point is to see where the number comes from: add up the bytes and count the "
-            "FLOPs yourself")
+TOLERANCE = 0.10
+MEMORY_TOLERANCE = 0.02  # relative: the calculator is exact; 2% lets a careful hand sum pass
+BUBBLE_TOLERANCE = 1e-3  # relative: (p - 1)/m is exact arithmetic
+CALLS_PER_RUN = 3
+KEYS = ("dp", "pp", "tp", "recompute", "zero_stage")
+WHY = ("memory_gib", "shallower_gib", "tp_stop", "bubble")
+STOPS = {"node": "2·tp GPUs would span two nodes",
+         "heads": "2·tp does not divide the heads",
+         "cost": "2·tp was possible: it stopped for its cost, not a limit"}
+NAMES = ["every plan is a valid split of the GPUs, the model and the batch",
+         "every plan fits under its memory cap (calc.memory_per_gpu)",
+         f"every plan's step time within {TOLERANCE:.0%} of the best calc.plan finds",
+         f"why: the plan's memory and the shallower pipeline's, within {MEMORY_TOLERANCE:.0%}",
+         "why: where tp stops (node, heads or cost) and the bubble (p - 1)/m",
+         f"reasoned, not searched: no planner, at most {CALLS_PER_RUN} calculator calls a run"]
+SHORTCUT = ("the point is to reason: the rules of lesson 17 give a plan, and a few calls of "
+            "calc.memory_per_gpu and calc.step_time check it; the planner's answer is no reason")
+SEARCH = ("a loop over the configurations that asks the calculator about each one is the "
+          "planner again. Decide t, p, recompute and ZeRO with the rules (one GPU's worth "
+          "first; tp up to a node; the shallowest pipeline that fits; ZeRO-1 is free; "
+          "tp's all-reduces against the bubble), then check the plan")
 
-GPT3 = GPTConfig(vocab_size=51200, seq_len=2048, n_layer=96, n_head=96, d_model=12288)
-SIZES = (("GPT-3", calc.param_count(GPT3)),
-         ("GPT-3 at t = 4, per GPU", calc.params_per_rank(GPT3, tp=4)),
-         ("22B over 8 GPUs", 22 * 10**9 // 8), ("a 1.3B model", 1_300_000_000))
-STATES = [(f"{name} ({n / 1e9:.2f}B parameters), {optimizer!r}", (n, optimizer))
-          for name, n in SIZES for optimizer in ("adam-mixed", "megatron")]
-A100, H100, V100 = (c.peak_flops for c in (calc.A100_80GB, calc.H100_80GB, calc.DGX2H_V100))
-_RUNS = (  # (tokens, parameters, GPUs, peak FLOP/s, efficiency, recompute)
-    (300e9, SIZES[0][1], 1024, A100, 140e12 / A100, True),
-    (300e9, SIZES[0][1], 1024, A100, 0.45, False),
-    (450e9, 10**12, 3072, A100, 0.52, True),
-    (26e9, 1_300_000_000, 8, H100, 0.40, False),
-    (100e9, 22 * 10**9, 64, V100, 0.30, True),
+
+def _gpt(h: int, a: int, layers: int) -> GPTConfig:
+    return GPTConfig(vocab_size=51200, seq_len=2048, n_layer=layers, n_head=a, d_model=h)
+
+
+GPT3 = _gpt(12288, 96, 96)
+# (label, model, cluster, GPUs, global batch, memory cap in GiB)
+CASES = (
+    ("GPT-3 175B on 1024 A100s, batch 1536, 72 GiB", GPT3, calc.A100_80GB, 1024, 1536, 72),
+    ("GPT-3 175B on 64 A100s, batch 64, 72 GiB", GPT3, calc.A100_80GB, 64, 64, 72),
+    ("GPT 76B on 128 A100s, batch 512, 40 GiB", _gpt(10240, 80, 60), calc.A100_80GB, 128,
+     512, 40),
+    ("GPT 22B on 64 H100s, batch 256, 16 GiB", _gpt(6144, 64, 48), calc.H100_80GB, 64, 256,
+     16),
+    ("GPT 1.7B on 32 A100s, batch 512, 72 GiB", _gpt(2304, 24, 24), calc.A100_80GB, 32, 512,
+     72),
+    ("GPT 43B (60 heads) on 128 A100s, batch 512, 40 GiB", _gpt(7680, 60, 60), calc.A100_80GB,
+     128, 512, 40),
 )
-RUNS = [(f"{n / 1e9:.4g}B parameters, {t / 1e9:.0f}B tokens, {g} GPUs at {e:.0%} of "
-         f"{p / 1e12:.0f} TFLOP/s, {'recomputing' if r else 'no recomputation'}",
-         (t, n, g, p, e, r)) for t, n, g, p, e, r in _RUNS]
+_PLANS = {}  # label -> calc.plan's answer: the same every time, and calc.plan is the slow part
 
-
-def _layout(adam_mixed: float, megatron: float):
-    return lambda args: (adam_mixed / 16 if args[1] == "adam-mixed" else megatron / 18)
-
-
-# The usual slips, in kinds: each is the factor it puts on a case's right answer. One slip,
-# or two of different kinds, are recognised (their factors multiply).
-STATE_SLIPS = [
-    {"an fp32 row is missing, 4 bytes a parameter: Adam's master copy of the weights (what "
-     "it updates), or one of its two moments": _layout(12, 14),
-     "the gradients are counted in 16 bits under 'megatron', which accumulates them in "
-     "fp32 (4 bytes)": _layout(16, 16),
-     "the gradients are counted in fp32 under 'adam-mixed', which keeps them in 16 bits, as "
-     "the weights": _layout(18, 18),
-     "the gradients are missing: 2 bytes a parameter under 'adam-mixed', 4 under "
-     "'megatron'": _layout(14, 14),
-     "that is the 16-bit weights alone, 2 bytes a parameter: enough to run the model, not "
-     "to train it": _layout(2, 2)},
-    {"that is GiB (2**30 bytes); the claims, and this exercise, count GB (10**9 bytes)":
-     lambda args: GB / 2**30,
-     "that is bytes: divide by 10**9 for GB": lambda args: GB},
-]
-DAY_SLIPS = [
-    {"6·N·D where the run recomputes: full recomputation runs the forward again, 8 FLOPs a "
-     "parameter a token": lambda a: 6 / 8 if a[5] else 1,
-     "8·N·D where the run does not recompute: forward 2 and backward 4 FLOPs a parameter a "
-     "token make 6": lambda a: 1 if a[5] else 8 / 6,
-     "2·N·D counts the forward only: the backward costs twice the forward": (
-         lambda a: 2 / (8 if a[5] else 6))},
-    {"the peak FLOP/s is not what a GPU achieves: multiply it by the efficiency":
-     lambda a: a[4],
-     "the efficiency divides the peak: the GPUs achieve efficiency × peak, less than peak":
-     lambda a: a[4] ** 2},
-    {"the GPUs share the work: divide by their number": lambda a: a[2]},
-    {"that is seconds: a day has 86,400": lambda a: DAY,
-     "that is hours: a day has 24": lambda a: 24},
-]
-HINTS = ["2 (16-bit weights) + 4 (fp32 master) + 4 + 4 (Adam's moments) + the gradients, "
-         "bytes a parameter; a GB is 10**9 bytes",
-         "FLOPs: (8 with recomputation, else 6) × parameters × tokens; divide by what the GPUs "
-         "achieve together, n × efficiency × peak FLOP/s, then by 86,400 s a day"]
-
-
-def _reference_states(args) -> float:
-    n_params, optimizer = args
-    return calc.model_state_bytes(n_params, optimizer=optimizer)["total"] / GB
-
-
-def _reference_days(args) -> float:
-    tokens, n_params, n_gpus, peak, efficiency, recompute = args
-    seconds = calc.training_seconds(tokens, n_params, n_gpus, efficiency * peak)
-    return seconds * (1 if recompute else 6 / 8) / DAY  # Eq. 4 is the 8-FLOP rule
+PART_HINTS = {
+    "compute": "recomputation repeats forward work: spend it only where memory demands it, "
+               "and on the cheapest kind that fits.",
+    "tp": "tensor parallelism all-reduces in every layer, and a GPU's share of them does not "
+          "shrink as tp grows: is your tp larger than this model needs, or than a faster GPU "
+          "can hide (halve tp, double pp, and weigh the bubble)?",
+    "pp": "every pipeline boundary sends each microbatch's activations, both ways.",
+    "dp": "the gradient reduction grows with the parameters a stage holds and with the links "
+          "its group spans; ZeRO 2 and 3 repeat it every microbatch.",
+    "bubble": "the bubble is (p - 1)/m of a stage's busy time: deep pipelines with few "
+              "microbatches per replica idle.",
+}
 
 
 class _Watch:
-    """Records the calculator's answers being used while the learner's code runs: the two
-    functions, wherever they were imported to (calc, its module, the learner's own file),
-    and every read of a row of `calc.OPTIMIZERS` (its rows are swapped, in place, for
-    tuples that record being read)."""
+    """Counts, while the learner's code runs, the calls of the calculator's functions by
+    their code objects (a profile hook): however the learner imported a function
+    (``from minitp.calc import plan`` binds it before any patch could catch it), its
+    code is the same object. ``runs`` holds one Counter per run."""
 
-    FUNCTIONS = ((memory_module, "model_state_bytes"), (flops_module, "training_seconds"))
+    WATCHED = {calc.plan.__code__: "calc.plan",
+               search.every_configuration.__code__: "calc.search.every_configuration",
+               calc.memory_per_gpu.__code__: "calc.memory_per_gpu",
+               calc.step_time.__code__: "calc.step_time"}
 
-    def __init__(self, learner):
-        self.learner, self.calls, self._undo = learner, [], []
+    def __init__(self):
+        self.runs: list[Counter] = []
 
-    def _swap(self, namespace: dict, key, value):
-        self._undo.append((namespace, key, namespace[key]))
-        namespace[key] = value
+    def new_run(self) -> None:
+        self.runs.append(Counter())
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and frame.f_code in self.WATCHED:
+            self.runs[-1][self.WATCHED[frame.f_code]] += 1
 
     def __enter__(self):
-        for module, name in self.FUNCTIONS:
-            original = getattr(module, name)
-
-            def recorded(*args, _f=original, _name=f"calc.{name}", **kwargs):
-                self.calls.append(_name)
-                return _f(*args, **kwargs)
-
-            for namespace in (vars(calc), vars(module), vars(self.learner)):
-                for key in [k for k, v in namespace.items() if v is original]:
-                    self._swap(namespace, key, recorded)
-        rows = memory_module.OPTIMIZERS
-        if any(v is held for v in vars(self.learner).values()
-               for held in (rows, *rows.values())):
-            self.calls.append("calc.OPTIMIZERS")  # a row, or the table, held since import
-        for key, row in list(rows.items()):
-            self._swap(rows, key, _Row(row, self.calls))
+        self._before = sys.getprofile()
+        sys.setprofile(self._hook)
         return self
 
     def __exit__(self, *exc):
-        for namespace, key, value in reversed(self._undo):
-            namespace[key] = value
-        self._undo = []
-
-
-class _Row(tuple):
-    """A row of `calc.OPTIMIZERS` that records being read (indexed or iterated)."""
-
-    def __new__(cls, row, calls):
-        self = super().__new__(cls, row)
-        self.calls = calls
-        return self
-
-    def __getitem__(self, index):
-        self.calls.append("calc.OPTIMIZERS")
-        return super().__getitem__(index)
-
-    def __iter__(self):
-        self.calls.append("calc.OPTIMIZERS")
-        return super().__iter__()
+        sys.setprofile(self._before)
 
 
 def run(module) -> list[Check]:
-    with _Watch(module) as watch:  # only the learner's code runs inside: the references after
-        states = _ask(module.model_states_gb, STATES, NAMES[0], "GB")
-        days = _ask(module.training_days, RUNS, NAMES[1], "days")
-    checks = [_judge(states, STATES, _reference_states, NAMES[0], "GB", STATE_SLIPS, HINTS[0]),
-              _judge(days, RUNS, _reference_days, NAMES[1], "days", DAY_SLIPS, HINTS[1])]
-    if all(isinstance(a, Check) and "not written" in a.detail for a in (states, days)):
-        return checks + [Check(NAMES[2], False, "not checked: nothing is written yet")]
-    calls = sorted(set(watch.calls))
-    if calls:
-        return checks + [Check(NAMES[2], False, f"your code used {', '.join(calls)}",
-                               hint=SHORTCUT)]
-    return checks + [Check(NAMES[2], True, "no shortcut taken")]
-
-
-def _ask(function, cases, name: str, unit: str):
-    """The learner's answer for every case, or the failed check that says why there is none."""
     answers = []
-    for label, args in cases:
-        try:
-            answer = function(*args)
-        except NotImplementedError as exc:
-            return Check(name, False, f"{function.__name__} is not written yet", hint=str(exc))
-        except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
-            return Check(name, False, f"{label}: raised {type(exc).__name__}: {exc}",
-                         hint=f"return one number, in {unit}")
-        if not isinstance(answer, Real) or isinstance(answer, bool):
-            return Check(name, False, f"{label}: returned {answer!r}",
-                         hint=f"return one number, in {unit}")
-        answers.append(float(answer))
-    return answers
+    with _Watch() as watch:  # only the learner's code runs inside: the reference comes after
+        for label, cfg, cluster, n_gpus, batch, cap in CASES:
+            watch.new_run()
+            try:
+                answers.append(module.choose_plan(cfg, cluster, n_gpus, batch, cap * GiB))
+            except NotImplementedError as exc:
+                return not_written(NAMES, "choose_plan", str(exc))
+            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+                return crashed(NAMES, label, exc, "return a dict with the keys "
+                               + ", ".join(KEYS) + " and why")
+    judged = [_judge(case, plan) for case, plan in zip(CASES, answers, strict=True)]
+    return [_valid(judged), _fits(judged), _fast(judged), _memory_why(judged),
+            _stop_and_bubble(judged), _reasoned(watch.runs)]
 
 
-def _judge(answers, cases, reference, name: str, unit: str, slips, hint: str) -> Check:
-    if isinstance(answers, Check):
-        return answers
-    expected = [reference(args) for _, args in cases]
-    errors = [abs(got - want) / want for got, want in zip(answers, expected, strict=True)]
-    if max(errors) <= RELATIVE:
-        return Check(name, True, f"{len(cases)} cases")
-    first = next(i for i, e in enumerate(errors) if e > RELATIVE)
-    found = _slips([got / want for got, want in zip(answers, expected, strict=True)],
-                   [args for _, args in cases], slips)
-    if found:
-        hint = ("every answer is what this slip gives: " if len(found) == 1 else
-                "every answer is what these two slips give together: ") + "; and ".join(found)
-    return Check(name, False, f"{cases[first][0]}: {answers[first]:.6g} {unit}, expected "
-                 f"{expected[first]:.6g} {unit}", tensor=unit, max_error=max(errors),
-                 hint=hint)
+def _reference(label, cfg, cluster, n_gpus, batch, cap):
+    if label not in _PLANS:
+        _PLANS[label] = calc.plan(cfg, cluster, batch, n_gpus, micro_batches=(1,),
+                                  zero_stage=(0, 1, 2, 3), usable=cap * GiB / cluster.memory)
+    return _PLANS[label]
 
 
-def _slips(ratios, cases, kinds) -> list[str] | None:
-    """The slip (or two, of different kinds) whose factors turn every right answer into the
-    learner's; None if no such one."""
-    ones = [[slip] for kind in kinds for slip in kind.items()]
-    twos = [[a, b] for k1, k2 in combinations(kinds, 2) for a in k1.items() for b in k2.items()]
-    for found in ones + twos:
-        if all(math.isclose(ratio, math.prod(f(args) for _, f in found), rel_tol=RELATIVE)
-               for ratio, args in zip(ratios, cases, strict=True)):
-            return [text for text, _ in found]
+def _describe(plan: dict) -> str:
+    return " ".join(f"{key}={plan[key]}" for key in KEYS)
+
+
+def _memory(cfg, n_gpus, batch, tp, pp, recompute, zero) -> dict:
+    dp = n_gpus // (tp * pp)
+    return calc.memory_per_gpu(cfg, 1, dp, pp, tp, tp > 1, recompute, zero, "megatron",
+                               microbatches=batch // dp)
+
+
+def _depths(cfg, n_gpus, tp, batch) -> list[int]:
+    return [p for p in range(1, n_gpus // tp + 1) if cfg.n_layer % p == 0
+            and n_gpus % (tp * p) == 0 and batch % (n_gpus // (tp * p)) == 0]
+
+
+def _judge(case, plan) -> dict:
+    """What the calculator says of one plan: why it is not valid, or its memory and time,
+    and what its justification should say."""
+    label, cfg, cluster, n_gpus, batch, cap = case
+    result = {"label": label, "cap": cap}
+    if not isinstance(plan, dict) or set(KEYS) - set(plan):
+        missing = ", ".join(k for k in KEYS if not isinstance(plan, dict) or k not in plan)
+        result["invalid"] = f"{label}: got {plan!r}, a dict without {missing}"
+        return result
+    result["plan"] = _describe(plan)
+    dp, pp, tp, recompute, zero = (plan[k] for k in KEYS)
+    sp = tp > 1 if isinstance(tp, int) else False
+    try:
+        check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+                              recompute=recompute, zero_stage=zero, world_size=n_gpus)
+        if batch % dp:
+            raise ValueError(f"the global batch {batch} does not split over dp={dp} replicas")
+    except ValueError as exc:
+        result["invalid"] = f"{label}: {result['plan']}: {exc}"
+        return result
+    result["memory"] = _memory(cfg, n_gpus, batch, tp, pp, recompute, zero)
+    result["time"] = calc.step_time(cfg, cluster, dp, pp, tp, 1, batch, sp, recompute,
+                                    zero_stage=zero)
+    result["zero"], result["pp"] = zero, pp
+    reference = _reference(*case)
+    result["best"] = reference.best
+    result["needs zero"] = not any(  # no plan without ZeRO is fast enough: say so if slow
+        c.zero_stage == 0 and c.time.total <= (1 + TOLERANCE) * reference.best.time.total
+        for c in reference.candidates)
+    if zero == 0 and dp > 1:  # what the same plan needs with the distributed optimizer
+        result["with zero 1"] = _memory(cfg, n_gpus, batch, tp, pp, recompute, 1)["total"]
+    result["why"] = plan.get("why")
+    result["expected"] = _expected(case, plan)
+    return result
+
+
+def _expected(case, plan) -> dict:
+    """The justification the calculator gives for this plan, and the usual slips."""
+    label, cfg, cluster, n_gpus, batch, cap = case
+    dp, pp, tp, recompute, zero = (plan[k] for k in KEYS)
+    memory = _memory(cfg, n_gpus, batch, tp, pp, recompute, zero)
+    shallower = [q for q in _depths(cfg, n_gpus, tp, batch) if q < pp]
+    twice, m = 2 * tp, batch // dp
+    stop = ("node" if twice > cluster.gpus_per_node
+            else "heads" if cfg.n_head % twice else "cost")
+    expected = {
+        "memory_gib": memory["total"] / GiB,
+        "memory slips": {
+            "in GB (10^9 bytes), not GiB (2^30)": memory["total"] / 1e9,
+            "in bytes, not GiB": memory["total"],
+            "the model states alone, without the activations":
+                (memory["total"] - memory["activations"]) / GiB,
+            "the activations alone, without the model states": memory["activations"] / GiB,
+        },
+        "shallower": shallower[-1] if shallower else None,
+        "shallower_gib": None,
+        "shallower slips": {},
+        "tp_stop": stop,
+        "stop reason": (f"2·tp = {twice} GPUs, a node has {cluster.gpus_per_node}" if
+                        stop == "node" else f"{cfg.n_head} heads do not divide by {twice}"
+                        if stop == "heads" else f"{twice} GPUs fit in a node of "
+                        f"{cluster.gpus_per_node} and divide the {cfg.n_head} heads"),
+        "bubble": calc.bubble(pp, m),
+        "bubble slips": {
+            "(p - 1)/(m + p - 1), the bubble's share of the whole step; the fraction asked "
+            "is of the busy time, (p - 1)/m": (pp - 1) / (m + pp - 1),
+            f"m taken as the global batch {batch}; each replica runs m = {batch}/{dp} = "
+            f"{m} microbatches": (pp - 1) / batch,
+            "p/m: the bubble is (p - 1)/m, the first stage idles while p - 1 others fill":
+                pp / m,
+        },
+    }
+    if zero:
+        expected["memory slips"][f"the plan without ZeRO-{zero} (18 bytes per parameter)"] = (
+            _memory(cfg, n_gpus, batch, tp, pp, recompute, 0)["total"] / GiB)
+    if shallower:
+        q = shallower[-1]
+        expected["shallower_gib"] = _memory(cfg, n_gpus, batch, tp, q, recompute,
+                                            zero)["total"] / GiB
+        slips = expected["shallower slips"]
+        for rc in ("selective", "full", None):
+            for z in range(4):
+                if (rc, z) != (recompute, zero):
+                    slips[f"pp={q} with recompute={rc} and ZeRO-{z}; keep the plan's "
+                          f"recompute={recompute} and ZeRO-{zero}"] = _memory(
+                        cfg, n_gpus, batch, tp, q, rc, z)["total"] / GiB
+        deeper = [d for d in _depths(cfg, n_gpus, tp, batch) if d > pp]
+        if deeper:
+            slips[f"the deeper pipeline pp={deeper[0]}, not the shallower pp={q}"] = _memory(
+                cfg, n_gpus, batch, tp, deeper[0], recompute, zero)["total"] / GiB
+    return expected
+
+
+def _close(value, target, tolerance) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return abs(value - target) <= tolerance * max(abs(target), 1e-12)
+
+
+def _slip(value, slips: dict, tolerance) -> str:
+    """The name of the usual mistake that ``value`` matches, or ''."""
+    return next((name for name, number in slips.items() if _close(value, number, tolerance)),
+                "")
+
+
+def _valid(judged) -> Check:
+    for r in judged:
+        if "invalid" in r:
+            return Check(NAMES[0], False, r["invalid"], tensor="plan",
+                         hint="dp · pp · tp must be the GPU count, tp must divide the heads "
+                              "(and the hidden size and sequence), pp the layers, dp the "
+                              "global batch")
+    return Check(NAMES[0], True, f"{len(judged)} runs")
+
+
+def _fitting(r) -> bool:
+    return "memory" in r and r["memory"]["total"] <= r["cap"] * GiB
+
+
+def _not_checked(name, judged, checked) -> Check | None:
+    skipped = [r["label"] for r in judged if r not in checked]
+    if skipped:
+        return Check(name, False, f"not checked for {'; '.join(skipped)}: see above")
     return None
+
+
+def _fits(judged) -> Check:
+    valid = [r for r in judged if "memory" in r]
+    for r in valid:
+        if _fitting(r):
+            continue
+        memory = r["memory"]
+        states = memory["total"] - memory["activations"]
+        hint = ("model states shrink with pp and tp (and with ZeRO, over dp); activations "
+                "with tp (sequence parallel) and recomputation")
+        if r.get("with zero 1", float("inf")) <= r["cap"] * GiB:
+            hint = (f"with ZeRO-1 (the distributed optimizer: 6 + 12/dp bytes per parameter) "
+                    f"the same plan needs {r['with zero 1'] / GiB:.1f} GiB, and costs the "
+                    "same time in this model")
+        return Check(NAMES[1], False, f"{r['label']}: {r['plan']} needs "
+                     f"{memory['total'] / GiB:.1f} GiB on its busiest GPU (model states "
+                     f"{states / GiB:.1f}, activations {memory['activations'] / GiB:.1f}), over "
+                     f"the {r['cap']} GiB cap", tensor="memory",
+                     max_error=memory["total"] / (r["cap"] * GiB) - 1, hint=hint)
+    return (_not_checked(NAMES[1], judged, valid)
+            or Check(NAMES[1], True, f"{len(judged)} runs"))
+
+
+def _fast(judged) -> Check:
+    fitting = [r for r in judged if _fitting(r)]
+    for r in fitting:
+        mine, best = r["time"], r["best"].time
+        slower = mine.total / best.total - 1
+        if slower <= TOLERANCE:
+            continue
+        excess = {part: getattr(mine, part) - getattr(best, part) for part in PART_HINTS}
+        part = max(excess, key=excess.get)
+        hint = PART_HINTS[part]
+        if r["zero"] == 0 and r["needs zero"]:
+            hint += (" Here no plan without ZeRO comes within "
+                     f"{TOLERANCE:.0%} of the best: what does sharding over dp free?")
+        return Check(NAMES[2], False, f"{r['label']}: {r['plan']} takes {mine.total:.3g} s per "
+                     f"step, {slower:.0%} slower than the best plan that fits "
+                     f"({best.total:.3g} s); the most of it is {part}: "
+                     f"{getattr(mine, part):.3g} s against {getattr(best, part):.3g} s",
+                     tensor=part, max_error=slower, hint=hint)
+    worst = max(r["time"].total / r["best"].time.total - 1 for r in fitting) if fitting else 0
+    return (_not_checked(NAMES[2], judged, fitting)
+            or Check(NAMES[2], True, f"{len(judged)} runs, the slowest {worst:+.1%} "
+                     "against the best"))
+
+
+def _why_of(r) -> tuple[dict | None, str]:
+    """The learner's justification of a valid plan, or why there is none to check."""
+    why = r["why"]
+    if not isinstance(why, dict):
+        return None, f"{r['label']}: the plan has no \"why\" (got {why!r})"
+    missing = [k for k in WHY if k not in why]
+    if missing:
+        return None, f"{r['label']}: \"why\" lacks {', '.join(missing)}"
+    return why, ""
+
+
+def _memory_why(judged) -> Check:
+    valid = [r for r in judged if "memory" in r]
+    hint = ("the busiest GPU in GiB (2^30 bytes): calc.memory_per_gpu(...)['total'] / 2**30, "
+            "model states and activations together; the shallower plan keeps tp, recompute "
+            "and the ZeRO stage and takes the next valid depth below pp")
+    for r in valid:
+        why, problem = _why_of(r)
+        if problem:
+            return Check(NAMES[3], False, problem, tensor="why", hint=hint)
+        e = r["expected"]
+        given = why["memory_gib"]
+        if not _close(given, e["memory_gib"], MEMORY_TOLERANCE):
+            slip = _slip(given, e["memory slips"], MEMORY_TOLERANCE)
+            return Check(NAMES[3], False, f"{r['label']}: memory_gib is {_shown(given)}, but "
+                         f"calc.memory_per_gpu gives {r['plan']} {e['memory_gib']:.2f} GiB"
+                         + (f": {_shown(given)} is {slip}" if slip else ""), tensor="memory_gib",
+                         max_error=_error(given, e["memory_gib"]), hint=hint)
+        given, target = why["shallower_gib"], e["shallower_gib"]
+        if target is None and given is not None:
+            return Check(NAMES[3], False, f"{r['label']}: shallower_gib is {_shown(given)}, but "
+                         f"pp={r['pp']} is already the shallowest valid "
+                         "depth at this tp: expected None", tensor="shallower_gib", hint=hint)
+        if target is not None and not _close(given, target, MEMORY_TOLERANCE):
+            slip = _slip(given, e["shallower slips"], MEMORY_TOLERANCE)
+            detail = (f"{r['label']}: shallower_gib is {_shown(given)}, but the same plan at "
+                      f"pp={e['shallower']}, the next valid depth below, needs "
+                      f"{target:.2f} GiB ({'over' if target > r['cap'] else 'under'} the "
+                      f"{r['cap']} GiB cap)")
+            if slip:
+                detail += f": {_shown(given)} is {slip}"
+            return Check(NAMES[3], False, detail, tensor="shallower_gib",
+                         max_error=_error(given, target), hint=hint)
+    return (_not_checked(NAMES[3], judged, valid)
+            or Check(NAMES[3], True, f"{len(judged)} runs"))
+
+
+def _shown(value) -> str:
+    """A learner's number as the report shows it: four figures, or as it came."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return repr(value)
+
+
+def _error(given, target) -> float | None:
+    if isinstance(given, bool) or not isinstance(given, int | float):
+        return None
+    return abs(given / target - 1) if target else None
+
+
+def _stop_and_bubble(judged) -> Check:
+    valid = [r for r in judged if "memory" in r]
+    for r in valid:
+        why, problem = _why_of(r)
+        if problem:
+            return Check(NAMES[4], False, problem, tensor="why",
+                         hint="return the plan's keys and a \"why\" dict with "
+                              + ", ".join(WHY))
+        e = r["expected"]
+        stop = why["tp_stop"]
+        if stop != e["tp_stop"]:
+            known = "" if stop in STOPS else f" (one of {', '.join(map(repr, STOPS))})"
+            return Check(NAMES[4], False, f"{r['label']}: tp_stop is {stop!r}{known}, but for "
+                         f"{r['plan']} it is {e['tp_stop']!r}: {e['stop reason']}",
+                         tensor="tp_stop", hint="; ".join(f"{k!r}: {v}"
+                                                          for k, v in STOPS.items()))
+        given = why["bubble"]
+        if not _close(given, e["bubble"], BUBBLE_TOLERANCE) and not (
+                e["bubble"] == 0 and given == 0):
+            slip = _slip(given, e["bubble slips"], BUBBLE_TOLERANCE)
+            return Check(NAMES[4], False, f"{r['label']}: bubble is {_shown(given)}, but (p - 1)/m "
+                         f"for {r['plan']} is {e['bubble']:.4f}"
+                         + (f": {_shown(given)} is {slip}" if slip else ""), tensor="bubble",
+                         max_error=_error(given, e["bubble"]),
+                         hint="Narayanan et al. 2021, §2.2: the bubble is (p - 1)/m of the "
+                              "ideal time, m = global_batch / dp microbatches per replica")
+    return (_not_checked(NAMES[4], judged, valid)
+            or Check(NAMES[4], True, f"{len(judged)} runs"))
+
+
+def _reasoned(runs: list[Counter]) -> Check:
+    planner = sorted({name for calls in runs for name in calls
+                      if name in ("calc.plan", "calc.search.every_configuration")})
+    if planner:
+        return Check(NAMES[5], False, f"your code called {', '.join(planner)}", hint=SHORTCUT)
+    counted = [sum(calls.values()) for calls in runs]
+    worst = max(range(len(runs)), key=counted.__getitem__)
+    if counted[worst] > CALLS_PER_RUN:
+        calls = runs[worst]
+        each = " and ".join(f"{name} {calls[name]} times" for name in
+                            ("calc.memory_per_gpu", "calc.step_time") if calls[name])
+        return Check(NAMES[5], False, f"{CASES[worst][0]}: your code called {each}, "
+                     f"{counted[worst]} in all where {CALLS_PER_RUN} are allowed: that is a "
+                     "search", tensor="calls", hint=SEARCH)
+    return Check(NAMES[5], True, f"at most {max(counted)} calculator calls in a run")

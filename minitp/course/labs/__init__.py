@@ -16,25 +16,25 @@ nothing in the library imports it. Each lab is one module:
   activations and the W passes' stored (x, g)), float64 runs beside one device, and each
   rank's squared gradients for the global norm (lesson 12);
 * `planning`: the planner's model of a machine against the machine: its
-  constants profiled on real ranks, its step times measured (lesson 16);
+  constants profiled on real ranks, its step times measured (lesson 17);
 * `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
-  and split into compute and communication from the trace (lesson 15);
+  and split into compute and communication from the trace (lesson 16);
 * `explorer`: memory per GPU and step time of runs too large to launch, from
-  `minitp.calc`, with an ipywidgets front end (lesson 16);
+  `minitp.calc`, with an ipywidgets front end (lesson 17);
 * `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
   same ranks, measured side by side, and ZeRO-3's parameter bytes through a
-  step (lesson 18);
+  step (lesson 20);
 * `moe`: a mixture of experts trained on one device with each way of balancing its
   load (loads and routing step by step), one step of expert parallelism traced on 4
   ranks (all-to-all rows and bytes, each rank's expert compute, a forced straggler),
-  and the mesh against one device in float64 (lesson 19);
+  and the mesh against one device in float64 (lesson 23);
 * `long_sequences`: what sequence parallelism leaves whole, activation memory
   against sequence length with and without context parallelism, the ring's
   trace, and the causal work per rank with and without load balancing (lesson 08);
 * `step_timing`: training steps of several models timed in turn on every rank
   (lesson 07 and `bench/gpu_figures.py`);
 * `gpu_figures`: the figures `bench/gpu_figures.py` recorded on a GPU, read back
-  for lessons 01, 07 and 15 (or a plain statement that none was recorded).
+  for lessons 01, 07 and 16 (or a plain statement that none was recorded).
 
 The labs are imported on first use (``minitp.course.labs.scaling``), not with the
 package: the explorer pulls in ipywidgets, which ranks never need.

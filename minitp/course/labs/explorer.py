@@ -12,7 +12,7 @@ Everything here is `minitp.calc`, so every number is a MODEL (the papers'
 formulas), none measured: `explore` checks the configuration, calls
 `calc.memory_per_gpu` and `calc.step_time`, and keeps their answers; the
 widget only turns its controls into `explore`'s arguments. So the tests (and
-lesson 16) check the numbers by calling `calc` directly, and drive the widget
+lesson 17) check the numbers by calling `calc` directly, and drive the widget
 in code: ``w.controls["tp"].value = 16``, then read ``w.result``.
 
 Layout: a plain VBox, since a CSS grid's per-child placement (``grid_column``) is

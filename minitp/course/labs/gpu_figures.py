@@ -1,4 +1,4 @@
-"""Lab: the GPU figures recorded by `bench/gpu_figures.py`, read back for lessons 01, 07, 15.
+"""Lab: the GPU figures recorded by `bench/gpu_figures.py`, read back for lessons 01, 07, 16.
 
 The bench writes one JSON file per run into ``bench/results/figures-<device>.json``:
 the device (its name and kind, "cuda" or "cpu"), torch, CUDA and NCCL versions,

@@ -1,4 +1,4 @@
-"""Lab: the planner's model of a machine, set against the machine (lesson 16).
+"""Lab: the planner's model of a machine, set against the machine (lesson 17).
 
 `minitp.calc.plan` ranks configurations by `calc.step_time`, a MODEL: FLOPs at
 a fixed share of a peak, every collective an α–β ring, nothing overlapped, the

@@ -19,7 +19,7 @@ rest of its step (the step's window minus that) is compute, with the optimizer
 and Python overhead in it.
 
 Why one file: the family, the measurement and the laws are one experiment.
-Lesson 15 builds the family, measures it and reads the result through the laws
+Lesson 16 builds the family, measures it and reads the result through the laws
 in that order, and each part is short; split, every file would need the others
 to make sense.
 """

@@ -1,4 +1,4 @@
-"""Lab: a vision-language model across ranks (lesson 14) — the two encoder layouts of the
+"""Lab: a vision-language model across ranks (lesson 15) — the two encoder layouts of the
 lesson's source (a notes file, named in the lesson's first cell), the encoder trained, run side
 by side on real ranks; their trap run on purpose; the pipeline's imbalance timed.
 

@@ -1,128 +1,121 @@
-"""Lesson 16's questions: the first pipeline stage's activations under 1F1B, and what to change
-when a plan does not fit."""
+"""Lesson 16's questions: weak-scaling efficiency from step times and FLOPs, and which change
+lowers tensor parallelism's share of a step."""
 
 from __future__ import annotations
 
-from ...calc.cluster import A100_80GB, GiB
-from ...calc.memory import activation_bytes, activation_bytes_per_layer, memory_per_gpu
+from dataclasses import replace
+
+from ...calc.cluster import DGX2H_V100, H100_80GB
+from ...calc.flops import flops_per_iteration
 from ...calc.timing import step_time
+from ..labs.scaling import megatron_family, strong_efficiency, weak_efficiency
 from .form import Question, Wrong
-from .models import gpt
 
-MODELS = {"GPT-3 175B": gpt(12288, 96, 96), "a 39B GPT": gpt(8192, 64, 48),
-          "a 13B GPT": gpt(5120, 40, 40)}
+BATCH = 8  # global batch of the lesson's weak-scaling runs
 
 
-def first_stage_activations(seed=None) -> Question:
+def weak_eff(seed=None) -> Question:
     def draw(rng):
-        name = rng.choice(tuple(MODELS))
-        pp = rng.choice(tuple(p for p in (4, 8, 16) if MODELS[name].n_layer % p == 0))
-        return {"model": name, "tp": rng.choice((4, 8)), "pp": pp,
-                "m": pp * rng.choice((2, 4))}
+        # t = 2 is left out: there F_2 is within 1% of 2·F_1, so E and T1/T2 would coincide.
+        t, t1 = rng.choice((4, 8)), rng.choice((200, 250, 300, 400))
+        return {"t": t, "t1": t1, "tt": round(t1 * rng.choice((1.10, 1.20, 1.30, 1.45)))}
 
-    def cfg(p):
-        return MODELS[p["model"]]
-
-    def per_layer(p):
-        return activation_bytes_per_layer(cfg(p), 1, tp=p["tp"], sp=True)
+    def flops(t):
+        return flops_per_iteration(megatron_family(t), BATCH)
 
     def right(p):
-        return activation_bytes(cfg(p), 1, tp=p["tp"], sp=True, pp=p["pp"],
-                                microbatches=p["m"]) / GiB
-
-    def text(p):
-        c = cfg(p)
-        name = p["model"][0].upper() + p["model"][1:]
-        return (f"{name} (l = {c.n_layer} layers, h = {c.d_model}, a = {c.n_head} heads, "
-                f"s = {c.seq_len}) trains with t = {p['tp']} and sequence parallelism, "
-                f"p = {p['pp']} pipeline stages, 1F1B, m = {p['m']} microbatches of one "
-                "sequence, no recomputation. One layer keeps sbh/t·(34 + 5as/h) bytes of "
-                "activations per microbatch (Korthikanti et al. 2022, Table 2). How many GiB "
-                "of activations does a GPU of the first stage hold at its peak? (GiB, 2^30 "
-                "bytes; within 1%.)")
+        return 100 * weak_efficiency(flops(1), p["t1"], flops(p["t"]), p["tt"], p["t"])
 
     return Question(
-        key="16.first-stage-activations", seed=seed, draw=draw, text=text, right=right,
+        key="16.weak-efficiency", seed=seed, draw=draw,
+        text=lambda p: (f"A weak-scaling run of Megatron-LM's family (Shoeybi et al. 2019, Table "
+                        f"1), global batch {BATCH}: the 1.2B model on one GPU does F_1 = "
+                        f"{flops(1):.4e} FLOPs a step in T_1 = {p['t1']} ms; the t = {p['t']} "
+                        f"model on {p['t']} GPUs does F_{p['t']} = {flops(p['t']):.4e} FLOPs a "
+                        f"step in T_{p['t']} = {p['tt']} ms (timings made up for this "
+                        "question, about an H100's). What is its weak-scaling efficiency E, "
+                        "FLOP/s per GPU over one GPU's? (A percentage; within 1%.)"),
+        right=right,
         wrong=[
-            Wrong(lambda p: per_layer(p) * cfg(p).n_layer / p["pp"] / GiB,
-                  "that is one microbatch of the stage's l/p layers: under 1F1B the first stage "
-                  "has p microbatches in flight before its first backward"),
-            Wrong(lambda p: per_layer(p) * cfg(p).n_layer / p["pp"] * p["m"] / GiB,
-                  "that keeps all m microbatches, as GPipe does; 1F1B starts a backward as soon "
-                  "as it can, so at most p are in flight"),
-            Wrong(lambda p: activation_bytes(cfg(p), 1, tp=p["tp"], sp=False, pp=p["pp"],
-                                             microbatches=p["m"]) / GiB,
-                  "that is without sequence parallelism, which leaves the LayerNorm and dropout "
-                  "activations (10sbh) whole on every GPU; with it they are split by t too"),
-            Wrong(lambda p: right(p) * GiB / 1e9,
-                  "that is in GB (10^9 bytes); the question asks for GiB (2^30)"),
+            Wrong(lambda p: 100 * p["t1"] / p["tt"],
+                  "that is the step-time ratio T_1/T_t: it equals E only when each GPU's share "
+                  "F_t/t equals F_1, and in this family it is smaller"),
+            Wrong(lambda p: 100 * strong_efficiency(p["t1"], p["tt"], p["t"]),
+                  "that is the strong-scaling efficiency T_1/(t·T_t), for one model on more "
+                  "GPUs; here the model grew with t, so its FLOPs count"),
+            Wrong(lambda p: 100 * (flops(p["t"]) / p["tt"]) / (flops(1) / p["t1"]),
+                  "that is the whole run's FLOP/s over one GPU's: divide by the t GPUs to get "
+                  "the throughput per GPU"),
+            Wrong(lambda p: 100 * (flops(1) / p["t1"]) / (flops(p["t"]) / (p["t"] * p["tt"])),
+                  "that is the ratio upside down: one GPU's FLOP/s is the baseline, below"),
         ],
         worked=lambda p: (
-            f"one layer, one microbatch: sbh/t·(34 + 5as/h) = {per_layer(p) / 2**20:,.1f} MiB; "
-            f"a stage runs l/p = {cfg(p).n_layer // p['pp']} layers, and 1F1B keeps min(p, m) = "
-            f"{p['pp']} microbatches in flight on the first stage: {p['pp']}·"
-            f"{cfg(p).n_layer // p['pp']} = {cfg(p).n_layer} layers' worth, whatever p is: "
-            f"{right(p):.2f} GiB (`calc.activation_bytes`, a MODEL that lesson 05 measured to "
-            "the byte at small scale). A deeper pipeline divides the model states, not these."),
+            f"E = (F_t/(t·T_t)) / (F_1/T_1). Per GPU at t = {p['t']}: "
+            f"{flops(p['t']):.4e}/({p['t']}·{p['tt'] / 1e3} s) = "
+            f"{flops(p['t']) / p['t'] / (p['tt'] / 1e3) / 1e12:.1f} TFLOP/s; one GPU: "
+            f"{flops(1):.4e}/{p['t1'] / 1e3} s = {flops(1) / (p['t1'] / 1e3) / 1e12:.1f} "
+            f"TFLOP/s; E = {right(p):.1f}% (`scaling.weak_efficiency`). The plain ratio "
+            f"T_1/T_t = {100 * p['t1'] / p['tt']:.1f}% flatters the larger run, whose GPUs each "
+            f"did only {flops(p['t']) / p['t'] / flops(1):.2f} of one GPU's work."),
     )
 
 
-def make_it_fit(seed=None) -> Question:
-    GPT3 = MODELS["GPT-3 175B"]
+CLUSTERS = {"v100": DGX2H_V100, "h100": H100_80GB}
+SOURCES = {"v100": "a DGX-2H node of V100s (Shoeybi et al. 2019, §5: 130 TFLOP/s peak, "
+                   "NVSwitch 150 GB/s each way)",
+           "h100": "a DGX H100 node (NVIDIA's H100 datasheet, SXM: 989 TFLOP/s dense bf16, "
+                   "NVLink 450 GB/s each way)"}
 
+
+def _tp_share(cfg, cluster, t, batch):
+    st = step_time(cfg, cluster, tp=t, micro_batch=batch, global_batch=batch, efficiency=0.4)
+    return st.tp / st.total
+
+
+def lower_comm_share(seed=None) -> Question:
     def draw(rng):
-        return {"n": rng.choice((256, 512, 1024)), "batch": rng.choice((768, 1536))}
+        return {"gpu": rng.choice(tuple(CLUSTERS)), "t": rng.choice((2, 4)),
+                "batch": rng.choice((1, 8))}
 
-    def options(p):  # name: (dp, pp, recompute, global batch)
-        d = p["n"] // 64
-        return {"now": (d, 8, None, p["batch"]), "a": (d, 8, "full", p["batch"]),
-                "b": (d, 8, "selective", p["batch"]), "c": (d // 2, 16, None, p["batch"]),
-                "d": (d, 8, None, p["batch"] // 2)}
-
-    def judged(p):
-        out = {}
-        for key, (dp, pp, recompute, batch) in options(p).items():
-            m = batch // dp
-            memory = memory_per_gpu(GPT3, 1, dp, pp, 8, True, recompute, optimizer="megatron",
-                                    microbatches=m)["total"]
-            seconds = step_time(GPT3, A100_80GB, dp, pp, 8, 1, batch, True, recompute).total
-            out[key] = (memory / GiB, seconds)
-        return out
+    def shares(p):
+        cfg, cluster, t, b = megatron_family(p["t"]), CLUSTERS[p["gpu"]], p["t"], p["batch"]
+        wide = replace(cfg, d_model=2 * cfg.d_model, n_head=2 * cfg.n_head)
+        fast = replace(cluster, peak_flops=2 * cluster.peak_flops)
+        return {"now": _tp_share(cfg, cluster, t, b), "a": _tp_share(cfg, cluster, t, 2 * b),
+                "b": _tp_share(cfg, fast, t, b), "c": _tp_share(wide, cluster, t, b),
+                "d": _tp_share(cfg, cluster, 2 * t, b)}
 
     def text(p):
-        now = judged(p)["now"]
-        d = p["n"] // 64
-        return (f"GPT-3 175B on {p['n']} A100 80GB GPUs (NVIDIA's A100 datasheet: 312 TFLOP/s "
-                "dense bf16; `calc.A100_80GB` counts its 80 GB as 80 GiB), global batch "
-                f"{p['batch']}, (d, p, t) = ({d}, 8, 8), "
-                "sequence parallelism, 1F1B, micro-batch 1, 18 bytes per parameter: the busiest "
-                f"GPU needs {now[0]:.1f} GiB, over the 72 GiB usable (90%). Which change makes it "
-                "fit at the smallest cost in step time (`calc.step_time`, a MODEL)? Answer 'a', "
-                "'b', 'c' or 'd': (a) full recomputation; (b) selective recomputation; (c) "
-                f"p = 16 and d = {d // 2}; (d) halve the global batch.")
+        cfg = megatron_family(p["t"])
+        return (f"On {SOURCES[p['gpu']]}, Megatron-LM's t = {p['t']} model (h = {cfg.d_model}, "
+                f"{cfg.n_layer} layers) trains with t = {p['t']} tensor-parallel GPUs, "
+                f"{p['batch']} sequence{'s' if p['batch'] > 1 else ''} of {cfg.seq_len} tokens a "
+                "step, at 40% of peak (this question's assumption): "
+                f"`calc.step_time` puts its all-reduces at {shares(p)['now']:.1%} of the step (a "
+                "MODEL). Which single change lowers that share the most, as this lesson's "
+                "formula prices it? Answer 'a', 'b', 'c' or 'd': (a) twice the batch; (b) GPUs "
+                "twice as fast, on the same links; (c) a model twice as wide (2h, twice the "
+                f"heads), still on {p['t']} GPUs; (d) twice the GPUs, t = {2 * p['t']}.")
 
     return Question(
-        key="16.make-it-fit", seed=seed, draw=draw, kind="choice", text=text,
+        key="16.lower-comm-share", seed=seed, draw=draw, kind="choice", text=text,
         right=lambda p: "c",
         wrong=[
-            Wrong(lambda p: "a", "it fits, but it runs every layer's forward twice: a third "
-                                 "more compute, the slowest of the ones that fit"),
-            Wrong(lambda p: "b", "it fits, at a few percent more compute; twice the stages "
-                                 "fit without recomputing anything, and that is faster here"),
-            Wrong(lambda p: "d", "1F1B keeps min(p, m) microbatches in flight: with m still at "
-                                 "least p, the activations do not shrink, and nothing else does"),
+            Wrong(lambda p: "a", "the batch appears only in the latency term: the bandwidth "
+                                 "term, (2/9)·(t-1)/h·F/B, does not move, so the share barely "
+                                 "falls"),
+            Wrong(lambda p: "b", "a faster GPU raises F/B: the compute shrinks, the bytes do "
+                                 "not, and communication's share grows"),
+            Wrong(lambda p: "d", "more GPUs raise (t-1) in the bandwidth term and t(t-1) in the "
+                                 "latency term: the share grows"),
         ],
         worked=lambda p: (
-            "under 1F1B the first stage holds l layers' worth of activations whatever p is, so "
-            "p divides only the model states: p = 16 halves them. The busiest GPU and the step, "
-            "by `calc.memory_per_gpu` and `calc.step_time` (MODELS): " + "; ".join(
-                f"({k}) {gib:.1f} GiB, {sec:.2f} s" for k, (gib, sec) in judged(p).items()
-                if k != "now")
-            + ". (d) still does not fit (its shorter step does half the work). Of the three "
-            "that fit under 72 GiB, (c) is the fastest: no recomputation, and a bubble (p-1)/m "
-            "that is still small."),
+            "communication over compute is (2/9)·(t-1)/h·F/B + t(t-1)/9·αF/(bsh²): the width h "
+            "divides both terms (h² the latency one). `calc.step_time`, a MODEL: now "
+            f"{shares(p)['now']:.1%}; (a) {shares(p)['a']:.1%}, (b) {shares(p)['b']:.1%}, "
+            f"(c) {shares(p)['c']:.1%}, (d) {shares(p)['d']:.1%}. Compute per token grows as "
+            "h², tensor parallelism's bytes as h: wide layers are what keep it efficient."),
     )
 
 
-QUESTIONS = {"16.first-stage-activations": first_stage_activations,
-             "16.make-it-fit": make_it_fit}
+QUESTIONS = {"16.weak-efficiency": weak_eff, "16.lower-comm-share": lower_comm_share}

@@ -1,154 +1,128 @@
-"""Lesson 17's questions: model-state GB per GPU in the two layouts, training days by
-Narayanan et al.'s rule, and a 16-bytes-per-parameter claim judged."""
+"""Lesson 17's questions: the first pipeline stage's activations under 1F1B, and what to change
+when a plan does not fit."""
 
 from __future__ import annotations
 
-from ...calc.flops import training_seconds
-from ...calc.memory import OPTIMIZERS, model_state_bytes
+from ...calc.cluster import A100_80GB, GiB
+from ...calc.memory import activation_bytes, activation_bytes_per_layer, memory_per_gpu
+from ...calc.timing import step_time
 from .form import Question, Wrong
+from .models import gpt
 
-GB, GiB, DAY = 10**9, 2**30, 86400
-LAYOUTS = {"adam-mixed": "bf16 weights and bf16 gradients (ZeRO's count, Rajbhandari et al. "
-                         "2020, §3.1)",
-           "megatron": "bf16 weights and gradients accumulated in fp32 (Megatron-LM)"}
+MODELS = {"GPT-3 175B": gpt(12288, 96, 96), "a 39B GPT": gpt(8192, 64, 48),
+          "a 13B GPT": gpt(5120, 40, 40)}
 
 
-def state_gb(seed=None) -> Question:
+def first_stage_activations(seed=None) -> Question:
     def draw(rng):
-        return {"billions": rng.choice((13, 22, 39, 76)), "gpus": rng.choice((8, 16, 32)),
-                "layout": rng.choice(tuple(LAYOUTS))}
+        name = rng.choice(tuple(MODELS))
+        pp = rng.choice(tuple(p for p in (4, 8, 16) if MODELS[name].n_layer % p == 0))
+        return {"model": name, "tp": rng.choice((4, 8)), "pp": pp,
+                "m": pp * rng.choice((2, 4))}
 
-    def per_gpu(p):
-        return p["billions"] * 10**9 // p["gpus"]
+    def cfg(p):
+        return MODELS[p["model"]]
 
-    def gb(p, layout=None):
-        return model_state_bytes(per_gpu(p), optimizer=layout or p["layout"])["total"] / GB
+    def per_layer(p):
+        return activation_bytes_per_layer(cfg(p), 1, tp=p["tp"], sp=True)
 
-    def other(p):
-        return "megatron" if p["layout"] == "adam-mixed" else "adam-mixed"
-
-    def per_param(p, layout=None):
-        return sum(OPTIMIZERS[layout or p["layout"]])
-
-    return Question(
-        key="17.state-gb", seed=seed, draw=draw,
-        text=lambda p: (f"A {p['billions']}B-parameter model is split evenly over {p['gpus']} "
-                        "GPUs by tensor and pipeline parallelism (no ZeRO). It trains with "
-                        f"mixed-precision Adam: {LAYOUTS[p['layout']]}, an fp32 master copy "
-                        "and Adam's two fp32 moments. How many GB of model states does each GPU "
-                        "hold? (GB, 10^9 bytes; within 1%.)"),
-        right=gb,
-        wrong=[
-            Wrong(lambda p: gb(p, other(p)),
-                  "that is the other layout (16 or 18 bytes a parameter): check in which "
-                  "precision the gradients are kept"),
-            Wrong(lambda p: 2 * per_gpu(p) / GB,
-                  "that is the bf16 weights alone; training also keeps gradients, an fp32 master "
-                  "copy and Adam's two moments"),
-            Wrong(lambda p: gb(p) * GB / GiB, "that is in GiB (2^30 bytes); the question asks "
-                                              "for GB (10^9)"),
-            Wrong(lambda p: (per_param(p) - 4) * per_gpu(p) / GB,
-                  "that leaves out the fp32 master copy (4 bytes): Adam updates fp32 weights, "
-                  "and the bf16 weights are a copy of them"),
-        ],
-        worked=lambda p: (
-            f"{p['billions']}B / {p['gpus']} = {per_gpu(p) / 1e9:.4g}B parameters per GPU; per "
-            f"parameter 2 (bf16 weights) + {OPTIMIZERS[p['layout']][1]} (gradients) + 4 (fp32 "
-            f"master) + 4 + 4 (Adam's moments) = {per_param(p)} bytes: {gb(p):.2f} GB "
-            "(`calc.model_state_bytes`). Activations come on top."),
-    )
-
-
-GPUS = {"A100": (312e12, "NVIDIA's A100 datasheet, dense bf16"),
-        "H100": (989e12, "NVIDIA's H100 datasheet, SXM, dense bf16")}
-
-
-def training_days(seed=None) -> Question:
-    def draw(rng):
-        return {"billions": rng.choice((13, 70, 175)), "tokens": rng.choice((300, 1000)),
-                "gpus": rng.choice((512, 1024, 2048)), "gpu": rng.choice(tuple(GPUS)),
-                "eff": rng.choice((0.35, 0.45, 0.5)), "full": rng.choice((True, False))}
-
-    def days(p, flops_per_token=None, achieved=True):
-        peak = GPUS[p["gpu"]][0]
-        per_gpu = peak * p["eff"] if achieved else peak
-        rule = flops_per_token or (8 if p["full"] else 6)
-        seconds = training_seconds(p["tokens"] * 1e9, p["billions"] * 1e9, p["gpus"], per_gpu)
-        return seconds * rule / 8 / DAY  # training_seconds is Eq. 4's 8 FLOPs a token
+    def right(p):
+        return activation_bytes(cfg(p), 1, tp=p["tp"], sp=True, pp=p["pp"],
+                                microbatches=p["m"]) / GiB
 
     def text(p):
-        peak, source = GPUS[p["gpu"]]
-        recompute = ("recomputes every layer's forward in backward (full recomputation)"
-                     if p["full"] else "recomputes nothing")
-        return (f"A {p['billions']}B-parameter GPT trains on {p['tokens']}B tokens on "
-                f"{p['gpus']} {p['gpu']}s (peak {peak / 1e12:.0f} TFLOP/s, {source}), each "
-                f"achieving {p['eff']:.0%} of its peak. The run {recompute}. By Narayanan et "
-                "al. 2021's rule (2 FLOPs a parameter a token forward, twice that backward, "
-                "and the forward again when recomputing), how many days does training take? "
-                "(Days; within 1%.)")
-
-    def rule(p):
-        return 8 if p["full"] else 6
+        c = cfg(p)
+        name = p["model"][0].upper() + p["model"][1:]
+        return (f"{name} (l = {c.n_layer} layers, h = {c.d_model}, a = {c.n_head} heads, "
+                f"s = {c.seq_len}) trains with t = {p['tp']} and sequence parallelism, "
+                f"p = {p['pp']} pipeline stages, 1F1B, m = {p['m']} microbatches of one "
+                "sequence, no recomputation. One layer keeps sbh/t·(34 + 5as/h) bytes of "
+                "activations per microbatch (Korthikanti et al. 2022, Table 2). How many GiB "
+                "of activations does a GPU of the first stage hold at its peak? (GiB, 2^30 "
+                "bytes; within 1%.)")
 
     return Question(
-        key="17.training-days", seed=seed, draw=draw, text=text, right=days,
+        key="17.first-stage-activations", seed=seed, draw=draw, text=text, right=right,
         wrong=[
-            Wrong(lambda p: days(p, 14 - rule(p)),
-                  "that uses the other rule: 6 FLOPs a parameter a token without "
-                  "recomputation, 8 with it (the forward runs twice)"),
-            Wrong(lambda p: days(p, achieved=False),
-                  "that runs the GPUs at their peak: each achieves only the stated fraction "
-                  "of it"),
-            Wrong(lambda p: days(p, 2), "that counts the forward pass only: backward costs "
-                                        "twice the forward"),
-            Wrong(lambda p: days(p) * DAY, "that is in seconds: a day has 86,400"),
-            Wrong(lambda p: days(p) * 24, "that is in hours: divide by 24"),
+            Wrong(lambda p: per_layer(p) * cfg(p).n_layer / p["pp"] / GiB,
+                  "that is one microbatch of the stage's l/p layers: under 1F1B the first stage "
+                  "has p microbatches in flight before its first backward"),
+            Wrong(lambda p: per_layer(p) * cfg(p).n_layer / p["pp"] * p["m"] / GiB,
+                  "that keeps all m microbatches, as GPipe does; 1F1B starts a backward as soon "
+                  "as it can, so at most p are in flight"),
+            Wrong(lambda p: activation_bytes(cfg(p), 1, tp=p["tp"], sp=False, pp=p["pp"],
+                                             microbatches=p["m"]) / GiB,
+                  "that is without sequence parallelism, which leaves the LayerNorm and dropout "
+                  "activations (10sbh) whole on every GPU; with it they are split by t too"),
+            Wrong(lambda p: right(p) * GiB / 1e9,
+                  "that is in GB (10^9 bytes); the question asks for GiB (2^30)"),
         ],
         worked=lambda p: (
-            f"{rule(p)} FLOPs a parameter a token × {p['billions']}e9 parameters × "
-            f"{p['tokens']}e9 tokens = {rule(p) * p['billions'] * p['tokens'] * 1e18:.3e} "
-            f"FLOPs, over {p['gpus']} GPUs × {p['eff']:.0%} × "
-            f"{GPUS[p['gpu']][0] / 1e12:.0f} TFLOP/s = "
-            f"{p['gpus'] * p['eff'] * GPUS[p['gpu']][0]:.3e} FLOP/s: {days(p):.3g} days (a "
-            "MODEL: Eq. 4 of Narayanan et al. 2021, `calc.training_seconds`, which has the 8; "
-            "scaled by 6/8 without recomputation)."),
+            f"one layer, one microbatch: sbh/t·(34 + 5as/h) = {per_layer(p) / 2**20:,.1f} MiB; "
+            f"a stage runs l/p = {cfg(p).n_layer // p['pp']} layers, and 1F1B keeps min(p, m) = "
+            f"{p['pp']} microbatches in flight on the first stage: {p['pp']}·"
+            f"{cfg(p).n_layer // p['pp']} = {cfg(p).n_layer} layers' worth, whatever p is: "
+            f"{right(p):.2f} GiB (`calc.activation_bytes`, a MODEL that lesson 05 measured to "
+            "the byte at small scale). A deeper pipeline divides the model states, not these."),
     )
 
 
-def sixteen_bytes(seed=None) -> Question:
+def make_it_fit(seed=None) -> Question:
+    GPT3 = MODELS["GPT-3 175B"]
+
     def draw(rng):
-        return {"billions": rng.choice((7, 13, 30, 70))}
+        return {"n": rng.choice((256, 512, 1024)), "batch": rng.choice((768, 1536))}
 
-    def gb(p, per_param):
-        return per_param * p["billions"]  # billions of parameters × bytes = GB
+    def options(p):  # name: (dp, pp, recompute, global batch)
+        d = p["n"] // 64
+        return {"now": (d, 8, None, p["batch"]), "a": (d, 8, "full", p["batch"]),
+                "b": (d, 8, "selective", p["batch"]), "c": (d // 2, 16, None, p["batch"]),
+                "d": (d, 8, None, p["batch"] // 2)}
+
+    def judged(p):
+        out = {}
+        for key, (dp, pp, recompute, batch) in options(p).items():
+            m = batch // dp
+            memory = memory_per_gpu(GPT3, 1, dp, pp, 8, True, recompute, optimizer="megatron",
+                                    microbatches=m)["total"]
+            seconds = step_time(GPT3, A100_80GB, dp, pp, 8, 1, batch, True, recompute).total
+            out[key] = (memory / GiB, seconds)
+        return out
+
+    def text(p):
+        now = judged(p)["now"]
+        d = p["n"] // 64
+        return (f"GPT-3 175B on {p['n']} A100 80GB GPUs (NVIDIA's A100 datasheet: 312 TFLOP/s "
+                "dense bf16; `calc.A100_80GB` counts its 80 GB as 80 GiB), global batch "
+                f"{p['batch']}, (d, p, t) = ({d}, 8, 8), "
+                "sequence parallelism, 1F1B, micro-batch 1, 18 bytes per parameter: the busiest "
+                f"GPU needs {now[0]:.1f} GiB, over the 72 GiB usable (90%). Which change makes it "
+                "fit at the smallest cost in step time (`calc.step_time`, a MODEL)? Answer 'a', "
+                "'b', 'c' or 'd': (a) full recomputation; (b) selective recomputation; (c) "
+                f"p = 16 and d = {d // 2}; (d) halve the global batch.")
 
     return Question(
-        key="17.sixteen-bytes", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A write-up says: \"training this {p['billions']}B model with "
-                        "Megatron-LM needs 16 bytes a parameter of model states, "
-                        f"{gb(p, 16):,} GB.\" The run keeps bf16 weights, accumulates its "
-                        "gradients over the microbatches in fp32, and runs Adam with an fp32 "
-                        "master copy. What do you answer? Answer 'a', 'b', 'c' or 'd': (a) it "
-                        "holds: 2 + 2 + 12; (b) too low: 18 bytes a parameter, "
-                        f"{gb(p, 18):,} GB, because the gradients take 4 bytes; (c) too high: "
-                        f"14 bytes, {gb(p, 14):,} GB, because the fp32 master copy is the "
-                        "weights; (d) too low: model states include the activations."),
-        right=lambda p: "b",
+        key="17.make-it-fit", seed=seed, draw=draw, kind="choice", text=text,
+        right=lambda p: "c",
         wrong=[
-            Wrong(lambda p: "a", "2 + 2 + 12 is ZeRO's count, with 16-bit gradients; this run "
-                                 "accumulates them in fp32, 4 bytes"),
-            Wrong(lambda p: "c", "the master copy is a second copy: the bf16 weights the "
-                                 "matrix multiplies read are made from it, and both are kept"),
-            Wrong(lambda p: "d", "model states are the weights, gradients and optimizer state; "
-                                 "activations are a separate term, and they depend on the batch"),
+            Wrong(lambda p: "a", "it fits, but it runs every layer's forward twice: a third "
+                                 "more compute, the slowest of the ones that fit"),
+            Wrong(lambda p: "b", "it fits, at a few percent more compute; twice the stages "
+                                 "fit without recomputing anything, and that is faster here"),
+            Wrong(lambda p: "d", "1F1B keeps min(p, m) microbatches in flight: with m still at "
+                                 "least p, the activations do not shrink, and nothing else does"),
         ],
         worked=lambda p: (
-            "per parameter: 2 (bf16 weights) + 4 (fp32 gradients) + 4 (fp32 master) + 4 + 4 "
-            f"(Adam's moments) = 18 bytes (`calc.OPTIMIZERS['megatron']`): {gb(p, 18):,} GB, "
-            f"not {gb(p, 16):,} GB. A claim that does not say where the gradients accumulate is "
-            "ambiguous by 12%."),
+            "under 1F1B the first stage holds l layers' worth of activations whatever p is, so "
+            "p divides only the model states: p = 16 halves them. The busiest GPU and the step, "
+            "by `calc.memory_per_gpu` and `calc.step_time` (MODELS): " + "; ".join(
+                f"({k}) {gib:.1f} GiB, {sec:.2f} s" for k, (gib, sec) in judged(p).items()
+                if k != "now")
+            + ". (d) still does not fit (its shorter step does half the work). Of the three "
+            "that fit under 72 GiB, (c) is the fastest: no recomputation, and a bubble (p-1)/m "
+            "that is still small."),
     )
 
 
-QUESTIONS = {"17.state-gb": state_gb, "17.training-days": training_days,
-             "17.sixteen-bytes": sixteen_bytes}
+QUESTIONS = {"17.first-stage-activations": first_stage_activations,
+             "17.make-it-fit": make_it_fit}

@@ -1,202 +1,154 @@
-"""Lesson 19's questions: an expert's capacity per sequence, the all-to-all bytes of expert
-parallelism, and which ranks a balancing statistic is summed over on a given mesh."""
+"""Lesson 19's questions: model-state GB per GPU in the two layouts, training days by
+Narayanan et al.'s rule, and a 16-bytes-per-parameter claim judged."""
 
 from __future__ import annotations
 
-import itertools
-import math
-
-from ...calc.comm import moe_all_to_all_bytes
-from ...model.routing import capacity
-from ...runtime.mesh import layout
+from ...calc.flops import training_seconds
+from ...calc.memory import OPTIMIZERS, model_state_bytes
 from .form import Question, Wrong
 
-MB = 10**6
+GB, GiB, DAY = 10**9, 2**30, 86400
+LAYOUTS = {"adam-mixed": "bf16 weights and bf16 gradients (ZeRO's count, Rajbhandari et al. "
+                         "2020, §3.1)",
+           "megatron": "bf16 weights and gradients accumulated in fp32 (Megatron-LM)"}
 
 
-def _capacities(f, T, k, E, B):
-    return {"right": capacity(f, T, k, E), "no-k": math.ceil(f * T / E),
-            "no-f": math.ceil(T * k / E), "floor": math.floor(f * T * k / E),
-            "batch": capacity(f, B * T, k, E)}
-
-
-# Draws whose five candidate answers are all different (so each mistake can be told).
-CAPACITY_DRAWS = tuple(
-    (f, T, k, E, B) for f, T, k, E, B in itertools.product(
-        (1.0, 1.25, 1.5), (100, 250, 1000, 4096), (1, 2, 8), (6, 16, 64), (4, 8))
-    if k < E and len(set(_capacities(f, T, k, E, B).values())) == 5)
-
-
-def capacity_question(seed=None) -> Question:
+def state_gb(seed=None) -> Question:
     def draw(rng):
-        f, T, k, E, B = rng.choice(CAPACITY_DRAWS)
-        return {"f": f, "T": T, "k": k, "E": E, "B": B}
+        return {"billions": rng.choice((13, 22, 39, 76)), "gpus": rng.choice((8, 16, 32)),
+                "layout": rng.choice(tuple(LAYOUTS))}
 
-    def value(p, which="right"):
-        return _capacities(p["f"], p["T"], p["k"], p["E"], p["B"])[which]
+    def per_gpu(p):
+        return p["billions"] * 10**9 // p["gpus"]
+
+    def gb(p, layout=None):
+        return model_state_bytes(per_gpu(p), optimizer=layout or p["layout"])["total"] / GB
+
+    def other(p):
+        return "megatron" if p["layout"] == "adam-mixed" else "adam-mixed"
+
+    def per_param(p, layout=None):
+        return sum(OPTIMIZERS[layout or p["layout"]])
 
     return Question(
-        key="19.capacity", seed=seed, draw=draw, rel_tol=1e-9,  # a whole number: exact
-        text=lambda p: (f"A mixture of experts routes each token to k = {p['k']} of "
-                        f"E = {p['E']} experts, with capacity factor f = {p['f']}. A batch "
-                        f"holds B = {p['B']} sequences of T = {p['T']} tokens. With minitp's "
-                        "rule (`minitp.model.routing`: the capacity is counted per sequence), how "
-                        "many of one sequence's assignments can one expert take at most?"),
-        right=value,
+        key="19.state-gb", seed=seed, draw=draw,
+        text=lambda p: (f"A {p['billions']}B-parameter model is split evenly over {p['gpus']} "
+                        "GPUs by tensor and pipeline parallelism (no ZeRO). It trains with "
+                        f"mixed-precision Adam: {LAYOUTS[p['layout']]}, an fp32 master copy "
+                        "and Adam's two fp32 moments. How many GB of model states does each GPU "
+                        "hold? (GB, 10^9 bytes; within 1%.)"),
+        right=gb,
         wrong=[
-            Wrong(lambda p: value(p, "no-k"),
-                  "that leaves out k: a sequence makes k·T assignments, not T"),
-            Wrong(lambda p: value(p, "no-f"),
-                  "that leaves out the capacity factor f: it scales the fair share k·T/E"),
-            Wrong(lambda p: value(p, "floor"),
-                  "that rounds down: C = ⌈f·T·k/E⌉ rounds up, so the fair share always fits"),
-            Wrong(lambda p: value(p, "batch"),
-                  "that is a capacity for the whole batch: minitp counts it per sequence, so "
-                  "that a mesh splitting the batch over ranks applies the same rule"),
+            Wrong(lambda p: gb(p, other(p)),
+                  "that is the other layout (16 or 18 bytes a parameter): check in which "
+                  "precision the gradients are kept"),
+            Wrong(lambda p: 2 * per_gpu(p) / GB,
+                  "that is the bf16 weights alone; training also keeps gradients, an fp32 master "
+                  "copy and Adam's two moments"),
+            Wrong(lambda p: gb(p) * GB / GiB, "that is in GiB (2^30 bytes); the question asks "
+                                              "for GB (10^9)"),
+            Wrong(lambda p: (per_param(p) - 4) * per_gpu(p) / GB,
+                  "that leaves out the fp32 master copy (4 bytes): Adam updates fp32 weights, "
+                  "and the bf16 weights are a copy of them"),
         ],
         worked=lambda p: (
-            f"C = ⌈f·T·k/E⌉ = ⌈{p['f']}·{p['T']}·{p['k']}/{p['E']}⌉ = "
-            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} "
-            "(`minitp.model.routing.capacity`). "
-            "The sequence's k·T assignments queue slot by slot (every token's first choice in "
-            "position order, then every second choice); an assignment past an expert's "
-            f"{value(p)}th is dropped."),
+            f"{p['billions']}B / {p['gpus']} = {per_gpu(p) / 1e9:.4g}B parameters per GPU; per "
+            f"parameter 2 (bf16 weights) + {OPTIMIZERS[p['layout']][1]} (gradients) + 4 (fp32 "
+            f"master) + 4 + 4 (Adam's moments) = {per_param(p)} bytes: {gb(p):.2f} GB "
+            "(`calc.model_state_bytes`). Activations come on top."),
     )
 
 
-def a2a_bytes(seed=None) -> Question:
-    # k = 1, 2 and 4 are left out: without k the answer would be the right one (k = 1), or
-    # equal to counting the forward only (k = 2), or to another mistake.
+GPUS = {"A100": (312e12, "NVIDIA's A100 datasheet, dense bf16"),
+        "H100": (989e12, "NVIDIA's H100 datasheet, SXM, dense bf16")}
+
+
+def training_days(seed=None) -> Question:
     def draw(rng):
-        return {"tokens": rng.choice((4096, 8192, 16384)), "d": rng.choice((4096, 7168)),
-                "k": rng.choice((6, 8)), "ep": rng.choice((8, 16, 64))}
+        return {"billions": rng.choice((13, 70, 175)), "tokens": rng.choice((300, 1000)),
+                "gpus": rng.choice((512, 1024, 2048)), "gpu": rng.choice(tuple(GPUS)),
+                "eff": rng.choice((0.35, 0.45, 0.5)), "full": rng.choice((True, False))}
 
-    def mb(p, k=None, ep_fraction=True, passes=2):
-        tokens, d, ep = p["tokens"], p["d"], p["ep"]
-        both = moe_all_to_all_bytes(tokens, k or p["k"], d, ep, 2)["per_layer_step"]
-        if not ep_fraction:
-            both = both * ep / (ep - 1)
-        return both * passes / 2 / MB
-
-    return Question(
-        key="19.a2a-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"Expert parallelism over ep = {p['ep']} ranks. Each rank routes its "
-                        f"{p['tokens']:,} tokens to k = {p['k']} experts each, d = {p['d']}, "
-                        "bf16 (2 bytes a value). Routing is uniform: every expert gets as "
-                        "many rows as the others, nothing is dropped. How many MB (10⁶ bytes) "
-                        "does one rank send in one MoE layer's dispatch and combine "
-                        "all-to-alls, forward and backward together (leave out the small "
-                        "counts table)?"),
-        right=mb,
-        wrong=[
-            Wrong(lambda p: mb(p, ep_fraction=False),
-                  "that counts every row as sent; the rows for this rank's own experts stay "
-                  "here: only (ep-1)/ep of them cross"),
-            Wrong(lambda p: mb(p, passes=1),
-                  "that is the forward only; backward sends every row's gradient back the "
-                  "way the row came: dispatch and combine again"),
-            Wrong(lambda p: mb(p, k=1),
-                  "that sends each token once; a token goes to k experts, k rows of d values"),
-        ],
-        worked=lambda p: (
-            f"rows out per all-to-all: tokens·k·(ep-1)/ep = {p['tokens']}·{p['k']}·"
-            f"{p['ep'] - 1}/{p['ep']} = {p['tokens'] * p['k'] * (p['ep'] - 1) / p['ep']:,.0f}, "
-            f"each d·2 = {2 * p['d']:,} bytes: {mb(p) / 4:,.2f} MB. Four all-to-alls a layer "
-            f"a step (dispatch and combine, forward and backward): {mb(p):,.2f} MB "
-            "(`calc.moe_all_to_all_bytes(...)['per_layer_step']` with no counts, a MODEL)."),
-    )
-
-
-MESHES = ((2, 2, 2), (2, 2, 4), (2, 4, 2), (4, 2, 2))  # (dp, cp, tp): 8 or 16 ranks
-STATS = {"aux": "the Switch aux loss, computed per sequence (E·Σ f_e·P_e of each sequence's "
-                "own tokens): its counts and score sums",
-         "bias": "DeepSeek-V3's expert bias, moved after every step by each expert's load: "
-                 "its load counts"}
-
-
-def _groups(p) -> dict[str, list[int]]:
-    """The candidate groups of rank r, each the ranks it would sum with (r included)."""
-    g = layout(dp=p["dp"], tp=p["tp"], cp=p["cp"])
-    r = p["rank"]
-
-    def of(name):
-        return next(group for group in g[name] if r in group)
-
-    return {"cp": of("cp"), "tp": of("tp"), "dp": of("dp"), "dp_cp": of("dp_cp"),
-            "cp_tp": sorted({x for t in of("tp") for x in next(c for c in g["cp"] if t in c)}),
-            "all": list(range(p["dp"] * p["cp"] * p["tp"]))}
-
-
-def _names(p) -> dict[str, str]:
-    """What each letter would be: the right group, the swapped sp case, the other
-    statistic's group, the tp group and the dp group."""
-    aux, bias = ("cp_tp", "all") if p["sp"] else ("cp", "dp_cp")
-    aux_swapped, bias_swapped = ("cp", "dp_cp") if p["sp"] else ("cp_tp", "all")
-    if p["stat"] == "aux":
-        roles = {"right": aux, "swapped": aux_swapped, "other": bias}
-    else:
-        roles = {"right": bias, "swapped": bias_swapped, "other": aux}
-    roles.update(tp="tp", dp="dp")
-    return roles
-
-
-def stats_group(seed=None) -> Question:
-    def draw(rng):
-        dp, cp, tp = rng.choice(MESHES)
-        order = ["right", "swapped", "other", "tp", "dp"]
-        rng.shuffle(order)
-        return {"dp": dp, "cp": cp, "tp": tp, "sp": rng.choice((True, False)),
-                "stat": rng.choice(tuple(STATS)), "rank": rng.randrange(dp * cp * tp),
-                "order": order}
-
-    def letter(p, role):
-        return "abcde"[p["order"].index(role)]
+    def days(p, flops_per_token=None, achieved=True):
+        peak = GPUS[p["gpu"]][0]
+        per_gpu = peak * p["eff"] if achieved else peak
+        rule = flops_per_token or (8 if p["full"] else 6)
+        seconds = training_seconds(p["tokens"] * 1e9, p["billions"] * 1e9, p["gpus"], per_gpu)
+        return seconds * rule / 8 / DAY  # training_seconds is Eq. 4's 8 FLOPs a token
 
     def text(p):
-        groups, names = _groups(p), _names(p)
-        options = "; ".join(f"({letter(p, role)}) {groups[names[role]]}" for role in
-                            sorted(p["order"], key=lambda role: letter(p, role)))
-        return (f"minitp's `Mesh(dp={p['dp']}, cp={p['cp']}, tp={p['tp']})` on "
-                f"{p['dp'] * p['cp'] * p['tp']} ranks, {'with' if p['sp'] else 'without'} "
-                "sequence parallelism, trains a mixture of experts balanced by "
-                f"{STATS[p['stat']]}. With which ranks (itself included) must rank "
-                f"{p['rank']} sum those statistics before it uses them, so that the mesh "
-                f"trains what one device trains? {options}. Answer the letter.")
+        peak, source = GPUS[p["gpu"]]
+        recompute = ("recomputes every layer's forward in backward (full recomputation)"
+                     if p["full"] else "recomputes nothing")
+        return (f"A {p['billions']}B-parameter GPT trains on {p['tokens']}B tokens on "
+                f"{p['gpus']} {p['gpu']}s (peak {peak / 1e12:.0f} TFLOP/s, {source}), each "
+                f"achieving {p['eff']:.0%} of its peak. The run {recompute}. By Narayanan et "
+                "al. 2021's rule (2 FLOPs a parameter a token forward, twice that backward, "
+                "and the forward again when recomputing), how many days does training take? "
+                "(Days; within 1%.)")
 
-    why = {
-        "swapped": "look at the tp ranks again: with sequence parallelism each holds its own "
-                   "slice of the sequences (sum over them too); without it they hold the same "
-                   "tokens, and summing would count each one tp times",
-        "other": "that is the other statistic's group: the aux loss's statistics are per "
-                 "sequence (the ranks holding the rest of its sequences), the bias's load is "
-                 "per step (every rank that saw other tokens, other dp ranks' included)",
-        "tp": "that is its tp group alone: the cp ranks hold the rest of its tokens",
-        "dp": "that is its dp group, ranks at the same place of other sequences: it leaves "
-              "out the cp ranks that hold the rest of its own",
-    }
-
-    def worked(p):
-        groups, names = _groups(p), _names(p)
-        rule = ("the aux loss is per sequence: sum over the ranks holding the other parts of "
-                "the rank's sequences, its cp group" if p["stat"] == "aux" else
-                "the bias's load is per step: sum over every rank that saw other tokens, dp×cp")
-        tp = (", and its tp group, as sequence parallelism gives each tp rank its own slice"
-              if p["sp"] else "; not over tp, whose ranks hold the same tokens without "
-              "sequence parallelism")
-        return (f"{rule}{tp}. In minitp's layout (tp fastest, then cp, then dp; "
-                f"`mt.layout(dp={p['dp']}, tp={p['tp']}, cp={p['cp']})`) rank {p['rank']}'s "
-                f"cp group is {groups['cp']}, its tp group {groups['tp']}, its dp×cp group "
-                f"{groups['dp_cp']}: ({letter(p, 'right')}) {groups[names['right']]}. "
-                "(minitp/expert_parallel/plan.py; lesson 19 computes why.)")
+    def rule(p):
+        return 8 if p["full"] else 6
 
     return Question(
-        key="19.stats-group", seed=seed, draw=draw, kind="choice", text=text,
-        right=lambda p: letter(p, "right"),
-        wrong=[Wrong(lambda p, role=role: letter(p, role), why[role]) for role in
-               ("swapped", "other", "tp", "dp")],
-        worked=worked,
+        key="19.training-days", seed=seed, draw=draw, text=text, right=days,
+        wrong=[
+            Wrong(lambda p: days(p, 14 - rule(p)),
+                  "that uses the other rule: 6 FLOPs a parameter a token without "
+                  "recomputation, 8 with it (the forward runs twice)"),
+            Wrong(lambda p: days(p, achieved=False),
+                  "that runs the GPUs at their peak: each achieves only the stated fraction "
+                  "of it"),
+            Wrong(lambda p: days(p, 2), "that counts the forward pass only: backward costs "
+                                        "twice the forward"),
+            Wrong(lambda p: days(p) * DAY, "that is in seconds: a day has 86,400"),
+            Wrong(lambda p: days(p) * 24, "that is in hours: divide by 24"),
+        ],
+        worked=lambda p: (
+            f"{rule(p)} FLOPs a parameter a token × {p['billions']}e9 parameters × "
+            f"{p['tokens']}e9 tokens = {rule(p) * p['billions'] * p['tokens'] * 1e18:.3e} "
+            f"FLOPs, over {p['gpus']} GPUs × {p['eff']:.0%} × "
+            f"{GPUS[p['gpu']][0] / 1e12:.0f} TFLOP/s = "
+            f"{p['gpus'] * p['eff'] * GPUS[p['gpu']][0]:.3e} FLOP/s: {days(p):.3g} days (a "
+            "MODEL: Eq. 4 of Narayanan et al. 2021, `calc.training_seconds`, which has the 8; "
+            "scaled by 6/8 without recomputation)."),
     )
 
 
-QUESTIONS = {"19.capacity": capacity_question, "19.a2a-bytes": a2a_bytes,
-             "19.stats-group": stats_group}
+def sixteen_bytes(seed=None) -> Question:
+    def draw(rng):
+        return {"billions": rng.choice((7, 13, 30, 70))}
+
+    def gb(p, per_param):
+        return per_param * p["billions"]  # billions of parameters × bytes = GB
+
+    return Question(
+        key="19.sixteen-bytes", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A write-up says: \"training this {p['billions']}B model with "
+                        "Megatron-LM needs 16 bytes a parameter of model states, "
+                        f"{gb(p, 16):,} GB.\" The run keeps bf16 weights, accumulates its "
+                        "gradients over the microbatches in fp32, and runs Adam with an fp32 "
+                        "master copy. What do you answer? Answer 'a', 'b', 'c' or 'd': (a) it "
+                        "holds: 2 + 2 + 12; (b) too low: 18 bytes a parameter, "
+                        f"{gb(p, 18):,} GB, because the gradients take 4 bytes; (c) too high: "
+                        f"14 bytes, {gb(p, 14):,} GB, because the fp32 master copy is the "
+                        "weights; (d) too low: model states include the activations."),
+        right=lambda p: "b",
+        wrong=[
+            Wrong(lambda p: "a", "2 + 2 + 12 is ZeRO's count, with 16-bit gradients; this run "
+                                 "accumulates them in fp32, 4 bytes"),
+            Wrong(lambda p: "c", "the master copy is a second copy: the bf16 weights the "
+                                 "matrix multiplies read are made from it, and both are kept"),
+            Wrong(lambda p: "d", "model states are the weights, gradients and optimizer state; "
+                                 "activations are a separate term, and they depend on the batch"),
+        ],
+        worked=lambda p: (
+            "per parameter: 2 (bf16 weights) + 4 (fp32 gradients) + 4 (fp32 master) + 4 + 4 "
+            f"(Adam's moments) = 18 bytes (`calc.OPTIMIZERS['megatron']`): {gb(p, 18):,} GB, "
+            f"not {gb(p, 16):,} GB. A claim that does not say where the gradients accumulate is "
+            "ambiguous by 12%."),
+    )
+
+
+QUESTIONS = {"19.state-gb": state_gb, "19.training-days": training_days,
+             "19.sixteen-bytes": sixteen_bytes}

@@ -1,4 +1,4 @@
-"""Lesson 16: memory per GPU and step time as stacked bars; a plan's candidates."""
+"""Lesson 17: memory per GPU and step time as stacked bars; a plan's candidates."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ._style import COMPUTE_COLOR, OKABE_ITO, _new_figure, human_seconds, rank_color
 
-# (lesson 16) what a configuration costs, from minitp.calc: memory by kind, time by part.
+# (lesson 17) what a configuration costs, from minitp.calc: memory by kind, time by part.
 MEMORY_COLORS = {"parameters": "#0072B2", "gradients": "#56B4E9", "optimizer": "#E69F00",
                  "activations": "#009E73"}
 TIME_COLORS = {"compute": COMPUTE_COLOR, "tp": "#D55E00", "pp": "#009E73", "dp": "#CC79A7",

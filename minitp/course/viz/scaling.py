@@ -1,4 +1,4 @@
-"""Lesson 15: the step split into compute / waiting / transfer; efficiency and speed-up curves."""
+"""Lesson 16: the step split into compute / waiting / transfer; efficiency and speed-up curves."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ZeRO-3's parameter memory through one step, on one rank (lesson 18).
+"""ZeRO-3's parameter memory through one step, on one rank (lesson 20).
 
     fig = zero3_param_memory(memory)   # memory: minitp.course.labs.megatron_or_zero.ParamMemory
 

@@ -1,4 +1,4 @@
-"""Lesson 14: vision-language models.
+"""Lesson 15: vision-language models.
 
 Every question checked, each from first principles rather than `mt.calc.vision`: the
 parameter counts from minitp's own model built at the question's sizes (on the meta
@@ -12,7 +12,7 @@ import torch
 from answers_common import MiB, asked, close
 
 import minitp as mt
-from minitp.course.questions.lesson14 import ENCODERS
+from minitp.course.questions.lesson15 import ENCODERS
 
 NOT_CHECKED = set()
 
@@ -34,7 +34,7 @@ def counts(enc):
 def test_13_encoder_sum():
     """Replicated under SP: the gradients there are, once a step, in float32 — all of
     them trained, the projector's alone frozen."""
-    for _, p, right in asked("14.encoder-sum"):
+    for _, p, right in asked("15.encoder-sum"):
         vision, projector = counts(p["enc"])
         assert close(right, 4 * (projector if p["frozen"] else vision) / MiB)
 
@@ -43,7 +43,7 @@ def test_13_split_bytes():
     """Split blocks: 2 all-reduces of b·P·w a layer forward, 2 more backward when trained;
     under SP the output's gradient b·P·d a microbatch (trained) or the projector's
     partial gradients once a step, float32 (frozen)."""
-    for _, p, right in asked("14.split-bytes"):
+    for _, p, right in asked("15.split-bytes"):
         s = ENCODERS[p["enc"]]
         per_layer = 2 if p["frozen"] else 4
         total = per_layer * s.layers * p["m"] * p["b"] * s.patches * s.width * 2
@@ -69,7 +69,7 @@ def seconds(s, t, b, frozen):
 
 
 def test_13_which_layout():
-    for _, p, right in asked("14.which-layout"):
+    for _, p, right in asked("15.which-layout"):
         rep, ten = seconds(ENCODERS["13B"], p["t"], p["b"], p["frozen"])
         kind = 0 if rep < ten else 1  # answers 0 and 1: "replicated" and "tensor" faster
         assert right == "abcd"[p["order"].index(kind)]

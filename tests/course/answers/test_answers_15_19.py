@@ -1,6 +1,6 @@
-"""Lessons 15 to 19: scaling, planning, the claims, ZeRO, experts.
+"""Lessons 16 to 19: scaling, planning, the claims, ZeRO, experts.
 
-Not checked (a reasoning, not a number the library computes): 17.sixteen-bytes."""
+Not checked (a reasoning, not a number the library computes): 19.sixteen-bytes."""
 
 import math
 import re
@@ -10,7 +10,7 @@ from test_answers_00_10 import korthikanti
 
 import minitp as mt
 
-NOT_CHECKED = {"17.sixteen-bytes"}
+NOT_CHECKED = {"19.sixteen-bytes"}
 
 
 # Shoeybi et al. 2019, Table 1: t -> (hidden size, heads, layers); sequence 1024. Written out
@@ -24,14 +24,14 @@ def megatron(t):
 
 
 def test_14_weak_efficiency():
-    for _, p, right in asked("15.weak-efficiency"):
+    for _, p, right in asked("16.weak-efficiency"):
         f1 = mt.calc.flops_per_iteration(megatron(1), 8)
         ft = mt.calc.flops_per_iteration(megatron(p["t"]), 8)
         assert close(right, 100 * (ft / (p["t"] * p["tt"])) / (f1 / p["t1"]))
 
 
 def comm_over_compute(h, layers, t, batch, flops, cluster, s=1024, vocab=51200):
-    """Lesson 15's closed form for tensor parallelism's communication over compute: the
+    """Lesson 16's closed form for tensor parallelism's communication over compute: the
     bandwidth term (2/9)(t-1)/h·F/B plus the latency term t(t-1)/9·αF/(bsh²), over the extra
     compute 1 + s/(6h) + V/(12lh). F: the GPU's achieved FLOP/s."""
     bandwidth = 2 / 9 * (t - 1) / h * flops / cluster.intra_bandwidth
@@ -41,7 +41,7 @@ def comm_over_compute(h, layers, t, batch, flops, cluster, s=1024, vocab=51200):
 
 def test_14_lower_comm_share():
     clusters = {"v100": mt.calc.DGX2H_V100, "h100": mt.calc.H100_80GB}
-    for _, p, right in asked("15.lower-comm-share"):
+    for _, p, right in asked("16.lower-comm-share"):
         h, _, layers = MEGATRON_FAMILY[p["t"]]
         t, b, cluster = p["t"], p["batch"], clusters[p["gpu"]]
         flops = 0.4 * cluster.peak_flops  # the question's 40% of peak
@@ -53,9 +53,9 @@ def test_14_lower_comm_share():
 
 
 def test_15_first_stage_activations():
-    from minitp.course.questions import lesson16
-    for _, p, right in asked("16.first-stage-activations"):
-        cfg = lesson16.MODELS[p["model"]]
+    from minitp.course.questions import lesson17
+    for _, p, right in asked("17.first-stage-activations"):
+        cfg = lesson17.MODELS[p["model"]]
         layer = korthikanti(cfg.seq_len, 1, cfg.d_model, cfg.n_head, p["tp"], True, False)
         held = min(p["pp"], p["m"]) * cfg.n_layer // p["pp"] * layer  # 1F1B: p in flight
         assert close(right, held / GiB, rel=0.01), p  # the calc adds the embedding's extras
@@ -69,7 +69,7 @@ def test_15_make_it_fit():
     h, a, layers, s, vocab = 12288, 96, 96, 2048, 51200
     act = {None: korthikanti(s, 1, h, a, 8, True, False),
            "selective": korthikanti(s, 1, h, a, 8, True, True), "full": 2 * s * h / 8}
-    for _, p, right in asked("16.make-it-fit"):
+    for _, p, right in asked("17.make-it-fit"):
         d = p["n"] // 64
         options = {"a": (d, 8, "full", p["batch"]), "b": (d, 8, "selective", p["batch"]),
                    "c": (d // 2, 16, None, p["batch"]), "d": (d, 8, None, p["batch"] // 2)}
@@ -87,25 +87,25 @@ def test_15_make_it_fit():
 
 def test_16_states_and_days():
     bytes_a_parameter = {"adam-mixed": 16, "megatron": 18}
-    for _, p, right in asked("17.state-gb"):
+    for _, p, right in asked("19.state-gb"):
         per_gpu = p["billions"] * 10**9 // p["gpus"]
         assert close(right, bytes_a_parameter[p["layout"]] * per_gpu / 10**9)
     peaks = {"A100": 312e12, "H100": 989e12}
-    for _, p, right in asked("17.training-days"):
+    for _, p, right in asked("19.training-days"):
         flops = (8 if p["full"] else 6) * p["tokens"] * 1e9 * p["billions"] * 1e9
         seconds = flops / (p["gpus"] * peaks[p["gpu"]] * p["eff"])
         assert close(right, seconds / 86400, rel=0.01), p
 
 
 def test_17_zero_stage_and_break_even():
-    from minitp.course.questions import lesson18
-    for _, p, right in asked("18.which-stage"):
+    from minitp.course.questions import lesson20
+    for _, p, right in asked("20.which-stage"):
         psi, n = p["billions"] * 10**9, p["n"]
         stages = [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n]
         lowest = next(s for s, b in enumerate(stages) if b / GiB <= p["budget"])
         assert right == "abcd"[lowest], p
-    for _, p, right in asked("18.break-even"):
-        cfg = lesson18.MODELS[p["model"]]
+    for _, p, right in asked("20.break-even"):
+        cfg = lesson20.MODELS[p["model"]]
         h, layers, t, n = cfg.d_model, cfg.n_layer, p["t"], p["n"]
         psi = 12 * layers * h * h
         zero3 = 3 * (n - 1) / n * 2 * psi  # gather forward, gather backward, reduce-scatter
@@ -114,9 +114,9 @@ def test_17_zero_stage_and_break_even():
 
 
 def test_18_experts():
-    for _, p, right in asked("19.capacity"):
+    for _, p, right in asked("23.capacity"):
         assert right == math.ceil(p["f"] * p["T"] * p["k"] / p["E"])  # GShard's capacity
-    for _, p, right in asked("19.a2a-bytes"):
+    for _, p, right in asked("23.a2a-bytes"):
         rows = p["tokens"] * p["k"]  # dispatch and combine, forward and backward: 4 all-to-alls
         assert close(right, 4 * rows * p["d"] * 2 * (p["ep"] - 1) / p["ep"] / 1e6)
 
@@ -126,7 +126,7 @@ def test_18_stats_group():
     # statistics are per sequence: summed over the ranks holding r's sequences, the same dp_i
     # (and tp_i, unless sequence parallelism splits the sequence over tp too). The bias's load
     # is per step: every rank that saw other tokens, the same tp_i unless under sp.
-    for q, p, right in asked("19.stats-group"):
+    for q, p, right in asked("23.stats-group"):
         dp, cp, tp, r = p["dp"], p["cp"], p["tp"], p["rank"]
         coords = {x: (x // (cp * tp), x // tp % cp, x % tp) for x in range(dp * cp * tp)}
         d, _, t = coords[r]

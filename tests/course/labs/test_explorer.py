@@ -1,4 +1,4 @@
-"""The explorer (lesson 16): its numbers are minitp.calc's, its errors say what is wrong,
+"""The explorer (lesson 17): its numbers are minitp.calc's, its errors say what is wrong,
 and its widget, driven in code, gives the same result as calling `explore`."""
 
 from __future__ import annotations

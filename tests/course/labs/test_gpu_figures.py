@@ -1,4 +1,4 @@
-"""bench/gpu_figures.py records lessons 01, 07 and 15's figures, run for real here; and
+"""bench/gpu_figures.py records lessons 01, 07 and 16's figures, run for real here; and
 minitp.course.labs.gpu_figures reads back only what ran on a GPU, labelled with where and when."""
 
 import json

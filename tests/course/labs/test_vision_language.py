@@ -1,4 +1,4 @@
-"""bench/vlm_reads.py runs and writes the record lesson 14 prints (`show_reading`; the
+"""bench/vlm_reads.py runs and writes the record lesson 15 prints (`show_reading`; the
 lesson's checked cell asserts what the committed record shows)."""
 
 import subprocess

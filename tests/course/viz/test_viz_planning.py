@@ -1,4 +1,4 @@
-"""Lesson 16's pictures: `viz.memory_and_time` and `viz.plan_candidates` draw the numbers
+"""Lesson 17's pictures: `viz.memory_and_time` and `viz.plan_candidates` draw the numbers
 they are given (bars and points found by their gid)."""
 
 from __future__ import annotations

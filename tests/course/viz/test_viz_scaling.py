@@ -1,4 +1,4 @@
-"""The pictures of lesson 15: `viz.step_split`, `viz.scaling_efficiency`, `viz.speedup`.
+"""The pictures of lesson 16: `viz.step_split`, `viz.scaling_efficiency`, `viz.speedup`.
 
 As in test_viz.py, the assertions read the drawn figure back (its patches,
 lines and texts, found by gid), so a picture that loses a bar, a point or a

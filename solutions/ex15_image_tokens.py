@@ -1,9 +1,7 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex14
-# Made from solutions/ex14_image_tokens.py by `python -m minitp.course.make_exercises`.
-"""Exercise 14: a vision-language model's image tokens on a sequence-parallel rank, and
+"""Exercise 15: a vision-language model's image tokens on a sequence-parallel rank, and
 whose gradient the encoder's copies must sum.
 
-A vision-language model's sequence (lesson 14) is P image tokens — the encoder's P
+A vision-language model's sequence (lesson 15) is P image tokens — the encoder's P
 outputs, projected to the decoder's width C — followed by the text's token
 embeddings: T positions in all, the first P the image's. Under sequence parallelism
 each of the t tensor-parallel ranks holds one contiguous slice of the T positions:
@@ -32,7 +30,7 @@ in this process):
   drift apart); False when every rank's are already whole. Raise ValueError for a
   layout that is neither "replicated" nor "tensor".
 
-Grade it with `mt.grade("ex14")` in a notebook or `python -m minitp.course.grade ex14`:
+Grade it with `mt.grade("ex15")` in a notebook or `python -m minitp.course.grade ex15`:
 the placement against minitp's own (`SequenceShardedPlace`) for images shorter than a
 slice, spanning two slices, and filling whole slices, on every rank; its gradient; and
 the four (layout, sequence parallelism) settings against what `parallelize` builds.
@@ -44,25 +42,25 @@ import torch
 def place_image_tokens(image: torch.Tensor, x_local: torch.Tensor, rank: int,
                        tp: int) -> torch.Tensor:
     """This rank's slice (B, T/t, C) of [image tokens, text embeddings]."""
+    # BEGIN SOLUTION
     # hint: T/t is x_local.shape[1]. At which global position does this rank's slice start,
     # hint: and how many of the image's P positions lie inside it? (Can that count be below
     # hint: zero, or above T/t?) Those image tokens come first, then the rest of x_local.
-    raise NotImplementedError(
-        "T/t is x_local.shape[1]. At which global position does this rank's slice start, and "
-        "how many of the image's P positions lie inside it? (Can that count be below zero, or"
-        ' above T/t?) Those image tokens come first, then the rest of x_local.'
-    )
+    local = x_local.shape[1]
+    start = rank * local
+    mine = max(0, min(image.shape[1] - start, local))
+    return torch.cat([image[:, start:start + mine], x_local[:, mine:]], dim=1)
+    # END SOLUTION
 
 
 def encoder_grads_are_partial(layout: str, sequence_parallel: bool) -> bool:
     """Whether each tp rank's encoder gradients are one term of a sum over tp."""
+    # BEGIN SOLUTION
     # hint: a rank's encoder gradient is partial when the gradient that reached its image
     # hint: tokens was partial. Without sequence parallelism, which image tokens does each
     # hint: rank place? With it, under "tensor", what happens to their gradient before the
     # hint: encoder's backward?
-    raise NotImplementedError(
-        "a rank's encoder gradient is partial when the gradient that reached its image tokens"
-        ' was partial. Without sequence parallelism, which image tokens does each rank place?'
-        ' With it, under "tensor", what happens to their gradient before the encoder\'s '
-        'backward?'
-    )
+    if layout not in ("replicated", "tensor"):
+        raise ValueError(f"layout must be 'replicated' or 'tensor', got {layout!r}")
+    return layout == "replicated" and sequence_parallel
+    # END SOLUTION

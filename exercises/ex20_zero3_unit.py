@@ -1,6 +1,6 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex18
-# Made from solutions/ex18_zero3_unit.py by `python -m minitp.course.make_exercises`.
-"""Exercise 18: one ZeRO-3 unit — free the gathered parameters after the forward, and
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex20
+# Made from solutions/ex20_zero3_unit.py by `python -m minitp.course.make_exercises`.
+"""Exercise 20: one ZeRO-3 unit — free the gathered parameters after the forward, and
 refill them, in place, just before the backward needs them.
 
 ZeRO stage 3 (Rajbhandari et al. 2020; FSDP is the same design) keeps no whole
@@ -42,7 +42,7 @@ What you may need:
   computed, before it flows on to the nodes that made `t`;
 * ``mt.comm.all_gather(shard, axis)``: every rank's shard, in rank order.
 
-Grade it with `mt.grade("ex18")` in a notebook or `python -m minitp.course.grade ex18`:
+Grade it with `mt.grade("ex20")` in a notebook or `python -m minitp.course.grade ex20`:
 two units in a row, two SGD steps on the shards, at dp = 2 and 3 in float64,
 against the plain blocks on the whole batch; it measures the gathered vectors'
 storage after each unit's forward, during backward and after it, and reads the

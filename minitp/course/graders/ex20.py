@@ -1,4 +1,4 @@
-"""Checks for ex18: one ZeRO-3 unit — the gathered parameters freed after the forward,
+"""Checks for ex20: one ZeRO-3 unit — the gathered parameters freed after the forward,
 refilled in place just before the backward, freed again after it.
 
 At dp = 2 and 3, in float64: every rank wraps each of two small MLP blocks (Ψ_u

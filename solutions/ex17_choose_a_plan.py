@@ -1,8 +1,6 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex16
-# Made from solutions/ex16_choose_a_plan.py by `python -m minitp.course.make_exercises`.
-"""Exercise 16: choose (dp, pp, tp, recompute, ZeRO stage) for a run, and say why.
+"""Exercise 17: choose (dp, pp, tp, recompute, ZeRO stage) for a run, and say why.
 
-Lesson 16's planner tried every configuration and kept the fastest that fits. Here you
+Lesson 17's planner tried every configuration and kept the fastest that fits. Here you
 reason to a plan instead, the way Narayanan et al. 2021 (§3.3) do, and check it with
 the calculator a few times. Given a model ``cfg`` (a GPTConfig), the ``cluster`` it runs
 on (a `mt.calc.Cluster`: its GPUs' speed and links, ``cluster.gpus_per_node``),
@@ -16,7 +14,7 @@ on (a `mt.calc.Cluster`: its GPUs' speed and links, ``cluster.gpus_per_node``),
              "bubble": 0.0547}}       # (p - 1) / m
 
 with dp · pp · tp = n_gpus, recompute one of None, "selective" or "full", and a ZeRO
-stage from 0 to 3. The rest is fixed, as in lesson 16: micro-batch 1 (each replica runs
+stage from 0 to 3. The rest is fixed, as in lesson 17: micro-batch 1 (each replica runs
 m = global_batch / dp microbatches), sequence parallelism wherever tp > 1, Megatron-LM's
 18 bytes per parameter, the 1F1B schedule, 50% of peak. The justification:
 
@@ -45,7 +43,7 @@ your code may call `calc.memory_per_gpu` and `calc.step_time` at most 3 times in
 run (the grader counts them, however you import them), and never `calc.plan`. The
 arithmetic under them is yours to use freely: `calc.params_per_rank`,
 `calc.activation_bytes_per_layer`, `calc.bubble`, `cluster.collective_seconds`.
-Grade it with `mt.grade("ex16")` in a notebook or `python -m minitp.course.grade ex16`.
+Grade it with `mt.grade("ex17")` in a notebook or `python -m minitp.course.grade ex17`.
 """
 
 from minitp import calc
@@ -64,6 +62,7 @@ def depths(cfg, n_gpus: int, tp: int, global_batch: int) -> list[int]:
 
 def choose_plan(cfg, cluster, n_gpus: int, global_batch: int, memory_cap: float) -> dict:
     """A plan for this run and why: {"dp", "pp", "tp", "recompute", "zero_stage", "why"}."""
+    # BEGIN SOLUTION
     # hint: reason in steps, each checked at most once. Does the model fit on one GPU?
     # hint: If not: tensor parallelism up to a node, as the heads allow (Narayanan et al.
     # hint: 2021, §3.3), then the shallowest pipeline that fits: with 1F1B the
@@ -71,11 +70,54 @@ def choose_plan(cfg, cluster, n_gpus: int, global_batch: int, memory_cap: float)
     # hint: states. What does ZeRO-1 cost in this model? Then ask once: do tp's
     # hint: all-reduces cost more than the bubble of a pipeline twice as deep?
     # hint: Last, the four numbers of "why".
-    raise NotImplementedError(
-        'reason in steps, each checked at most once. Does the model fit on one GPU? If not: '
-        'tensor parallelism up to a node, as the heads allow (Narayanan et al. 2021, §3.3), '
-        "then the shallowest pipeline that fits: with 1F1B the activations are l layers' "
-        'worth whatever p is, so p only divides the model states. What does ZeRO-1 cost in '
-        "this model? Then ask once: do tp's all-reduces cost more than the bubble of a "
-        'pipeline twice as deep? Last, the four numbers of "why".'
-    )
+    def by_hand(t, p, recompute):  # lesson 17's two lines, no calculator call
+        dp = n_gpus // (t * p)
+        per_param = 18 if dp == 1 else 6 + 12 / dp  # ZeRO-1 wherever dp > 1 (rule 3)
+        layer = calc.activation_bytes_per_layer(cfg, 1, t, t > 1, recompute)
+        return per_param * calc.params_per_rank(cfg, t, p) + cfg.n_layer * layer
+
+    def shallowest(t):  # (p, recompute): the least recomputation, then the shallowest p
+        options = depths(cfg, n_gpus, t, global_batch)
+        return next(((p, rc) for rc in RECOMPUTE for p in options
+                     if by_hand(t, p, rc) <= memory_cap), (options[-1], "full"))
+
+    # Rule 1 (Narayanan et al. 2021, §3.3, Takeaway #2): model parallelism t·p only as
+    # large as memory needs; data parallelism does the rest. One GPU's worth first.
+    t, p, recompute = 1, 1, None
+    if by_hand(1, 1, None) > memory_cap:
+        # Rule 2 (Takeaway #1): tensor parallelism up to the GPUs of one node, as far
+        # as the heads divide; then (rule 3) the shallowest pipeline that fits.
+        g = cluster.gpus_per_node
+        t = max(d for d in range(1, g + 1)
+                if g % d == 0 and cfg.n_head % d == 0 and n_gpus % d == 0)
+        p, recompute = shallowest(t)
+    if t > 1:
+        # Rule 4, the model's own arithmetic: t/2 with a pipeline twice as deep (the
+        # same t·p) runs half the layers per GPU, so half of tp's all-reduces, and adds
+        # p/m to the bubble. One step_time call says which is larger. Take t/2 only if
+        # its activations (twice as large) need no more recomputation.
+        dp = n_gpus // (t * p)
+        time = calc.step_time(cfg, cluster, dp, p, t, 1, global_batch, True, recompute,
+                              zero_stage=int(dp > 1))
+        half_p, half_rc = shallowest(t // 2)
+        added_bubble = p / (global_batch // dp) * (time.compute + time.tp + time.pp)
+        if (time.tp / 2 > added_bubble
+                and RECOMPUTE.index(half_rc) <= RECOMPUTE.index(recompute)):
+            t, p, recompute = t // 2, half_p, half_rc
+    dp = n_gpus // (t * p)
+    zero = int(dp > 1)  # rule 3: Megatron-LM's distributed optimizer, free in this model
+
+    def gib(pp):  # the justification: at most two memory checks with the calculator
+        d = n_gpus // (t * pp)
+        memory = calc.memory_per_gpu(cfg, 1, d, pp, t, t > 1, recompute, zero, "megatron",
+                                     microbatches=global_batch // d)
+        return memory["total"] / GiB
+
+    shallower = [q for q in depths(cfg, n_gpus, t, global_batch) if q < p]
+    stop = ("node" if 2 * t > cluster.gpus_per_node
+            else "heads" if cfg.n_head % (2 * t) else "cost")
+    return {"dp": dp, "pp": p, "tp": t, "recompute": recompute, "zero_stage": zero,
+            "why": {"memory_gib": gib(p),
+                    "shallower_gib": gib(shallower[-1]) if shallower else None,
+                    "tp_stop": stop, "bubble": calc.bubble(p, global_batch // dp)}}
+    # END SOLUTION

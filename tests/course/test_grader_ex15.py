@@ -1,5 +1,5 @@
-"""The grader of ex14 (a vision-language model's image tokens on a sequence-parallel rank,
-lesson 14) names the usual slips: each wrong answer is the reference solution with one slip
+"""The grader of ex15 (a vision-language model's image tokens on a sequence-parallel rank,
+lesson 15) names the usual slips: each wrong answer is the reference solution with one slip
 built in, and each diagnosis has a test. That the untouched exercise fails every check is
 tests/course/test_exercises.py's.
 
@@ -51,7 +51,7 @@ SLIPS = {  # the slip -> (edit, which checks pass, the check whose hint names it
 @pytest.mark.parametrize("slip", sorted(SLIPS))
 def test_each_slip_is_named(tmp_path, slip):
     edit, passed, named, words = SLIPS[slip]
-    report = mt.grade("ex14", path=_variant(tmp_path, "ex14", edit))
+    report = mt.grade("ex15", path=_variant(tmp_path, "ex15", edit))
     assert [c.passed for c in report.checks] == passed, str(report)
     assert words in report.checks[named].hint, report.checks[named].hint
     for check in report.checks:  # the other slips' words are not said of this one
@@ -64,7 +64,7 @@ def test_a_wrong_table_reveals_only_the_first_setting_that_failed(tmp_path):
     # its reason; the other three are neither shown nor counted (they would give the table
     # away after one attempt).
     edit = (PARTIAL, '    return not (layout == "replicated" and sequence_parallel)')
-    partial = mt.grade("ex14", path=_variant(tmp_path, "ex14", edit)).checks[2]
+    partial = mt.grade("ex15", path=_variant(tmp_path, "ex15", edit)).checks[2]
     assert not partial.passed
     assert partial.detail == ("layout 'replicated', sequence_parallel=True: you said False, "
                               "minitp sums them over tp"), partial.detail

@@ -1,4 +1,4 @@
-"""Lesson 18's questions: the ZeRO stage to choose under a memory budget, and the microbatch at
+"""Lesson 20's questions: the ZeRO stage to choose under a memory budget, and the microbatch at
 which ZeRO-3 sends fewer bytes than tensor parallelism per token of work."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def which_stage(seed=None) -> Question:
                          for s in range(4))
 
     return Question(
-        key="18.which-stage", seed=seed, draw=draw, kind="choice",
+        key="20.which-stage", seed=seed, draw=draw, kind="choice",
         text=lambda p: (f"A {p['billions']}B-parameter model trains by data parallelism alone "
                         f"over N = {p['n']} GPUs with mixed-precision Adam, 16 bytes a parameter "
                         "(2 + 2 + 12: Rajbhandari et al. 2020, §3.1), and "
@@ -81,7 +81,7 @@ def which_stage(seed=None) -> Question:
             f"{table(p)}. The lowest stage under {p['budget']} GiB is stage {stage(p)}. With "
             f"m = {MICROBATCHES} microbatches `calc.step_time` gives stage 2 (m + 1)/2 = "
             f"{(MICROBATCHES + 1) / 2} times stage 1's data-parallel time and stage 3 3m/2 = "
-            f"{3 * MICROBATCHES // 2} times (lesson 18, a MODEL)."),
+            f"{3 * MICROBATCHES // 2} times (lesson 20, a MODEL)."),
     )
 
 
@@ -119,7 +119,7 @@ def break_even(seed=None) -> Question:
                 "microbatch does it send fewer bytes per token of work? (Tokens; within 1%.)")
 
     return Question(
-        key="18.break-even", seed=seed, draw=draw, text=text, right=tokens,
+        key="20.break-even", seed=seed, draw=draw, text=text, right=tokens,
         wrong=[
             Wrong(lambda p: tokens(p, per_work=False),
                   "that compares bytes per microbatch token: a TP GPU does only 1/t of each "
@@ -144,4 +144,4 @@ def break_even(seed=None) -> Question:
     )
 
 
-QUESTIONS = {"18.which-stage": which_stage, "18.break-even": break_even}
+QUESTIONS = {"20.which-stage": which_stage, "20.break-even": break_even}

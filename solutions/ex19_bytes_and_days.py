@@ -1,9 +1,7 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex17
-# Made from solutions/ex17_bytes_and_days.py by `python -m minitp.course.make_exercises`.
-"""Exercise 17: check two claims yourself — the memory of a model's states, and the days
+"""Exercise 19: check two claims yourself — the memory of a model's states, and the days
 a training run takes.
 
-Lesson 17 checked popular claims with `mt.calc`. Most of them rest on two numbers;
+Lesson 19 checked popular claims with `mt.calc`. Most of them rest on two numbers;
 compute both from first principles:
 
 * ``model_states_gb(n_params, optimizer)``: the model states of ``n_params``
@@ -22,30 +20,30 @@ The grader compares your numbers with `calc.model_state_bytes` and
 `calc.training_seconds` (and its 6/8 without recomputation) for GPT-3 and other runs,
 and names the usual slips. So build them yourself: a solution that calls those two
 functions or reads `calc.OPTIMIZERS` is told so.
-Grade it with `mt.grade("ex17")` in a notebook or `python -m minitp.course.grade ex17`.
+Grade it with `mt.grade("ex19")` in a notebook or `python -m minitp.course.grade ex19`.
 """
 
 
 def model_states_gb(n_params: int, optimizer: str) -> float:
     """GB (10**9 bytes) of weights, gradients and Adam's state for ``n_params`` parameters."""
+    # BEGIN SOLUTION
     # hint: list what mixed-precision Adam keeps for every parameter, and in how many bytes
-    # hint: (lesson 17's table): only the gradients differ between the two layouts.
+    # hint: (lesson 19's table): only the gradients differ between the two layouts.
     # hint: Then a GB is 10**9 bytes.
-    raise NotImplementedError(
-        'list what mixed-precision Adam keeps for every parameter, and in how many bytes '
-        "(lesson 17's table): only the gradients differ between the two layouts. Then a GB is"
-        ' 10**9 bytes.'
-    )
+    weights, master, momentum, variance = 2, 4, 4, 4  # bf16; Adam's fp32 copy, m and v
+    gradients = 4 if optimizer == "megatron" else 2  # accumulated in fp32, or kept in bf16
+    return n_params * (weights + master + momentum + variance + gradients) / 1e9
+    # END SOLUTION
 
 
 def training_days(tokens: float, n_params: int, n_gpus: int, peak_flops: float,
                   efficiency: float, recompute: bool) -> float:
     """Days to train ``n_params`` parameters on ``tokens`` tokens with ``n_gpus`` GPUs."""
+    # BEGIN SOLUTION
     # hint: FLOPs per parameter per token: the forward 2, the backward twice the forward,
     # hint: and recomputation runs the forward again. The GPUs share the work, each at
     # hint: the FLOP/s it achieves, not its peak. That gives seconds; a day has 86,400.
-    raise NotImplementedError(
-        'FLOPs per parameter per token: the forward 2, the backward twice the forward, and '
-        'recomputation runs the forward again. The GPUs share the work, each at the FLOP/s it'
-        ' achieves, not its peak. That gives seconds; a day has 86,400.'
-    )
+    flops = (8 if recompute else 6) * n_params * tokens
+    achieved = n_gpus * efficiency * peak_flops  # FLOP/s of all the GPUs together
+    return flops / achieved / 86400
+    # END SOLUTION

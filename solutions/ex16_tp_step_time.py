@@ -1,8 +1,6 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex15
-# Made from solutions/ex15_tp_step_time.py by `python -m minitp.course.make_exercises`.
-"""Exercise 15: a tensor-parallel step's compute and communication, predicted.
+"""Exercise 16: a tensor-parallel step's compute and communication, predicted.
 
-Lesson 15 found communication taking a growing share of a tensor-parallel step
+Lesson 16 found communication taking a growing share of a tensor-parallel step
 as t grows, and more so on a faster GPU. Predict that share yourself, for one
 training step of a GPT on t GPUs of one node (tensor parallelism only, one
 microbatch of ``batch`` sequences, 16-bit activations, nothing overlapped):
@@ -21,7 +19,7 @@ Return both, in seconds. The grader compares your numbers with
 `mt.calc.step_time`'s for Megatron-LM's whole model family on 8×V100 and
 8×H100 nodes — so build them from the pieces above: a solution that calls
 `calc.step_time` (or `Cluster.collective_seconds`) is told so.
-Grade it with `mt.grade("ex15")` in a notebook or `python -m minitp.course.grade ex15`.
+Grade it with `mt.grade("ex16")` in a notebook or `python -m minitp.course.grade ex16`.
 """
 
 from minitp import calc
@@ -29,17 +27,18 @@ from minitp import calc
 
 def tp_step_seconds(cfg, t: int, batch: int, cluster, efficiency: float) -> tuple[float, float]:
     """(compute seconds, communication seconds) of one training step on t GPUs."""
+    # BEGIN SOLUTION
     # hint: all t GPUs share the step's FLOPs evenly; each achieves efficiency × peak.
-    raise NotImplementedError(
-        "all t GPUs share the step's FLOPs evenly; each achieves efficiency × peak."
-    )
+    compute = calc.flops_per_iteration(cfg, batch) / t / (efficiency * cluster.peak_flops)
+    # END SOLUTION
+    # BEGIN SOLUTION
     # hint: count the all-reduces of one layer in forward and in backward (lesson 03),
     # hint: and what one of them moves: a (batch, seq_len, d_model) activation of 2-byte
     # hint: values. A ring over t ranks: how many steps, each paying the latency once and
     # hint: moving what fraction of the tensor (lesson 01)? What does t = 1 cost?
-    raise NotImplementedError(
-        'count the all-reduces of one layer in forward and in backward (lesson 03), and what '
-        'one of them moves: a (batch, seq_len, d_model) activation of 2-byte values. A ring '
-        'over t ranks: how many steps, each paying the latency once and moving what fraction '
-        'of the tensor (lesson 01)? What does t = 1 cost?'
-    )
+    activation = batch * cfg.seq_len * cfg.d_model * 2  # bytes of one bsh tensor, 16-bit
+    steps = 2 * (t - 1)  # reduce-scatter then all-gather, t - 1 steps each
+    one_all_reduce = steps * (cluster.intra_latency + activation / t / cluster.intra_bandwidth)
+    communication = 4 * cfg.n_layer * one_all_reduce  # 2 forward (g) + 2 backward (f) per layer
+    return compute, communication
+    # END SOLUTION
