@@ -1,27 +1,29 @@
 """Checks for ex14: what each rank writes and reads when a ZeRO-1, tp = 2 checkpoint is
-loaded at tp = 1 (lesson 14).
+loaded at tp = 1 (lesson 14), in the format of `minitp.checkpoint.sharded`: one file per
+rank, each element written once, by the lowest global rank that holds it.
 
 The reference is built from minitp's own layout, not from the exercise's arithmetic: a
 plain GPT whose every element holds its own number is sharded by the tensor-parallel plan
 (`minitp.tensor_parallel.plan.apply_tensor_parallel`, on an axis of the grader's making:
 building the layers slices, it sends nothing) and each tp rank's parameters are cut by
-ZeRO-1's own `FlatShard`; the numbers read back say which dense elements each rank holds,
-and so what each file of the exercise's format holds. The new layout (tp 1, ZeRO-1 over
-dp) is `FlatShard` over the plain GPT's parameters. No process is launched.
+ZeRO-1's own `FlatShard`; the numbers read back say which ranks hold each element, the
+lowest of them writes it. The new layout (tp 1, ZeRO-1 over dp) is `FlatShard` over the
+plain GPT's parameters. No process is launched.
 
 On two models and layouts (tp 2, dp 2 → tp 1, dp 4, the lesson's; and tp 2, dp 3 → tp 1,
-dp 2 with padding in every flat vector):
+dp 2, with padding in every flat vector):
 
 * tp_block: each tp rank's block of every parameter;
-* writes: each old rank writes exactly its reference files (every element once);
-* reads: each new rank gets its whole model and its ZeRO-1 shard, each element from a
+* state_owner: the rank that writes each element's Adam state;
+* writes: each old rank writes exactly its reference file (every element once);
+* reads: each new rank gets its whole model and its ZeRO-1 shard, each element from the
   file that holds it;
-* reads: only the bytes it needs, each once (the bytes are counted, float32).
+* reads: only the bytes it needs, each once (counted in float32).
 
-Named slips: the split taken on the wrong dimension; a replica (another dp rank, or for
-a replicated parameter another tp rank) writing what another already wrote; every dp rank
-writing all of its tp rank's optimizer state; a state read from the wrong dp rank's file;
-every rank reading whole files.
+Named slips: the split taken on the wrong dimension; a state placed in the wrong dp
+rank's shard; a holder that is not the lowest; a replica (another dp rank, or for a
+replicated parameter another tp rank) writing what another already wrote; every dp rank
+writing all of its tp rank's optimizer state; every rank reading whole files.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ Param = namedtuple("Param", "name shape rule")
 BYTES = 4  # float32 state
 STATE = ("exp_avg", "exp_avg_sq")
 NAMES = ["tp_block: each tp rank's block of every parameter (column, row, vocab, replicated)",
-         "writes: each rank of the saving layout writes its own state, every byte once",
+         "state_owner: the rank that writes each element's Adam state (the lowest holder)",
+         "writes: each rank of the saving layout writes what it is the lowest holder of",
          "reads: each new rank gets its whole model and its ZeRO-1 shard, each element from "
          "a file that holds it",
          "reads: only the bytes it needs, each once"]
@@ -56,12 +59,8 @@ CASES = (  # (label, config, old tp, old dp, new dp)
 )
 
 
-def model_file(t: int) -> str:
-    return f"model-tp{t}.pt"
-
-
-def optim_file(t: int, d: int) -> str:
-    return f"optim-tp{t}-dp{d}.pt"
+def rank_file(r: int) -> str:
+    return f"rank-{r}.bin"
 
 
 # --------------------------------------------------------------------------- reference
@@ -80,7 +79,7 @@ class Layout:
                 start += p.numel()
         self.shapes = {n: tuple(p.shape) for n, p in dense.named_parameters()}
         self.blocks, rules = {}, {}  # (name, t) -> dense element numbers
-        files = {}  # file -> {(tensor, element)}
+        holders = {}  # (tensor, element) -> the global ranks that hold it
         for t in range(tp):
             model = copy.deepcopy(dense)
             apply_tensor_parallel(model, Axis("tp", tuple(range(tp)), t), False)
@@ -90,23 +89,25 @@ class Layout:
                 rules[name] = ("vocab" if tag(p, "tp_true_size") is not None else
                                {0: "column", 1: "row", None: None}[dim])
                 self.blocks[name, t] = self._elements(p)[1]
-                if dim is not None or t == 0:
-                    files.setdefault(model_file(t), set()).update(
-                        (name, int(i)) for i in self.blocks[name, t])
+                for i in self.blocks[name, t].tolist():
+                    holders.setdefault((f"model/{name}", i), set()).update(
+                        d * tp + t for d in range(dp))
             for d in range(dp):
                 shard = FlatShard(params, Axis("dp", tuple(range(dp)), d), mixed=False).shard
-                files[optim_file(t, d)] = self._state(shard)
+                for item in self._state(shard):
+                    holders.setdefault(item, set()).add(d * tp + t)
         self.table = [Param(n, self.shapes[n], rules[n]) for n in self.shapes]
-        self.files = files
-        self.holders = {}
-        for f, items in files.items():
-            for item in items:
-                self.holders.setdefault(item, set()).add(f)
+        self.tp, self.holders = tp, holders
+        self.owner = {item: min(ranks) for item, ranks in holders.items()}
+        self.files = {}
+        for item, r in self.owner.items():
+            self.files.setdefault(rank_file(r), set()).add(item)
         params = list(dense.parameters())
         self.needs = []  # per new dp rank: {(tensor, element)}
         for d in range(new_dp):
             shard = FlatShard(params, Axis("dp", tuple(range(new_dp)), d), mixed=False).shard
-            model = {(n, i) for n, s in self.shapes.items() for i in range(math.prod(s))}
+            model = {(f"model/{n}", i) for n, s in self.shapes.items()
+                     for i in range(math.prod(s))}
             self.needs.append(model | self._state(shard))
 
     def _elements(self, values: torch.Tensor) -> tuple[list[str], torch.Tensor]:
@@ -183,9 +184,10 @@ def _counted(answer, what: str) -> dict:
 
 def run(module) -> list[Check]:
     return [_guard(NAMES[0], lambda: _check_blocks(module)),
-            _guard(NAMES[1], lambda: _check_writes(module)),
-            _guard(NAMES[2], lambda: _check_reads(module)),
-            _guard(NAMES[3], lambda: _check_bytes(module))]
+            _guard(NAMES[1], lambda: _check_owners(module)),
+            _guard(NAMES[2], lambda: _check_writes(module)),
+            _guard(NAMES[3], lambda: _check_reads(module)),
+            _guard(NAMES[4], lambda: _check_bytes(module))]
 
 
 def _guard(name: str, check) -> Check:
@@ -236,88 +238,114 @@ def _block_hint(p, t: int, tp: int, got: torch.Tensor) -> str:
             f"({p.rule}: dim {1 if p.rule == 'row' else 0})")
 
 
+def _where(r: int, tp: int) -> str:
+    return f"rank {r} (tp {r % tp}, dp {r // tp})"
+
+
+def _check_owners(module) -> Check:
+    for case, (label, _cfg, tp, dp, _new) in enumerate(CASES):
+        ref = _layout(case)
+        for k, p in enumerate(ref.table):
+            for i in range(math.prod(p.shape)):
+                got = _call(module.state_owner, ref.table, k, i, tp, dp)
+                want = ref.owner[f"exp_avg/{p.name}", i]
+                if got != want:
+                    return _owner_failed(label, ref, p, i, got, want)
+    return Check(NAMES[1], True, "every element of every parameter, two layouts")
+
+
+def _owner_failed(label, ref, p, i, got, want) -> Check:
+    tp, holders = ref.tp, ref.holders[f"exp_avg/{p.name}", i]
+    detail = (f"{label}: {p.name}[{i}] ({p.rule}): yours {got!r}, but "
+              f"{_where(want, tp)} writes it")
+    if isinstance(got, int) and got in holders:
+        return Check(NAMES[1], False, f"{detail}: {_where(got, tp)} holds it too, but the lowest "
+                     "holder writes it", hint="for a replicated parameter every tp rank holds its "
+                     "state, each in the dp shard where its own flat vector puts it: take the "
+                     "lowest global rank of those")
+    if isinstance(got, int) and got % tp in {r % tp for r in holders}:
+        return Check(NAMES[1], False, f"{detail}: the state placed in the wrong dp rank's shard",
+                     hint="the dp rank is the element's position in its tp rank's flat vector "
+                          "(that rank's blocks end to end, in the table's order) // s, s the "
+                          "padded length / dp; a dense position, or a position in the "
+                          "parameter alone, gives another")
+    return Check(NAMES[1], False, detail, hint="find the tp ranks whose block holds the element, "
+                 "then each one's dp shard that has it; the lowest global rank writes it")
+
+
 def _check_writes(module) -> Check:
     for case, (label, _cfg, tp, dp, _new) in enumerate(CASES):
         ref = _layout(case)
-        written = {}
-        for t in range(tp):
-            for d in range(dp):
-                answer = _call(module.writes, ref.table, t, d, tp, dp)
-                for item in _items(answer, f"writes(table, {t}, {d}, {tp}, {dp})"):
-                    written.setdefault(item, []).append((t, d))
-        for t in range(tp):
-            for d in range(dp):
-                mine = {(f, n, i) for (f, n, i), who in written.items() if (t, d) in who}
-                want = {(f, n, i) for f, items in ref.files.items()
-                        for n, i in items if _writer(f) == (t, d)}
-                if mine != want:
-                    return _writes_failed(label, ref, t, d, mine, want, written)
-    return Check(NAMES[1], True, f"{len(CASES)} layouts, every element written once")
+        for r in range(tp * dp):
+            answer = _call(module.writes, ref.table, r % tp, r // tp, tp, dp)
+            mine = _items(answer, f"writes(table, {r % tp}, {r // tp}, {tp}, {dp})")
+            want = {(rank_file(r), n, i) for n, i in ref.files.get(rank_file(r), ())}
+            if mine != want:
+                return _writes_failed(label, ref, r, mine, want)
+    return Check(NAMES[2], True, f"{len(CASES)} layouts, every element written once")
 
 
-def _writer(f: str) -> tuple[int, int]:
-    """Who writes file `f` in the reference: model-tp{t} by (t, 0); optim-tp{t}-dp{d} by (t, d)."""
-    parts = f.removesuffix(".pt").split("-")
-    t = int(parts[1].removeprefix("tp"))
-    return (t, int(parts[2].removeprefix("dp")) if len(parts) > 2 else 0)
-
-
-def _writes_failed(label, ref, t, d, mine, want, written) -> Check:
+def _writes_failed(label, ref, r, mine, want) -> Check:
+    tp = ref.tp
     extra, missing = mine - want, want - mine
-    where = f"{label}: rank (tp {t}, dp {d})"
-    hint = ("each rank writes the blocks only it is the first to hold (the model: dp rank 0 of "
-            "each tp rank, replicated parameters tp rank 0 only) and its own ZeRO-1 shard")
-    if any(f == model_file(t) for f, _, _ in extra) and d > 0:
-        detail = (f"{where} writes {model_file(t)}, which (tp {t}, dp 0) writes too: a replica "
-                  "writing bytes another replica already wrote")
-        hint = ("the dp ranks of one tp rank hold the same model block: one of them (dp 0) "
-                "writes it; the others write only their optimizer shards")
-    elif any(f.startswith("model-") and ref.shapes.get(n) and _rule(ref, n) is None
-             for f, n, _ in extra):
-        name = next(n for f, n, _ in extra if f.startswith("model-") and _rule(ref, n) is None)
-        detail = (f"{where} writes the replicated {name}, which tp rank 0 writes too: a "
+    where = f"{label}: {_where(r, tp)}"
+    hint = ("each rank writes what it is the lowest holder of: the model blocks on dp rank 0 "
+            "(replicated parameters on rank 0 only) and, of its ZeRO-1 shard, the state no "
+            "lower rank holds")
+    model = {(n, i) for _, n, i in extra if n.startswith("model/")}
+    replicated = {n for n, _ in model if _rule(ref, n) is None}
+    if model and r // tp > 0:
+        detail = (f"{where} writes model blocks that rank {r % tp} (tp {r % tp}, dp 0) writes "
+                  "too: a replica writing bytes another replica already wrote")
+        hint = ("the dp ranks of one tp rank hold the same model block: the lowest of them "
+                "(dp 0) writes it; the others write only their optimizer state")
+    elif replicated:
+        detail = (f"{where} writes the replicated {min(replicated)}, which rank 0 writes too: a "
                   "replica writing bytes another replica already wrote")
-        hint = "a replicated parameter is the same on every tp rank: tp rank 0 writes it"
-    elif _optim(extra) and not _optim(missing) and _optim(mine) == _all_state(ref, t):
-        detail = (f"{where} writes all of tp rank {t}'s optimizer state "
-                  f"({len(_optim(mine)):,} elements): under ZeRO-1 it holds only its "
-                  f"1/{_dp(ref, t)}")
+        hint = "a replicated parameter is held by every rank: rank 0, the lowest, writes it"
+    elif _state(extra) and _state(mine) >= _all_state(ref, r % tp):
+        detail = (f"{where} writes all of tp rank {r % tp}'s optimizer state "
+                  f"({len(_state(mine)):,} elements): under ZeRO-1 it holds only its "
+                  f"1/{_dp(ref)}")
         hint = ("ZeRO-1's shard on (tp t, dp d): elements [d·s, (d+1)·s) of tp rank t's flat "
                 "vector, padded to a multiple of dp")
     else:
         detail = (f"{where} writes {len(extra):,} elements it should not and misses "
                   f"{len(missing):,}" + _example(extra, missing))
-    return Check(NAMES[1], False, detail, hint=hint)
+    return Check(NAMES[2], False, detail, hint=hint)
 
 
-def _rule(ref, name):
+def _rule(ref, tensor: str):
+    name = tensor.split("/", 1)[1]
     return next(p.rule for p in ref.table if p.name == name)
 
 
-def _optim(items) -> set:
-    return {(n, i) for f, n, i in items if f.startswith("optim-")}
+def _state(items) -> set:
+    return {(n, i) for _, n, i in items if not n.startswith("model/")}
 
 
-def _all_state(ref, t) -> set:
-    return {(n, i) for f, items in ref.files.items() if f.startswith(f"optim-tp{t}-")
-            for n, i in items}
+def _all_state(ref, t: int) -> set:
+    """The state of tp rank t's split parameters, all its dp ranks' shards together."""
+    return {item for item, ranks in ref.holders.items() if not item[0].startswith("model/")
+            and _rule(ref, item[0]) is not None and any(r % ref.tp == t for r in ranks)}
 
 
-def _dp(ref, t) -> int:
-    return sum(f.startswith(f"optim-tp{t}-") for f in ref.files)
+def _dp(ref) -> int:
+    return max(r for ranks in ref.holders.values() for r in ranks) // ref.tp + 1
 
 
 def _example(extra, missing) -> str:
     parts = []
     if extra:
         f, n, i = min(extra)
-        parts.append(f"e.g. {n}[{i}] in {f}, not written there")
+        parts.append(f"e.g. {n}[{i}], not its to write")
     if missing:
         f, n, i = min(missing)
         parts.append(f"e.g. {n}[{i}] belongs in {f}")
     return " (" + "; ".join(parts) + ")"
 
 
+@functools.lru_cache(maxsize=4)  # both reads checks ask for the same answers
 def _learner_reads(module, case: int) -> list[dict]:
     _, _, tp, dp, new_dp = CASES[case]
     ref = _layout(case)
@@ -335,36 +363,35 @@ def _check_reads(module) -> Check:
         for d, answer in enumerate(_learner_reads(module, case)):
             got = _counted(answer, "reads")
             for (f, n, i) in sorted(got):
-                holders = ref.holders.get((n, i), set())
-                if f not in holders:
-                    return _wrong_source(label, d, f, n, i, holders)
+                if f not in ref.files or (n, i) not in ref.files[f]:
+                    return _wrong_source(label, ref, d, f, n, i)
             missing = ref.needs[d] - {(n, i) for _, n, i in got}
             if missing:
                 n, i = min(missing)
-                return Check(NAMES[2], False, f"{label}: new rank {d} never reads "
+                return Check(NAMES[3], False, f"{label}: new rank {d} never reads "
                              f"{len(missing):,} elements it needs, e.g. {n}[{i}] (in "
-                             f"{', '.join(sorted(ref.holders[n, i]))})",
+                             f"{rank_file(ref.owner[n, i])})",
                              hint="the model whole (tp 1), and its ZeRO-1 slice of the dense "
                                   "flat vector, padded to a multiple of the new dp")
-    return Check(NAMES[2], True, f"{len(CASES)} layouts, every new rank exact")
+    return Check(NAMES[3], True, f"{len(CASES)} layouts, every new rank exact")
 
 
-def _wrong_source(label, d, f, n, i, holders) -> Check:
+def _wrong_source(label, ref, d, f, n, i) -> Check:
     detail = f"{label}: new rank {d} asks {f} for {n}[{i}]"
-    if not holders:
-        return Check(NAMES[2], False, detail + ", which no file holds",
+    if (n, i) not in ref.owner:
+        return Check(NAMES[3], False, detail + ", which no file holds",
                      hint="runs count the dense tensor's flat elements (row-major), from 0")
-    held = ", ".join(sorted(holders))
-    if f.startswith("optim-") and any(h.split("-dp")[0] == f.split("-dp")[0] for h in holders):
-        return Check(NAMES[2], False, f"{detail}, but it is in {held}: the optimizer shard "
-                     "read from the wrong dp rank",
-                     hint="find the element's position in its old tp rank's flat vector (that "
-                          "rank's blocks end to end, in the table's order); the old dp rank is "
-                          "that position // s, s the old shard size. The new shards do not "
-                          "nest inside the old ones")
-    return Check(NAMES[2], False, f"{detail}, but it is in {held}",
-                 hint="a tp rank's file holds its block only: check which block has it "
-                      "(column and vocab split dim 0, row dim 1)")
+    right = ref.owner[n, i]
+    detail += f", but {rank_file(right)} holds it"
+    asked = int(f.removeprefix("rank-").removesuffix(".bin")) if f.startswith("rank-") else -1
+    if not n.startswith("model/") and asked % ref.tp == right % ref.tp:
+        return Check(NAMES[3], False, f"{detail}: the optimizer shard read from the wrong dp "
+                     "rank", hint="the old dp rank is the element's position in its old tp "
+                     "rank's flat vector // s (state_owner); the new shards do not nest "
+                     "inside the old ones")
+    return Check(NAMES[3], False, detail, hint="each element is in the file of the lowest rank "
+                 "that held it: state_owner for the state; for the model, dp rank 0 of the tp "
+                 "rank whose block has it (rank 0 for a replicated parameter)")
 
 
 def _check_bytes(module) -> Check:
@@ -378,20 +405,19 @@ def _check_bytes(module) -> Check:
             read = sum(got.values()) * BYTES
             need, whole = len(ref.needs[d]) * BYTES, ref.size * BYTES
             touched = {f for f, _, _ in got}
-            if extra and all({(n, i) for g, n, i in got if g == f} == ref.files[f]
+            if extra and all({(n, i) for g, n, i in got if g == f} == ref.files.get(f)
                              for f in touched):
-                return Check(NAMES[3], False, f"{label}: new rank {d} reads {read:,} bytes of "
+                return Check(NAMES[4], False, f"{label}: new rank {d} reads {read:,} bytes of "
                              f"the checkpoint's {whole:,}; it needs {need:,}: every rank reads "
                              "the whole file", tensor="bytes", max_error=float(read - need),
                              hint="ask each file only for the runs this rank keeps: its ZeRO-1 "
                                   "slice of the optimizer state, not every rank's")
             if extra or twice:
-                return Check(NAMES[3], False, f"{label}: new rank {d} reads {read:,} bytes, "
+                return Check(NAMES[4], False, f"{label}: new rank {d} reads {read:,} bytes, "
                              f"needs {need:,} ({len(extra):,} elements it does not keep, "
                              f"{len(twice):,} read twice)", tensor="bytes",
                              max_error=float(read - need),
-                             hint="a replicated parameter's state is the same in every tp "
-                                  "rank's files: read it once; and only this rank's slice")
+                             hint="only this rank's slice of the state, and each run once")
             if shown is None:
                 shown = f"new rank 0 reads {read:,} of the checkpoint's {whole:,} bytes"
-    return Check(NAMES[3], True, shown or "")
+    return Check(NAMES[4], True, shown or "")
