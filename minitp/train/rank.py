@@ -143,7 +143,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         elapsed = time.perf_counter() - started
         seconds += elapsed
         losses.append(loss)
-        save_flags.after_step(args, saver, step + 1, mesh.rank, mesh.world_size)
+        save_flags.after_step(args, saver, step + 1, mesh.rank)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals.append((step + 1, evaluate()))
             if bar is not None:

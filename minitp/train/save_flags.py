@@ -11,7 +11,8 @@ step), so the resumed run is the uninterrupted one, bit for bit (tests/train).
 
 MINITP_FAIL_AT_STEP=k (testing only): on the first attempt (TORCHELASTIC_RESTART_COUNT
 unset or 0), global rank MINITP_FAIL_RANK (default: the last) kills itself with
-SIGKILL once it has taken step k, before that step's save.
+SIGKILL once it has taken step k, before that step's save. The parent reads both
+variables (`validate_save`): ranks forked from an older process may not see them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 from .. import checkpoint
 from ..checkpoint import sharded_read
 from ..checkpoint.sharded import Saver
+from .machine import world_size_of
 
 
 def add_save_flags(p) -> None:
@@ -45,6 +47,10 @@ def validate_save(args, parser) -> None:
     for flag, value in (("save-every", args.save_every), ("keep", args.keep)):
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1, got {value}")
+    fail = os.environ.get("MINITP_FAIL_AT_STEP")  # read here: ranks may not see the variable
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    args.fail_at_step = int(fail) if fail and first_attempt else None
+    args.fail_rank = int(os.environ.get("MINITP_FAIL_RANK", world_size_of(args) - 1))
     if args.async_save and args.save_every is None:
         parser.error("--async-save needs --save-every N (the final dense save is synchronous)")
     if not args.load:
@@ -79,12 +85,9 @@ def saver_for(args, model, optimizer, mesh, plan: dict) -> Saver | None:
                  timeout=args.timeout)
 
 
-def after_step(args, saver: Saver | None, step: int, rank: int, world_size: int) -> None:
+def after_step(args, saver: Saver | None, step: int, rank: int) -> None:
     """After step `step` (steps taken): the test-only failure, then the save it is due."""
-    fail_at = os.environ.get("MINITP_FAIL_AT_STEP")
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    fail_rank = int(os.environ.get("MINITP_FAIL_RANK", world_size - 1))
-    if fail_at is not None and first_attempt and int(fail_at) == step and rank == fail_rank:
+    if args.fail_at_step == step and rank == args.fail_rank:
         os.kill(os.getpid(), signal.SIGKILL)
     if saver is not None and (step % args.save_every == 0 or step == args.steps):
         saver.save(step)
