@@ -94,8 +94,17 @@ class Saver:
                 for ids in step_ids:
                     held[self._adam_ids(ids[ids >= 0], family)] = self.rank
             owner = comm.all_reduce(held, world(), op="min")  # a barrier too: partials gone
-        self.model_ids, self.step_ids = model_ids, step_ids
         self.mine = torch.nonzero(owner == self.rank).flatten()
+        # where each source's owned elements go in this rank's file: (which, local, slot)
+        self.copies = []
+        for which, ids_list in (("model", model_ids), *((k, step_ids) for k in ADAM_STATE)):
+            family = ADAM_STATE.index(which) if which != "model" else None
+            for index, ids in enumerate(ids_list):
+                local = torch.nonzero(ids >= 0).flatten()
+                flat = ids[local] if family is None else self._adam_ids(ids[local], family)
+                mine = owner[flat] == self.rank
+                self.copies.append((which, index, local[mine],
+                                    torch.searchsorted(self.mine, flat[mine])))
         self.layout = None
         if self.rank == 0:
             self.layout = {r: self.space.runs_by_tensor(torch.nonzero(owner == r).flatten())
@@ -111,25 +120,18 @@ class Saver:
 
     # ----------------------------------------------------------------- the snapshot
     def snapshot(self) -> tuple[torch.Tensor, dict]:
-        """This rank's owned elements, copied to new host memory, and Adam's step."""
+        """This rank's owned elements, copied into new host memory, and Adam's step."""
         models, stepped = local_tensors(self.model, self.optimizer)
-        dtype = models[0].dtype
-        scratch = torch.zeros(self.space.size, dtype=dtype)
-        for t, ids in zip(models, self.model_ids, strict=True):
-            keep = ids >= 0
-            scratch[ids[keep]] = t.detach().flatten().cpu()[keep]
-        adam_step = None
-        for t, ids in zip(stepped, self.step_ids, strict=True):
-            state = self.optimizer.state.get(t, {})
-            if not all(k in state for k in ADAM_STATE):
-                raise ValueError("a sharded checkpoint needs Adam's state: save after a step")
-            keep = ids >= 0
-            for family, key in enumerate(ADAM_STATE):
-                value = state[key].detach().flatten().cpu()
-                scratch[self._adam_ids(ids[keep], family)] = value[keep]
-            adam_step = state["step"]
-        return scratch[self.mine], {"value": float(adam_step),
-                                    "dtype": str(adam_step.dtype).removeprefix("torch.")}
+        states = [self.optimizer.state.get(t, {}) for t in stepped]
+        if not all(all(k in s for k in ADAM_STATE) for s in states):
+            raise ValueError("a sharded checkpoint needs Adam's state: save after a step")
+        out = torch.empty(self.mine.numel(), dtype=models[0].dtype)
+        for which, index, local, slot in self.copies:
+            source = models[index] if which == "model" else states[index][which]
+            out[slot] = source.detach().flatten()[local.to(source.device)].cpu()
+        adam_step = states[0]["step"]
+        return out, {"value": float(adam_step),
+                     "dtype": str(adam_step.dtype).removeprefix("torch.")}
 
     def save(self, step: int) -> None:
         """Save step `step` (the number of steps taken: the next batch is step's)."""
