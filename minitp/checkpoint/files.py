@@ -136,12 +136,7 @@ def _remove_leftovers(path: str) -> None:
 def read_meta(directory: str) -> dict:
     """meta.json of a checkpoint, once every file it lists is there, whole and
     unchanged; a clear error naming what is wrong otherwise. What a killed save left
-    beside it is removed first (see `_remove_leftovers`). A sharded checkpoint's
-    (`sharded`): its manifest, checked the same way (`sharded_read.read_manifest`)."""
-    if os.path.isfile(os.path.join(directory, "manifest.json")):
-        from .sharded_read import read_manifest
-
-        return read_manifest(directory)
+    beside it is removed first (see `_remove_leftovers`)."""
     _recover(os.path.abspath(directory))
     if os.path.isdir(directory):
         _remove_leftovers(os.path.abspath(directory))

@@ -60,7 +60,6 @@ from ..parallelize import parallelize
 from ..rules import model_chunks
 from ..runtime import _device, comm, trace
 from ..runtime.mesh import Mesh, world
-from . import sharded_read
 from .files import FORMAT, read_meta, write_checkpoint
 
 ADAM_STATE = ("exp_avg", "exp_avg_sq")
@@ -158,8 +157,6 @@ def load_dense(directory: str, config: GPTConfig | None = None
     No process group needed: this is also how a single process reads one.
     config: the GPTConfig to build (default the checkpoint's); it must hold the same
     tensors (e.g. another top_k: `minitp.train`'s --load applies the routing flags)."""
-    if sharded_read.is_sharded(directory):
-        return sharded_read.load_dense(directory, config)
     meta = read_meta(directory)
     cfg = GPTConfig(**meta["config"]) if config is None else config
     ref = _gpt_from(cfg, torch.load(os.path.join(directory, "model.pt"), weights_only=True))
@@ -194,16 +191,13 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
     parameters, or at a ZeRO stage its shards (through `mt.make_optimizer`);
     the saved Adam state is resharded into it. None: no optimizer (returned as None).
     """
+    ref, meta, dense_optim = load_dense(directory, config)
+    device = _device.device() if device is None else device
+    ref = ref.to(device)
     plan = dict(sequence_parallel=sequence_parallel, recompute=recompute,
                 virtual_stages=virtual_stages, zero_stage=zero_stage, tp_overlap=tp_overlap,
                 placement=placement, vision_layout=vision_layout, cp_comm=cp_comm,
                 cp_a2a_size=cp_a2a_size)
-    if sharded_read.is_sharded(directory):  # each rank reads only its own elements
-        return sharded_read.load(directory, mesh, plan | {"validated": validated},
-                                 optimizer_factory, device, config)
-    ref, meta, dense_optim = load_dense(directory, config)
-    device = _device.device() if device is None else device
-    ref = ref.to(device)
     model = parallelize(ref, mesh, **plan, validated=validated)
     optimizer = None
     if optimizer_factory is not None:

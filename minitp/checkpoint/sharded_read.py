@@ -17,6 +17,7 @@ import os
 import torch
 
 from ..model import GPTConfig
+from . import files, reshard
 from .files import _fingerprint
 from .layout import ADAM_STATE, Space, contiguous_runs, local_ids, local_tensors
 from .sharded import SHARDED_FORMAT, STEP_DIR, remove_partials, step_dirs
@@ -34,6 +35,12 @@ def newest_complete(directory: str) -> str | None:
     remove_partials(os.path.abspath(directory))
     complete = [p for _, p in step_dirs(directory) if is_sharded(p)]
     return complete[-1] if complete else None
+
+
+def read_meta(directory: str) -> dict:
+    """`files.read_meta` for either format: a sharded checkpoint's manifest (checked by
+    `read_manifest`), or a dense checkpoint's meta.json."""
+    return read_manifest(directory) if is_sharded(directory) else files.read_meta(directory)
 
 
 def resolve(directory: str) -> str:
@@ -168,10 +175,10 @@ def load_into(directory: str, model, optimizer, mesh, plan: dict) -> dict:
 
 
 def load_dense(directory: str, config: GPTConfig | None = None):
-    """(plain GPT, manifest, dense Adam state) of a sharded checkpoint, read whole in one
-    process: `reshard.load_dense`'s result for this format."""
-    from .reshard import _gpt_from
-
+    """`reshard.load_dense` for either format: (plain GPT, meta, dense Adam state); a
+    sharded checkpoint is read whole, in this one process."""
+    if not is_sharded(directory):
+        return reshard.load_dense(directory, config)
     manifest = read_manifest(directory)
     cfg = GPTConfig(**manifest["config"]) if config is None else config
     space = Space.of(GPTConfig(**manifest["config"]))
@@ -184,14 +191,18 @@ def load_dense(directory: str, config: GPTConfig | None = None):
                         dtype=getattr(torch, manifest["adam_step"]["dtype"]))
     optim = {"step": step, **{key: {k.removeprefix(f"{key}/"): v for k, v in tensors.items()
                                     if k.startswith(f"{key}/")} for key in ADAM_STATE}}
-    return _gpt_from(cfg, model), manifest, optim
+    return reshard._gpt_from(cfg, model), manifest, optim
 
 
-def load(directory: str, mesh, plan: dict, optimizer_factory=None, device=None,
-         config: GPTConfig | None = None):
-    """`reshard.load` for a sharded checkpoint: (model, optimizer, manifest with
-    "bytes_read"). The model is built at `plan` on a forked RNG (its initial values are
-    all overwritten), then filled by `load_into`."""
+def load(directory: str, mesh, optimizer_factory=None, device=None,
+         config: GPTConfig | None = None, **plan):
+    """`reshard.load` for either format (the same arguments; plan: `mt.parallelize`'s
+    keywords). A sharded checkpoint: (model, optimizer, manifest with "bytes_read"); the
+    model is built at `plan` on a forked RNG (every initial value is overwritten), then
+    filled by `load_into`, each rank reading only its own elements."""
+    if not is_sharded(directory):
+        return reshard.load(directory, mesh, optimizer_factory=optimizer_factory,
+                            device=device, config=config, **plan)
     from ..data_parallel import zero
     from ..model import GPT
     from ..parallelize import parallelize

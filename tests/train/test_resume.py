@@ -8,7 +8,7 @@ import os
 import pytest
 from helpers import run_cli
 
-from minitp.checkpoint.measure import kill_and_restart
+from minitp.train.restart import kill_and_restart
 
 STEPS, EVERY, FAIL_AT = 6, 2, 3
 
