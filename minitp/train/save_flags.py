@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 
-from .. import checkpoint
 from ..checkpoint import sharded_read
 from ..checkpoint.sharded import Saver
 from .machine import world_size_of
@@ -52,7 +51,7 @@ def validate_save(args, parser) -> None:
     args.fail_at_step = int(fail) if fail and first_attempt else None
     args.fail_rank = int(os.environ.get("MINITP_FAIL_RANK", world_size_of(args) - 1))
     if args.async_save and args.save_every is None:
-        parser.error("--async-save needs --save-every N (the final dense save is synchronous)")
+        parser.error("--async-save needs --save-every N: it applies to the periodic sharded saves")
     if not args.load:
         return
     try:
@@ -65,12 +64,11 @@ def validate_save(args, parser) -> None:
     except (OSError, ValueError) as exc:
         parser.error(f"--load: {exc}")
     args.load = resolved
-    if sharded_read.is_sharded(resolved):
+    if sharded_read.is_sharded(resolved):  # verified whole by flags.validate's read_meta
         try:
-            manifest = checkpoint.read_meta(resolved)
-        except (OSError, ValueError) as exc:
-            parser.error(f"--load: {exc}")
-        saved_seed = manifest["extra"].get("seed")
+            saved_seed = sharded_read.read_manifest(resolved, verify=False)["extra"].get("seed")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--load: {resolved}: {exc}")
         if saved_seed is not None and saved_seed != args.seed:
             parser.error(f"--seed {args.seed}: the checkpoint was trained with --seed "
                          f"{saved_seed}, and its batches follow (seed, step)")
