@@ -128,7 +128,7 @@ class Saver:
         out = torch.empty(self.mine.numel(), dtype=models[0].dtype)
         for which, index, local, slot in self.copies:
             source = models[index] if which == "model" else states[index][which]
-            out[slot] = source.detach().flatten()[local.to(source.device)].cpu()
+            out[slot] = source.detach().flatten()[local.to(source.device)].cpu().to(out.dtype)
         adam_step = states[0]["step"]
         return out, {"value": float(adam_step),
                      "dtype": str(adam_step.dtype).removeprefix("torch.")}
@@ -139,11 +139,12 @@ class Saver:
         with trace.region("checkpoint: snapshot"):
             values, adam_step = self.snapshot()
         rng = torch.get_rng_state().numpy().tobytes().hex()
+        traced = trace.recorder().enabled  # the write is drawn if the save is
         if not self.asynchronous:
-            self._write(step, values, adam_step, rng)
+            self._write(step, values, adam_step, rng, traced)
             return
         self._thread = threading.Thread(target=self._write_catching,
-                                        args=(step, values, adam_step, rng), daemon=True,
+                                        args=(step, values, adam_step, rng, traced), daemon=True,
                                         name=f"checkpoint-step-{step}")
         self._thread.start()
 
@@ -165,7 +166,8 @@ class Saver:
             self._error = exc
 
     # ----------------------------------------------------------------- the write
-    def _write(self, step: int, values: torch.Tensor, adam_step: dict, rng: str) -> None:
+    def _write(self, step: int, values: torch.Tensor, adam_step: dict, rng: str,
+               traced: bool) -> None:
         rec = trace.recorder()
         start = rec.now()
         staging = os.path.join(self.directory, f".step-{step}.partial")
@@ -179,9 +181,11 @@ class Saver:
         os.rename(done + ".tmp", done)
         if self.rank == 0:
             self._seal(step, staging, values.dtype, adam_step)
-        rec.add(op="compute", axis="", shape=(), dtype="", nbytes=values.numel()
-                * values.element_size(), model_bytes=0, start=start, end=rec.now(),
-                label="checkpoint: write", phase="")
+        if traced:  # appended whatever the step's thread has paused meanwhile
+            rec.events.append(trace.Event(
+                rank=rec.rank, op="compute", axis="", shape=(), dtype="",
+                nbytes=values.numel() * values.element_size(), model_bytes=0, start=start,
+                end=rec.now(), label="checkpoint: write"))
 
     def _seal(self, step: int, staging: str, dtype, adam_step: dict) -> None:
         n = self.mesh.world_size

@@ -17,11 +17,13 @@ variables (`validate_save`): ranks forked from an older process may not see them
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
 from ..checkpoint import sharded_read
 from ..checkpoint.sharded import Saver
+from ..runtime import trace
 from .machine import world_size_of
 
 
@@ -88,4 +90,6 @@ def after_step(args, saver: Saver | None, step: int, rank: int) -> None:
     if args.fail_at_step == step and rank == args.fail_rank:
         os.kill(os.getpid(), signal.SIGKILL)
     if saver is not None and (step % args.save_every == 0 or step == args.steps):
-        saver.save(step)
+        # drawn on the timeline with the traced step (the last), like the step itself
+        with contextlib.nullcontext() if step == args.steps else trace.paused():
+            saver.save(step)
