@@ -95,3 +95,21 @@ def test_every_rank_reading_the_whole_checkpoint_is_named(tmp_path):
     bytes_check = report.checks[4]
     assert "every rank reads the whole file" in bytes_check.detail, bytes_check.detail
     assert bytes_check.tensor == "bytes" and bytes_check.max_error > 0
+
+
+@pytest.mark.ranks  # write_example launches 4 ranks
+def test_the_graders_reference_is_what_real_ranks_write(tmp_path):
+    """The grader's layout, built in one process from the tensor-parallel plan and
+    FlatShard, is what minitp's sharded save writes on 4 real ranks at (tp 2, dp 2, ZeRO-1):
+    the same elements in the same rank's file."""
+    from minitp.checkpoint import measure
+    from minitp.course.graders import ex14
+
+    label, cfg, tp, dp, _ = ex14.CASES[0]
+    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "seq_len", "n_layer", "n_head",
+                                          "d_model")}
+    manifest = measure.write_example(str(tmp_path), dp=dp, tp=tp, zero_stage=1, cfg=sizes)
+    written = {name: {(held["tensor"], i) for held in entry["holds"]
+                      for start, stop in held["runs"] for i in range(start, stop)}
+               for name, entry in manifest["files"].items()}
+    assert written == ex14._layout(0).files, label
