@@ -10,7 +10,8 @@ and draws it:
   clock, thread and process numbers (they differ every run);
 * `loss_curves`: the killed-and-restarted run's losses on the uninterrupted run's;
 * `writes_by_rank` / `writes_figure`: the bytes each rank wrote, by family (model,
-  exp_avg, exp_avg_sq), read from the manifest (MEASURED: the files' sizes);
+  exp_avg, exp_avg_sq), read from the manifest (MEASURED: the files' sizes); `read_at`:
+  the bytes each rank of another layout reads, counted by the loader;
 * `save_timeline`: rank 0's steps with no save, a synchronous and an asynchronous one,
   and the checkpoint's snapshot and write events (MEASURED on this machine);
 * `intervals`: how often a real cluster should save, by Young's and Daly's intervals
@@ -19,7 +20,11 @@ and draws it:
 
 from __future__ import annotations
 
+import json
+import os
 import re
+
+import torch
 
 from ...calc import checkpointing as ckpt
 from ..viz._style import COMPUTE_COLOR, _new_figure, human_bytes, rank_color
@@ -107,6 +112,28 @@ def writes_figure(rows: list[dict], read: dict | None = None, title: str | None 
     return fig
 
 
+def _bytes_this_rank_reads(step_dir: str, dp: int, tp: int, zero_stage: int) -> int:
+    from ...checkpoint import load
+    from ...runtime.mesh import Mesh
+
+    adam = lambda tensors: torch.optim.Adam(tensors, lr=1e-3)  # noqa: E731
+    *_, manifest = load(step_dir, Mesh(dp=dp, tp=tp), zero_stage=zero_stage,
+                        optimizer_factory=adam)
+    return manifest["bytes_read"]
+
+
+def read_at(step_dir: str, dp: int = 4, tp: int = 1, zero_stage: int = 1) -> dict:
+    """Load the sharded checkpoint `step_dir` on dp·tp real ranks at (dp, tp, ZeRO stage):
+    {"per_rank": the bytes each rank read (MEASURED: `minitp.checkpoint.load` counts its
+    reads), "dense": the files' total, what every rank of a dense load reads}."""
+    from ...runtime.launch import launch
+
+    with open(os.path.join(step_dir, "manifest.json")) as f:
+        files = json.load(f)["files"]
+    run = launch(_bytes_this_rank_reads, dp * tp, step_dir, dp, tp, zero_stage, timeout=120)
+    return {"per_rank": list(run), "dense": sum(entry["bytes"] for entry in files.values())}
+
+
 def save_timeline(timing: dict, rank: int = 0, title: str | None = None):
     """Rank `rank`'s steps in each mode (no save, synchronous, asynchronous), one row each,
     with the checkpoint's snapshot and write events under its row (`measure.save_timing`)."""
@@ -190,5 +217,5 @@ def intervals(record: ckpt.FailureRecord = ckpt.LLAMA3_405B, gb_per_gpu=(0.5, 1,
     return rows
 
 
-__all__ = ["FAMILIES", "human_bytes", "intervals", "loss_curves", "save_stalls",
+__all__ = ["FAMILIES", "human_bytes", "intervals", "loss_curves", "read_at", "save_stalls",
            "save_timeline", "torchrun_lines", "writes_by_rank", "writes_figure"]
