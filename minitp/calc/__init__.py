@@ -24,9 +24,23 @@ encoder replicated vs split over tp, trained or frozen: params, bytes, FLOPs), `
 (its time and the crossover width), `vision_stage` (the encoder on its own pipeline stage
 and tp size), `context_parallel` (context parallelism's attentions — ring, all-gather,
 Ulysses, hybrid: what each keeps, its messages' time per layer, `cp_crossover`; their
-bytes are `cp_comm_bytes`'s).
+bytes are `cp_comm_bytes`'s), `checkpointing` (how often to save: Young's and Daly's
+intervals from a cluster's failure rate and the save's bytes).
 """
 
+from .checkpointing import (
+    LLAMA3_405B,
+    FailureRecord,
+    SavePlan,
+    daly_interval,
+    expected_seconds,
+    failure_rate,
+    job_mtbf_seconds,
+    lost_fraction,
+    save_plan,
+    save_seconds,
+    young_interval,
+)
 from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
 from .comm import (
     comm_bytes,
@@ -122,4 +136,7 @@ __all__ = [
     "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
     "CoreBytes", "attention_kept_bytes", "cp_core_bytes", "cp_crossover", "cp_layer_seconds",
     "cp_variants", "kv_heads_per_tp_rank",
+    "LLAMA3_405B", "FailureRecord", "SavePlan", "daly_interval", "expected_seconds",
+    "failure_rate", "job_mtbf_seconds", "lost_fraction", "save_plan", "save_seconds",
+    "young_interval",
 ]

@@ -34,6 +34,7 @@ from .machine import (
 )
 from .model_flags import DTYPE, MODEL_SIZES, capacity_factor
 from .model_options import ARCHS
+from .save_flags import add_save_flags, validate_save
 
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
 # longer than the context, which it never leaves; at 0.8 it leaves one after ~90 spaces;
@@ -120,10 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--check", action="store_true",
       help="also train the single-process GPT on the same batches; report the largest "
            "loss difference")
-    a("--save", metavar="DIR", help="write a checkpoint here at the end")
+    a("--save", metavar="DIR", help="write a checkpoint here at the end (with --save-every: "
+      "sharded ones, periodically)")
     a("--load", metavar="DIR", help="resume from this checkpoint (it fixes the model: a size, "
       "--arch, --n-kv-head, --experts or --dtype that differs is refused; --top-k, "
       "--capacity-factor, --balance apply; --steps is the total, counting the steps done)")
+    add_save_flags(p)
     for flag, default in MODEL_SIZES.items():
         a(f"--{flag}", type=int, default=None, help=f"(default {default}; with --load, the "
                                                     "checkpoint's)")
@@ -182,6 +185,7 @@ def validate(args, parser):
         parser.error(f"--warmup must be at least 0, got {args.warmup}")
     if args.lr_decay_steps is not None and args.lr_decay_steps < 1:
         parser.error(f"--lr-decay-steps must be at least 1, got {args.lr_decay_steps}")
+    validate_save(args, parser)  # args.load: the checkpoint --load means (or None)
     start_step = 0
     if args.load:
         try:

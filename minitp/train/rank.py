@@ -18,6 +18,7 @@ from ..data import packing
 from ..model import GPT
 from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
+from . import save_flags
 from .flags import TEMPERATURE
 from .machine import uses_mixed_precision
 
@@ -89,6 +90,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
         optimizer = zero.make_optimizer(model, mesh, new_optimizer)
+    saver = save_flags.saver_for(args, model, optimizer, mesh, plan)  # with --save-every
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
     if args.pack:
         eval_set = packing.eval_packed_batches(eval_tokens, args.eval_batches, args.batch_size,
@@ -141,6 +143,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         elapsed = time.perf_counter() - started
         seconds += elapsed
         losses.append(loss)
+        save_flags.after_step(args, saver, step + 1, mesh.rank)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals.append((step + 1, evaluate()))
             if bar is not None:
@@ -154,7 +157,9 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
             bar.update(1)
     if bar is not None:
         bar.close()
-    if args.save:
+    if saver is not None:
+        saver.close()  # an asynchronous write still running
+    elif args.save:
         checkpoint.save(model, args.save, args.steps, optimizer,
                         extra={"seed": args.seed, "lr": args.lr})
     result = {"memory": {**memory.measure_model_states(model, optimizer),

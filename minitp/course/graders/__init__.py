@@ -20,6 +20,7 @@ from . import (
     ex11,
     ex12,
     ex13,
+    ex14,
     ex15,
     ex16,
     ex17,
@@ -63,6 +64,8 @@ EXERCISES = {
                      "the custom-schedule API", ex12.run),
     "ex13": Exercise("ex13_bucketed_sync.py", "bucketed gradient sync, overlapped with backward",
                      ex13.run),
+    "ex14": Exercise("ex14_sharded_checkpoint.py", "what each rank writes and reads when a "
+                     "ZeRO-1, tp = 2 checkpoint is loaded at tp = 1, dp = 4", ex14.run),
     "ex15": Exercise("ex15_image_tokens.py", "a vision-language model's image tokens on a "
                      "sequence-parallel rank, and whose gradient the encoder sums", ex15.run),
     "ex16": Exercise("ex16_tp_step_time.py", "a tensor-parallel step's compute and "
