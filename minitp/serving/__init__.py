@@ -11,8 +11,10 @@ pipeline stages.
 """
 
 from .decode import Decoder, Generation, generate
+from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
 from .sampling import draw, generator
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 
-__all__ = ["Decoder", "Generation", "draw", "generate", "generator", "per_token_collectives",
-           "tp_generate", "tp_model", "vocab_gather"]
+__all__ = ["Decoder", "Generation", "PipelineGeneration", "bubble_model", "draw", "generate",
+           "generator", "per_token_collectives", "pipeline_bubble", "pp_generate", "tp_generate",
+           "tp_model", "vocab_gather"]

@@ -21,6 +21,12 @@ from ..model.kv_cache import KVCache
 from .sampling import draw, generator
 
 
+def window_start(cached: int, total: int, window: int) -> int:
+    """Where the tokens a forward must feed begin, in a sequence of `total` tokens whose
+    cache holds `cached` positions (0 after a reset: the last `window` tokens)."""
+    return cached if cached else max(0, total - window)
+
+
 def whole_logits(local: torch.Tensor) -> torch.Tensor:
     """One device's logits are already whole (the default `gather` of `Decoder`)."""
     return local
@@ -47,9 +53,9 @@ class Decoder:
                 return self.gather(self.model(ids[:, -self.window:])[0][:, -1])
             if self.cache is None or ids.shape[1] > self.window:
                 self.cache = KVCache.for_model(self.model)  # prefill: an empty cache
-                ids = ids[:, -self.window:]
+            start = window_start(self.cache.length, ids.shape[1], self.window)
             with self.cache.bound(self.model):
-                out = self.model(ids[:, self.cache.length:])[0]  # what the cache lacks
+                out = self.model(ids[:, start:])[0]  # what the cache lacks
             return self.gather(out[:, -1])
 
 
