@@ -13,8 +13,10 @@ pipeline stages.
 from .decode import Decoder, Generation, generate
 from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
 from .sampling import draw, generator
+from .throughput import decode_throughput
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 
-__all__ = ["Decoder", "Generation", "PipelineGeneration", "bubble_model", "draw", "generate",
+__all__ = ["Decoder", "Generation", "PipelineGeneration", "bubble_model", "decode_throughput",
+           "draw", "generate",
            "generator", "per_token_collectives", "pipeline_bubble", "pp_generate", "tp_generate",
            "tp_model", "vocab_gather"]
