@@ -24,6 +24,7 @@ FLOORS = [
          "runtime.io_counters", "model.routing", "model.expert_mlps",
          "tensor_parallel.weight_grad", "runtime._processes", "course.paths"]),
     (1, ["calc", "mixed_precision", "model.config", "model.attention_core", "model.cross_entropy",
+         "model.kv_cache",
          "data.images", "data",
          "runtime._device", "runtime.trace", "runtime.mesh", "runtime.peak", "runtime._pickling",
          "runtime._signals", "runtime._run",
@@ -39,11 +40,11 @@ FLOORS = [
          "data_parallel.grad_sync", "data_parallel.zero_stage1"]),
     (6, ["pipeline", "data_parallel", "expert_parallel"]),  # (pipeline.stages and .executor)
     (7, ["parallelize"]),
-    (8, ["step", "checkpoint", "memory"]),
+    (8, ["step", "checkpoint", "memory", "serving"]),
     (9, ["course.viz"]),
     (10, ["course.labs"]),
     (11, ["course.graders", "course.make_exercises"]),
-    (12, ["course", "train"]),  # the front ends: the grader, the doctor, the training CLI
+    (12, ["course", "train", "generate"]),  # the front ends: the grader, the doctor, the CLIs
 ]
 ROOF = "minitp"
 

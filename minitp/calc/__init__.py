@@ -101,6 +101,7 @@ from .params import (
     vision_params,
 )
 from .plan import Candidate, Plan, cp_variants, expert_parallel_sizes, plan
+from .serving import *  # noqa: F403 (prefill and decode: serving.__all__)
 from .timing import StepTime, microbatch_count, schedule_bubble, step_time
 from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency

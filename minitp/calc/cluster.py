@@ -4,6 +4,10 @@ Bandwidths are per GPU, per direction (what one rank of a ring sends per
 second). Vendors quote NVLink bidirectionally: V100's "300 GB/s" is 150 GB/s
 each way. Latencies are order-of-magnitude assumptions (a few µs for a hop
 inside a node, ~10 µs across InfiniBand), not published figures.
+
+``memory_bandwidth`` is the GPU's own HBM, through which decoding reads its weights and
+KV cache (`minitp.calc.serving`); peak ÷ it is the balance point. The V100's is left
+unset: its figure is not verified here.
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ class Cluster:
     inter_bandwidth: float  # bytes/s per GPU each way between nodes (its share of the NICs)
     intra_latency: float = 5e-6  # seconds per message hop inside a node
     inter_latency: float = 10e-6  # seconds per message hop between nodes
+    memory_bandwidth: float | None = None  # bytes/s per GPU from its HBM (None: not sourced)
+
+    @property
+    def balance_point(self) -> float:
+        """FLOPs per byte read at which the GPU is as busy computing as reading memory:
+        peak FLOP/s ÷ HBM bytes/s. A kernel with less arithmetic intensity waits on memory."""
+        if self.memory_bandwidth is None:
+            raise ValueError(f"{self.name}: no sourced HBM bandwidth, so no balance point")
+        return self.peak_flops / self.memory_bandwidth
 
     def link(self, span: int) -> tuple[float, float]:
         """(latency, bandwidth) of a group of ranks ``span`` consecutive ranks wide:
@@ -53,10 +66,17 @@ DGX2H_V100 = Cluster("DGX-2H, 16x V100 32GB", 16, 130e12, 32 * GiB, 150 * GB, 10
 # DGX A100 80GB: 8 GPUs, 312 TFLOP/s dense bf16, NVLink 3 "600 GB/s" (300 each way),
 # 8x 200 Gb/s HDR InfiniBand per node: one 25 GB/s NIC per GPU (Narayanan et al.
 # 2021, §5 ran on such nodes, 80GB and 8 NICs per node).
-A100_80GB = Cluster("DGX A100, 8x A100 80GB", 8, 312e12, 80 * GiB, 300 * GB, 25 * GB)
+# HBM: "2,039 GB/s" for the A100 80GB SXM (NVIDIA A100 datasheet,
+# nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf, as reproduced by two independent pages;
+# the PDF itself not read here).
+A100_80GB = Cluster("DGX A100, 8x A100 80GB", 8, 312e12, 80 * GiB, 300 * GB, 25 * GB,
+                    memory_bandwidth=2039 * GB)
 
 # DGX H100: 8 GPUs, ~989 TFLOP/s dense bf16 (SXM), NVLink 4 "900 GB/s" (450 each way),
 # 8x 400 Gb/s NDR InfiniBand per node: 50 GB/s per GPU.
-H100_80GB = Cluster("DGX H100, 8x H100 80GB", 8, 989e12, 80 * GiB, 450 * GB, 50 * GB)
+# HBM: "3.35 TB/s" for the H100 SXM (NVIDIA H100 datasheet's table, as reproduced by two
+# independent pages; the PDF itself not read here).
+H100_80GB = Cluster("DGX H100, 8x H100 80GB", 8, 989e12, 80 * GiB, 450 * GB, 50 * GB,
+                    memory_bandwidth=3350 * GB)
 
 CLUSTERS = {"v100": DGX2H_V100, "a100": A100_80GB, "h100": H100_80GB}

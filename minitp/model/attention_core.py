@@ -55,12 +55,15 @@ class AttentionCore(nn.Module):
 
     def forward(self, q, k, v, positions=None):  # (B, nh, T, hs); k, v (B, nkv, T, hs)
         grouped = k.shape[1] != q.shape[1]  # each K/V head serves nh/nkv query heads
-        T = q.shape[-2]
+        T, Tk = q.shape[-2], k.shape[-2]  # Tk > T: the last T queries of a KV cache's Tk keys
         packed = positions is not None and self.causal
         if packed:  # the block-diagonal causal mask, (B, 1, T, T)
             index = torch.arange(T, device=q.device)
             keep = keep_mask(positions.to(q.device), index, index)
         if self.attention == "sdpa":  # GPTConfig refuses sdpa with dropout
+            if Tk != T and self.causal:  # decoding: one query sees every key; more, a band
+                mask = None if T == 1 else _causal(T, Tk, q.device)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
             if packed:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=grouped)
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
@@ -71,7 +74,11 @@ class AttentionCore(nn.Module):
         if packed:
             scores = scores.masked_fill(~keep, float("-inf"))
         elif self.causal:
-            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-            scores = scores.masked_fill(~causal, float("-inf"))
+            scores = scores.masked_fill(~_causal(T, Tk, q.device), float("-inf"))
         probs = self.dropout(F.softmax(scores, dim=-1))
         return probs @ v  # (B, nh, T, hs)
+
+
+def _causal(T: int, Tk: int, device) -> torch.Tensor:
+    """(T, Tk) the causal mask of T queries at the last T of Tk positions: key j ≤ query i."""
+    return torch.ones(T, Tk, dtype=torch.bool, device=device).tril(Tk - T)

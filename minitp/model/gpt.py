@@ -29,6 +29,7 @@ from ..rules import check_packing, check_token_ids
 from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
 from .cross_entropy import CrossEntropy
+from .kv_cache import cache_start
 from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, norm
 from .moe import MoE
 from .vision import NoVision, VisionPrefix
@@ -44,6 +45,8 @@ def packed(positions) -> dict:
 
 
 class CausalSelfAttention(nn.Module):
+    kv_cache = None  # a LayerCache while a KVCache is bound (`minitp.model.kv_cache`)
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
@@ -59,6 +62,8 @@ class CausalSelfAttention(nn.Module):
         heads = qkv.shape[-1] // (3 * self.head_dim)  # all heads here; a shard holds fewer
         qkv = qkv.view(B, T, heads, 3, self.head_dim)  # (B, T, nh, 3, hs)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, nh, T, hs)
+        if self.kv_cache is not None:  # decoding: K, V of every position so far
+            k, v = self.kv_cache.append(k, v)
         y = self.core(q, k, v, **packed(positions))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
         return self.dropout(self.proj(y))
@@ -100,15 +105,19 @@ class LearnedPositions(nn.Embedding):
 
     An `nn.Embedding` (same weight, same initialisation) whose forward takes the
     token embeddings (B, T, C) rather than position ids, so that a stage or a
-    shard can replace it as a whole."""
+    shard can replace it as a whole. With a KV cache bound, the tokens are at positions
+    length..length+T−1 of the cache."""
+
+    kv_cache = None  # layer 0's LayerCache while a KVCache is bound
 
     def forward(self, x, positions=None):  # (B, T, C)
-        T = x.shape[1]
-        if T > self.num_embeddings:
-            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.num_embeddings}")
+        start, T = cache_start(self), x.shape[1]
+        if start + T > self.num_embeddings:
+            raise ValueError(f"sequence of {start + T} tokens is longer than "
+                             f"seq_len={self.num_embeddings}")
         if positions is not None:
             return x + self.weight[positions.to(x.device)]  # (B, T, C)
-        return x + self.weight[:T]  # (T, C) broadcast over the batch
+        return x + self.weight[start:start + T]  # (T, C) broadcast over the batch
 
 
 class TiedOutput(nn.Module):

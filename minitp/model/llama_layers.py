@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .attention_core import AttentionCore
 from .config import GPTConfig
+from .kv_cache import cache_start
 
 
 def norm(cfg: GPTConfig) -> nn.Module:
@@ -53,7 +54,11 @@ class Rotary(nn.Module):
     def local(self, positions: torch.Tensor) -> torch.Tensor:
         return positions
 
-    def forward(self, q, k, positions=None):  # (B, nh, T, hs), (B, nkv, T, hs)
+    def forward(self, q, k, positions=None, start: int = 0):  # (B, nh, T, hs), (B, nkv, T, hs)
+        if start:  # a KV cache's next positions, start..start+T−1
+            cos, sin = self._angles(torch.arange(start, start + q.shape[-2], device=q.device),
+                                    q.dtype)
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
         if positions is not None:  # packed: per row, not cached (a new batch each step)
             cos, sin = self._angles(self.local(positions.to(q.device)), q.dtype)
             return _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
@@ -98,6 +103,8 @@ class GroupedQueryAttention(nn.Module):
     ring of context parallelism carries them narrow). The counts are read from the
     projections' outputs: a tensor-parallel shard holds fewer."""
 
+    kv_cache = None  # a LayerCache while a KVCache is bound (`minitp.model.kv_cache`)
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
@@ -121,7 +128,9 @@ class GroupedQueryAttention(nn.Module):
         q = q.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, nh', T, hs)
         k, v = kv.view(B, T, groups, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
         if self.rope is not None:
-            q, k = self.rope(q, k, **packed)
+            q, k = self.rope(q, k, **packed, start=cache_start(self))
+        if self.kv_cache is not None:  # decoding: K, V of every position so far
+            k, v = self.kv_cache.append(k, v)
         y = self.core(q, k, v, **packed)  # the core serves each K/V head to its group of queries
         y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
         return self.dropout(self.proj(y))

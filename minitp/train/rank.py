@@ -182,7 +182,11 @@ def sample(model: GPT, prompt: str, n: int, seed: int,
     and sampling goes on past `n` until the last character is whole. The result
     always decodes, with no replacement characters. A vision-language model sees its
     window's first characters drawn before it (`vision_data.prompt_image`; blanks while the
-    text is shorter than the picture)."""
+    text is shorter than the picture). A text model decodes through a KV cache
+    (`minitp.serving.Decoder`); a VLM's picture changes with its text, so it reruns the window."""
+    from ..serving import Decoder
+
+    decoder = None if model.cfg.vision_patches else Decoder(model)
     generator = torch.Generator().manual_seed(seed)
     idx = data.encode(prompt or "\n")[None]  # (1, T)
     window = model.cfg.seq_len - model.cfg.vision_patches  # the text a sequence holds
@@ -193,9 +197,11 @@ def sample(model: GPT, prompt: str, n: int, seed: int,
                 break
             text = idx[:, -window:]
             # a VLM is shown, as in training, a picture of its text's first characters
-            image = vision_data.prompt_image(model.cfg, bytes(text[0].tolist()))  # (1, P or 0)
-            logits, _ = model(torch.cat([image, text], dim=1))
-            logits = logits[0, -1].double() / temperature
+            if decoder is not None:
+                logits = decoder.next_logits(idx)[0].double() / temperature
+            else:
+                image = vision_data.prompt_image(model.cfg, bytes(text[0].tolist()))  # (1, P|0)
+                logits = model(torch.cat([image, text], dim=1))[0][0, -1].double() / temperature
             logits[~_utf8_allowed(pending)] = -math.inf
             token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
             pending = _utf8_after(pending, token)

@@ -24,6 +24,7 @@ from . import (
     ex15,
     ex16,
     ex17,
+    ex18,
     ex19,
     ex20,
     ex23,
@@ -72,6 +73,8 @@ EXERCISES = {
                      "communication, predicted", ex16.run),
     "ex17": Exercise("ex17_choose_a_plan.py", "choose (dp, pp, tp, recompute, ZeRO) under a "
                      "memory cap, and say why", ex17.run),
+    "ex18": Exercise("ex18_tp_decode_step.py", "a tensor-parallel decode step: which rank "
+                     "keeps which heads' KV cache, and where the one all-reduce goes", ex18.run),
     "ex19": Exercise("ex19_bytes_and_days.py", "two claims checked by hand: model-state GB "
                      "and training days", ex19.run),
     "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "

@@ -1,0 +1,206 @@
+"""Lab: serving a model across ranks (lesson 18) — the KV cache grown, prefill and decode on
+the timeline, tensor parallelism's collectives per token, and tokens per second against
+the batch beside the roofline's model.
+
+Every run uses `minitp.serving` (the cache, `Decoder`, `tp_model`, `pp_generate`) on a tiny
+Llama-style GPT (`CFG`: 4 query heads, 2 K/V heads) on `mt.device()`:
+
+* `grow_cache`: one process, prefill then decode, the cache's length after each forward
+  and its bytes per token MEASURED from its tensors beside 2·L·K·d·w;
+* `tp_decode`: one launch at tp ranks, prefill and each decode step in a trace region of
+  its own ("prefill", "D0", "D1", ...), the collectives per decoded token counted from the
+  trace (`minitp.serving.per_token_collectives`);
+* `pp_decode`: one launch of `pp_generate` over pp stages (regions "P<g>", "D<g>"), its
+  bubble MEASURED beside `bubble_model`;
+* `throughput`: decode tokens per second against the batch at each tp, MEASURED on this
+  machine by `minitp.serving.decode_throughput` (its CPU, not a GPU: its balance point is
+  another);
+* `roofline`: the picture — a GPU's roofline for a Llama 3 model from `mt.calc.serving`
+  (a MODEL), and the measured tokens per second beside the model's shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import torch
+
+from ... import calc
+from ...calc import serving as model_of
+from ...model import GPT, GPTConfig
+from ...model.kv_cache import KVCache
+from ...runtime._device import device
+from ...runtime.launch import launch
+
+CFG = GPTConfig.llama(vocab_size=64, seq_len=32, n_layer=2, n_head=4, d_model=32,
+                      n_kv_head=2)
+
+
+def _model(cfg: GPTConfig, dtype=torch.float64) -> GPT:
+    torch.manual_seed(0)
+    return GPT(cfg).to(device=device(), dtype=dtype).eval()
+
+
+def _prompt(cfg: GPTConfig, batch: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, cfg.vocab_size, (batch, length), generator=g).to(device())
+
+
+@dataclass
+class Growth:
+    """What `grow_cache` saw: the cache's length after the prefill and each decode step,
+    its bytes per token MEASURED and the formula's, and its whole allocation."""
+
+    lengths: list
+    measured: int
+    formula: int
+    allocated: int
+
+
+def grow_cache(cfg: GPTConfig = CFG, prompt: int = 6, new: int = 5) -> Growth:
+    """Prefill a prompt of `prompt` tokens, then decode `new` more greedily, float64."""
+    model = _model(cfg)
+    cache = KVCache.for_model(model)
+    ids, lengths = _prompt(cfg, 1, prompt), []
+    with torch.no_grad():
+        step = ids
+        for _ in range(new + 1):
+            with cache.bound(model):
+                logits = model(step)[0]
+            lengths.append(cache.length)
+            step = logits[:, -1].argmax(-1, keepdim=True)
+    formula = 2 * cfg.n_layer * cfg.kv_heads * cfg.head_dim * 8  # float64: 8 bytes
+    return Growth(lengths, cache.bytes_per_token(), formula, cache.nbytes)
+
+
+def draw_cache(growth: Growth, cfg: GPTConfig = CFG):
+    """The cache as a grid: a row for K and one for V of each layer, a column per position
+    (seq_len of them allocated); each filled cell coloured by the forward that wrote it."""
+    fig, ax = plt.subplots(figsize=(9, 2.4), layout="constrained")
+    rows = [f"layer {i} {kv}" for i in range(cfg.n_layer) for kv in ("K", "V")]
+    starts = [0, *growth.lengths[:-1]]
+    for step, (a, b) in enumerate(zip(starts, growth.lengths, strict=True)):
+        color = "#0072B2" if step == 0 else "#E69F00"
+        for r in range(len(rows)):
+            for pos in range(a, b):
+                ax.add_patch(plt.Rectangle((pos, r), 0.92, 0.85, color=color))
+            if step:
+                ax.text(a + 0.46, r + 0.42, str(step), ha="center", va="center", fontsize=7)
+    for r in range(len(rows)):
+        ax.add_patch(plt.Rectangle((growth.lengths[-1], r), cfg.seq_len - growth.lengths[-1],
+                                   0.85, fill=False, ec="#BBBBBB", hatch="..", lw=0.5))
+    ax.set(xlim=(0, cfg.seq_len), ylim=(len(rows), 0), xlabel="position (cache slot)",
+           yticks=[r + 0.42 for r in range(len(rows))], yticklabels=rows,
+           title=f"the KV cache: prefill (blue, {growth.lengths[0]} positions), "
+                 f"{len(growth.lengths) - 1} decode steps (orange, a slot each), empty (grey)")
+    return fig
+
+
+def gqa_table(shapes=(model_of.LLAMA3_8B, model_of.LLAMA3_70B), context: int = 8192,
+              cluster=calc.H100_80GB, tp: int = 8) -> list:
+    """(name, kind, KiB a token in bf16, the most sequences of `context` tokens whose cache
+    fits beside the weights on a GPU of tp ranks) for each shape as published (GQA) and with
+    a K/V head per query head (MHA): a MODEL, `mt.calc.serving`."""
+    from dataclasses import replace
+
+    rows = []
+    for shape in shapes:
+        for kind, s in (("GQA", shape), ("MHA", replace(shape, n_kv_head=shape.n_head))):
+            rows.append((shape.name, f"{kind} ({s.n_kv_head} K/V heads)",
+                         model_of.kv_cache_bytes_per_token(s) / 1024,
+                         model_of.max_decode_batch(s, cluster, context, tp=tp)))
+    return rows
+
+
+def _decode_in_rank(cfg, batch, prompt, new):
+    from ...runtime import trace
+    from ...runtime.mesh import Mesh, world
+    from ...serving import Decoder, per_token_collectives, tp_model, vocab_gather
+
+    mesh = Mesh(tp=world().size)
+    model = tp_model(_model(cfg), mesh)
+    decoder = Decoder(model, vocab_gather(model))
+    ids = _prompt(cfg, batch, prompt)
+    with trace.region("prefill", "fwd"):
+        ids = torch.cat([ids, decoder.next_logits(ids).argmax(-1, keepdim=True)], dim=1)
+    after = trace.events()[-1].end
+    for step in range(new):
+        with trace.region(f"D{step}", "fwd"):
+            ids = torch.cat([ids, decoder.next_logits(ids).argmax(-1, keepdim=True)], dim=1)
+    return per_token_collectives(trace.events(), world().rank, after, new)
+
+
+def tp_decode(cfg: GPTConfig = CFG, tp: int = 2, batch: int = 2, prompt: int = 8, new: int = 3):
+    """The launch (its trace for `mt.viz.timeline`) and rank 0's collectives per decoded
+    token: {"count": {op: n}, "bytes": {op: (MEASURED sent, ring MODEL)}}."""
+    run = launch(_decode_in_rank, tp, cfg, batch, prompt, new, timeout=60)
+    return run, run[0]
+
+
+def expected_per_token(cfg: GPTConfig = CFG) -> dict:
+    """The collectives a tp rank makes per decoded token, by the rule: 2 all-reduces per
+    block (attention's and the MLP's row-parallel outputs), 1 for the vocabulary-parallel
+    embedding, and 1 all-gather of the logits."""
+    return {"all_reduce": 2 * cfg.n_layer + 1, "all_gather": 1}
+
+
+def _pp_in_rank(cfg, groups, batch, prompt, new):
+    from ...runtime.mesh import Mesh, world
+    from ...serving import pp_generate
+
+    prompts = [_prompt(cfg, batch, prompt) for _ in range(groups)]
+    pp_generate(_model(cfg), Mesh(pp=world().size), prompts, new)
+
+
+def pp_decode(cfg: GPTConfig = CFG, pp: int = 2, groups: int = 2, batch: int = 1,
+              prompt: int = 8, new: int = 4):
+    """One launch of `pp_generate`: the Run (regions "P<g>", "D<g>" in its trace)."""
+    return launch(_pp_in_rank, pp, cfg, groups, batch, prompt, new, timeout=60)
+
+
+def throughput(cfg: GPTConfig, batches=(1, 4, 16, 64), tps=(1, 2, 4), repeats: int = 2) -> dict:
+    """{tp: {batch: decode tokens per second}}, MEASURED here by
+    `minitp.serving.decode_throughput` (float32), the best of `repeats` runs: a shared
+    machine's other load only ever slows a run."""
+    from ...serving.throughput import decode_throughput
+
+    runs = [decode_throughput(cfg, batches, tps) for _ in range(repeats)]
+    return {tp: {b: max(run[tp][b] for run in runs) for b in batches} for tp in tps}
+
+
+def roofline(measured: dict, shape=model_of.LLAMA3_8B, cluster=calc.H100_80GB,
+             context: int = 4096):
+    """Left: a GPU's roofline for `shape` (a MODEL): attainable FLOP/s against arithmetic
+    intensity, the decode steps at batch 1..1024 placed on it. Right: tokens per second
+    against the batch — MEASURED here at each tp, and the model's shape on the GPU."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    bw, peak = cluster.memory_bandwidth, cluster.peak_flops
+    xs = [2 ** (i / 4) for i in range(4 * 12)]
+    left.loglog(xs, [min(peak, x * bw) for x in xs], color="#555555")
+    left.axvline(cluster.balance_point, color="#D55E00", lw=1, ls="--")
+    left.text(cluster.balance_point, peak / 30, f" balance point\n {cluster.balance_point:.0f} "
+              "FLOP/byte", color="#D55E00", fontsize=8)
+    batches = [1, 4, 16, 64, 256, 1024]
+    for ctx, marker in ((1, "o"), (context, "s")):
+        pts = [model_of.decode_intensity(shape, b, ctx) for b in batches]
+        left.scatter(pts, [min(peak, x * bw) for x in pts], marker=marker, zorder=3,
+                     label=f"decode, {ctx:,} cached position{'s' * (ctx > 1)}")
+        for b, x in zip(batches, pts, strict=True):
+            left.annotate(f"B={b}", (x, min(peak, x * bw)), fontsize=7,
+                          textcoords="offset points", xytext=(3, -9))
+    left.set(xlabel="arithmetic intensity (FLOPs per byte read)", ylabel="FLOP/s",
+             title=f"MODEL: {shape.name} decoding on one {cluster.name.split(', ')[-1][3:]}")
+    left.legend(fontsize=8, loc="lower right")
+    for tp, series in measured.items():
+        right.plot(list(series), list(series.values()), marker="o",
+                   label=f"MEASURED here, tp={tp}")
+    shapes = [model_of.decode_step_time(shape, cluster, b, context).tokens_per_second
+              for b in batches]
+    scale = list(measured[min(measured)].values())[0] / shapes[0]
+    right.plot(batches, [s * scale for s in shapes], color="#555555", ls="--",
+               label=f"MODEL's shape ({shape.name} on the GPU, scaled to meet tp=1 at B=1)")
+    right.set(xscale="log", yscale="log", xlabel="batch (sequences decoding together)",
+              ylabel="decode tokens per second", title="tokens per second against the batch")
+    right.legend(fontsize=7)
+    return fig

@@ -1,0 +1,5 @@
+"""``python -m minitp.generate`` runs this."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,22 @@
+"""Serving: generation through a KV cache on one device, over tensor ranks and over
+pipeline stages.
+
+* `sampling`: the next token from logits, and the seed rule every layout keeps;
+* `decode`: `Decoder` (a growing sequence fed to a cached model, the window rule) and
+  `generate` (prefill, then decode, timed apart);
+* `tp`: each rank its heads and their cache; the logits all-gathered;
+* `pp`: prefill as microbatches through the stages, decode with several groups of
+  sequences in flight; the bubble measured beside its model;
+* `throughput`: tokens per second against batch size and tp, measured.
+"""
+
+from .decode import Decoder, Generation, generate
+from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
+from .sampling import draw, generator
+from .throughput import decode_throughput
+from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
+
+__all__ = ["Decoder", "Generation", "PipelineGeneration", "bubble_model", "decode_throughput",
+           "draw", "generate",
+           "generator", "per_token_collectives", "pipeline_bubble", "pp_generate", "tp_generate",
+           "tp_model", "vocab_gather"]

@@ -1,0 +1,99 @@
+"""Generation through a KV cache: `Decoder` feeds a growing sequence to a model (plain, or a
+tensor-parallel rank's), `generate` runs prefill then decode and times them apart.
+
+The window rule. The model has seq_len positions (learned positions exist for no more, and
+every position's K and V depend on what it saw). While the sequence fits, prefill writes
+the prompt's positions and each new token appends one. Once it is longer than seq_len,
+every new token re-prefills the last seq_len tokens into an emptied cache: exactly what
+the uncached sampler computes (it runs the last seq_len tokens every time), so cached and
+uncached agree past the window too — and there the cache saves nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from ..model.kv_cache import KVCache
+from .sampling import draw, generator
+
+
+def window_start(cached: int, total: int, window: int) -> int:
+    """Where the tokens a forward must feed begin, in a sequence of `total` tokens whose
+    cache holds `cached` positions (0 after a reset: the last `window` tokens)."""
+    return cached if cached else max(0, total - window)
+
+
+def whole_logits(local: torch.Tensor) -> torch.Tensor:
+    """One device's logits are already whole (the default `gather` of `Decoder`)."""
+    return local
+
+
+class Decoder:
+    """The next-token logits of a batch of sequences that grow by a token at a time.
+
+    ``next_logits(ids)``: ids (B, T), the whole sequences so far (each call's ids extend the
+    previous call's); returns (B, V) the logits after their last token. The first call
+    prefills; each later call feeds the cache the one new token (the window rule above).
+    gather: the model's last-position logits (B, V') -> whole (B, V) (tensor parallelism's
+    vocabulary all-gather). cached=False recomputes the last window every call: the
+    reference."""
+
+    def __init__(self, model: nn.Module, gather=whole_logits, cached: bool = True):
+        self.model, self.gather, self.cached = model, gather, cached
+        self.window = model.cfg.seq_len
+        self.cache: KVCache | None = None
+
+    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if not self.cached:
+                return self.gather(self.model(ids[:, -self.window:])[0][:, -1])
+            if self.cache is None or ids.shape[1] > self.window:
+                self.cache = KVCache.for_model(self.model)  # prefill: an empty cache
+            start = window_start(self.cache.length, ids.shape[1], self.window)
+            with self.cache.bound(self.model):
+                out = self.model(ids[:, start:])[0]  # what the cache lacks
+            return self.gather(out[:, -1])
+
+
+@dataclass
+class Generation:
+    """What `generate` returns: ``tokens`` (B, T0 + n), each step's whole ``logits``
+    (B, V) float64 (n of them), and the seconds of prefill and of the n − 1 decode steps."""
+
+    tokens: torch.Tensor
+    logits: list = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens the decode steps made per second, the batch's rows counted."""
+        steps = len(self.logits) - 1
+        return self.tokens.shape[0] * steps / self.decode_s if steps and self.decode_s else 0.0
+
+
+def generate(model: nn.Module, prompt: torch.Tensor, n: int, temperature: float = 0.0,
+             seed: int = 0, cached: bool = True, gather=whole_logits) -> Generation:
+    """n tokens after `prompt` (B, T0) ids: greedy at temperature 0, else drawn by the seed
+    rule (`minitp.serving.sampling`). The first token comes from the prefill, each other
+    from one decode step (cached) or a recomputed window (cached=False)."""
+    decoder, gen = Decoder(model, gather, cached), generator(seed)
+    out = Generation(prompt)
+    ids = prompt
+    for i in range(n):
+        started = time.perf_counter()
+        logits = decoder.next_logits(ids).double()
+        token = draw(logits, temperature, gen).to(ids.device)
+        elapsed = time.perf_counter() - started
+        if i == 0:
+            out.prefill_s = elapsed
+        else:
+            out.decode_s += elapsed
+        out.logits.append(logits.cpu())
+        ids = torch.cat([ids, token[:, None]], dim=1)
+    out.tokens = ids
+    return out

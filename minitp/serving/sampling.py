@@ -1,0 +1,33 @@
+"""Drawing the next token from logits: greedy at temperature 0, else softmax(logits / T).
+
+The seed rule, one for every layout: each sequence's draws come from one CPU
+`torch.Generator` seeded with ``seed`` (the same seed on every rank), fed the logits in
+float64 on the CPU. Every rank of a tensor-parallel group holds the same full logits (the
+all-reduces and the vocabulary all-gather leave every rank the same bytes), so every rank
+draws the same token with no message; a pipeline's last stage draws and sends it back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def generator(seed: int) -> torch.Generator:
+    """The CPU generator all of a run's draws come from (the seed rule above)."""
+    return torch.Generator().manual_seed(seed)
+
+
+def draw(logits: torch.Tensor, temperature: float, gen: torch.Generator | None = None,
+         allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """The next token of each row of `logits` (B, V): argmax at temperature 0, else drawn
+    from softmax(logits / temperature) with `gen`. allowed: (V,) bool, the tokens that may
+    come (the others get probability 0). Returns (B,) int64 on the CPU."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    logits = logits.detach().double().cpu()
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0]
