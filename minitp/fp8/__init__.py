@@ -14,10 +14,10 @@ from .apply import amax_groups, apply_fp8
 from .casts import LayerScales
 from .convert import Fp8Linear, convert, fp8_layers
 from .formats import E4M3, E5M2, FORMATS, quantize, representable, scale_from_amax
-from .reference import one_process_microbatches, reference_step
+from .reference import accumulate, one_process_microbatches, reference_step
 from .scaling import DEFAULT_HISTORY, TensorScale
 
 __all__ = ["DEFAULT_HISTORY", "E4M3", "E5M2", "FORMATS", "ROLES", "SCALINGS", "Fp8Linear",
-           "LayerScales", "TensorScale", "amax_axes", "amax_groups", "amax_table", "apply_fp8",
-           "convert", "fp8_layers", "one_process_microbatches", "quantize", "reference_step",
-           "representable", "scale_from_amax"]
+           "LayerScales", "TensorScale", "accumulate", "amax_axes", "amax_groups", "amax_table",
+           "apply_fp8", "convert", "fp8_layers", "one_process_microbatches", "quantize",
+           "reference_step", "representable", "scale_from_amax"]

@@ -41,11 +41,11 @@ def one_process_microbatches(batch, dp: int = 1, microbatches: int = 1) -> list[
             for i in range(microbatches)]
 
 
-def reference_step(model, batch, optimizer, dp: int = 1, microbatches: int = 1) -> float:
-    """One optimizer step of the plain FP8 model (`minitp.fp8.convert`) over the microbatches
-    a (dp, microbatches) step casts together; returns the batch's mean loss."""
+def accumulate(model, batch, dp: int = 1, microbatches: int = 1) -> float:
+    """Forward and backward of the plain FP8 model (`minitp.fp8.convert`) over the
+    microbatches a (dp, microbatches) step casts together, the gradients accumulated;
+    returns the batch's mean loss."""
     total = int((batch[1] != IGNORE_INDEX).sum())
-    optimizer.zero_grad()
     loss = 0.0
     for xs, ys in one_process_microbatches(batch, dp, microbatches):
         share = int((ys != IGNORE_INDEX).sum()) / total
@@ -53,5 +53,12 @@ def reference_step(model, batch, optimizer, dp: int = 1, microbatches: int = 1) 
         if share:  # a microbatch with no targets has no mean (and no gradient)
             (mean * share).backward()
             loss += mean.item() * share
+    return loss
+
+
+def reference_step(model, batch, optimizer, dp: int = 1, microbatches: int = 1) -> float:
+    """One optimizer step of the one-process FP8 run (`accumulate`, then the step)."""
+    optimizer.zero_grad()
+    loss = accumulate(model, batch, dp, microbatches)
     optimizer.step()
     return loss
