@@ -85,8 +85,12 @@ def amax_table(scaling: str, sequence_parallel: bool = False,
 
 
 def check_fp8_config(scaling, local_scales: bool = False, param_dtype: str | None = None,
-                     tp_overlap: bool = False, recompute=None) -> None:
+                     tp_overlap: bool = False, recompute=None, all_gather: bool = False,
+                     zero_stage: int = 0) -> None:
     """What FP8 (emulated) composes with, refused in one line before anything is built."""
+    if all_gather and (scaling != "tensorwise" or zero_stage != 3):
+        raise ValueError("fp8 all-gather sends ZeRO-3's weight shards in 8 bits with one scale "
+                         "a weight: it needs fp8 tensorwise and zero_stage 3")
     if scaling is None:
         if local_scales:
             raise ValueError("fp8 local scales need an fp8 scaling (tensorwise, delayed or "

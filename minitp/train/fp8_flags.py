@@ -1,6 +1,7 @@
-"""The command line's FP8 flags: --fp8 SCALING and --fp8-local-scales (`minitp.fp8`).
+"""The command line's FP8 flags: --fp8 SCALING, --fp8-local-scales, --fp8-all-gather
+(`minitp.fp8`).
 
-`add_fp8_flags(parser)` adds them, `validate_fp8(args, parser)` refuses what they cannot
+`add_fp8_flags(parser)` adds them, `validate_fp8(args, parser, cfg)` refuses what they cannot
 pair with in one line (exit 2) before any process starts; `plan_options(args)` is what a
 rank passes to `mt.parallelize`; `one_process(ref, args)` and `forward_backward(…)` make
 --check's one-process run the one-process FP8 run (`minitp.fp8.reference`: the same
@@ -26,19 +27,24 @@ def add_fp8_flags(parser) -> None:
     a("--fp8-local-scales", action="store_true",
       help="with --fp8: each rank scales its piece of a split tensor by its own amax — the "
            "trap, on purpose (a warning says so; --check shows the drift)")
+    a("--fp8-all-gather", action="store_true",
+      help="with --fp8 tensorwise --zero-stage 3: ZeRO-3 gathers the weights in 8 bits with "
+           "their scale (about half of bf16's bytes)")
 
 
 def validate_fp8(args, parser, cfg) -> None:
     """parser.error (one line, exit 2) for a combination FP8 cannot run."""
-    if args.fp8 is None and not args.fp8_local_scales:
+    if args.fp8 is None and not (args.fp8_local_scales or args.fp8_all_gather):
         return
     if args.fp8 is None:
-        parser.error("--fp8-local-scales needs --fp8 (a scaling to localise)")
+        parser.error(f"--fp8-{'local-scales' if args.fp8_local_scales else 'all-gather'} "
+                     "needs --fp8 (a scaling)")
     dtype = args.dtype if args.dtype != "float64" else None
     try:
         check_fp8_config(args.fp8, args.fp8_local_scales, param_dtype=dtype,
                          tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
-                         recompute=args.recompute)
+                         recompute=args.recompute, all_gather=args.fp8_all_gather,
+                         zero_stage=args.zero_stage)
         check_fp8_model(cfg)
     except ValueError as exc:
         parser.error(f"--fp8: {exc}")
@@ -54,7 +60,8 @@ def validate_fp8(args, parser, cfg) -> None:
 
 def plan_options(args) -> dict:
     """`mt.parallelize`'s FP8 options from the flags."""
-    return dict(fp8=args.fp8, fp8_local_scales=args.fp8_local_scales)
+    return dict(fp8=args.fp8, fp8_local_scales=args.fp8_local_scales,
+                fp8_all_gather=args.fp8_all_gather)
 
 
 def one_process(ref, args):

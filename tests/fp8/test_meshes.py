@@ -28,6 +28,8 @@ CASES = [
     ("tp2+SP delayed", dict(tp=2), dict(SP, fp8="delayed"), 2),
     ("pp2 delayed", dict(pp=2), dict(fp8="delayed"), 2),
     ("dp2 ZeRO-3 tensorwise", dict(dp=2), dict(zero_stage=3, fp8="tensorwise"), 2),
+    ("dp2 ZeRO-3, 8-bit gather", dict(dp=2),
+     dict(zero_stage=3, fp8="tensorwise", fp8_all_gather=True), 1),
     ("dp2 ZeRO-1 rowwise", dict(dp=2), dict(zero_stage=1, fp8="rowwise"), 1),
     ("cp2 tensorwise", dict(cp=2), dict(fp8="tensorwise"), 1),
 ]
