@@ -11,11 +11,11 @@ import warnings
 import torch.nn as nn
 
 from ..rules import layer_label
-from ..rules.fp8_groups import ROLES, amax_axes
+from ..rules.fp8_groups import ROLES, amax_axes, check_fp8_model
 from ..runtime.mesh import Mesh
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from .casts import LayerScales
-from .convert import block_linears, check_fp8_model
+from .convert import block_linears
 from .scaling import DEFAULT_HISTORY
 
 LOCAL_SCALES_WARNING = ("fp8_local_scales: every rank scales its piece of a split tensor by "
@@ -47,7 +47,7 @@ def apply_fp8(model: nn.Module, mesh: Mesh, scaling: str | None, sequence_parall
         if local_scales:
             raise ValueError("fp8_local_scales needs fp8 (a scaling to localise)")
         return
-    check_fp8_model(model.cfg)
+    check_fp8_model(model.cfg, mesh.tp.size)
     if local_scales:
         warnings.warn(LOCAL_SCALES_WARNING, stacklevel=3)
     for index, name, module in block_linears(model):

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..rules import layer_label
-from ..rules.fp8_groups import check_fp8_scaling
+from ..rules.fp8_groups import check_fp8_model, check_fp8_scaling
 from .casts import LayerScales
 from .scaling import DEFAULT_HISTORY
 
@@ -38,15 +38,6 @@ class Fp8Linear(nn.Linear):
 
     def forward(self, x):
         return self.fp8.linear(self.fp8.cast_input(x), self.weight, self.bias, _gemm)
-
-
-def check_fp8_model(cfg) -> None:
-    """FP8 covers the dense GPT's blocks: refuse what it does not (one clear line)."""
-    if cfg.n_experts:
-        raise ValueError("fp8 does not cover a mixture of experts (its expert GEMMs): "
-                         "use a dense model")
-    if cfg.vision_patches:
-        raise ValueError("fp8 does not cover a vision-language model: use a text-only model")
 
 
 def block_linears(model: nn.Module):

@@ -32,6 +32,8 @@ is the weight above (gathered before the cast); pipeline stages split no tensor.
 
 from __future__ import annotations
 
+from .heads import kv_layout
+
 SCALINGS = ("tensorwise", "delayed", "rowwise")
 ROLES = ("input", "weight", "grad")  # grad: the output gradient
 LAYERS = ("column", "row")
@@ -40,6 +42,20 @@ LAYERS = ("column", "row")
 def check_fp8_scaling(scaling) -> None:
     if scaling not in SCALINGS:
         raise ValueError(f"fp8 must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+
+
+def check_fp8_model(cfg, tp: int = 1) -> None:
+    """FP8 covers a dense model's blocks, every tensor cast whole: refuse what it does not."""
+    if cfg.n_experts:
+        raise ValueError("fp8 does not cover a mixture of experts (its expert GEMMs): "
+                         "use a dense model")
+    if cfg.vision_patches:
+        raise ValueError("fp8 does not cover a vision-language model: use a text-only model")
+    if cfg.n_kv_head is not None and kv_layout(cfg, tp) == "replicated":
+        raise ValueError(f"fp8 with K/V heads replicated over tp={tp} (n_kv_head="
+                         f"{cfg.n_kv_head}): each rank holds only part of a K/V projection's "
+                         "output gradient (the replicas sum it later), so no rank can cast "
+                         "it whole; use tp ≤ n_kv_head")
 
 
 def split_axes(layer: str, role: str, sequence_parallel: bool) -> tuple[tuple, tuple]:

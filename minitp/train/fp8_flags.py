@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 
 from ..fp8.apply import LOCAL_SCALES_WARNING
-from ..fp8.convert import check_fp8_model, convert
+from ..fp8.convert import convert
 from ..fp8.reference import accumulate
-from ..rules.fp8_groups import SCALINGS, check_fp8_config
+from ..rules.fp8_groups import SCALINGS, check_fp8_config, check_fp8_model
 
 
 def add_fp8_flags(parser) -> None:
@@ -45,7 +45,7 @@ def validate_fp8(args, parser, cfg) -> None:
                          tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
                          recompute=args.recompute, all_gather=args.fp8_all_gather,
                          zero_stage=args.zero_stage)
-        check_fp8_model(cfg)
+        check_fp8_model(cfg, args.tp)
     except ValueError as exc:
         parser.error(f"--fp8: {exc}")
     if args.pack:

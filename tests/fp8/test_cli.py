@@ -29,6 +29,7 @@ def test_fp8_through_the_cli_equals_the_one_process_fp8_run(tmp_path):
     (["--fp8", "rowwise", "--experts", "2"], "mixture of experts"),
     (["--fp8", "tensorwise", "--sp", "--tp-overlap"], "tp_overlap"),
     (["--fp8", "blockwise"], "invalid choice"),
+    (["--fp8", "tensorwise", "--arch", "llama", "--n-kv-head", "1"], "replicated"),
     (["--fp8", "delayed", "--zero-stage", "3", "--fp8-all-gather"], "needs fp8 tensorwise"),
 ])
 def test_a_combination_fp8_cannot_run_is_refused(flags, words, capsys, monkeypatch):
