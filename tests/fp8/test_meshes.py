@@ -1,7 +1,8 @@
 """FP8 across ranks equals the one-process FP8 run, and the local-scale trap does not.
 
 One launch of two ranks trains a sample of meshes — tp=2 with and without sequence
-parallelism, pp=2, dp=2 under ZeRO-3, cp=2 — each scaling at least once, for 3 AdamW steps in
+parallelism, pp=2, dp=2 under ZeRO-1 and ZeRO-3, cp=2 — each scaling at least once, and one
+of four ranks dp=2 × tp=2 with SP, for 3 AdamW steps in
 float64 beside the plain model made FP8 by `mt.fp8.convert` and stepped by
 `mt.fp8.reference_step` (the same microbatches in one process: `minitp.fp8.reference`). With
 each amax reduced over the axes the rule names, every cast sees the same values and the same
@@ -33,6 +34,8 @@ CASES = [
     ("dp2 ZeRO-1 rowwise", dict(dp=2), dict(zero_stage=1, fp8="rowwise"), 1),
     ("cp2 tensorwise", dict(cp=2), dict(fp8="tensorwise"), 1),
 ]
+MIXED = ("dp2 x tp2+SP delayed ZeRO-1", dict(dp=2, tp=2),
+         dict(SP, fp8="delayed", zero_stage=1), 2)  # 4 ranks: dp's and tp's groups at once
 TRAP = ("tp2+SP tensorwise, local scales", dict(tp=2),
         dict(SP, fp8="tensorwise", fp8_local_scales=True), 1)
 
@@ -70,6 +73,17 @@ def _compare(cases, steps=3):
 @pytest.fixture(scope="module")
 def fp8_run():
     return mt.launch(_compare, 2, [*CASES, TRAP], timeout=240)
+
+
+@pytest.fixture(scope="module")
+def mixed_run():
+    return mt.launch(_compare, 4, [MIXED], timeout=240)
+
+
+def test_a_mixed_mesh_equals_the_one_process_fp8_run(mixed_run):
+    for rank, results in enumerate(mixed_run):
+        loss_error, param_error, _ = results[MIXED[0]]
+        assert max(loss_error, param_error) < TOLERANCE, (rank, loss_error, param_error)
 
 
 def test_every_mesh_equals_the_one_process_fp8_run(fp8_run):
