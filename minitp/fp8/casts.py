@@ -67,12 +67,7 @@ class LayerScales:
         self.scales = {role: TensorScale(scaling, formats[role], axes.get(role, ()),
                                          history_len, f"{name} {role}".strip())
                        for role in ROLES}
-
-    def __getattr__(self, role):  # .input, .weight, .grad
-        scales = self.__dict__.get("scales", {})
-        if role in scales:
-            return scales[role]
-        raise AttributeError(role)
+        self.input, self.weight, self.grad = (self.scales[role] for role in ROLES)
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
         """x in e4m3 (its gradient unchanged): the layer calls it where its cast belongs
