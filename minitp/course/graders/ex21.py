@@ -165,9 +165,10 @@ def _in_rank(fns):
     out = {"a": _part_a(fns, mesh), "b": {}}
     for layer, sp in CASES:
         got, why = _call(fns.amax_groups, layer, sp)
+        if why is None and not isinstance(got, dict):
+            why = ("returned", f"a {type(got).__name__}, not a dict role -> axis names")
         out["b"][(layer, sp)] = {"raised": why} if why else {
-            role: tuple(got.get(role, ())) if isinstance(got, dict) else None
-            for role in ROLES}
+            role: tuple(got.get(role, ())) for role in ROLES}
     functions = (fns.FP8Linear.forward, fns.FP8Linear.backward, fns.gradient_gemms, fns.mlp)
     spaces = {id(f.__globals__): f.__globals__ for f in functions}.values()
     saved = [dict(space) for space in spaces]
@@ -204,7 +205,8 @@ def _raised(function, why, hint):
     kind, message = why
     if kind == "blank":
         return False, f"{function} is not written yet", message or hint
-    return False, f"{function} raised {message}", hint
+    verb = "returned" if kind == "returned" else "raised"
+    return False, f"{function} {verb} {message}", hint
 
 
 def _judge(n, names, per_rank) -> list[Check]:
@@ -249,11 +251,11 @@ def _judge_b(record):
         want = rule(layer, sp)
         for role in ROLES:
             mine, right = got[role], want[role]
-            if mine is not None and tuple(mine) == right:
+            if sorted(mine) == sorted(right):  # in any order
                 continue
             where = f"{layer} layer{', SP' if sp else ''}, {role}: {mine}, expected {right}"
-            missing = [a for a in right if a not in (mine or ())]
-            extra = [a for a in (mine or ()) if a not in right]
+            missing = [a for a in right if a not in mine]
+            extra = [a for a in mine if a not in right]
             if role == "weight" and "dp" in extra and "tp" in missing:
                 return False, f"{where}: the wrong group — the weight is split over tp and " \
                     "copied over dp (Megatron-LM PR #442: its FP8 runs of a 40B model at " \
