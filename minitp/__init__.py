@@ -13,7 +13,7 @@ memory/ (measured), calc/ (modelled), checkpoint/, train/ (``python -m minitp.tr
 the course (graders, labs, pictures, doctor) in course/, never loaded by ``import minitp``.
 """
 
-from . import calc, checkpoint, context_parallel, data, memory, rules
+from . import calc, checkpoint, context_parallel, data, fp8, memory, rules
 from .data_parallel import make_optimizer
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
@@ -53,6 +53,8 @@ __all__ = [
     "vocab_parallel_cross_entropy", "mappings", "context_parallel",
     # measured, modelled, saved
     "memory", "calc", "checkpoint",
+    # FP8, emulated (mt.fp8.convert, the rule's table; mt.parallelize(..., fp8=…))
+    "fp8",
     # the course, imported on first use
     "grade", "question", "viz",
 ]

@@ -32,12 +32,15 @@ import copy
 from .context_parallel.plan import apply_context_parallel, attention_axes
 from .data_parallel.zero import attach_data_parallel
 from .expert_parallel.plan import apply_expert_parallel
+from .fp8.apply import apply_fp8
+from .fp8.gather import attach_fp8_gather
 from .mixed_precision import MASTER_DTYPE, attach_main_grads, dtype_name
 from .model import GPT
 from .parallel_gpt import ParallelGPT
 from .pipeline.stages import PipelineGPT, embedding_axis, split_into_stages
 from .recompute import apply_recompute
 from .rules import check_parallel_config, layer_label
+from .rules.fp8_groups import check_fp8_config
 from .runtime import trace
 from .runtime.mesh import Mesh
 from .tensor_parallel.plan import apply_tensor_parallel
@@ -59,7 +62,8 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
                 tp_overlap: bool = False, param_dtype=None, placement: str = "loop",
                 vision_layout: str = "replicated", cp_comm: str = "ring",
-                cp_a2a_size: int | None = None,
+                cp_a2a_size: int | None = None, fp8: str | None = None,
+                fp8_local_scales: bool = False, fp8_all_gather: bool = False,
                 validated: bool = False) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
@@ -95,6 +99,13 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     whole sequences of 1/cp of the heads and back), "a2a+ring" (the all-to-all inside groups
     of ``cp_a2a_size`` consecutive cp ranks, the ring across them).
 
+    fp8 (`minitp.fp8`): "tensorwise", "delayed" or "rowwise": every block's linear layer
+    computes its GEMMs from FP8 operands (emulated), each amax reduced over the axes that split
+    its tensor (`minitp.rules.fp8_groups`), so the model equals `minitp.fp8.convert(ref, fp8)`
+    run in one process; fp8_local_scales=True: each rank's own amax instead (the trap);
+    fp8_all_gather=True (tensorwise, zero_stage=3): the weights gathered in 8 bits with
+    their scale (`minitp.fp8.gather`).
+
     validated: the parent already ran `mt.check_parallel_config` with these sizes before
     any process started (the CLI, a checkpoint's load), so this rank trusts them; left
     False, this rank checks them here, once, before it builds anything.
@@ -112,6 +123,11 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     if param_dtype is not None:
         model.to(param_dtype)
     apply_tensor_parallel(model, mesh.tp, sequence_parallel, tp_overlap)
+    if fp8 is not None or fp8_local_scales or fp8_all_gather:
+        check_fp8_config(fp8, fp8_local_scales, param_dtype=dtype_name(param_dtype),
+                         tp_overlap=tp_overlap, recompute=recompute,
+                         all_gather=fp8_all_gather, zero_stage=zero_stage)
+        apply_fp8(model, mesh, fp8, sequence_parallel, fp8_local_scales)
     apply_vision_parallel(model, mesh.tp, sequence_parallel, vision_layout)
     apply_context_parallel(model, mesh.cp, cp_comm, attention_axes(mesh, cp_comm, cp_a2a_size))
     apply_expert_parallel(model, mesh, sequence_parallel)
@@ -129,6 +145,8 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     attach_data_parallel(stages, mesh.dp_cp, zero_stage, bucket_bytes,
                          master_dtype=MASTER_DTYPE if param_dtype is not None else None,
                          expert_dp=mesh.expert_dp)
+    if fp8_all_gather:
+        attach_fp8_gather(stages)
     if mesh.pp.size == 1:
         return stages[0]  # the whole model on every rank of the pipeline axis: no pipeline
     # the dense parameters as this model holds them: in param_dtype when it cast them (the

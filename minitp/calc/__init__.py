@@ -69,6 +69,7 @@ from .flops import (
     pipeline_idle,
     training_seconds,
 )
+from .fp8 import fp8_all_gather_bytes, fp8_linear_inputs_bytes, fp8_scale_count, fp8_tensor_bytes  # noqa: F401,E501 - FP8 beside bf16, a model
 from .loss import loss_bytes
 from .memory import (
     OPTIMIZERS,

@@ -75,6 +75,7 @@ class Unit:
         self.prefetched: comm.Pending | None = None  # stage 3: a gather posted ahead
         self.triggers: list[nn.Module] = []
         self.recomputed = False
+        self.fp8_gather = None  # the gather in 8 bits (`minitp.fp8.gather`), if asked
 
     def flatten(self, tensors) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -82,11 +83,16 @@ class Unit:
 
     def gather(self) -> torch.Tensor:
         """The whole padded vector, all-gathered from every dp rank's shard."""
+        if self.fp8_gather is not None:  # the values themselves (to read), not their casts
+            return comm.all_gather(self.shard.detach().to(self.param_dtype), self.dp)
         return self.post_gather().wait()
 
     def post_gather(self) -> comm.Pending:
         """Start gathering the whole vector (once: a gather already posted is kept).
         Labelled by the unit, not by the module whose hook posted it ahead."""
+        if self.prefetched is None and self.fp8_gather is not None:  # `minitp.fp8.gather`
+            with trace.relabel(f"zero params {self.name}"):
+                self.prefetched = self.fp8_gather.post(self.shard.detach())
         if self.prefetched is None:
             with trace.relabel(f"zero params {self.name}"):
                 self.prefetched = comm.all_gather_start(

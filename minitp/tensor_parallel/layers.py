@@ -69,8 +69,11 @@ class ColumnParallelLinear(nn.Module):
         if self.bias is not None:
             set_tags(self.bias, tp_split_dim=0)
         self.weight_grads = None  # a B/W-split pipeline's store while its B runs (weight_grad)
+        self.fp8 = None  # FP8's scales (`minitp.fp8.LayerScales`), set by `minitp.fp8.apply`
 
     def forward(self, x):
+        if self.fp8 is not None:  # cast before the mapping: under SP, the sequence shard
+            x = self.fp8.cast_input(x)
         if not self.input_mapped:
             x = mappings.to_column_parallel(x, self.axis, self.sequence_parallel)
         y = weight_grad.linear(x, self.weight, self.bias, self)  # (B, T, d_out/t)
@@ -115,12 +118,15 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_out, dtype=dtype, device=device)) if bias else None
         set_tags(self.weight, tp_split_dim=1)
         self.weight_grads = None  # a B/W-split pipeline's store while its B runs (weight_grad)
+        self.fp8 = None  # FP8's scales (`minitp.fp8.LayerScales`), set by `minitp.fp8.apply`
         if self.bias is not None and sequence_parallel:
             # Each rank adds it to its own sequence shard, so each rank's gradient is
             # partial: the training step must sum it over the axis (as LayerNorm's).
             set_tags(self.bias, grad_partial_over_tp=True)
 
     def forward(self, x):  # (B, T, d_in/t)
+        if self.fp8 is not None:
+            x = self.fp8.cast_input(x)
         if self.axis.size == 1:  # the one term is the sum: the bias fused into the GEMM (addmm)
             return weight_grad.linear(x, self.weight, self.bias, self)
         partial = weight_grad.linear(x, self.weight, None, self)  # (B, T, d_out): one term

@@ -97,6 +97,14 @@ class _DeferredLinear(torch.autograd.Function):
 
 
 def linear(x, weight, bias, layer) -> torch.Tensor:
+    """`_linear`, or under FP8 (``layer.fp8``, `minitp.fp8`) `_linear` of the cast weight, its
+    output gradient cast too (the layer cast x already)."""
+    fp8 = getattr(layer, "fp8", None)
+    return _linear(x, weight, bias, layer) if fp8 is None else fp8.linear(x, weight, bias,
+                                                                          _linear, layer)
+
+
+def _linear(x, weight, bias, layer) -> torch.Tensor:
     """F.linear(x, weight, bias) — unless ``layer.weight_grads`` holds a
     `DeferredWeightGrads` as it runs: then the weight enters the graph detached, so that
     backward (B) never touches it (no gradient, no gradient hook), and its gradient is

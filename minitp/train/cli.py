@@ -39,6 +39,7 @@ from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
+from . import fp8_flags
 from .flags import build_parser, sizes_text, validate
 from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
@@ -64,7 +65,7 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
             checkpoint.load_dense_optimizer(ref, optimizer, dense_optim)
     else:
         torch.manual_seed(args.seed)
-        ref = GPT(cfg).to(dtype)
+        ref = fp8_flags.one_process(GPT(cfg).to(dtype), args)  # FP8: its one-process run
         optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
     losses = []
     steps = range(start_step, args.steps)
@@ -78,13 +79,12 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
         x, y, *packed = batch_of(args, cfg, train_tokens, step)
         set_lr(optimizer, lr_at(args, step))
         optimizer.zero_grad(set_to_none=True)
-        _, loss = ref(x, y, positions=packed[0] if packed else None)
-        loss.backward()
+        loss = fp8_flags.forward_backward(ref, args, x, y, packed[0] if packed else None)
         if args.clip_grad is not None:
             torch.nn.utils.clip_grad_norm_(ref.parameters(), args.clip_grad)
         optimizer.step()
         update_expert_bias(ref)  # as train_step does (a no-op without bias-balanced experts)
-        losses.append(float(loss.detach()))
+        losses.append(loss)
     return ref, losses
 
 

@@ -24,6 +24,7 @@ from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
 from . import model_flags
+from .fp8_flags import add_fp8_flags, validate_fp8
 from .machine import (
     available_memory,
     gib,
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prompt", default="def ")
     a("--timeout", type=float, default=300.0, help="seconds a rank may wait in a collective")
     a("--no-progress", action="store_true", help="no progress bar")
+    add_fp8_flags(p)
     return p
 
 
@@ -227,6 +229,7 @@ def validate(args, parser):
         check_tp_overlap(args.tp_overlap, args.sp, args.tp)
     except ValueError as exc:
         parser.error(f"--tp-overlap (--sp, --tp): {exc}")
+    validate_fp8(args, parser, cfg)
     if uses_mixed_precision(args) and (args.save or args.load):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")

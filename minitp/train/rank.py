@@ -20,6 +20,8 @@ from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
 from . import save_flags
 from .flags import TEMPERATURE
+from .fp8_flags import one_process as fp8_one_process
+from .fp8_flags import plan_options as fp8_plan
 from .machine import uses_mixed_precision
 
 
@@ -88,10 +90,11 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
                                               config=cfg, **plan)  # the routing flags applied
     else:
         torch.manual_seed(args.seed)
-        model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
+        model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan, **fp8_plan(args))
         optimizer = zero.make_optimizer(model, mesh, new_optimizer)
     saver = save_flags.saver_for(args, model, optimizer, mesh, plan)  # with --save-every
-    dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
+    dense = fp8_one_process(GPT(cfg).to(dtype), args)  # on the CPU: evaluation and sampling
+    # use the gathered weights (under --fp8 through FP8 casts too: `minitp.train.fp8_flags`)
     if args.pack:
         eval_set = packing.eval_packed_batches(eval_tokens, args.eval_batches, args.batch_size,
                                                cfg.seq_len, args.seed)

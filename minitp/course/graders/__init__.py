@@ -27,6 +27,7 @@ from . import (
     ex18,
     ex19,
     ex20,
+    ex21,
     ex23,
 )
 
@@ -79,6 +80,8 @@ EXERCISES = {
                      "and training days", ex19.run),
     "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
                      "storage, refill it in place for backward, free it again", ex20.run),
+    "ex21": Exercise("ex21_amax_groups.py", "FP8's amax groups: which ranks share each scale "
+                     "of a tensor-parallel MLP, with and without SP", ex21.run),
     "ex23": Exercise("ex23_moe_dispatch.py", "expert parallelism's dispatch and combine",
                      ex23.run),
 }

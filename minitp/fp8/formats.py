@@ -1,0 +1,67 @@
+"""The two FP8 formats and the scaled cast, emulated exactly in a wider dtype.
+
+An FP8 number has 8 bits: a sign, e exponent bits and m mantissa bits (OCP FP8 spec,
+as PyTorch's dtypes):
+
+* ``e4m3`` (`torch.float8_e4m3fn`): 3 mantissa bits, largest finite value 448, no
+  infinity. Forward tensors (activations and weights): precision matters most there.
+* ``e5m2`` (`torch.float8_e5m2`): 2 mantissa bits, largest value 57344. Gradients: their
+  values spread over more orders of magnitude (TransformerEngine's "HYBRID" format).
+
+A tensor is cast with a *scale*: q = fp8(clamp(x·scale, ±max)), and read back as q/scale.
+With scale = max/amax (amax the largest |x| the scale is meant for) the largest value lands
+on the format's largest: TransformerEngine's ``scaling_factor = FP8_MAX / amax``
+(docs: features/low_precision_training/fp8_delayed_scaling) and torchao's
+``amax_to_scale`` (float8_max / amax) use the same convention.
+
+`quantize` returns the dequantized tensor q/scale in x's own dtype: the numbers an FP8 GEMM
+would multiply, so a matmul of them in float64 is the FP8 GEMM's, exactly, up to the
+float64 rounding of its sums (a real GEMM accumulates in float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    dtype: torch.dtype
+    max: float       # the largest finite value
+    mantissa_bits: int
+
+
+E4M3 = Format("e4m3", torch.float8_e4m3fn, 448.0, 3)
+E5M2 = Format("e5m2", torch.float8_e5m2, 57344.0, 2)
+FORMATS = {f.name: f for f in (E4M3, E5M2)}
+
+
+def scale_from_amax(amax: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """max/amax, elementwise; 1 where amax is 0 (an all-zero tensor: any scale casts it
+    exactly, and 1 keeps it finite), as TransformerEngine leaves a zero amax's scale."""
+    return torch.where(amax > 0, fmt.max / amax.clamp_min(torch.finfo(amax.dtype).tiny),
+                       torch.ones_like(amax))
+
+
+def to_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The 8-bit tensor: x·scale clamped to the format's range, rounded to nearest (even)."""
+    return (x * scale).clamp(-fmt.max, fmt.max).to(fmt.dtype)
+
+
+def from_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The values an 8-bit tensor stands for: q/scale, in `dtype`."""
+    return q.to(dtype) / scale
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """x cast to `fmt` with `scale` and read back, in x's dtype (quantize-dequantize)."""
+    return from_fp8(to_fp8(x, scale, fmt), scale, x.dtype)
+
+
+def representable(fmt: Format, dtype=torch.float64) -> torch.Tensor:
+    """Every finite value of `fmt`, sorted (the 8-bit patterns, NaNs left out)."""
+    values = torch.arange(256, dtype=torch.uint8).view(fmt.dtype).to(dtype)
+    return values[values.isfinite()].unique()

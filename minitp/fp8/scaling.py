@@ -1,0 +1,79 @@
+"""The three scalings: where a tensor's scale comes from.
+
+* ``tensorwise`` — one scale for the whole tensor, from its amax *now* (TransformerEngine's
+  ``Float8CurrentScaling``, torchao's tensorwise): the cast reads the tensor twice, once for
+  the amax, once to cast.
+* ``delayed`` — one scale for the whole tensor, from the largest amax of the last
+  ``history_len`` casts of that tensor, *before* this one (TransformerEngine's
+  ``DelayedScaling(amax_history_len=…, amax_compute_algo="max")``); this cast's amax is then
+  recorded. The very first cast has no history: minitp scales it by its own amax
+  (TransformerEngine starts from scale 1 instead).
+* ``rowwise`` — one scale per row, the amax over the last dimension (torchtitan's float8
+  rowwise, from torchao): a token's features for an activation or a gradient, an output
+  feature's inputs for a weight (d_out, d_in).
+
+Every amax is reduced with MAX over the axes that split the tensor (`minitp.rules.fp8_groups`)
+before it makes a scale: then each rank's piece is cast with the scale of the whole tensor,
+as one process would cast it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..rules.fp8_groups import SCALINGS
+from ..runtime import comm, trace
+from .formats import Format, quantize, scale_from_amax
+
+DEFAULT_HISTORY = 16  # TransformerEngine's default is 1024 (recipe.DelayedScaling); minitp's
+# runs are a few hundred steps, so a shorter window lets the scale follow the tensor
+
+
+def local_amax(x: torch.Tensor, scaling: str) -> torch.Tensor:
+    """The largest |x| this rank sees: one number, or one a row (rowwise: (…, 1))."""
+    if scaling == "rowwise":
+        return x.detach().abs().amax(dim=-1, keepdim=True)
+    return x.detach().abs().max()
+
+
+class TensorScale:
+    """The scale of one tensor role of one layer (its input, weight or output gradient):
+    its scaling, the axes its amax is reduced over, and (delayed) its amax history.
+
+    ``cast(x)`` is x quantized to `fmt` with the scale of the whole tensor x is a piece of."""
+
+    def __init__(self, scaling: str, fmt: Format, axes=(), history_len: int = DEFAULT_HISTORY,
+                 name: str = ""):
+        if scaling not in SCALINGS:
+            raise ValueError(f"fp8 scaling must be one of {SCALINGS}, got {scaling!r}")
+        self.scaling, self.fmt, self.axes = scaling, fmt, tuple(axes)
+        self.history_len, self.name = history_len, name
+        self.history: list[torch.Tensor] = []  # delayed: the last amaxes, oldest first
+        self.last_scale: torch.Tensor | None = None  # what the latest cast used (to read)
+
+    def amax(self, x: torch.Tensor) -> torch.Tensor:
+        """The amax of the whole tensor: this rank's, MAX-reduced over the axes."""
+        amax = local_amax(x, self.scaling)
+        with trace.label(f"fp8 amax {self.name}".strip()):
+            for axis in self.axes:
+                amax = comm.all_reduce(amax, axis, op="max")
+        return amax
+
+    def scale(self, x: torch.Tensor, record: bool = True) -> torch.Tensor:
+        """x's scale; `record` (delayed): add this amax to the history (a training cast
+        does, an evaluation forward only reads the history)."""
+        amax = self.amax(x)
+        if self.scaling != "delayed":
+            return scale_from_amax(amax, self.fmt)
+        past = torch.stack(self.history).max() if self.history else amax
+        if record:
+            self.history = (self.history + [amax])[-self.history_len:]
+        return scale_from_amax(past, self.fmt)
+
+    def cast(self, x: torch.Tensor, record: bool = True) -> torch.Tensor:
+        self.last_scale = self.scale(x, record)
+        return quantize(x, self.last_scale, self.fmt)
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{a.name}={a.size}" for a in self.axes) or "none"
+        return f"TensorScale({self.name}: {self.scaling}, {self.fmt.name}, amax over {axes})"

@@ -1,0 +1,125 @@
+"""FP8's amax groups: over which mesh axes a tensor's amax is MAX-reduced, written once.
+
+A scale is meant for one tensor. When the mesh splits that tensor over ranks, every rank
+holds a piece, and a piece's own amax would give each rank a different scale: the ranks
+would cast one tensor differently from one another and from one process (the trap behind
+Megatron-LM PR #442's divergence at tp = 8, and TransformerEngine issue #656 under sequence
+parallelism). So each rank's amax is all-reduced with MAX over exactly the axes that split
+the tensor as the cast sees it; over an axis that holds copies the reduction would change
+nothing, and over one that holds other tensors it would be wrong.
+
+How each of a transformer block's linear layers meets its three casts (y = x Wᵀ):
+
+================  ==========================  ========================================
+layer, role       the tensor the cast sees    split over
+================  ==========================  ========================================
+column, input     x (B, T, C)                 dp (rows), cp (sequence);
+                                              + tp (sequence) under SP: cast before
+                                              SP's all-gather, so 8 bits could travel
+column, weight    W_i (d_out/t, C)            tp (its output rows)
+column, grad      ∂y_i (B, T, d_out/t)        dp, cp, tp (its features)
+row, input        x_i (B, T, d_in/t)          dp, cp, tp (its features)
+row, weight       W_i (C, d_in/t)             tp (its input columns: each row's end)
+row, grad         ∂y (B, T, C)                dp, cp (whole on every tp rank: g's
+                                              backward, or SP's all-gather, copies it)
+================  ==========================  ========================================
+
+``tensorwise`` and ``delayed`` (one scale a tensor) reduce over all of those axes;
+``rowwise`` (one scale a row, the amax over the last dimension) only over the axes that
+split a row — tp where a row's features are split, nothing else. ZeRO-3's gathered weight
+is the weight above (gathered before the cast); pipeline stages split no tensor.
+"""
+
+from __future__ import annotations
+
+from .heads import kv_layout
+
+SCALINGS = ("tensorwise", "delayed", "rowwise")
+ROLES = ("input", "weight", "grad")  # grad: the output gradient
+LAYERS = ("column", "row")
+
+
+def check_fp8_scaling(scaling) -> None:
+    if scaling not in SCALINGS:
+        raise ValueError(f"fp8 must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+
+
+def check_fp8_model(cfg, tp: int = 1) -> None:
+    """FP8 covers a dense model's blocks, every tensor cast whole: refuse what it does not."""
+    if cfg.n_experts:
+        raise ValueError("fp8 does not cover a mixture of experts (its expert GEMMs): "
+                         "use a dense model")
+    if cfg.vision_patches:
+        raise ValueError("fp8 does not cover a vision-language model: use a text-only model")
+    if cfg.n_kv_head is not None and kv_layout(cfg, tp) == "replicated":
+        raise ValueError(f"fp8 with K/V heads replicated over tp={tp} (n_kv_head="
+                         f"{cfg.n_kv_head}): each rank holds only part of a K/V projection's "
+                         "output gradient (the replicas sum it later), so no rank can cast "
+                         "it whole; use tp ≤ n_kv_head")
+
+
+def split_axes(layer: str, role: str, sequence_parallel: bool) -> tuple[tuple, tuple]:
+    """(axes splitting the tensor's leading dims, axes splitting its last dim) for the
+    tensor `role` of a `layer` ("column" or "row") as its cast sees it (table above)."""
+    if layer not in LAYERS or role not in ROLES:
+        raise ValueError(f"layer must be one of {LAYERS} and role one of {ROLES}, "
+                         f"got {layer!r}, {role!r}")
+    if role == "weight":  # (d_out, d_in): column splits d_out (rows), row splits d_in (last)
+        return (("tp",), ()) if layer == "column" else ((), ("tp",))
+    batch = ("dp", "cp")  # activations and gradients: rows over dp, the sequence over cp
+    if layer == "column" and role == "input":
+        return (batch + ("tp",) if sequence_parallel else batch), ()
+    if layer == "row" and role == "grad":
+        return batch, ()
+    return batch, ("tp",)  # column grad, row input: features split over tp
+
+
+def amax_axes(layer: str, role: str, scaling: str, sequence_parallel: bool = False,
+              local_scales: bool = False) -> tuple[str, ...]:
+    """The mesh axes ("dp", "cp", "tp") the amax of this tensor is MAX-reduced over.
+
+    >>> amax_axes("row", "input", "tensorwise")
+    ('dp', 'cp', 'tp')
+    >>> amax_axes("column", "input", "tensorwise", sequence_parallel=True)
+    ('dp', 'cp', 'tp')
+    >>> amax_axes("column", "input", "rowwise", sequence_parallel=True)
+    ()
+
+    local_scales: the trap, each rank its own amax — nothing reduced."""
+    check_fp8_scaling(scaling)
+    leading, last = split_axes(layer, role, sequence_parallel)
+    if local_scales:
+        return ()
+    return last if scaling == "rowwise" else leading + last
+
+
+def amax_table(scaling: str, sequence_parallel: bool = False,
+               local_scales: bool = False) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Every (layer, role, axes) of a block's linear layers: the rule, to print."""
+    return [(layer, role, amax_axes(layer, role, scaling, sequence_parallel, local_scales))
+            for layer in LAYERS for role in ROLES]
+
+
+def check_fp8_config(scaling, local_scales: bool = False, param_dtype: str | None = None,
+                     tp_overlap: bool = False, recompute=None, all_gather: bool = False,
+                     zero_stage: int = 0) -> None:
+    """What FP8 (emulated) composes with, refused in one line before anything is built."""
+    if all_gather and (scaling != "tensorwise" or zero_stage != 3):
+        raise ValueError("fp8 all-gather sends ZeRO-3's weight shards in 8 bits with one scale "
+                         "a weight: it needs fp8 tensorwise and zero_stage 3")
+    if scaling is None:
+        if local_scales:
+            raise ValueError("fp8 local scales need an fp8 scaling (tensorwise, delayed or "
+                             "rowwise)")
+        return
+    check_fp8_scaling(scaling)
+    if param_dtype not in (None, "float32", "float64"):
+        raise ValueError(f"fp8 emulation reads its casts back in the run's dtype, and "
+                         f"{param_dtype} cannot hold them exactly: use float32 or float64")
+    if tp_overlap:
+        raise ValueError("fp8 does not compose with tp_overlap (its chunked GEMMs are not "
+                         "cast)")
+    if scaling == "delayed" and recompute == "full":
+        raise ValueError("fp8 delayed scaling with full recomputation would record each "
+                         "forward's amax twice: use tensorwise or rowwise, or recompute "
+                         "selective")

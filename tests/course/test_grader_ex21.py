@@ -1,0 +1,41 @@
+"""The grader of ex21 (FP8's amax groups, lesson 21) names the three mistakes the issue
+names: a local scale, the wrong group, a forgotten backward scale. Each wrong answer is the
+reference solution with one mistake built in; that the solution passes is its lesson's cell,
+that the untouched exercise fails every check, tests/course/test_exercises.py.
+
+The checks, in order: (a) shared_amax, (b) amax_groups, (c) gradient_gemms judged
+alone, (d) the three together. Budget: one launch of 4 ranks per test."""
+
+from test_exercises import _variant
+
+import minitp as mt
+
+
+def _grade(tmp_path, *edits):
+    return mt.grade("ex21", path=_variant(tmp_path, "ex21", *edits)).checks
+
+
+def test_a_local_scale_is_named_and_its_drift_measured(tmp_path):
+    a, b, c, d = _grade(tmp_path, ("    for axis in axes:\n        amax = mt.comm.all_reduce(",
+                                   "    for axis in ():\n        amax = mt.comm.all_reduce("))
+    assert [a.passed, b.passed, c.passed, d.passed] == [False, True, True, False]
+    assert a.detail == "over dp: this rank's own amax, not reduced: a local scale", a.detail
+    assert "differs from one device's by" in d.detail and "not shared" in d.detail, d.detail
+
+
+def test_the_wrong_group_for_the_weight_is_megatrons_bug(tmp_path):
+    a, b, c, d = _grade(tmp_path, ('"weight": ("tp",),', '"weight": ("dp",),'))
+    assert [a.passed, b.passed, c.passed, d.passed] == [True, False, True, False]
+    assert b.detail.startswith("column layer, weight: ('dp',), expected ('tp',): the wrong "
+                               "group"), b.detail
+    assert "Megatron-LM PR #442" in b.detail
+
+
+def test_a_forgotten_backward_scale_is_named(tmp_path):
+    a, b, c, d = _grade(tmp_path, (
+        "    gq = quantize(grad, shared_amax(grad, axes), E5M2)\n",
+        "    gq = grad\n"))
+    assert [a.passed, b.passed, c.passed, d.passed] == [True, True, False, False]
+    assert c.detail == ("without SP: the output gradient was never cast: the backward scale "
+                        "is forgotten (the backward GEMMs read it in full precision)"), c.detail
+    assert "E5M2" in c.hint
