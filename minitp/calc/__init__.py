@@ -22,12 +22,14 @@ published shapes `MIXTRAL_8X7B` and `DEEPSEEK_V3`, expert vs tensor parallelism,
 step time with ep; its all-to-all bytes are in `comm`), `vision` (a vision-language model's
 encoder replicated vs split over tp, trained or frozen: params, bytes, FLOPs), `vision_time`
 (its time and the crossover width), `vision_stage` (the encoder on its own pipeline stage
-and tp size), `context_parallel` (context parallelism's attentions — ring, all-gather,
-Ulysses, hybrid: what each keeps, its messages' time per layer, `cp_crossover`; their
-bytes are `cp_comm_bytes`'s).
+and tp size), `hierarchy` (a two-level network, NVLink inside a node and InfiniBand across:
+collectives' bytes and time per level, hierarchical all-reduce, FSDP against HSDP's bytes
+across node boundaries, the level each axis lands on), `context_parallel` (context
+parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
+messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s).
 """
 
-from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
+from .cluster import A100_80GB, B200_180GB, B200_XDR, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
 from .comm import (
     comm_bytes,
     cp_comm_bytes,
@@ -54,6 +56,7 @@ from .flops import (
     pipeline_idle,
     training_seconds,
 )
+from .hierarchy import DPStep, LevelCost, axis_levels, collective, crossing_ratio, dp_step
 from .loss import loss_bytes
 from .memory import (
     OPTIMIZERS,
@@ -120,5 +123,6 @@ __all__ = [
     "vision_crossover", "vision_encoder_params", "vision_forward_flops", "vision_layout",
     "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
     "attention_kept_bytes", "cp_crossover", "cp_layer_seconds", "cp_variants",
-    "kv_heads_per_tp_rank",
+    "kv_heads_per_tp_rank", "B200_180GB", "B200_XDR", "DPStep", "LevelCost", "axis_levels",
+    "collective", "crossing_ratio", "dp_step",
 ]
