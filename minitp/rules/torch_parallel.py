@@ -36,12 +36,13 @@ def check_torch_model(n_experts: int, vision_patches: int, n_kv_head, mlp: str) 
                              f"{what}: {USE_MINITP}")
 
 
-def check_torch_options(zero_stage: int = 3, recompute=None, tp_overlap: bool = False,
+def check_torch_options(dp: int, zero_stage: int = 3, recompute=None, tp_overlap: bool = False,
                         param_dtype=None) -> None:
-    """Options minitp's step has and torch's path here does not."""
-    if zero_stage not in (0, 3):
-        raise ValueError(f"torch's path shards like ZeRO-3 (fully_shard), not stage "
-                         f"{zero_stage}: give --zero-stage 3, or {USE_MINITP}")
+    """Options minitp's step has and torch's path here does not. Over dp > 1 the path
+    always shards as ZeRO-3 does (``fully_shard``), so that is the stage to ask for."""
+    if dp > 1 and zero_stage != 3:
+        raise ValueError(f"torch's path shards over dp={dp} as ZeRO-3 does (fully_shard), "
+                         f"not as stage {zero_stage}: give --zero-stage 3, or {USE_MINITP}")
     for wrong, what in ((recompute is not None, f"recompute={recompute!r}"),
                         (tp_overlap, "tp_overlap"), (param_dtype is not None, "mixed precision")):
         if wrong:

@@ -11,7 +11,8 @@ device_mesh (Mesh -> DeviceMesh), tp_plan (the parallelize_module plan), fsdp
 
 from .device_mesh import device_mesh
 from .parallelize import parallelize
-from .step import train_step
+from .step import full_state_dict, train_step
 from .tp_plan import block_plan, model_plan
 
-__all__ = ["block_plan", "device_mesh", "model_plan", "parallelize", "train_step"]
+__all__ = ["block_plan", "device_mesh", "full_state_dict", "model_plan", "parallelize",
+           "train_step"]

@@ -51,6 +51,13 @@ def sum_partial_grads(model: nn.Module) -> None:
             p.grad = g.redistribute(g.device_mesh, p.placements)
 
 
+def full_state_dict(model: nn.Module) -> dict:
+    """Every tensor of `model`'s state, whole (DTensors gathered: a collective on every
+    rank), under the plain GPT's names."""
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach()
+            for k, v in model.state_dict().items()}
+
+
 def train_step(model, batch, optimizer, microbatches: int = 1) -> float:
     """Forward and backward of this data-parallel rank's slices, then `optimizer`'s step."""
     x, y = batch

@@ -19,6 +19,7 @@ from ..model import GPT
 from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
 from .flags import TEMPERATURE
+from .impl_flags import impl_functions
 from .machine import uses_mixed_precision
 
 
@@ -64,6 +65,9 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     from ..runtime.mesh import Mesh, world
     from ..step import train_step
 
+    parallelize, make_optimizer, train_step = impl_functions(  # --impl torch: torch's three
+        args, parallelize, zero.make_optimizer, train_step)
+
     # Mixed precision: the float32 model is cast by parallelize (param_dtype) and
     # the dense copy for evaluation stays float32.
     dtype = torch.float32 if uses_mixed_precision(args) else getattr(torch, args.dtype)
@@ -88,7 +92,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     else:
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan)
-        optimizer = zero.make_optimizer(model, mesh, new_optimizer)
+        optimizer = make_optimizer(model, mesh, new_optimizer)
     dense = GPT(cfg).to(dtype)  # on the CPU: evaluation and sampling use the gathered weights
     if args.pack:
         eval_set = packing.eval_packed_batches(eval_tokens, args.eval_batches, args.batch_size,
