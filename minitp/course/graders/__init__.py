@@ -25,6 +25,7 @@ from . import (
     ex17,
     ex19,
     ex20,
+    ex22,
     ex23,
 )
 
@@ -73,6 +74,9 @@ EXERCISES = {
                      "and training days", ex19.run),
     "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
                      "storage, refill it in place for backward, free it again", ex20.run),
+    "ex22": Exercise("ex22_dtensor_placements.py", "the DTensor placements (Shard, Replicate, "
+                     "Partial) of every tensor in a tensor-parallel MLP, with and without SP",
+                     ex22.run),
     "ex23": Exercise("ex23_moe_dispatch.py", "expert parallelism's dispatch and combine",
                      ex23.run),
 }
