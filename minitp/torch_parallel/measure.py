@@ -59,7 +59,10 @@ def _sides(ref, dp: int, hsdp: int):
         yield name, model, torch.optim.AdamW(model.parameters(), lr=1e-3), train_step
 
 
-def _measure(cfg: GPTConfig, dp: int, hsdp: int, batch: int, steps: int, dtype) -> list:
+def measure_here(cfg: GPTConfig, dp: int, hsdp: int = 2, batch: int = 8, steps: int = 2,
+                 dtype=torch.float32) -> list[StepCost]:
+    """Inside launched ranks (world = dp): the three sides trained on the same batches,
+    the last step of each measured; this rank's `StepCost`s."""
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), generator=generator)
             for _ in range(steps)]
@@ -84,6 +87,6 @@ def compare(cfg: GPTConfig, world_size: int = 4, hsdp: int = 2, batch: int = 8,
     """Train `cfg` for `steps` steps on `world_size` data-parallel ranks three ways — minitp's
     ZeRO-3, torch's FSDP2, torch's HSDP with `hsdp` replicas — in one launch; the last
     step measured. Returns, per rank, its three `StepCost`s."""
-    run = launch(_measure, world_size, cfg, world_size, hsdp, batch, steps, dtype,
+    run = launch(measure_here, world_size, cfg, world_size, hsdp, batch, steps, dtype,
                  timeout=timeout)
     return [run[r] for r in range(world_size)]
