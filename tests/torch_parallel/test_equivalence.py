@@ -1,8 +1,8 @@
 """PyTorch's own parallelism (`minitp.torch_parallel`) equals one device and minitp's, in
 float64: DTensor tensor parallelism (with and without SP), FSDP2 and HSDP, on a sample of
-dp × tp meshes. Per step the loss; after the first step every gradient; after the last the
-parameters (after AdamW steps). One mesh also trains minitp's ZeRO-3 beside torch's FSDP2
-and compares the two directly.
+dp × tp meshes (HSDP × TP included). Per step the loss; after the first step every
+gradient; after the last the parameters (after AdamW steps). One mesh also trains
+minitp's ZeRO-3 beside torch's FSDP2 and compares the two directly.
 
 Budget: one launch of 2 ranks and one of 4, several meshes each."""
 
@@ -63,7 +63,8 @@ def _two():
 
 def _four():
     return {"dp2xtp2+sp vs ZeRO-3": _train({"dp": 2, "tp": 2}, sp=True, with_minitp=True),
-            "hsdp2x2": _train({"dp": 4}, hsdp=2)}
+            "hsdp2x2": _train({"dp": 4}, hsdp=2),
+            "hsdp2x1xtp2+sp (a 3-D mesh)": _train({"dp": 2, "tp": 2}, sp=True, hsdp=2)}
 
 
 @pytest.mark.parametrize("world,fn", [(2, _two), (4, _four)])
