@@ -166,3 +166,80 @@ def two_level_bytes(n_values: int = 1 << 15) -> TwoLevelBytes:
 def _sum(values):
     values = list(values)
     return None if any(v is None for v in values) else sum(values)
+
+
+# --- the same run in minitp's words and in PyTorch's ------------------------------------
+
+TINY = dict(vocab_size=32, seq_len=16, n_layer=2, n_head=4, d_model=32)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _side_by_side_here(steps: int, lr: float) -> dict:
+    """Runs on every rank of Mesh(dp=2, tp=2): one device, minitp (TP + SP + ZeRO-3) and
+    torch (DTensor TP + SequenceParallel + FSDP2) trained on the same batches, float64."""
+    from ...data_parallel import make_optimizer
+    from ...model import GPT, GPTConfig
+    from ...parallelize import parallelize as minitp_parallelize
+    from ...runtime.mesh import Mesh
+    from ...step import train_step as minitp_step
+    from ...torch_parallel import parallelize as torch_parallelize
+    from ...torch_parallel import train_step as torch_step
+
+    mesh, dev, cfg = Mesh(dp=2, tp=2), device(), GPTConfig(**TINY)
+    torch.manual_seed(0)
+    ref = GPT(cfg).double().to(dev)
+    ours = minitp_parallelize(ref, mesh, sequence_parallel=True, zero_stage=3)
+    theirs = torch_parallelize(ref, mesh, sequence_parallel=True)
+    opts = (torch.optim.AdamW(ref.parameters(), lr=lr),
+            make_optimizer(ours, mesh, torch.optim.AdamW, lr=lr),
+            torch.optim.AdamW(theirs.parameters(), lr=lr))
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        tokens = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len + 1), generator=gen).to(dev)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        opts[0].zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        opts[0].step()
+        losses.append((loss.item(), minitp_step(ours, (x, y), mesh, opts[1]),
+                       torch_step(theirs, (x, y), opts[2])))
+    named = dict(theirs.named_parameters())
+    param = max((_whole(named[n]).detach() - p.detach()).abs().max().item()
+                for n, p in ref.named_parameters())
+    return {"losses": losses, "torch params vs one device": param,
+            "placements": {n: str(getattr(p, "placements", "")) for n, p in named.items()
+                           if n.startswith("blocks.0.")}}
+
+
+def side_by_side(steps: int = 3, lr: float = 1e-2) -> dict:
+    """One device, minitp and torch trained side by side on Mesh(dp=2, tp=2) with SP
+    (4 ranks, float64): each step's three losses, the largest loss difference, torch's
+    parameters after the last AdamW step against one device's, and the DTensor placements
+    of block 0's parameters on the ("dp", "tp") DeviceMesh (rank 0's view)."""
+    run = launch(_side_by_side_here, WORLD, steps, lr)
+    losses = run[0]["losses"]
+    return {"losses": losses,
+            "largest loss difference": max(max(s) - min(s) for r in range(WORLD)
+                                           for s in run[r]["losses"]),
+            "torch params vs one device": max(run[r]["torch params vs one device"]
+                                              for r in range(WORLD)),
+            "placements": run[0]["placements"]}
+
+
+def hsdp_or_fsdp(clusters, n_params: int, nodes=(2, 16, 128), microbatches=(1, 8),
+                 units: int = 32) -> list[dict]:
+    """A MODEL (`calc.hierarchy.dp_step`): FSDP and HSDP's bytes each GPU sends across
+    nodes and their seconds per step, for each cluster, node count and microbatch count,
+    ``units`` FSDP units (a layer each), 16-bit parameters and gradients."""
+    rows = []
+    for cluster in clusters:
+        for k in nodes:
+            for m in microbatches:
+                n = cluster.gpus_per_node * k
+                f, h = (dp_step(cluster, n_params, n, s, m, units) for s in ("fsdp", "hsdp"))
+                rows.append({"cluster": cluster.name, "nodes": k, "m": m, "fsdp": f, "hsdp": h})
+    return rows
