@@ -41,7 +41,7 @@ FLOORS = [
          "data_parallel.grad_sync", "data_parallel.zero_stage1"]),
     (6, ["pipeline", "data_parallel", "expert_parallel"]),  # (pipeline.stages and .executor)
     (7, ["parallelize"]),
-    (8, ["step", "checkpoint", "memory", "serving"]),
+    (8, ["step", "checkpoint", "memory", "serving", "torch_parallel"]),
     (9, ["course.viz"]),
     (10, ["course.labs"]),
     (11, ["course.graders", "course.make_exercises"]),

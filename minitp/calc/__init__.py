@@ -22,9 +22,11 @@ published shapes `MIXTRAL_8X7B` and `DEEPSEEK_V3`, expert vs tensor parallelism,
 step time with ep; its all-to-all bytes are in `comm`), `vision` (a vision-language model's
 encoder replicated vs split over tp, trained or frozen: params, bytes, FLOPs), `vision_time`
 (its time and the crossover width), `vision_stage` (the encoder on its own pipeline stage
-and tp size), `context_parallel` (context parallelism's attentions — ring, all-gather,
-Ulysses, hybrid: what each keeps, its messages' time per layer, `cp_crossover`; their
-bytes are `cp_comm_bytes`'s), `checkpointing` (how often to save: Young's and Daly's
+and tp size), `hierarchy` (a two-level network, NVLink inside a node and InfiniBand across:
+collectives' bytes and time per level, hierarchical all-reduce, FSDP against HSDP's bytes
+across node boundaries, the level each axis lands on), `context_parallel` (context
+parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
+messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `checkpointing` (how often to save: Young's and Daly's
 intervals from a cluster's failure rate and the save's bytes).
 """
 
@@ -41,7 +43,7 @@ from .checkpointing import (
     save_seconds,
     young_interval,
 )
-from .cluster import A100_80GB, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
+from .cluster import A100_80GB, B200_180GB, B200_XDR, CLUSTERS, DGX2H_V100, H100_80GB, Cluster
 from .comm import (
     comm_bytes,
     cp_comm_bytes,
@@ -70,6 +72,7 @@ from .flops import (
     training_seconds,
 )
 from .fp8 import fp8_all_gather_bytes, fp8_linear_inputs_bytes, fp8_scale_count, fp8_tensor_bytes  # noqa: F401,E501 - FP8 beside bf16, a model
+from .hierarchy import DPStep, LevelCost, axis_levels, collective, crossing_ratio, dp_step
 from .loss import loss_bytes
 from .memory import (
     OPTIMIZERS,
@@ -141,4 +144,6 @@ __all__ = [
     "LLAMA3_405B", "FailureRecord", "SavePlan", "daly_interval", "expected_seconds",
     "failure_rate", "job_mtbf_seconds", "lost_fraction", "save_plan", "save_seconds",
     "young_interval",
+    "B200_180GB", "B200_XDR", "DPStep", "LevelCost", "axis_levels", "collective",
+    "crossing_ratio", "dp_step",
 ]

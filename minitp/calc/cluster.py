@@ -73,10 +73,31 @@ A100_80GB = Cluster("DGX A100, 8x A100 80GB", 8, 312e12, 80 * GiB, 300 * GB, 25 
                     memory_bandwidth=2039 * GB)
 
 # DGX H100: 8 GPUs, ~989 TFLOP/s dense bf16 (SXM), NVLink 4 "900 GB/s" (450 each way),
-# 8x 400 Gb/s NDR InfiniBand per node: 50 GB/s per GPU.
+# 8x 400 Gb/s NDR InfiniBand per node: 50 GB/s per GPU. Sources: NVIDIA Technical Blog,
+# "Introducing NVIDIA HGX H100" ("the NVLink bidirectional speed of 900 gigabytes per
+# second"); NVIDIA DGX BasePOD reference architecture, "Core Components"
+# (docs.nvidia.com/dgx-basepod/reference-architecture-infrastructure-foundation-enterprise-ai):
+# "eight single-port NVIDIA ConnectX-7 VPI ... up to 400 Gb/s InfiniBand/Ethernet".
 # HBM: "3.35 TB/s" for the H100 SXM (NVIDIA H100 datasheet's table, as reproduced by two
 # independent pages; the PDF itself not read here).
 H100_80GB = Cluster("DGX H100, 8x H100 80GB", 8, 989e12, 80 * GiB, 450 * GB, 50 * GB,
                     memory_bandwidth=3350 * GB)
 
-CLUSTERS = {"v100": DGX2H_V100, "a100": A100_80GB, "h100": H100_80GB}
+# DGX B200 (NVIDIA DGX B200 User Guide, "Introduction to NVIDIA DGX B200 Systems",
+# docs.nvidia.com/dgx/dgxb200-user-guide/introduction-to-dgxb200.html): 8 B200 GPUs with
+# "1,440 GB total GPU memory" (180 GB each); "2 x 5th generation NVLink switches that provide
+# 14.4 TB/s aggregate bandwidth": 1.8 TB/s per GPU both ways, NVLink 5's 900 GB/s each way;
+# "8 x NVIDIA ConnectX-7 Single Port Cards", InfiniBand "Up to 400Gbps" (NDR): 50 GB/s per
+# GPU, as on DGX H100. Peak: NVIDIA's HGX B200 table gives FP16/BF16 tensor cores 4.5 PFLOPS
+# per GPU, a figure NVIDIA quotes with 2:4 sparsity: 2.25e15 dense (NOT checked against
+# NVIDIA's own page here, only a reproduction of its table).
+B200_180GB = Cluster("DGX B200, 8x B200 180GB", 8, 2.25e15, 180 * GB, 900 * GB, 50 * GB)
+
+# The same node with XDR InfiniBand: one ConnectX-8 per GPU at 800 Gb/s (NVIDIA DOCA 2.9.0
+# for ConnectX-8, "Changes and New Features": "800Gb/s line rate"): 100 GB/s per GPU. A
+# hypothetical node (B200's figures, the faster NIC), for the two-level model's what-if.
+B200_XDR = Cluster("8x B200 180GB, XDR 800 Gb/s per GPU", 8, 2.25e15, 180 * GB, 900 * GB,
+                   100 * GB)
+
+CLUSTERS = {"v100": DGX2H_V100, "a100": A100_80GB, "h100": H100_80GB, "b200": B200_180GB,
+            "b200-xdr": B200_XDR}

@@ -39,6 +39,7 @@ from ..rules import (
 )
 from .cluster import Cluster, GiB
 from .flops import bubble
+from .hierarchy import axis_levels
 from .memory import memory_per_gpu
 from .moe import moe_step_time
 from .timing import StepTime, schedule_bubble
@@ -108,6 +109,12 @@ class Plan:
             where = "inside a node" if span <= g else "across nodes"
             lines.append(f"{axis} groups span {span} consecutive GPUs: {where} ({g} per node)")
         return "\n".join(lines)
+
+    def levels(self) -> dict[str, str]:
+        """The network level each axis of the winner uses, inside a node, across nodes or
+        both (`minitp.calc.hierarchy.axis_levels`, the Mesh's layout: tp fastest)."""
+        c = self.best
+        return axis_levels(self.cluster, tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp)
 
     def __str__(self) -> str:
         return self.explain()

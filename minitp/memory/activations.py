@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..rules import layer_label, parse_layer_label
 from ..runtime import trace
-from .model_states import storage_key
+from .model_states import local, storage_key
 
 
 # --------------------------------------------------------------------------- the ledger
@@ -198,7 +198,7 @@ class ActivationLedger:
             return
         index = len(self.entries)
         if first is None:
-            storage = tensor.untyped_storage()
+            storage = local(tensor).untyped_storage()
             self._first[key] = (index, StorageWeakRef(storage))
             nbytes, shares = storage.nbytes(), None
         else:

@@ -9,7 +9,14 @@ import torch
 import torch.nn as nn
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """What this rank stores of `t`: a DTensor's local shard (PyTorch's own parallelism,
+    `minitp.torch_parallel`), any other tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
 def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    t = local(t)
     return str(t.device), t.untyped_storage().data_ptr()
 
 
@@ -19,7 +26,7 @@ def _unique_storage_bytes(tensors, seen: set) -> int:
         key = storage_key(t)
         if key not in seen:
             seen.add(key)
-            total += t.untyped_storage().nbytes()
+            total += local(t).untyped_storage().nbytes()
     return total
 
 

@@ -25,6 +25,7 @@ from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
 from . import model_flags
 from .fp8_flags import add_fp8_flags, validate_fp8
+from .impl_flags import add_impl_flags, validate_impl
 from .machine import (
     available_memory,
     gib,
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timeout", type=float, default=300.0, help="seconds a rank may wait in a collective")
     a("--no-progress", action="store_true", help="no progress bar")
     add_fp8_flags(p)
+    add_impl_flags(p)  # --impl torch, --hsdp (`minitp.train.impl_flags`)
     return p
 
 
@@ -168,6 +170,7 @@ def validate(args, parser):
     virtual stages and microbatches, how the batch is cut) are
     `minitp.rules.check_parallel_config`'s, given every flag they involve, so a
     run that `train_step` would refuse on every rank is refused here, once."""
+    validate_impl(args, parser)  # --impl torch: what torch's path cannot run, refused first
     for name in ("dp", "pp", "cp", "tp", "ep", "top_k", "microbatches", "virtual_stages",
                  "steps", "batch_size", "eval_every", "eval_batches", "cp_a2a_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: left out

@@ -22,6 +22,7 @@ from . import save_flags
 from .flags import TEMPERATURE
 from .fp8_flags import one_process as fp8_one_process
 from .fp8_flags import plan_options as fp8_plan
+from .impl_flags import impl_functions
 from .machine import uses_mixed_precision
 
 
@@ -67,6 +68,9 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     from ..runtime.mesh import Mesh, world
     from ..step import train_step
 
+    parallelize, make_optimizer, train_step = impl_functions(  # --impl torch: torch's three
+        args, parallelize, zero.make_optimizer, train_step)
+
     # Mixed precision: the float32 model is cast by parallelize (param_dtype) and
     # the dense copy for evaluation stays float32.
     dtype = torch.float32 if uses_mixed_precision(args) else getattr(torch, args.dtype)
@@ -91,7 +95,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     else:
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan, **fp8_plan(args))
-        optimizer = zero.make_optimizer(model, mesh, new_optimizer)
+        optimizer = make_optimizer(model, mesh, new_optimizer)
     saver = save_flags.saver_for(args, model, optimizer, mesh, plan)  # with --save-every
     dense = fp8_one_process(GPT(cfg).to(dtype), args)  # on the CPU: evaluation and sampling
     # use the gathered weights (under --fp8 through FP8 casts too: `minitp.train.fp8_flags`)
