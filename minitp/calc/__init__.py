@@ -26,8 +26,9 @@ and tp size), `hierarchy` (a two-level network, NVLink inside a node and InfiniB
 collectives' bytes and time per level, hierarchical all-reduce, FSDP against HSDP's bytes
 across node boundaries, the level each axis lands on), `context_parallel` (context
 parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
-messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `checkpointing` (how often to save: Young's and Daly's
-intervals from a cluster's failure rate and the save's bytes).
+messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s),
+`checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
+rate and the save's bytes).
 """
 
 from .checkpointing import (
