@@ -133,15 +133,21 @@ class TwoLevelBytes:
 
     @property
     def ratio(self) -> float:
-        """FSDP's measured bytes across over HSDP's."""
-        return self.measured["fsdp"]["across"] / self.measured["hsdp"]["across"]
+        """FSDP's bytes across over HSDP's: measured, or the payload's where the kernel could
+        not count (NCCL)."""
+        counted = self.measured if self.measured["fsdp"]["across"] is not None else self.payload
+        return counted["fsdp"]["across"] / counted["hsdp"]["across"]
 
     def table(self) -> str:
+        def show(v):
+            return f"{v:>17,}" if v is not None else f"{'not measurable':>17}"
+
         rows = [f"{'':6} {'across, measured':>17} {'across, MODEL':>14} {'inside, measured':>17}"]
         for s in ("fsdp", "hsdp"):
-            rows.append(f"{s.upper():6} {self.measured[s]['across']:>17,} "
-                        f"{self.model[s]:>14,.0f} {self.measured[s]['inside']:>17,}")
-        rows.append(f"FSDP / HSDP across: {self.ratio:.3f} measured, "
+            rows.append(f"{s.upper():6} {show(self.measured[s]['across'])} "
+                        f"{self.model[s]:>14,.0f} {show(self.measured[s]['inside'])}")
+        rows.append(f"FSDP / HSDP across: {self.ratio:.3f} "
+                    f"{'measured' if self.measured['fsdp']['across'] is not None else 'payload'}, "
                     f"{self.model['fsdp'] / self.model['hsdp']:.3f} MODEL")
         return "\n".join(rows)
 
