@@ -26,7 +26,7 @@ def add_fp8_flags(parser) -> None:
            "(one scale a row); --check compares with the one-process FP8 run")
     a("--fp8-local-scales", action="store_true",
       help="with --fp8: each rank scales its piece of a split tensor by its own amax — the "
-           "trap, on purpose (a warning says so; --check shows the drift)")
+           "trap, on purpose (a warning says so; --check --dtype float64 shows the drift)")
     a("--fp8-all-gather", action="store_true",
       help="with --fp8 tensorwise --zero-stage 3: ZeRO-3 gathers the weights in 8 bits with "
            "their scale (about half of bf16's bytes)")
