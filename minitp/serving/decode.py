@@ -66,34 +66,38 @@ class Generation:
 
     tokens: torch.Tensor
     logits: list = field(default_factory=list)
+    prompt_len: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
         """Tokens the decode steps made per second, the batch's rows counted."""
-        steps = len(self.logits) - 1
+        steps = self.tokens.shape[1] - self.prompt_len - 1
         return self.tokens.shape[0] * steps / self.decode_s if steps and self.decode_s else 0.0
 
 
 def generate(model: nn.Module, prompt: torch.Tensor, n: int, temperature: float = 0.0,
-             seed: int = 0, cached: bool = True, gather=whole_logits) -> Generation:
+             seed: int = 0, cached: bool = True, gather=whole_logits,
+             keep_logits: bool = True) -> Generation:
     """n tokens after `prompt` (B, T0) ids: greedy at temperature 0, else drawn by the seed
     rule (`minitp.serving.sampling`). The first token comes from the prefill, each other
-    from one decode step (cached) or a recomputed window (cached=False)."""
+    from one decode step (cached) or a recomputed window (cached=False). keep_logits=False
+    keeps no logits (a timing: a float64 copy of (B, V) a step is not free)."""
     decoder, gen = Decoder(model, gather, cached), generator(seed)
-    out = Generation(prompt)
+    out = Generation(prompt, prompt_len=prompt.shape[1])
     ids = prompt
     for i in range(n):
         started = time.perf_counter()
-        logits = decoder.next_logits(ids).double()
+        logits = decoder.next_logits(ids)
         token = draw(logits, temperature, gen).to(ids.device)
         elapsed = time.perf_counter() - started
         if i == 0:
             out.prefill_s = elapsed
         else:
             out.decode_s += elapsed
-        out.logits.append(logits.cpu())
+        if keep_logits:
+            out.logits.append(logits.double().cpu())
         ids = torch.cat([ids, token[:, None]], dim=1)
     out.tokens = ids
     return out

@@ -55,7 +55,8 @@ def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float 
     ids = [p.to(device) for p in prompts]
     gens = [generator(seed + g) for g in range(len(prompts))]
     caches = [None] * len(prompts)
-    out = PipelineGeneration([Generation(p) for p in prompts] if last else [])
+    out = PipelineGeneration([Generation(p, prompt_len=p.shape[1]) for p in prompts] if last
+                             else [])
     sends, started = [], time.perf_counter()
     for t in range(n):
         for g, prompt in enumerate(prompts):

@@ -24,10 +24,11 @@ def draw(logits: torch.Tensor, temperature: float, gen: torch.Generator | None =
     come (the others get probability 0). Returns (B,) int64 on the CPU."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    logits = logits.detach().double().cpu()
+    logits = logits.detach().cpu()
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
-    if temperature == 0:
+    if temperature == 0:  # widening is exact and keeps the order: no need to
         return logits.argmax(-1)
+    logits = logits.double()
     probs = torch.softmax(logits / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=gen)[:, 0]

@@ -32,7 +32,8 @@ def _measure(cfg: GPTConfig, batches, tokens: int, prompt_len: int, seed: int) -
             prompt = prompt.to(device())
             if i == 0:
                 generate(model, prompt, 2, gather=gather)  # warm-up: first calls are slow
-            out[batch] = generate(model, prompt, tokens, gather=gather).decode_tokens_per_s
+            out[batch] = generate(model, prompt, tokens, gather=gather,
+                                  keep_logits=False).decode_tokens_per_s
     return out
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import torch
+from matplotlib.patches import Rectangle
 
 from ... import calc
 from ...calc import serving as model_of
@@ -32,6 +32,7 @@ from ...model import GPT, GPTConfig
 from ...model.kv_cache import KVCache
 from ...runtime._device import device
 from ...runtime.launch import launch
+from ..viz._style import _new_figure
 
 CFG = GPTConfig.llama(vocab_size=64, seq_len=32, n_layer=2, n_head=4, d_model=32,
                       n_kv_head=2)
@@ -77,18 +78,19 @@ def grow_cache(cfg: GPTConfig = CFG, prompt: int = 6, new: int = 5) -> Growth:
 def draw_cache(growth: Growth, cfg: GPTConfig = CFG):
     """The cache as a grid: a row for K and one for V of each layer, a column per position
     (seq_len of them allocated); each filled cell coloured by the forward that wrote it."""
-    fig, ax = plt.subplots(figsize=(9, 2.4), layout="constrained")
+    fig = _new_figure((9, 2.4))
+    ax = fig.subplots()
     rows = [f"layer {i} {kv}" for i in range(cfg.n_layer) for kv in ("K", "V")]
     starts = [0, *growth.lengths[:-1]]
     for step, (a, b) in enumerate(zip(starts, growth.lengths, strict=True)):
         color = "#0072B2" if step == 0 else "#E69F00"
         for r in range(len(rows)):
             for pos in range(a, b):
-                ax.add_patch(plt.Rectangle((pos, r), 0.92, 0.85, color=color))
+                ax.add_patch(Rectangle((pos, r), 0.92, 0.85, color=color))
             if step:
                 ax.text(a + 0.46, r + 0.42, str(step), ha="center", va="center", fontsize=7)
     for r in range(len(rows)):
-        ax.add_patch(plt.Rectangle((growth.lengths[-1], r), cfg.seq_len - growth.lengths[-1],
+        ax.add_patch(Rectangle((growth.lengths[-1], r), cfg.seq_len - growth.lengths[-1],
                                    0.85, fill=False, ec="#BBBBBB", hatch="..", lw=0.5))
     ax.set(xlim=(0, cfg.seq_len), ylim=(len(rows), 0), xlabel="position (cache slot)",
            yticks=[r + 0.42 for r in range(len(rows))], yticklabels=rows,
@@ -174,7 +176,8 @@ def roofline(measured: dict, shape=model_of.LLAMA3_8B, cluster=calc.H100_80GB,
     """Left: a GPU's roofline for `shape` (a MODEL): attainable FLOP/s against arithmetic
     intensity, the decode steps at batch 1..1024 placed on it. Right: tokens per second
     against the batch — MEASURED here at each tp, and the model's shape on the GPU."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    fig = _new_figure((11, 4))
+    left, right = fig.subplots(1, 2)
     bw, peak = cluster.memory_bandwidth, cluster.peak_flops
     xs = [2 ** (i / 4) for i in range(4 * 12)]
     left.loglog(xs, [min(peak, x * bw) for x in xs], color="#555555")
