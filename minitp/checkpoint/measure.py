@@ -117,7 +117,10 @@ def _timed_steps(cfg, sizes, zero_stage, directory, steps, every):
     return out
 
 
-def save_timing(directory: str, dp: int = 2, pp: int = 1, tp: int = 2, zero_stage: int = 1,
+TIMING = dict(TINY, n_layer=4, d_model=256)  # ~39 MB of model and Adam state: writes to see
+
+
+def save_timing(directory: str, dp: int = 2, pp: int = 1, tp: int = 1, zero_stage: int = 1,
                 cfg: dict | None = None, steps: int = 6, every: int = 2) -> dict:
     """The same run three times over (in the same processes): no save, a synchronous save
     every `every` steps, an asynchronous one. Returns {"step_seconds": {mode: [rank 0's
@@ -126,7 +129,7 @@ def save_timing(directory: str, dp: int = 2, pp: int = 1, tp: int = 2, zero_stag
     launch's clock}. Measured on this machine: the numbers are its own."""
     from ..runtime.launch import launch
 
-    run = launch(_timed_steps, dp * pp * tp, cfg or dict(TINY, d_model=128, n_layer=4),
+    run = launch(_timed_steps, dp * pp * tp, cfg or TIMING,
                  (dp, pp, tp), zero_stage, directory, steps, every, backend="gloo",
                  timeout=120)
     spans = run[0]

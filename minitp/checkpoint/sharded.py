@@ -30,6 +30,7 @@ collectives on the same process group.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import re
@@ -43,7 +44,7 @@ import torch
 from ..data_parallel import zero
 from ..runtime import comm, trace
 from ..runtime.mesh import world
-from .files import _fingerprint, _fsync_directory, _write
+from .files import _fsync_directory, _write
 from .layout import ADAM_STATE, Space, local_ids, local_tensors
 
 SHARDED_FORMAT = "minitp-sharded-1"
@@ -174,8 +175,9 @@ class Saver:
         os.makedirs(staging, exist_ok=True)
         name = f"rank-{self.rank}.bin"
         path = os.path.join(staging, name)
-        _write(path, lambda f: f.write(values.numpy().tobytes()))
-        seal = _fingerprint(path) | {"rng": rng}
+        data = memoryview(values.numpy()).cast("B")  # the snapshot's bytes, not a copy
+        _write(path, lambda f: f.write(data))
+        seal = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "rng": rng}
         done = os.path.join(staging, f"rank-{self.rank}.done")
         _write(done + ".tmp", lambda f: f.write(json.dumps(seal).encode()))
         os.rename(done + ".tmp", done)

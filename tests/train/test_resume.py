@@ -56,3 +56,4 @@ def test_a_second_invocation_with_load_continues_exactly(restarted, monkeypatch)
     reference_losses, reference_hashes = _final(folder, "uninterrupted")
     assert losses == {k: v for k, v in reference_losses.items() if int(k) > 2}
     assert hashes == reference_hashes
+    assert sorted(os.listdir(ckpt)) == ["step-4", "step-6"]  # --keep's default, 2
