@@ -72,7 +72,12 @@ from .flops import (
     pipeline_idle,
     training_seconds,
 )
-from .fp8 import fp8_all_gather_bytes, fp8_linear_inputs_bytes, fp8_scale_count, fp8_tensor_bytes  # noqa: F401,E501 - FP8 beside bf16, a model
+from .fp8 import (  # FP8 beside bf16, a model
+    fp8_all_gather_bytes,
+    fp8_linear_inputs_bytes,
+    fp8_scale_count,
+    fp8_tensor_bytes,
+)
 from .hierarchy import DPStep, LevelCost, axis_levels, collective, crossing_ratio, dp_step
 from .loss import loss_bytes
 from .memory import (
@@ -106,7 +111,23 @@ from .params import (
     vision_params,
 )
 from .plan import Candidate, Plan, cp_variants, expert_parallel_sizes, plan
-from .serving import *  # noqa: F403 (prefill and decode: serving.__all__)
+from .serving import (
+    LLAMA3_8B,
+    LLAMA3_70B,
+    DecoderShape,
+    DecodeTime,
+    critical_batch,
+    decode_bytes_per_step,
+    decode_flops_per_token,
+    decode_intensity,
+    decode_step_time,
+    decode_vs_tp,
+    kv_cache_bytes_per_token,
+    max_decode_batch,
+    prefill_flops,
+    tp_stops_paying,
+    weight_params_read,
+)
 from .timing import StepTime, microbatch_count, schedule_bubble, step_time
 from .tp_overlap import OverlapModel, tp_overlap_model
 from .two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp2d_linear_parts, tp_linear_latency
@@ -147,4 +168,9 @@ __all__ = [
     "young_interval",
     "B200_180GB", "B200_XDR", "DPStep", "LevelCost", "axis_levels", "collective",
     "crossing_ratio", "dp_step",
+    "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "critical_batch",
+    "decode_bytes_per_step", "decode_flops_per_token", "decode_intensity", "decode_step_time",
+    "decode_vs_tp", "kv_cache_bytes_per_token", "max_decode_batch", "prefill_flops",
+    "tp_stops_paying", "weight_params_read", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
+    "fp8_scale_count", "fp8_tensor_bytes",
 ]
