@@ -205,7 +205,7 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
                                title=sizes_text(args)),
         "memory": viz.run_memory(metrics["memory_per_rank"]),
         "comm": (viz.run_wire_bytes(comm_bytes, measured=measured) if comm_bytes
-                 else _nothing_sent()),  # one process: nothing sent
+                 else _nothing_sent(getattr(args, "impl", "minitp"))),  # or not traced
         "timeline": viz.timeline(run, title=f"step {args.steps}, every rank (F0/B0: forward/"
                                             f"backward of microbatch 0)"),
     }
@@ -213,13 +213,16 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
         fig.savefig(os.path.join(out, f"{name}.png"), dpi=100, bbox_inches="tight")
 
 
-def _nothing_sent():
-    """comm.png of a run whose ranks sent nothing (one process): a line that says so. A
-    chart of no bars would have an empty y range (matplotlib warns of identical ylims)."""
+def _nothing_sent(impl: str = "minitp"):
+    """comm.png of a run whose trace holds no collective: a line that says why (one
+    process sends nothing; under --impl torch, torch's collectives bypass minitp's trace).
+    A chart of no bars would have an empty y range (matplotlib warns of identical ylims)."""
     from matplotlib.figure import Figure
 
+    why = ("not traced: --impl torch runs PyTorch's own collectives" if impl == "torch"
+           else "none (one process: no communication)")
     fig = Figure(figsize=(8, 0.6))
-    fig.text(0.5, 0.5, "bytes on the wire per axis, one step: none (one process: no "
-                       "communication)", ha="center", va="center", fontsize=10)
+    fig.text(0.5, 0.5, f"bytes on the wire per axis, one step: {why}", ha="center",
+             va="center", fontsize=10)
     return fig
 
