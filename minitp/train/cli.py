@@ -170,7 +170,8 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
     one-process run's comm.png says that nothing was sent)."""
     import matplotlib
 
-    matplotlib.use("Agg")  # files only: no display needed, none opened
+    if "matplotlib.pyplot" not in sys.modules:  # a terminal: files only, no display needed.
+        matplotlib.use("Agg")  # (In a notebook that calls this, its inline backend stays.)
 
     from ..course import viz
 
