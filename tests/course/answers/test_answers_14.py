@@ -1,75 +1,53 @@
-"""Lesson 15: vision-language models.
+"""Lesson 14: when a rank dies. Every question checked, each from first principles: Young's
+interval found by searching the first-order cost for its minimum, a rank's bytes by adding
+up what each rank of one tp block writes, and the asynchronous stall by playing the saves'
+timeline event by event."""
 
-Every question checked, each from first principles rather than `mt.calc.vision`: the
-parameter counts from minitp's own model built at the question's sizes (on the meta
-device: shapes only, no memory), the all-reduces from the layouts' rules as the lesson
-states them, and the times from FLOPs at half the peak plus the ring's wire bytes
-(`mt.calc.ring_wire_bytes`) over the H100's NVLink."""
+import math
 
-import functools
-
-import torch
-from answers_common import MiB, asked, close
-
-import minitp as mt
-from minitp.course.questions.lesson15 import ENCODERS
+from answers_common import asked, close
 
 NOT_CHECKED = set()
 
 
-@functools.cache
-def counts(enc):
-    """(every vision parameter, the projector's) of minitp's VLM at ``enc``'s sizes."""
-    s = ENCODERS[enc]
-    cfg = mt.GPTConfig.vlm(vocab_size=256, seq_len=s.patches + 16, n_layer=1, n_head=16,
-                           d_model=s.d_model, vision_layers=s.layers, vision_width=s.width,
-                           vision_heads=s.heads, vision_patches=s.patches)
-    with torch.device("meta"):
-        model = mt.GPT(cfg)
-    params = dict(model.named_parameters())
-    vision = sum(p.numel() for n, p in params.items() if n.startswith("vision."))
-    return vision, params["vision.proj.weight"].numel() + params["vision.proj.bias"].numel()
+def test_14_young_is_the_minimum_of_the_lost_time():
+    for _, p, right in asked("14.young"):
+        save = p["gpus"] * p["gb"] * 1e9 / (p["tbps"] * 1e12)  # every GPU through the storage
+        mtbf = p["gpu_mtbf_kh"] * 1000 * 3600 / p["gpus"]  # any GPU stops the job
+        lo, hi = 1.0, 100 * mtbf
+        for _ in range(300):  # golden section on C/τ + τ/2M
+            a, b = hi - 0.618034 * (hi - lo), lo + 0.618034 * (hi - lo)
+            if save / a + a / (2 * mtbf) < save / b + b / (2 * mtbf):
+                hi = b
+            else:
+                lo = a
+        assert math.isclose(right, (lo + hi) / 2 / 60, rel_tol=1e-5), p
 
 
-def test_13_encoder_sum():
-    """Replicated under SP: the gradients there are, once a step, in float32 — all of
-    them trained, the projector's alone frozen."""
-    for _, p, right in asked("15.encoder-sum"):
-        vision, projector = counts(p["enc"])
-        assert close(right, 4 * (projector if p["frozen"] else vision) / MiB)
+def test_14_zero1_writes_adds_up_to_one_block():
+    for _, p, right in asked("14.zero1-writes"):
+        block = p["billions"] * 10**9 // p["t"]
+        written = [(4 * block if d == 0 else 0) + 8 * block / p["d"] for d in range(p["d"])]
+        assert math.isclose(sum(written), 12 * block)  # every byte once over the dp ranks
+        assert close(right, written[p["dp_rank"]] / 1e9), p
 
 
-def test_13_split_bytes():
-    """Split blocks: 2 all-reduces of b·P·w a layer forward, 2 more backward when trained;
-    under SP the output's gradient b·P·d a microbatch (trained) or the projector's
-    partial gradients once a step, float32 (frozen)."""
-    for _, p, right in asked("15.split-bytes"):
-        s = ENCODERS[p["enc"]]
-        per_layer = 2 if p["frozen"] else 4
-        total = per_layer * s.layers * p["m"] * p["b"] * s.patches * s.width * 2
-        if p["sp"]:
-            total += (4 * counts(p["enc"])[1] if p["frozen"]
-                      else p["m"] * p["b"] * s.patches * s.d_model * 2)
-        assert close(right, total / MiB)
+def _steady_stall(T, N, h, w, saves=40):
+    """Play the run: N steps, a save's copy (h, blocking) after waiting for the previous
+    write, that write (w) in the background; the stall of the last save."""
+    clock, write_done, stall = 0.0, 0.0, 0.0
+    for _ in range(saves):
+        clock += N * T
+        start = max(clock, write_done)  # the copy waits for the previous write
+        stall = start + h - clock
+        clock = start + h
+        write_done = clock + w
+    return stall
 
 
-def seconds(s, t, b, frozen):
-    """One microbatch's seconds, (replicated, tensor), without SP on a DGX H100."""
-    h100 = mt.calc.H100_80GB
-    L, P, w, d, R = s.layers, s.patches, s.width, s.d_model, h100.peak_flops / 2
-    blocks = L * (24 * b * P * w * w + 4 * b * P * P * w)  # matrices, QKᵀ and ·V: 2 a MAC
-    rest = 2 * b * P * w * (8 + d)                          # patch embedding and projector
-    if frozen:  # one forward, then the projector's weight gradient alone
-        rep, ten = blocks + rest + 2 * b * P * w * d, blocks / t + rest + 2 * b * P * w * d
-    else:       # backward twice the forward
-        rep, ten = 3 * (blocks + rest), 3 * (blocks / t + rest)
-    one = (mt.calc.ring_wire_bytes("all_reduce", b * P * w * 2, t) / h100.intra_bandwidth
-           + 2 * (t - 1) * h100.intra_latency)
-    return rep / R, ten / R + (2 if frozen else 4) * L * one
-
-
-def test_13_which_layout():
-    for _, p, right in asked("15.which-layout"):
-        rep, ten = seconds(ENCODERS["13B"], p["t"], p["b"], p["frozen"])
-        kind = 0 if rep < ten else 1  # answers 0 and 1: "replicated" and "tensor" faster
-        assert right == "abcd"[p["order"].index(kind)]
+def test_14_async_stall_is_the_timelines():
+    for _, p, right in asked("14.async-stall"):
+        T, N, h, w = p["T"], p["N"], p["h"], p["w_over"] * p["N"] * p["T"]
+        stall = _steady_stall(T, N, h, w)
+        options = {"a": h + w, "b": h, "c": h + (w - N * T), "d": 0.0}
+        assert math.isclose(options[right], stall, rel_tol=1e-9), (p, stall)

@@ -1,4 +1,4 @@
-"""Lessons 16 to 19: scaling, planning, the claims, ZeRO, experts.
+"""Lessons 16, 17, 19, 20 and 23: scaling, planning, the claims, ZeRO, experts.
 
 Not checked (a reasoning, not a number the library computes): 19.sixteen-bytes."""
 
