@@ -17,6 +17,7 @@ import os
 import torch
 
 from ..runtime import trace
+from ..runtime._device import device
 
 TINY = dict(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=32)
 
@@ -30,7 +31,7 @@ def _build(cfg: dict, sizes, zero_stage: int):
     dp, pp, tp = sizes
     mesh = Mesh(dp=dp, pp=pp, tp=tp)
     torch.manual_seed(0)
-    model = parallelize(GPT(GPTConfig(**cfg)), mesh, zero_stage=zero_stage)
+    model = parallelize(GPT(GPTConfig(**cfg)).to(device()), mesh, zero_stage=zero_stage)
     optimizer = make_optimizer(model, mesh, lambda ts: torch.optim.Adam(ts, lr=1e-3))
     return mesh, model, optimizer
 
@@ -38,7 +39,7 @@ def _build(cfg: dict, sizes, zero_stage: int):
 def _batch(cfg: dict, step: int, batch_size: int = 8):
     g = torch.Generator().manual_seed(step)
     x = torch.randint(0, cfg["vocab_size"], (batch_size, cfg["seq_len"]), generator=g)
-    return x, torch.roll(x, -1, dims=1)
+    return x.to(device()), torch.roll(x, -1, dims=1).to(device())
 
 
 def _train_and_save(cfg, sizes, zero_stage, directory, steps):
@@ -67,7 +68,7 @@ def write_example(directory: str, dp: int = 2, pp: int = 1, tp: int = 2, zero_st
 
 
 def _load(step_dir, sizes, zero_stage):
-    from .reshard import load
+    from .sharded_read import load
 
     dp, pp, tp = sizes
     from ..runtime.mesh import Mesh

@@ -42,7 +42,7 @@ from dataclasses import asdict
 import torch
 
 from ..data_parallel import zero
-from ..runtime import comm, trace
+from ..runtime import _device, comm, trace
 from ..runtime.mesh import world
 from .files import _fsync_directory, _write
 from .layout import ADAM_STATE, Space, local_ids, local_tensors
@@ -94,7 +94,8 @@ class Saver:
             for family in range(len(ADAM_STATE)):
                 for ids in step_ids:
                     held[self._adam_ids(ids[ids >= 0], family)] = self.rank
-            owner = comm.all_reduce(held, world(), op="min")  # a barrier too: partials gone
+            owner = comm.all_reduce(held.to(_device.device()), world(), op="min").cpu()
+            # (a barrier too: the partials are gone before anyone writes)
         self.mine = torch.nonzero(owner == self.rank).flatten()
         # where each source's owned elements go in this rank's file: (which, local, slot)
         self.copies = []
