@@ -106,7 +106,8 @@ def main():
         times = {"peer": [], "minitp": []}
         for _ in range(args.rounds):
             times["peer"].append(peer_generate(peer, prompt, args.steps)[1] / args.steps)
-            times["minitp"].append(generate(ref, prompt, args.steps + 1, keep_logits=False).decode_s / args.steps)
+            mine = generate(ref, prompt, args.steps + 1, keep_logits=False)
+            times["minitp"].append(mine.decode_s / args.steps)
         med = {row: statistics.median(t) for row, t in times.items()}
         result[batch] = {"peer_ms_per_token": round(1e3 * med["peer"], 3),
                          "minitp_ms_per_token": round(1e3 * med["minitp"], 3),
