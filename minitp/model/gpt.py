@@ -30,7 +30,7 @@ from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
 from .cross_entropy import CrossEntropy
 from .kv_cache import cache_start
-from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, norm
+from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, dropped, norm
 from .moe import MoE
 from .vision import NoVision, VisionPrefix
 
@@ -66,7 +66,7 @@ class CausalSelfAttention(nn.Module):
             k, v = self.kv_cache.append(k, v)
         y = self.core(q, k, v, **packed(positions))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, heads * self.head_dim)  # (B, T, C')
-        return self.dropout(self.proj(y))
+        return dropped(self.dropout, self.proj(y))
 
 
 class MLP(nn.Module):
@@ -77,7 +77,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (B, T, C)
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return dropped(self.dropout, self.proj(F.gelu(self.fc(x))))
 
 
 class Block(nn.Module):
@@ -176,7 +176,7 @@ class GPT(nn.Module):
         if positions is not None:
             check_packing(self.cfg.vision_patches)
         x = self.vision(self.wte(inputs), inputs)  # an image's tokens first, if any
-        x = self.dropout(self.wpe(x, **packed(positions)))  # (B, T, C)
+        x = dropped(self.dropout, self.wpe(x, **packed(positions)))  # (B, T, C)
         for block in self.blocks:
             x = block(x, **packed(positions))
         logits = self.head(self.ln_f(x))  # (B, T, V)

@@ -144,8 +144,8 @@ def _fixed_cost(chunk, seconds):
 
     chunk.register_forward_pre_hook(start)
     chunk.register_forward_hook(finish)
-    if chunk.first:
-        chunk.dropout.register_forward_hook(pad_embedding)
+    if chunk.first:  # after the position lookup (a dropout at p = 0 is never called)
+        chunk.wpe.register_forward_hook(pad_embedding)
 
 
 def _timed_steps(schedule, pp, m, v, seconds, steps):
