@@ -78,12 +78,15 @@ def test_what_a_dead_launcher_marked_is_removed_and_a_live_ones_is_kept(tmp_path
 
 
 # --------------------------------------------------------------------------- killed cold
+# Its ranks sleep past the last kill moment, so every kill lands inside the launch: a cold
+# start faster than 2.5 s (it was about 3 s) once let the launch return first, and the
+# kill then tested nothing (a failure of this test's own, on a clean clone).
 _COLD_LAUNCH = textwrap.dedent("""
-    import pathlib, sys
+    import pathlib, sys, time
     import minitp as mt
     if __name__ == "__main__":
         pathlib.Path(sys.argv[1]).write_text("launching")  # the moments count from here
-        mt.launch(int, 2, timeout=60)
+        mt.launch(time.sleep, 2, 30.0, timeout=60)
         pathlib.Path(sys.argv[1]).write_text("returned")
 """)
 
