@@ -20,11 +20,7 @@ and draws it:
 
 from __future__ import annotations
 
-import json
-import os
 import re
-
-import torch
 
 from ...calc import checkpointing as ckpt
 from ..viz._style import COMPUTE_COLOR, _new_figure, human_bytes, rank_color
@@ -112,26 +108,14 @@ def writes_figure(rows: list[dict], read: dict | None = None, title: str | None 
     return fig
 
 
-def _bytes_this_rank_reads(step_dir: str, dp: int, tp: int, zero_stage: int) -> int:
-    from ...checkpoint import load
-    from ...runtime.mesh import Mesh
-
-    adam = lambda tensors: torch.optim.Adam(tensors, lr=1e-3)  # noqa: E731
-    *_, manifest = load(step_dir, Mesh(dp=dp, tp=tp), zero_stage=zero_stage,
-                        optimizer_factory=adam)
-    return manifest["bytes_read"]
-
-
 def read_at(step_dir: str, dp: int = 4, tp: int = 1, zero_stage: int = 1) -> dict:
     """Load the sharded checkpoint `step_dir` on dp·tp real ranks at (dp, tp, ZeRO stage):
-    {"per_rank": the bytes each rank read (MEASURED: `minitp.checkpoint.load` counts its
-    reads), "dense": the files' total, what every rank of a dense load reads}."""
-    from ...runtime.launch import launch
+    `minitp.checkpoint.measure.bytes_read_per_rank` — {"per_rank": the bytes each rank read
+    (MEASURED: the loader counts its reads), "dense": the files' total, what every rank of a
+    dense load reads}."""
+    from ...checkpoint import measure
 
-    with open(os.path.join(step_dir, "manifest.json")) as f:
-        files = json.load(f)["files"]
-    run = launch(_bytes_this_rank_reads, dp * tp, step_dir, dp, tp, zero_stage, timeout=120)
-    return {"per_rank": list(run), "dense": sum(entry["bytes"] for entry in files.values())}
+    return measure.bytes_read_per_rank(step_dir, dp=dp, tp=tp, zero_stage=zero_stage)
 
 
 def save_timeline(timing: dict, rank: int = 0, title: str | None = None):
