@@ -39,11 +39,27 @@ E5M2 = Format("e5m2", torch.float8_e5m2, 57344.0, 2)
 FORMATS = {f.name: f for f in (E4M3, E5M2)}
 
 
+# The smallest amax a scale is made from: torchao's EPS (torchao/float8/float8_utils.py,
+# amax_to_scale). Without a floor, max/amax overflows float32 for amax below max/FLT_MAX
+# (e4m3: 1.3e-36, e5m2: 1.7e-34): an infinite scale, and then 0·inf = NaN for every zero.
+EPS = 1e-12
+
+
 def scale_from_amax(amax: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """max/amax, elementwise; 1 where amax is 0 (an all-zero tensor: any scale casts it
-    exactly, and 1 keeps it finite), as TransformerEngine leaves a zero amax's scale."""
-    return torch.where(amax > 0, fmt.max / amax.clamp_min(torch.finfo(amax.dtype).tiny),
-                       torch.ones_like(amax))
+    """max/amax, elementwise, in amax's dtype: positive and finite for every finite amax.
+
+    As torchao's ``amax_to_scale``: divided in float64, on amax clamped to at least `EPS`
+    (so at most max/1e-12, which float32 holds). 1 where amax is 0 (an all-zero tensor: any
+    scale casts it exactly), as TransformerEngine leaves a zero amax's scale. NaN where amax
+    is inf or NaN: the tensor held a non-finite value, and its cast is then all NaN rather
+    than a finite number that hides it (delayed scaling keeps its previous scale instead:
+    `minitp.fp8.scaling`)."""
+    wide = amax.to(torch.float64)
+    scale = torch.where(wide > 0, fmt.max / wide.clamp_min(EPS), 1.0)
+    scale = torch.where(wide.isfinite(), scale, torch.nan).to(amax.dtype)
+    # Rounded down, the scale of an amax within an ulp of the dtype's largest value would
+    # read the format's max back as inf (448/scale > DBL_MAX): one ulp up keeps it finite.
+    return torch.where((fmt.max / scale).isinf(), torch.nextafter(scale, scale + 1), scale)
 
 
 def to_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> torch.Tensor:

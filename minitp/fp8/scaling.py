@@ -7,7 +7,8 @@
   ``history_len`` casts of that tensor, *before* this one (TransformerEngine's
   ``DelayedScaling(amax_history_len=…, amax_compute_algo="max")``); this cast's amax is then
   recorded. The very first cast has no history: minitp scales it by its own amax
-  (TransformerEngine starts from scale 1 instead).
+  (TransformerEngine starts from scale 1 instead). A window whose largest amax is inf, NaN
+  or 0 keeps the previous scale, as TransformerEngine's ``_default_sf_compute`` does.
 * ``rowwise`` — one scale per row, the amax over the last dimension (torchtitan's float8
   rowwise, from torchao): a token's features for an activation or a gradient, an output
   feature's inputs for a weight (d_out, d_in).
@@ -50,6 +51,7 @@ class TensorScale:
         self.history_len, self.name = history_len, name
         self.history: list[torch.Tensor] = []  # delayed: the last amaxes, oldest first
         self.last_scale: torch.Tensor | None = None  # what the latest cast used (to read)
+        self.held: torch.Tensor | None = None  # delayed: the last recorded cast's scale
 
     def amax(self, x: torch.Tensor) -> torch.Tensor:
         """The amax of the whole tensor: this rank's, MAX-reduced over the axes."""
@@ -65,10 +67,21 @@ class TensorScale:
         amax = self.amax(x)
         if self.scaling != "delayed":
             return scale_from_amax(amax, self.fmt)
+        return self._delayed(amax, record)
+
+    def _delayed(self, amax: torch.Tensor, record: bool) -> torch.Tensor:
+        """TransformerEngine's rule (``_default_sf_compute``, transformer_engine/pytorch/
+        quantization.py): max/amax of the window's largest amax; where that is not finite,
+        or is 0, the previous scale is kept (1 before any). The amax is recorded as it is,
+        inf and NaN too (torch.max carries a NaN), so one non-finite amax holds the scale for
+        the `history_len` casts it stays in the window, and each of them is still cast."""
         past = torch.stack(self.history).max() if self.history else amax
+        held = self.held if self.held is not None else torch.ones_like(amax)
+        scale = torch.where(past.isfinite() & (past > 0), scale_from_amax(past, self.fmt), held)
         if record:
             self.history = (self.history + [amax])[-self.history_len:]
-        return scale_from_amax(past, self.fmt)
+            self.held = scale
+        return scale
 
     def cast(self, x: torch.Tensor, record: bool = True) -> torch.Tensor:
         self.last_scale = self.scale(x, record)

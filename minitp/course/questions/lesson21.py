@@ -11,7 +11,12 @@ from ...rules.fp8_groups import amax_axes
 from .form import Question, Wrong
 
 MiB = 2**20
-VALUES = (0.3, 1.7, 5.0, 12.0, 40.0, 100.0, 300.0)  # none near a power of two
+# x for 21.e4m3-step: none of them an e4m3 value, so "the two e4m3 values around x" are one
+# step apart (issue 48: 5.0, 12.0 and 40.0 were drawn, each on the grid, and 4.5 and 5.5
+# around 5.0 are two steps apart); nor an e5m2 or a bfloat16 value, so the steps the usual
+# mistakes name are those formats' gaps around x too; none a tie between two e4m3 values,
+# none near a power of two (where 0.125·x, a usual mistake, would meet a step).
+VALUES = (0.3, 1.7, 5.2, 11.3, 37.1, 90.3, 301.3)
 
 
 def _binade(v):
@@ -22,23 +27,32 @@ def e4m3_step(seed=None) -> Question:
     def step(p, mantissa_bits=3):
         return 2.0 ** (_binade(p["v"]) - mantissa_bits)
 
+    def around(p):
+        below = math.floor(p["v"] / step(p)) * step(p)
+        return below, below + step(p)
+
     return Question(
         key="21.e4m3-step", seed=seed, draw=lambda rng: {"v": rng.choice(VALUES)},
-        text=lambda p: (f"A tensor cast to e4m3 (`torch.float8_e4m3fn`: 4 exponent bits, 3 "
-                        f"mantissa bits) holds a value near {p['v']}. How far apart are the "
-                        f"two e4m3 values on either side of {p['v']}: the step a cast rounds "
-                        "to there? (Within 1%.)"),
+        text=lambda p: (f"x = {p['v']} is not an e4m3 value (`torch.float8_e4m3fn`: 4 "
+                        "exponent bits, 3 mantissa bits): a cast to e4m3 rounds it to one of "
+                        "the two e4m3 values around it, the largest below x or the smallest "
+                        "above x. How far apart are those two values: the step of e4m3's grid "
+                        "at x? (Within 0.1%.)"),
         right=step,
         wrong=[
-            Wrong(lambda p: step(p, 2), "that is e5m2's step: 2 mantissa bits, twice as coarse"),
-            Wrong(lambda p: step(p, 7), "that is bfloat16's step: 7 mantissa bits"),
+            Wrong(lambda p: step(p, 2), "that is e5m2's step there: 2 mantissa bits, twice as "
+                                        "coarse"),
+            Wrong(lambda p: step(p, 7), "that is bfloat16's step there: 7 mantissa bits"),
+            Wrong(lambda p: step(p) / 2, "that is half the step: the largest rounding error, "
+                                         "x's distance to the nearer value at worst"),
             Wrong(lambda p: 0.125 * p["v"], "that is the value times e4m3's epsilon (2⁻³): the "
                                             "step is fixed across a binade, 2^(e-3) for values "
                                             "in [2^e, 2^(e+1))"),
         ],
         worked=lambda p: (f"{p['v']} lies in [2^{_binade(p['v'])}, 2^{_binade(p['v']) + 1}); "
                           "3 mantissa bits cut that binade into 8 steps of 2^(e-3) = "
-                          f"{step(p):g}. The relative step is 1/8 at the binade's start, "
+                          f"{step(p):g}, so the e4m3 values around x are {around(p)[0]:g} and "
+                          f"{around(p)[1]:g}. The relative step is 1/8 at the binade's start, "
                           "1/16 at its end (lesson 21's picture)."),
         rel_tol=0.001,
     )

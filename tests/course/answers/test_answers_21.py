@@ -1,23 +1,62 @@
 """Lesson 21: eight bits across ranks. The e4m3 step is read off every value the format
-has (its 256 bit patterns, through torch); the gather's bytes counted shard by shard on a
+has (its 256 bit patterns, through torch), and so are the steps its usual mistakes name
+(e5m2's 256 patterns, bfloat16's 65,536); the gather's bytes counted shard by shard on a
 ring; the amax group found by asking which ranks hold different pieces of the tensor
 (its dimensions, and which axis cuts each), never by the question's own formula.
 
 Not checked: none."""
 
+import bisect
+
+import pytest
 import torch
 from answers_common import MiB, asked, close
 
 NOT_CHECKED: set[str] = set()
 
 
-def test_21_e4m3_step_is_the_gap_between_neighbouring_e4m3_values():
-    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
-    values = values[values.isfinite()].unique()
+def _grid(dtype, bits=8):
+    """Every finite value of `dtype`, sorted (a list): its bit patterns, read by torch."""
+    patterns = torch.arange(2**bits, dtype=torch.int32).to(torch.uint8 if bits == 8
+                                                           else torch.int16)
+    values = patterns.view(dtype).double()
+    return values[values.isfinite()].unique().tolist()
+
+
+def _around(grid, v):
+    """The largest value of `grid` below v and the smallest above it."""
+    return grid[bisect.bisect_left(grid, v) - 1], grid[bisect.bisect_right(grid, v)]
+
+
+E4M3 = _grid(torch.float8_e4m3fn)
+
+
+def test_21_e4m3_step_draws_an_x_that_is_not_an_e4m3_value():
+    """Issue 48: 5.0 was drawn, itself e4m3, so "the two values on either side" were
+    4.5 and 5.5, two steps apart."""
+    for _, p, _ in asked("21.e4m3-step"):
+        assert p["v"] not in E4M3, p
+
+
+def test_21_e4m3_step_is_the_gap_between_the_e4m3_values_around_x():
     for _, p, right in asked("21.e4m3-step"):
-        above = values[values > p["v"]].min()
-        below = values[values <= p["v"]].max()
-        assert close(right, (above - below).item()), p
+        below, above = _around(E4M3, p["v"])
+        assert close(right, above - below), p
+
+
+def test_21_e4m3_step_a_cast_rounds_x_to_one_of_the_two_values_around_it():
+    for _, p, _ in asked("21.e4m3-step"):
+        cast = torch.tensor(p["v"], dtype=torch.float64).to(torch.float8_e4m3fn).item()
+        assert cast in _around(E4M3, p["v"]), p
+
+
+@pytest.mark.parametrize("name, grid", [("e5m2", _grid(torch.float8_e5m2)),
+                                        ("bfloat16", _grid(torch.bfloat16, bits=16))])
+def test_21_e4m3_step_a_mistake_said_to_be_a_formats_step_is_that_formats_step(name, grid):
+    for q, p, _ in asked("21.e4m3-step"):
+        mistake = next(w for w in q.wrong if w.says.startswith(f"that is {name}'s step"))
+        below, above = _around(grid, p["v"])
+        assert close(mistake.value(p), above - below), p
 
 
 def test_21_gather_bytes_counts_the_shards_a_ring_forwards():
