@@ -19,7 +19,7 @@ from ..rules import (
     check_parallel_config,
     check_tp_overlap,
 )
-from ..rules.cp_comm import CP_COMMS
+from ..rules.cp_comm import CP_COMMS, check_cp_comm_has_cp
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
@@ -175,10 +175,10 @@ def validate(args, parser):
                  "steps", "batch_size", "eval_every", "eval_batches", "cp_a2a_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: left out
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.cp == 1 and (args.cp_comm != "ring" or args.cp_a2a_size is not None):
-        parser.error(f"--cp-comm {args.cp_comm}"
-                     + (f" --cp-a2a-size {args.cp_a2a_size}" if args.cp_a2a_size else "")
-                     + " needs --cp > 1: without context parallelism no attention is split")
+    try:  # before the model is built: the flags alone say it
+        check_cp_comm_has_cp(args.cp, args.cp_comm, args.cp_a2a_size, flags=True)
+    except ValueError as exc:
+        parser.error(str(exc))
     if placement_of(args.schedule) == "v" and args.virtual_stages == 1:  # implied by a V
         args.virtual_stages = 2
     if args.clip_grad is not None and not args.clip_grad > 0:
