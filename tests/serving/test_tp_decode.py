@@ -2,7 +2,8 @@
 ranks: GPT-2 at tp 2 (heads split) and the Llama-style model at tp 4 with 2 K/V heads
 (replicated by the training rule), drawn at temperature 1 from one seed — every rank draws
 the same tokens as the one uncached device. The trace shows 2 all-reduces per block per
-token, plus the embedding's one and the logits' all-gather."""
+token, plus the embedding's one and the logits' all-gather. Ranks given different prompts
+are refused on every rank, naming which holds which."""
 
 import pytest
 import torch
@@ -40,3 +41,20 @@ def test_every_rank_equals_one_device(cfg, tp):
         assert float((logits - torch.stack(one.logits)).abs().max()) <= 1e-12
     per_token = per_token_collectives(run.trace, tokens=TOKENS)["count"]
     assert per_token == {"all_reduce": 2 * cfg.n_layer + 1, "all_gather": 1}
+
+
+def _rank_with_its_own_prompt(cfg):
+    mesh = mt.Mesh(tp=2)
+    prompt = (_prompt() + mesh.tp.rank) % 64  # rank 1's ids differ from rank 0's
+    try:
+        tp_generate(_ref(cfg), mesh, prompt, 2)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_ranks_given_different_prompts_are_refused_on_every_rank():
+    run = mt.launch(_rank_with_its_own_prompt, 2, mt.GPTConfig(**SMALL))
+    assert run[0] == run[1] == (
+        "the tp ranks were given different prompts (ranks [0]; ranks [1] each hold their "
+        "own): every rank of the group must pass the same prompt")
