@@ -28,8 +28,8 @@ from .fp8_flags import add_fp8_flags, validate_fp8
 from .impl_flags import add_impl_flags, validate_impl
 from .machine import (
     available_memory,
-    gib,
     memory_needed,
+    too_big,
     under_torchrun,
     uses_mixed_precision,
     world_size_of,
@@ -236,14 +236,12 @@ def validate(args, parser):
     if uses_mixed_precision(args) and (args.save or args.load):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")
-    need, have = memory_needed(args, cfg), available_memory()
-    if have is not None and need["machine"] > have:
-        parser.error(
-            f"this run needs about {gib(need['per_rank'])} per rank, "
-            f"{gib(need['machine'])} for its {need['ranks']} processes on this machine "
-            f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
-            f"each rank's dense copy), but only {gib(have)} is available: try a smaller "
-            f"--d-model, --n-layer, --seq-len or --batch-size")
+    refusal = too_big(memory_needed(args, cfg), available_memory(),
+                      "a model: minitp.calc's parameters, gradients, Adam state and "
+                      "activations, plus each rank's dense copy",
+                      "try a smaller --d-model, --n-layer, --seq-len or --batch-size")
+    if refusal:
+        parser.error(refusal)
     if args.save:
         try:  # now, not after the whole run has trained
             checkpoint.check_save_target(args.save)
