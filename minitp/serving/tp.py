@@ -57,23 +57,30 @@ def tp_generate(ref: GPT, mesh: Mesh, prompt: torch.Tensor, n: int, temperature:
                     cached, gather=vocab_gather(model))
 
 
-def check_same_prompt(prompt, axis: Axis) -> None:
-    """Every rank of `axis` holds the same prompt, else a ValueError on every one of them,
-    naming which ranks hold which. Each rank would otherwise decode its own heads of its own
-    prompt, and the all-reduces would sum them into tokens of no prompt, without a word.
-    Run before any rank checks its prompt alone: a prompt only one rank refused would leave
-    the others waiting in the next collective. Cheap: one all-gather of an 8-byte hash of
-    the prompt (its dtype, shape and bytes) a rank, left out of the trace (bookkeeping, not
-    decoding's communication)."""
-    if axis.size == 1:
-        return
+def _prompt_bytes(prompt) -> bytes:
+    """What a prompt is, as bytes: a tensor's dtype, shape and contents; a list's (a
+    pipeline's groups) each in turn; anything else its repr."""
+    if isinstance(prompt, list | tuple):
+        return b"[" + b",".join(_prompt_bytes(p) for p in prompt) + b"]"
     if isinstance(prompt, torch.Tensor):
         ids = prompt.detach().cpu().contiguous()
-        raw = (repr((ids.dtype, tuple(ids.shape))).encode()
-               + ids.flatten().view(torch.uint8).numpy().tobytes())
-    else:
-        raw = repr(prompt).encode()
-    digest = hashlib.blake2b(raw, digest_size=8).digest()
+        return (repr((ids.dtype, tuple(ids.shape))).encode()
+                + ids.flatten().view(torch.uint8).numpy().tobytes())
+    return repr(prompt).encode()
+
+
+def check_same_prompt(prompt, axis: Axis) -> None:
+    """Every rank of `axis` holds the same prompt (or list of them: a pipeline's groups),
+    else a ValueError on every one of them, naming which ranks hold which. Each rank would
+    otherwise compute its part (its heads, its stage) of its own prompt, and the
+    collectives would join the parts into tokens of no prompt, without a word. Run before
+    any rank checks its prompt alone: a prompt only one rank refused would leave the others
+    waiting in the next collective. Cheap: one all-gather of an 8-byte hash of the prompt
+    (dtype, shape and ids) a rank, left out of the trace (bookkeeping, not decoding's
+    communication)."""
+    if axis.size == 1:
+        return
+    digest = hashlib.blake2b(_prompt_bytes(prompt), digest_size=8).digest()
     mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64,
                         device=_device.device())  # NCCL: on the GPU
     with trace.paused():
