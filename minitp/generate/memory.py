@@ -9,10 +9,10 @@ KV cache, seq_len positions of every sequence for this rank's heads and stage
 (`calc.kv_cache_bytes_per_token`); one forward's working set, at most seq_len positions
 of a group (`calc.activation_bytes_per_layer`, Korthikanti's 2-byte count scaled to w,
 and every position's logits, V/tp of them); and every step's whole logits kept in
-float64 (B·V·8 a step), twice (the list and the stack sent back). With --check, the
-parent's reference: the dense model twice, its uncached forward, its logits and the
-ones received. Python's and torch's own ~0.3 GB a process are left out: the check is for
-runs that cannot fit, not a close call.
+float64 (B·V·8 a step, on the CPU even where the ranks run on GPUs), twice (the list and
+the stack sent back). With --check, the parent's reference: the dense model twice, its
+uncached forward, its logits and the ones received. Python's and torch's own ~0.3 GB a
+process are left out: the check is for runs that cannot fit, not a close call.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def memory_needed(args, cfg) -> dict:
 
     kept = 2 * args.tokens * args.batch * cfg.vocab_size * 8
     per_rank = weights + cache + working(rows, args.tp) + kept
-    host = ranks * (weights if on_gpus(ranks) else per_rank)
+    # on GPUs the host keeps each rank's dense load and the logits (copied to the CPU)
+    host = ranks * (weights + kept if on_gpus(ranks) else per_rank)
     if args.check:
         host += 2 * calc.exact_param_count(cfg) * w + working(rows, 1) + 2 * kept
     return {"per_rank": per_rank, "ranks": ranks, "machine": host}
