@@ -58,6 +58,18 @@ def label_pieces(model: GPT) -> None:
     trace.label_module(model.loss, "loss")
 
 
+def check_plain_gpt(ref, who: str) -> None:
+    """`ref` is a plain minitp GPT, not a rank's part of one: else a TypeError in one line.
+    A parallel model holds its process groups (which cannot be copied: the raw error was
+    "cannot pickle 'ProcessGroup'") and only its shard of the weights, so it cannot be split
+    again. Every parallel model here, minitp's or torch's, carries the `mesh` it runs on."""
+    if isinstance(ref, (ParallelGPT, PipelineGPT)) or getattr(ref, "mesh", None) is not None:
+        raise TypeError(f"{who} takes the plain GPT, and this {type(ref).__name__} is already "
+                        "one rank's parallel part: pass the plain model it came from")
+    if not isinstance(ref, GPT):
+        raise TypeError(f"{who} expects a minitp GPT, got {type(ref).__name__}")
+
+
 def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute=None,
                 virtual_stages: int = 1, bucket_bytes: int = 1 << 20, zero_stage: int = 0,
                 tp_overlap: bool = False, param_dtype=None, placement: str = "loop",
@@ -110,8 +122,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     any process started (the CLI, a checkpoint's load), so this rank trusts them; left
     False, this rank checks them here, once, before it builds anything.
     """
-    if not isinstance(ref, GPT):
-        raise TypeError(f"parallelize expects a minitp GPT, got {type(ref).__name__}")
+    check_plain_gpt(ref, "parallelize")
     if not validated:
         check_parallel_config(ref.cfg, mesh, sequence_parallel=sequence_parallel,
                               recompute=recompute, virtual_stages=virtual_stages,

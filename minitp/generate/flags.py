@@ -1,6 +1,7 @@
 """`python -m minitp.generate`'s flags and every check on them, in the parent before any
 process starts: one line, exit code 2 (a missing checkpoint, a tp the heads cannot split,
-a pp the layers cannot, a prompt longer than the window)."""
+a pp the layers cannot, a prompt longer than the window or not UTF-8, a temperature, seed
+or timeout the ranks could not use, a batch this machine's memory cannot hold)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import torch
 
 from .. import checkpoint, data
 from ..model import GPTConfig
-from ..rules import check_parallel_config
+from ..rules import check_parallel_config, check_timeout
+from ..serving.sampling import check_seed, check_temperature
 from ..train.flags import TEMPERATURE, _Parser
+from ..train.machine import available_memory, too_big
+from .memory import memory_needed
+
+DTYPES = ("float32", "float64")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--temperature", type=float, default=TEMPERATURE,
       help=f"0: greedy; else softmax(logits/T) drawn, group g from seed+g (default {TEMPERATURE})")
     a("--seed", type=int, default=0)
-    a("--dtype", default="float32", choices=["float32", "float64"],
-      help="the weights', activations' and cache's dtype (float64 for an exact --check)")
+    a("--dtype", default=None, choices=DTYPES,
+      help="the weights', activations' and cache's dtype (default: the checkpoint's; "
+           "float64 for an exact --check)")
     a("--check", action="store_true",
       help="compare tokens and logits with one uncached process; last line's max_logit_diff")
     a("--timeout", type=float, default=300.0, help="seconds a rank may wait in a collective")
@@ -43,12 +50,26 @@ def validate(args, parser) -> tuple[GPTConfig, torch.Tensor]:
     for name in ("tp", "pp", "batch", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.temperature < 0:
-        parser.error(f"--temperature must be at least 0 (0: greedy), got {args.temperature}")
+    for flag, check, value in (("--temperature", check_temperature, args.temperature),
+                               ("--timeout", check_timeout, args.timeout),
+                               ("--seed", check_seed, args.seed)):
+        try:  # the library's own rules, so the ranks would not refuse what passes here
+            check(value)
+        except ValueError as exc:
+            parser.error(f"{flag}: {exc}")
+    last = len(groups_of(args.batch, args.pp)) - 1  # group g draws from seed + g
     try:
-        cfg = GPTConfig(**checkpoint.read_meta(args.load)["config"])
+        check_seed(args.seed + last)
+    except ValueError:
+        parser.error(f"--seed {args.seed}: the last of the pipeline's groups draws from "
+                     f"seed + {last}, past the largest seed a generator takes (2**64 - 1)")
+    try:
+        meta = checkpoint.read_meta(args.load)
+        cfg = GPTConfig(**meta["config"])
     except (OSError, ValueError, TypeError) as exc:
         parser.error(f"--load {args.load}: {exc}")
+    if args.dtype is None:  # the checkpoint's: its --check then compares like with like
+        args.dtype = meta.get("dtype") if meta.get("dtype") in DTYPES else DTYPES[0]
     if cfg.vision_patches:
         parser.error(f"--load {args.load}: a vision-language model's prompt is an image and "
                      "text; minitp.generate serves text models")
@@ -56,10 +77,19 @@ def validate(args, parser) -> tuple[GPTConfig, torch.Tensor]:
         check_parallel_config(cfg, pp=args.pp, tp=args.tp, world_size=args.pp * args.tp)
     except ValueError as exc:
         parser.error(str(exc))
-    prompt = data.encode(args.prompt or "\n")
+    try:
+        prompt = data.encode(args.prompt or "\n")
+    except UnicodeEncodeError as exc:  # argv's undecodable bytes arrive as surrogates
+        parser.error(f"--prompt is not UTF-8 text ({exc.reason} at character {exc.start}): "
+                     "its bytes are the tokens, so give it as UTF-8")
     if len(prompt) > cfg.seq_len:
         parser.error(f"--prompt is {len(prompt)} tokens, longer than the model's window "
                      f"seq_len={cfg.seq_len}")
+    refusal = too_big(memory_needed(args, cfg), available_memory(),
+                      "a model: the weights, KV cache, one forward and every step's logits "
+                      "(minitp.generate.memory)", "try a smaller --batch or --tokens")
+    if refusal:
+        parser.error(refusal)
     return cfg, prompt
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..rules import check_packing, check_token_ids
+from ..rules import check_packing, check_positions, check_token_ids
 from .attention_core import ATTENTIONS, AttentionCore
 from .config import GPTConfig
 from .cross_entropy import CrossEntropy
@@ -175,6 +175,7 @@ class GPT(nn.Module):
             check_token_ids(inputs, self.cfg.vocab_size, "input id")
         if positions is not None:
             check_packing(self.cfg.vision_patches)
+            check_positions(positions, self.cfg.seq_len)
         x = self.vision(self.wte(inputs), inputs)  # an image's tokens first, if any
         x = dropped(self.dropout, self.wpe(x, **packed(positions)))  # (B, T, C)
         for block in self.blocks:

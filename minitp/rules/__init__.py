@@ -90,6 +90,7 @@ from .schedules import (
 from .sizes import (
     ceil_div,
     check_positive_int,
+    check_timeout,
     round_up,
 )
 from .tokens import (
@@ -97,6 +98,7 @@ from .tokens import (
     SEQ_DIM,
     TOKEN_ID_DTYPE,
     check_packing,
+    check_positions,
     check_token_ids,
 )
 from .vision import (
@@ -143,12 +145,14 @@ __all__ = [
     "check_parallel_config",
     "check_param_dtype",
     "check_placement",
+    "check_positions",
     "check_positive_int",
     "check_recompute",
     "check_schedule",
     "check_schedule_fits_pipeline",
     "check_step",
     "check_token_ids",
+    "check_timeout",
     "check_tp_overlap",
     "check_tp_widths",
     "check_ulysses_heads",

@@ -17,6 +17,7 @@ from .heads import check_ulysses_heads
 from .sizes import check_positive_int
 
 CP_COMMS = ("ring", "allgather", "a2a", "a2a+ring")
+NO_CP = "without context parallelism no attention is split"
 
 
 def ulysses_size(cp_comm: str, cp: int, cp_a2a_size: int | None = None) -> int:
@@ -45,6 +46,24 @@ def check_cp_comm(cfg, cp: int, tp: int, cp_comm: str = "ring",
         if cp % cp_a2a_size:
             raise ValueError(f"cp_a2a_size={cp_a2a_size} does not divide cp={cp}: the ring "
                              "runs across cp/cp_a2a_size equal all-to-all groups")
+    check_cp_comm_has_cp(cp, cp_comm, cp_a2a_size)
     ulysses = ulysses_size(cp_comm, cp, cp_a2a_size)
     if ulysses > 1:
         check_ulysses_heads(cfg, tp, ulysses)
+
+
+def check_cp_comm_has_cp(cp: int, cp_comm: str, cp_a2a_size: int | None = None, *,
+                         flags: bool = False) -> None:
+    """An attention other than the ring (or an all-to-all group) asked for at cp = 1 is
+    refused rather than ignored: nothing is split, so the request is a mistake, and a run
+    that silently did not do it would report on what it never ran. flags=True words it as
+    `python -m minitp.train`'s flags (its parent checks it before anything else)."""
+    if cp != 1 or (cp_comm == "ring" and cp_a2a_size is None):
+        return
+    if flags:
+        asked = f"--cp-comm {cp_comm}" + (f" --cp-a2a-size {cp_a2a_size}"
+                                          if cp_a2a_size is not None else "")
+    else:
+        asked = f"cp_comm={cp_comm!r}" + (f", cp_a2a_size={cp_a2a_size}"
+                                          if cp_a2a_size is not None else "")
+    raise ValueError(f"{asked} needs {'--cp' if flags else 'cp'} > 1: {NO_CP}")

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 
 def check_positive_int(name: str, value) -> int:
     """`value`, if it is a positive int (not a bool); else a ValueError naming `name`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_timeout(timeout) -> float:
+    """`timeout`, if it is a positive, finite number of seconds (not a bool); else a
+    ValueError. Written once for `mt.launch` and the CLIs' --timeout, so a CLI refuses in its
+    parent, with the launcher's own words, what the launcher would refuse."""
+    if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    return timeout
 
 
 def ceil_div(n: int, k: int) -> int:

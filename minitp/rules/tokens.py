@@ -31,6 +31,21 @@ def check_token_ids(ids, vocab_size: int, what: str = "token id", ignore_index=N
         raise ValueError(f"{what} {first} is outside the vocabulary: it must be in {allowed}")
 
 
+def check_positions(positions, seq_len: int) -> None:
+    """A packed batch's positions (each token's place in its document) lie in [0, seq_len),
+    else a ValueError naming the first bad one. Without it a negative position indexes
+    learned positions from the end (Python's rule: -1 is the last row) and trains on the
+    wrong vectors without a word; one past the window is a raw IndexError, or a device
+    assert on a GPU. One min and one max, read once per forward."""
+    if not positions.numel():
+        return
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or high >= seq_len:
+        raise ValueError(f"packed position {low if low < 0 else high} is outside the model's "
+                         f"window: each token's position in its document must be in "
+                         f"[0, seq_len={seq_len})")
+
+
 def check_packing(vision_patches: int) -> None:
     """Packed documents need a model that can mask by document: a vision-language model's
     image prefix (`minitp.model.vision`) sits before the text with no document of its own,

@@ -33,7 +33,6 @@ a rank lives in `minitp.runtime._worker`.
 from __future__ import annotations
 
 import atexit
-import math
 import multiprocessing
 import os
 import pickle
@@ -45,7 +44,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..rules import check_positive_int
+from ..rules import check_positive_int, check_timeout
 from . import _device, _pickling, trace
 from ._failure_report import is_cascade, tail
 from ._rank_set import Launch as _Launch
@@ -76,9 +75,7 @@ def launch(
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
     check_positive_int("world_size", world_size)
-    if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
-            or not math.isfinite(timeout) or timeout <= 0):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    check_timeout(timeout)
     if _under_torchrun():
         return _run_in_place(fn, world_size, args, kwargs, backend, timeout)
     backend = _choose_backend(backend, world_size)

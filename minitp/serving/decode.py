@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from ..model import GPT
 from ..model.kv_cache import KVCache
-from .sampling import draw, generator
+from ..rules import check_token_ids
+from .sampling import check_temperature, draw, generator
 
 
 def window_start(cached: int, total: int, window: int) -> int:
@@ -62,6 +64,35 @@ class Decoder:
             return self.gather(out[:, -1])
 
 
+def check_prompt(prompt, vocab_size: int) -> None:
+    """A prompt is (batch, tokens) int64 ids in the vocabulary, at least one of each; else
+    one sentence saying what it was (raw, a str has no .shape and a 1-D tensor no dim 1)."""
+    if not isinstance(prompt, torch.Tensor):
+        raise TypeError(f"prompt must be a torch.Tensor of token ids, (batch, tokens), got "
+                        f"{type(prompt).__name__}: text is minitp.data.encode(text)[None]")
+    if prompt.dim() != 2:
+        hint = ": one sequence is prompt[None]" if prompt.dim() == 1 else ""
+        raise ValueError(f"prompt must be (batch, tokens), got a {prompt.dim()}-D tensor of "
+                         f"shape {tuple(prompt.shape)}{hint}")
+    if not prompt.numel():
+        raise ValueError(f"prompt of shape {tuple(prompt.shape)} is empty: generation needs "
+                         "at least one token of at least one sequence")
+    check_token_ids(prompt, vocab_size, "prompt token id")
+
+
+def check_request(model, prompt, n, temperature) -> None:
+    """What `generate` (and `tp_generate`, `pp_generate`) are asked, checked before any
+    forward: a minitp GPT (or a rank's shard of one), a prompt (`check_prompt`), n ≥ 0
+    whole tokens, a temperature `draw` can use."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minitp GPT (or a rank's shard of one), got "
+                        f"{type(model).__name__}")
+    check_prompt(prompt, model.cfg.vocab_size)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"n, the tokens to generate, must be a whole number >= 0, got {n!r}")
+    check_temperature(temperature)
+
+
 @dataclass
 class Generation:
     """What `generate` returns: ``tokens`` (B, T0 + n), each step's whole ``logits``
@@ -87,6 +118,7 @@ def generate(model: nn.Module, prompt: torch.Tensor, n: int, temperature: float 
     rule (`minitp.serving.sampling`). The first token comes from the prefill, each other
     from one decode step (cached) or a recomputed window (cached=False). keep_logits=False
     keeps no logits (a timing: a float64 copy of (B, V) a step is not free)."""
+    check_request(model, prompt, n, temperature)
     decoder, gen = Decoder(model, gather, cached), generator(seed)
     out = Generation(prompt, prompt_len=prompt.shape[1])
     ids = prompt

@@ -27,9 +27,9 @@ from ..model.kv_cache import KVCache
 from ..parallelize import parallelize
 from ..runtime import comm, trace
 from ..runtime.mesh import Mesh
-from .decode import Generation, window_start
+from .decode import Generation, check_request, window_start
 from .sampling import draw, generator
-from .tp import vocab_gather
+from .tp import check_same_prompt, vocab_gather
 
 
 @dataclass
@@ -45,7 +45,15 @@ class PipelineGeneration:
 def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float = 0.0,
                 seed: int = 0) -> PipelineGeneration:
     """n tokens after each group's prompt (a list of (B_g, T_g) ids, the same on every rank)
-    through this rank's stage of `ref` (and its heads, with tp > 1)."""
+    through this rank's stage of `ref` (and its heads, with tp > 1). Ranks given
+    different prompts are refused on every rank (`check_same_prompt`, over pp and tp)."""
+    for axis in (mesh.pp, mesh.tp):  # first: every rank then refuses a bad prompt alike
+        check_same_prompt(prompts, axis)
+    if not isinstance(prompts, list | tuple) or not prompts:
+        raise TypeError(f"prompts must be a non-empty list of (batch, tokens) prompts, one a "
+                        f"group in flight, got {type(prompts).__name__} {prompts!r:.40}")
+    for prompt in prompts:
+        check_request(ref, prompt, n, temperature)
     model = parallelize(ref, mesh, sequence_parallel=False).eval()
     stage = model.chunks[0] if mesh.pp.size > 1 else model
     pp, window = mesh.pp, ref.cfg.seq_len

@@ -15,15 +15,16 @@ all-gather of the same bytes, over a sequence of one token: it does not apply to
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 import torch
 
 from ..model import GPT
 from ..parallelize import parallelize
-from ..runtime import comm
-from ..runtime.mesh import Mesh
-from .decode import Generation, generate
+from ..runtime import _device, comm, trace
+from ..runtime.mesh import Axis, Mesh
+from .decode import Generation, check_request, generate
 
 
 def vocab_gather(model):
@@ -47,10 +48,51 @@ def tp_model(ref: GPT, mesh: Mesh):
 def tp_generate(ref: GPT, mesh: Mesh, prompt: torch.Tensor, n: int, temperature: float = 0.0,
                 seed: int = 0, cached: bool = True) -> Generation:
     """`minitp.serving.generate` on this rank's shard of `ref` (every rank of a launch calls
-    it with the same arguments); every rank returns the same tokens and whole logits."""
+    it with the same arguments); every rank returns the same tokens and whole logits.
+    A rank given another prompt is refused on every rank (`check_same_prompt`)."""
+    check_same_prompt(prompt, mesh.tp)  # first: every rank then refuses a bad one alike
+    check_request(ref, prompt, n, temperature)
     model = tp_model(ref, mesh)
     return generate(model, prompt.to(next(model.parameters()).device), n, temperature, seed,
                     cached, gather=vocab_gather(model))
+
+
+def _prompt_bytes(prompt) -> bytes:
+    """What a prompt is, as bytes: a tensor's dtype, shape and contents; a list's (a
+    pipeline's groups) each in turn; anything else its repr."""
+    if isinstance(prompt, list | tuple):
+        return b"[" + b",".join(_prompt_bytes(p) for p in prompt) + b"]"
+    if isinstance(prompt, torch.Tensor):
+        ids = prompt.detach().cpu().contiguous()
+        return (repr((ids.dtype, tuple(ids.shape))).encode()
+                + ids.flatten().view(torch.uint8).numpy().tobytes())
+    return repr(prompt).encode()
+
+
+def check_same_prompt(prompt, axis: Axis) -> None:
+    """Every rank of `axis` holds the same prompt (or list of them: a pipeline's groups),
+    else a ValueError on every one of them, naming which ranks hold which. Each rank would
+    otherwise compute its part (its heads, its stage) of its own prompt, and the
+    collectives would join the parts into tokens of no prompt, without a word. Run before
+    any rank checks its prompt alone: a prompt only one rank refused would leave the others
+    waiting in the next collective. Cheap: one all-gather of an 8-byte hash of the prompt
+    (dtype, shape and ids) a rank, left out of the trace (bookkeeping, not decoding's
+    communication)."""
+    if axis.size == 1:
+        return
+    digest = hashlib.blake2b(_prompt_bytes(prompt), digest_size=8).digest()
+    mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64,
+                        device=_device.device())  # NCCL: on the GPU
+    with trace.paused():
+        every = comm.all_gather(mine, axis).tolist()
+    if len(set(every)) == 1:
+        return
+    holders: dict = {}
+    for index, fingerprint in enumerate(every):
+        holders.setdefault(fingerprint, []).append(axis.ranks[index])
+    said = "; ".join(f"ranks {ranks}" for ranks in holders.values())
+    raise ValueError(f"the {axis.name} ranks were given different prompts ({said} each hold "
+                     "their own): every rank of the group must pass the same prompt")
 
 
 def per_token_collectives(events, rank: int = 0, after: float = 0.0, tokens: int = 1) -> dict:

@@ -49,7 +49,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
     the whole mesh is at most this (`minitp.step.grad_norm`, as ``clip_grad_norm_`` on one
     device); the norm before clipping is left in ``model.grad_norm``.
     """
-    x, y, positions = _unpack(batch)
+    x, y, positions = unpack_batch(batch)
     _check_ids(model, x, y)
     chunks = model_chunks(model)
     v, placement = len(chunks), model_placement(model)
@@ -80,7 +80,7 @@ def train_step(model, batch, mesh: Mesh, optimizer, schedule=None, microbatches:
 def eval_loss(model, batch, mesh: Mesh, microbatches: int = 1) -> float:
     """The batch's mean loss, forward only (no gradients, no step), through the
     pipeline: every chunk's forwards in turn. The same float on every rank."""
-    x, y, positions = _unpack(batch)
+    x, y, positions = unpack_batch(batch)
     _check_ids(model, x, y)
     chunks, placement = model_chunks(model), model_placement(model)
     _check_step_once(model, mesh, None, microbatches, x.shape[0])
@@ -109,7 +109,7 @@ def _check_step_once(model, mesh: Mesh, schedule, microbatches, rows: int) -> No
     seen.add(key)
 
 
-def _unpack(batch):
+def unpack_batch(batch):
     """(x, y, positions or None) of a batch of two or three tensors, checked."""
     if len(batch) not in (2, 3):
         raise ValueError(f"batch must be (x, y) or (x, y, positions), got {len(batch)} tensors")

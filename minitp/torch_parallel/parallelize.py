@@ -7,6 +7,7 @@ import copy
 import torch.nn as nn
 
 from ..model import GPT
+from ..parallelize import check_plain_gpt
 from ..rules.torch_parallel import check_torch_model
 from ..runtime.mesh import Mesh
 from .device_mesh import device_mesh
@@ -24,6 +25,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, hsdp: int
     ``torch.optim.AdamW(model.parameters(), …)``; its parameters are DTensors
     (``.full_tensor()`` gives the whole). ``model.device_mesh`` is the DeviceMesh,
     ``model.mesh`` the `Mesh` it came from. `ref` is left as it was."""
+    check_plain_gpt(ref, "torch_parallel.parallelize")
     cfg = ref.cfg
     check_torch_model(cfg.n_experts, cfg.vision_patches, cfg.n_kv_head, cfg.mlp)
     dm = device_mesh(mesh, hsdp)

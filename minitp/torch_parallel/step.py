@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from ..rules import IGNORE_INDEX
+from ..step.train import unpack_batch
 
 
 class ParallelCrossEntropy(nn.Module):
@@ -59,19 +60,24 @@ def full_state_dict(model: nn.Module) -> dict:
 
 
 def train_step(model, batch, optimizer, microbatches: int = 1) -> float:
-    """Forward and backward of this data-parallel rank's slices, then `optimizer`'s step."""
-    x, y = batch
+    """Forward and backward of this data-parallel rank's slices, then `optimizer`'s step.
+    batch: (x, y), or (x, y, positions) for packed documents (`minitp.data.packing`),
+    checked as `mt.train_step` checks it; positions are sliced by rows with x, and the
+    model (the plain GPT's forward under torch's styles) masks and places by them."""
+    x, y, positions = unpack_batch(batch)
     mesh = model.mesh
     dp, d = mesh.dp.size, mesh.dp.rank
     rows = x.shape[0] // dp
-    xs, ys = x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows]
+    mine = slice(d * rows, (d + 1) * rows)
+    xs, ys = x[mine].chunk(microbatches), y[mine].chunk(microbatches)
+    packed = [None] * len(xs) if positions is None else positions[mine].chunk(microbatches)
     total = max(int((y != IGNORE_INDEX).sum()), 1)
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    for xm, ym in zip(xs.chunk(microbatches), ys.chunk(microbatches), strict=True):
+    for xm, ym, pm in zip(xs, ys, packed, strict=True):
         share = int((ym != IGNORE_INDEX).sum()) / total  # a Python float: exact in float64
         with _loss_context(model):
-            _, loss = model(xm, ym)
+            _, loss = model(xm, ym, positions=pm)
             loss = loss * share
             loss.backward()
         loss = loss.full_tensor() if isinstance(loss, DTensor) else loss

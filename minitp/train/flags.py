@@ -19,7 +19,7 @@ from ..rules import (
     check_parallel_config,
     check_tp_overlap,
 )
-from ..rules.cp_comm import CP_COMMS
+from ..rules.cp_comm import CP_COMMS, check_cp_comm_has_cp
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
@@ -28,8 +28,8 @@ from .fp8_flags import add_fp8_flags, validate_fp8
 from .impl_flags import add_impl_flags, validate_impl
 from .machine import (
     available_memory,
-    gib,
     memory_needed,
+    too_big,
     under_torchrun,
     uses_mixed_precision,
     world_size_of,
@@ -175,10 +175,10 @@ def validate(args, parser):
                  "steps", "batch_size", "eval_every", "eval_batches", "cp_a2a_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: left out
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.cp == 1 and (args.cp_comm != "ring" or args.cp_a2a_size is not None):
-        parser.error(f"--cp-comm {args.cp_comm}"
-                     + (f" --cp-a2a-size {args.cp_a2a_size}" if args.cp_a2a_size else "")
-                     + " needs --cp > 1: without context parallelism no attention is split")
+    try:  # before the model is built: the flags alone say it
+        check_cp_comm_has_cp(args.cp, args.cp_comm, args.cp_a2a_size, flags=True)
+    except ValueError as exc:
+        parser.error(str(exc))
     if placement_of(args.schedule) == "v" and args.virtual_stages == 1:  # implied by a V
         args.virtual_stages = 2
     if args.clip_grad is not None and not args.clip_grad > 0:
@@ -236,14 +236,12 @@ def validate(args, parser):
     if uses_mixed_precision(args) and (args.save or args.load):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")
-    need, have = memory_needed(args, cfg), available_memory()
-    if have is not None and need["machine"] > have:
-        parser.error(
-            f"this run needs about {gib(need['per_rank'])} per rank, "
-            f"{gib(need['machine'])} for its {need['ranks']} processes on this machine "
-            f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
-            f"each rank's dense copy), but only {gib(have)} is available: try a smaller "
-            f"--d-model, --n-layer, --seq-len or --batch-size")
+    refusal = too_big(memory_needed(args, cfg), available_memory(),
+                      "a model: minitp.calc's parameters, gradients, Adam state and "
+                      "activations, plus each rank's dense copy",
+                      "try a smaller --d-model, --n-layer, --seq-len or --batch-size")
+    if refusal:
+        parser.error(refusal)
     if args.save:
         try:  # now, not after the whole run has trained
             checkpoint.check_save_target(args.save)

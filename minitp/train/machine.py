@@ -65,6 +65,17 @@ def memory_needed(args, cfg) -> dict:
     return {"per_rank": per_rank + dense, "ranks": ranks, "machine": host}
 
 
+def too_big(need: dict, have: int | None, model: str, advice: str) -> str | None:
+    """The one line that refuses a run whose modelled memory (`need`: ``{"per_rank",
+    "ranks", "machine"}``) is more than the machine has (`have`; None: not known, never
+    refused), or None. `model` says what was counted, `advice` what to make smaller."""
+    if have is None or need["machine"] <= have:
+        return None
+    return (f"this run needs about {gib(need['per_rank'])} per rank, "
+            f"{gib(need['machine'])} for its {need['ranks']} processes on this machine "
+            f"({model}), but only {gib(have)} is available: {advice}")
+
+
 def available_memory() -> int | None:
     """Bytes the machine can give without swapping: Linux's MemAvailable (free
     plus reclaimable cache), else free physical pages; None where neither is known."""

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import cloudpickle
@@ -60,6 +61,15 @@ def test_the_rules_refuse_what_an_all_to_all_cannot_split():
         mt.check_parallel_config(cfg, cp=2, cp_comm="p2p")
     # the ring and the all-gather never split heads: 4 heads at cp 8 are fine
     mt.check_parallel_config(mt.GPTConfig(**{**GPT2, "seq_len": 32}), cp=8, cp_comm="allgather")
+
+
+@pytest.mark.parametrize("comm, size", [("a2a", None), ("allgather", None), ("a2a+ring", 1)])
+def test_an_attention_other_than_the_ring_is_refused_at_cp_1(comm, size):
+    """The library refuses what the CLI refuses (--cp-comm a2a without --cp), in the same
+    words: at cp 1 no attention is split, so the request is a mistake, not a no-op."""
+    with pytest.raises(ValueError, match=rf"^cp_comm='{re.escape(comm)}'.* needs cp > 1: without "
+                                         "context parallelism no attention is split$"):
+        mt.check_parallel_config(mt.GPTConfig(**GPT2), cp_comm=comm, cp_a2a_size=size)
 
 
 def test_kv_heads_are_split_where_the_all_to_all_divides_them_else_replicated():

@@ -1,7 +1,8 @@
 """A packed row is its documents run one by one: the plain GPT in float64, with learned
 positions and with RoPE (GQA), the attention written out and sdpa's — the loss (the mean
 over every counted target of the row) and every gradient. And a vision-language model
-refuses packing in one line."""
+refuses packing in one line, as does a position outside the window (a negative one would
+index learned positions from the end)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,14 @@ def test_a_vision_language_model_refuses_packing():
     x = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len))
     with pytest.raises(ValueError, match="no document to mask by, so packing is refused"):
         model(x, positions=torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("name", ["gpt2-math", "llama-math"])
+@pytest.mark.parametrize("bad", [-1, 24])
+def test_a_position_outside_the_window_is_refused(name, bad):
+    model = mt.GPT(mt.GPTConfig(**CONFIGS[name]))
+    x = torch.zeros(1, 6, dtype=torch.long)
+    positions = torch.tensor([[0, 1, 2, 0, bad, 2]])
+    with pytest.raises(ValueError, match=rf"^packed position {bad} is outside the model's "
+                                         r"window: .* must be in \[0, seq_len=24\)$"):
+        model(x, positions=positions)

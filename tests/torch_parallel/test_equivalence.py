@@ -2,7 +2,9 @@
 float64: DTensor tensor parallelism (with and without SP), FSDP2 and HSDP, on a sample of
 dp × tp meshes (HSDP × TP included). Per step the loss; after the first step every
 gradient; after the last the parameters (after AdamW steps). One mesh also trains
-minitp's ZeRO-3 beside torch's FSDP2 and compares the two directly.
+minitp's ZeRO-3 beside torch's FSDP2 and compares the two directly. A packed batch
+(x, y, positions) at tp 2 with SP: its loss and every gradient, the plain GPT's on the same
+packed rows.
 
 Budget: one launch of 2 ranks and one of 4, several meshes each."""
 
@@ -56,9 +58,29 @@ def _train(sizes, sp=False, hsdp=None, with_minitp=False):
     return errors
 
 
+def _packed(sizes, sp=False):
+    """One step on packed rows (documents of 5 and 7, then 3 and 9 tokens): the loss and
+    every gradient against the plain GPT given the same positions."""
+    mesh = mt.Mesh(**sizes)
+    torch.manual_seed(0)
+    ref = mt.GPT(mt.GPTConfig(**CFG)).double()
+    model = tpar.parallelize(ref, mesh, sequence_parallel=sp)
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, CFG["vocab_size"], (4, CFG["seq_len"]), generator=g)
+            for _ in range(2))
+    positions = torch.tensor([[*range(5), *range(7)]] * 2 + [[*range(3), *range(9)]] * 2)
+    _, ref_loss = ref(x, y, positions=positions)
+    ref_loss.backward()
+    loss = tpar.train_step(model, (x, y, positions), torch.optim.SGD(model.parameters(), lr=0))
+    grads = dict(model.named_parameters())
+    return {"loss": abs(loss - ref_loss.item()),
+            "grad": max((_whole(grads[n].grad) - p.grad).abs().max().item()
+                        for n, p in ref.named_parameters())}
+
+
 def _two():
     return {"tp2": _train({"tp": 2}), "tp2+sp": _train({"tp": 2}, sp=True),
-            "dp2": _train({"dp": 2})}
+            "dp2": _train({"dp": 2}), "tp2+sp, packed": _packed({"tp": 2}, sp=True)}
 
 
 def _four():
