@@ -13,9 +13,13 @@ The write is atomic, as `files`' dense checkpoint is: the ranks write into
 ``DIR/.step-<n>.partial/``; each seals its own file with a small ``rank-<r>.done``
 (its size, SHA-256 and RNG state), written by rename; global rank 0 waits for every
 seal, writes ``manifest.json`` (what each file holds: tensor, global shape, the runs of
-its flat elements = the slice, byte offset, dtype; each file's size and SHA-256), fsyncs,
-and renames the directory to ``step-<n>``. Then it removes all but the newest `keep`.
-A step directory without its manifest is never used (`sharded_read`).
+its flat elements = the slice, byte offset, dtype; each file's size and SHA-256) and
+``manifest.sha256`` (the manifest's own hash: `manifest`), fsyncs, and renames the
+directory to ``step-<n>``. Then it removes all but the newest `keep`. A step directory
+without its manifest is never used (`sharded_read`). Global rank 0 holds the directory's
+writer lock from construction to `close()` (`writer_lock`): one run writes there at a time.
+A snapshot holding a non-finite value is refused, so a diverged run never rotates good
+steps out; a full disk ends the save in one line, its partial step removed.
 
 Asynchronous (`asynchronous=True`): the step blocks only for the snapshot (a gather of
 the owned elements into new host memory: a copy to the host on a GPU, a clone on a
