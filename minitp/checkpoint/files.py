@@ -15,16 +15,17 @@ import pickle
 import re
 import secrets
 import shutil
-from dataclasses import fields
+import stat
 
 import torch
 
-from ..model import GPTConfig
 from ..runtime._processes import alive
+from .manifest import DTYPES, config_problem
 
 FORMAT = "minitp-checkpoint-2"  # 2: meta.json carries a manifest; saved atomically
 _READABLE_FORMATS = ("minitp-checkpoint-1", FORMAT)
 STEP_DIR = re.compile(r"^step-(\d+)$")  # a sharded save's step (`sharded`)
+_DENSE_FILES = {"model.pt", "optimizer.pt"}
 _META_KEYS = {"format", "config", "step", "dtype", "topology", "has_optimizer", "extra", "files"}
 
 
@@ -230,10 +231,25 @@ def _check_meta(path: str, meta: dict) -> None:
         raise ValueError(f"{path}: " + "; ".join(
             ([f"unknown keys {sorted(unknown)}"] if unknown else [])
             + ([f"missing keys {sorted(missing)}"] if missing else [])))
-    known = {f.name for f in fields(GPTConfig)}
-    if not isinstance(meta["config"], dict) or set(meta["config"]) - known:
-        odd = sorted(set(meta["config"]) - known) if isinstance(meta["config"], dict) else "?"
-        raise ValueError(f"{path}: config has fields a GPTConfig does not: {odd}")
+    why = config_problem(meta["config"])
+    step = meta["step"]
+    if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        why = f"step is {step!r}, not a whole number of steps >= 0"
+    if why is None and meta["dtype"] not in DTYPES:
+        why = f"dtype is {meta['dtype']!r}; minitp writes one of {DTYPES}"
+    if why is None and not isinstance(meta["has_optimizer"], bool):
+        why = f"has_optimizer is {meta['has_optimizer']!r}, not true or false"
+    listed = meta.get("files", {})
+    if why is None and (not isinstance(listed, dict) or set(listed) - _DENSE_FILES
+                        or not all(isinstance(e, dict) for e in listed.values())):
+        why = (f"files must name only {sorted(_DENSE_FILES)}, each with its bytes and sha256 "
+               "(nothing outside the checkpoint is read)")
+    for name in listed if why is None else ():
+        file = os.path.join(os.path.dirname(path), name)
+        if os.path.lexists(file) and not stat.S_ISREG(os.lstat(file).st_mode):
+            why = f"{name} is not a plain file inside the checkpoint (a symlink?)"
+    if why is not None:
+        raise ValueError(f"{path}: {why}")
 
 
 def _listed_files(meta: dict) -> dict:

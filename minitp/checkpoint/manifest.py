@@ -68,7 +68,7 @@ def _int(value, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _config_ok(config) -> str | None:
+def config_problem(config) -> str | None:
     """Why `config` is not a GPTConfig's fields, each of its annotated type, or None."""
     if not isinstance(config, dict):
         return "config is not an object"
@@ -93,7 +93,7 @@ def check(directory: str, manifest: dict) -> GPTConfig:
 
     if set(manifest) != KEYS:
         refuse(f"its fields are not a sharded checkpoint's: {sorted(set(manifest) ^ KEYS)}")
-    if (why := _config_ok(manifest["config"])) is not None:
+    if (why := config_problem(manifest["config"])) is not None:
         refuse(why)
     try:
         cfg = GPTConfig(**manifest["config"])

@@ -80,7 +80,8 @@ def remove_partials(directory: str, writer: bool = False) -> None:
                     if not os.path.isfile(os.path.join(p, MANIFEST))]
         for stale in glob.glob(pattern + "partial") + glob.glob(pattern + "previous") + unsealed:
             if os.path.islink(stale) or not os.path.isdir(stale):
-                os.unlink(stale)
+                with contextlib.suppress(FileNotFoundError):  # (another rank's clean-up)
+                    os.unlink(stale)
             else:
                 shutil.rmtree(stale, ignore_errors=True)
 

@@ -268,3 +268,18 @@ def test_generate_serves_a_save_every_directory(saved, tmp_path, capsys):
     _copy(saved, tmp_path)
     summary = main(["--load", str(tmp_path), "--tokens", "2", "--prompt", "a"])
     assert summary["tokens"] == 2
+
+
+@pytest.mark.parametrize("field, says", [
+    ({"step": "4"}, "step is '4'"), ({"step": -1}, "step is -1"),
+    ({"dtype": "zeros"}, "dtype is 'zeros'"), ({"config": {"causal": "false"}}, "causal is"),
+    ({"files": {"../../etc/hostname": {"bytes": 1, "sha256": "0" * 64}}}, "files must name"),
+], ids=["step a string", "step -1", "dtype", "config type", "a file outside"])
+def test_a_dense_checkpoints_meta_is_checked_too(tmp_path, field, says):
+    from minitp.checkpoint import files
+
+    meta = {"format": files.FORMAT, "config": {}, "step": 1, "dtype": "float32",
+            "has_optimizer": False, "files": {}} | field
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=says):
+        files.read_meta(str(tmp_path))
