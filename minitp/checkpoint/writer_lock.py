@@ -27,7 +27,10 @@ LOCK = ".minitp-writer.lock"
 
 
 def _open(directory: str, create: bool) -> int | None:
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    """The lock file: read-write for the writer, read-only for a check (an flock needs no
+    write permission, and a classmate reading a shared checkpoint has none); None if no
+    writer ever made it."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY)
     try:
         return os.open(os.path.join(directory, LOCK), flags, 0o644)
     except FileNotFoundError:
@@ -36,7 +39,10 @@ def _open(directory: str, create: bool) -> int | None:
 
 def holder(directory: str) -> str | None:
     """Who is writing into `directory` now ("pid 1234"), or None when nobody is."""
-    fd = _open(directory, create=False) if os.path.isdir(directory) else None
+    try:
+        fd = _open(directory, create=False) if os.path.isdir(directory) else None
+    except OSError:  # unreadable: the save's own checks say why it cannot write there
+        return None
     if fd is None:
         return None
     try:
@@ -52,7 +58,11 @@ def holder(directory: str) -> str | None:
 def no_writer(directory: str):
     """Inside: True if no run is writing into `directory` (and none can start until the
     block ends: a shared lock is held), False if one is (leave its files alone)."""
-    fd = _open(directory, create=False)
+    try:
+        fd = _open(directory, create=False)
+    except OSError:  # unreadable: whether a writer is live is unknown, so clean nothing
+        yield False
+        return
     if fd is None:  # no run has ever held the lock here
         yield True
         return
