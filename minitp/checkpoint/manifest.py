@@ -124,6 +124,8 @@ def check(directory: str, manifest: dict) -> GPTConfig:
     if not isinstance(files, dict):
         refuse(f"files is a {type(files).__name__}, not an object naming each rank's file")
     world = math.prod(topology[k] for k in ("dp", "pp", "cp", "tp"))
+    if world > len(files):  # (a count first: a forged topology's world can be huge)
+        refuse(f"lists {len(files)} files, where the topology's {world} ranks each wrote one")
     expected = {f"rank-{r}.bin" for r in range(world)}
     if set(files) != expected:
         odd = sorted(set(files) - expected)

@@ -141,7 +141,7 @@ EDITS = [
     ("escape up", _rename("rank-1.bin", "../../etc/hostname"), "that are not a rank's file"),
     ("absolute", _rename("rank-1.bin", "/etc/os-release"), "that are not a rank's file"),
     ("another step", _rename("rank-1.bin", "../step-2/rank-1.bin"), "not a rank's file"),
-    ("entry dropped", lambda m: m["files"].pop("rank-1.bin"), "lacks ['rank-1.bin']"),
+    ("entry dropped", lambda m: m["files"].pop("rank-1.bin"), "2 ranks each wrote one"),
     ("files a list", lambda m: m.update(files=list(m["files"].values())), "files is a list"),
     ("files missing", lambda m: m.pop("files"), "fields are not a sharded checkpoint's"),
     ("float64, run float32", _set("dtype", "float64"), "its runs make"),
