@@ -12,17 +12,20 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import secrets
 import shutil
-from dataclasses import fields
+import stat
 
 import torch
 
-from ..model import GPTConfig
 from ..runtime._processes import alive
+from .manifest import DTYPES, config_problem
 
 FORMAT = "minitp-checkpoint-2"  # 2: meta.json carries a manifest; saved atomically
 _READABLE_FORMATS = ("minitp-checkpoint-1", FORMAT)
+STEP_DIR = re.compile(r"^step-(\d+)$")  # a sharded save's step (`sharded`)
+_DENSE_FILES = {"model.pt", "optimizer.pt"}
 _META_KEYS = {"format", "config", "step", "dtype", "topology", "has_optimizer", "extra", "files"}
 
 
@@ -38,11 +41,36 @@ def check_save_target(directory: str) -> None:
         raise NotADirectoryError(f"cannot create {directory!r}: {parent!r} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"cannot write a checkpoint under {parent!r}")
+    if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write into {directory!r} (no write permission)")
+
+
+def step_names(directory: str) -> list[str]:
+    """The ``step-<n>`` entries in `directory`: a sharded save's steps."""
+    return sorted(n for n in os.listdir(directory) if STEP_DIR.match(n)) if os.path.isdir(
+        directory) else []
+
+
+def _check_finite(directory: str, tree) -> None:
+    """Refuse to replace a checkpoint with non-finite numbers (a diverged run's)."""
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (list, tuple)):
+        for t in tree:
+            _check_finite(directory, t)
+    elif isinstance(tree, torch.Tensor) and tree.is_floating_point() and not bool(
+            torch.isfinite(tree).all()):
+        raise ValueError(f"checkpoint {directory!r}: the state holds non-finite values (the "
+                         f"run diverged?); not saved, what was there is kept")
 
 
 def write_checkpoint(directory: str, weights: dict, optim: dict | None, meta: dict) -> None:
     """Write the files into a hidden sibling, then swap it in (see the module's docstring)."""
     check_save_target(directory)
+    _check_finite(directory, [weights, optim or {}])
+    if step_names(directory):  # the swap below would remove the whole directory
+        raise ValueError(f"--save {directory!r} holds sharded steps ({step_names(directory)[-1]}"
+                         f", ...): a dense save replaces the whole directory; save elsewhere")
     path = os.path.abspath(directory)
     parent, base = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
@@ -82,7 +110,9 @@ def _make_staging(parent: str, prefix: str) -> str:
 
 
 def _write(path: str, write) -> None:
-    with open(path, "wb") as f:
+    # O_NOFOLLOW: a symlink planted at `path` is refused, never written through
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+    with os.fdopen(fd, "wb") as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
@@ -112,6 +142,9 @@ def _recover(path: str) -> None:
     parent, base = os.path.split(path)
     aside = sorted(glob.glob(os.path.join(parent, f".{base}.previous-*")))
     for candidate in aside:
+        pid = candidate.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and alive(int(pid)):
+            return  # a live save between its two renames: it puts its own back
         if os.path.isfile(os.path.join(candidate, "meta.json")):
             with contextlib.suppress(OSError):  # another rank may be putting it back too
                 os.rename(candidate, path)
@@ -198,10 +231,25 @@ def _check_meta(path: str, meta: dict) -> None:
         raise ValueError(f"{path}: " + "; ".join(
             ([f"unknown keys {sorted(unknown)}"] if unknown else [])
             + ([f"missing keys {sorted(missing)}"] if missing else [])))
-    known = {f.name for f in fields(GPTConfig)}
-    if not isinstance(meta["config"], dict) or set(meta["config"]) - known:
-        odd = sorted(set(meta["config"]) - known) if isinstance(meta["config"], dict) else "?"
-        raise ValueError(f"{path}: config has fields a GPTConfig does not: {odd}")
+    why = config_problem(meta["config"])
+    step = meta["step"]
+    if why is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        why = f"step is {step!r}, not a whole number of steps >= 0"
+    if why is None and meta["dtype"] not in DTYPES:
+        why = f"dtype is {meta['dtype']!r}; minitp writes one of {DTYPES}"
+    if why is None and not isinstance(meta["has_optimizer"], bool):
+        why = f"has_optimizer is {meta['has_optimizer']!r}, not true or false"
+    listed = meta.get("files", {})
+    if why is None and (not isinstance(listed, dict) or set(listed) - _DENSE_FILES
+                        or not all(isinstance(e, dict) for e in listed.values())):
+        why = (f"files must name only {sorted(_DENSE_FILES)}, each with its bytes and sha256 "
+               "(nothing outside the checkpoint is read)")
+    for name in listed if why is None else ():
+        file = os.path.join(os.path.dirname(path), name)
+        if os.path.lexists(file) and not stat.S_ISREG(os.lstat(file).st_mode):
+            why = f"{name} is not a plain file inside the checkpoint (a symlink?)"
+    if why is not None:
+        raise ValueError(f"{path}: {why}")
 
 
 def _listed_files(meta: dict) -> dict:

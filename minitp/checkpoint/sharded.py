@@ -13,9 +13,13 @@ The write is atomic, as `files`' dense checkpoint is: the ranks write into
 ``DIR/.step-<n>.partial/``; each seals its own file with a small ``rank-<r>.done``
 (its size, SHA-256 and RNG state), written by rename; global rank 0 waits for every
 seal, writes ``manifest.json`` (what each file holds: tensor, global shape, the runs of
-its flat elements = the slice, byte offset, dtype; each file's size and SHA-256), fsyncs,
-and renames the directory to ``step-<n>``. Then it removes all but the newest `keep`.
-A step directory without its manifest is never used (`sharded_read`).
+its flat elements = the slice, byte offset, dtype; each file's size and SHA-256) and
+``manifest.sha256`` (the manifest's own hash: `manifest`), fsyncs, and renames the
+directory to ``step-<n>``. Then it removes all but the newest `keep`. A step directory
+without its manifest is never used (`sharded_read`). Global rank 0 holds the directory's
+writer lock from construction to `close()` (`writer_lock`): one run writes there at a time.
+A snapshot holding a non-finite value is refused, so a diverged run never rotates good
+steps out; a full disk ends the save in one line, its partial step removed.
 
 Asynchronous (`asynchronous=True`): the step blocks only for the snapshot (a gather of
 the owned elements into new host memory: a copy to the host on a GPU, a clone on a
@@ -29,11 +33,12 @@ collectives on the same process group.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -44,11 +49,12 @@ import torch
 from ..data_parallel import zero
 from ..runtime import _device, comm, trace
 from ..runtime.mesh import world
-from .files import _fsync_directory, _write
+from . import writer_lock
+from .files import STEP_DIR, _fsync_directory, _write
 from .layout import ADAM_STATE, Space, local_ids, local_tensors
+from .manifest import MANIFEST, SEAL, digest
 
-SHARDED_FORMAT = "minitp-sharded-1"
-STEP_DIR = re.compile(r"^step-(\d+)$")
+SHARDED_FORMAT = "minitp-sharded-2"  # 2: manifest.sha256 seals the manifest
 
 
 def step_dirs(directory: str) -> list[tuple[int, str]]:
@@ -61,11 +67,23 @@ def step_dirs(directory: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def remove_partials(directory: str) -> None:
-    """Remove what killed saves left: ``.step-<n>.partial`` and ``.step-<n>.previous``."""
-    for stale in glob.glob(os.path.join(glob.escape(directory), ".step-*.partial")) + glob.glob(
-            os.path.join(glob.escape(directory), ".step-*.previous")):
-        shutil.rmtree(stale, ignore_errors=True)
+def remove_partials(directory: str, writer: bool = False) -> None:
+    """Remove what killed saves left: ``.step-<n>.partial``, ``.step-<n>.previous`` and a
+    ``step-<n>`` without its manifest. Only when no run is writing there (`writer_lock`),
+    unless the caller is that writer: a live save's files are never removed. A symlink
+    planted in their place is unlinked, never followed."""
+    with contextlib.nullcontext(True) if writer else writer_lock.no_writer(directory) as free:
+        if not free:
+            return
+        pattern = os.path.join(glob.escape(directory), ".step-*.")
+        unsealed = [p for _, p in step_dirs(directory)
+                    if not os.path.isfile(os.path.join(p, MANIFEST))]
+        for stale in glob.glob(pattern + "partial") + glob.glob(pattern + "previous") + unsealed:
+            if os.path.islink(stale) or not os.path.isdir(stale):
+                with contextlib.suppress(FileNotFoundError):  # (another rank's clean-up)
+                    os.unlink(stale)
+            else:
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 class Saver:
@@ -82,9 +100,11 @@ class Saver:
         self.extra, self.timeout, self.rank = extra or {}, timeout, mesh.rank
         self.cfg = model.cfg
         self.space = Space.of(self.cfg)
+        self._lock = None  # rank 0 holds the directory's writer lock (`writer_lock`)
         if self.rank == 0:
             os.makedirs(self.directory, exist_ok=True)
-            remove_partials(self.directory)
+            self._lock = writer_lock.acquire(self.directory)
+            remove_partials(self.directory, writer=True)
         with trace.paused():
             model_ids, step_ids = local_ids(self.cfg, mesh, plan, self.space)
             n = mesh.world_size
@@ -140,6 +160,10 @@ class Saver:
         self.wait()
         with trace.region("checkpoint: snapshot"):
             values, adam_step = self.snapshot()
+        if not bool(torch.isfinite(values).all()):  # never rotate good steps out with these
+            raise ValueError(f"checkpoint step {step}: rank {self.rank} holds non-finite "
+                             f"values (the run diverged?); not saved, the steps saved "
+                             f"before are kept")
         rng = torch.get_rng_state().numpy().tobytes().hex()
         traced = trace.recorder().enabled  # the write is drawn if the save is
         if not self.asynchronous:
@@ -159,7 +183,14 @@ class Saver:
             error, self._error = self._error, None
             raise error
 
-    close = wait
+    def close(self) -> None:
+        """Wait for the write in flight, then let another run write here."""
+        try:
+            self.wait()
+        finally:
+            if self._lock is not None:
+                writer_lock.release(self._lock)
+                self._lock = None
 
     def _write_catching(self, *args) -> None:
         try:
@@ -173,17 +204,29 @@ class Saver:
         rec = trace.recorder()
         start = rec.now()
         staging = os.path.join(self.directory, f".step-{step}.partial")
-        os.makedirs(staging, exist_ok=True)
-        name = f"rank-{self.rank}.bin"
-        path = os.path.join(staging, name)
-        data = memoryview(values.numpy()).cast("B")  # the snapshot's bytes, not a copy
-        _write(path, lambda f: f.write(data))
-        seal = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "rng": rng}
-        done = os.path.join(staging, f"rank-{self.rank}.done")
-        _write(done + ".tmp", lambda f: f.write(json.dumps(seal).encode()))
-        os.rename(done + ".tmp", done)
-        if self.rank == 0:
-            self._seal(step, staging, values.dtype, adam_step)
+        try:
+            os.makedirs(staging, exist_ok=True)
+            if os.path.islink(staging):  # planted: writing through it writes elsewhere
+                raise FileExistsError(f"{staging!r} is a symlink; minitp writes only into "
+                                      f"a directory of its own")
+            name = f"rank-{self.rank}.bin"
+            data = memoryview(values.numpy()).cast("B")  # the snapshot's bytes, not a copy
+            _write(os.path.join(staging, name), lambda f: f.write(data))
+            seal = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "rng": rng}
+            done = os.path.join(staging, f"rank-{self.rank}.done")
+            _write(done + ".tmp", lambda f: f.write(json.dumps(seal).encode()))
+            os.rename(done + ".tmp", done)
+            if self.rank == 0:
+                self._seal(step, staging, values.dtype, adam_step)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            if self.rank == 0:  # its half-written step: the space back, the old steps kept
+                shutil.rmtree(staging, ignore_errors=True)
+            raise OSError(exc.errno, f"checkpoint step {step}: the disk under "
+                                     f"{self.directory!r} is full (rank {self.rank}); this "
+                                     f"step is not saved, the steps saved before are "
+                                     f"kept") from None
         if traced:  # appended whatever the step's thread has paused meanwhile
             rec.events.append(trace.Event(
                 rank=rec.rank, op="compute", axis="", shape=(), dtype="",
@@ -222,7 +265,8 @@ class Saver:
                     "tensors": [[name, list(shape)] for name, shape, _ in self.space.tensors],
                     "files": files}
         text = json.dumps(manifest, indent=1).encode()
-        _write(os.path.join(staging, "manifest.json"), lambda f: f.write(text))  # the seal
+        _write(os.path.join(staging, MANIFEST), lambda f: f.write(text))
+        _write(os.path.join(staging, SEAL), lambda f: f.write(digest(text).encode()))
         for r in range(n):
             os.remove(os.path.join(staging, f"rank-{r}.done"))
         _fsync_directory(staging)
@@ -240,6 +284,6 @@ class Saver:
     def _prune(self, step: int) -> None:
         """Keep the newest `keep` complete steps up to `step`."""
         complete = [(s, p) for s, p in step_dirs(self.directory)
-                    if s <= step and os.path.isfile(os.path.join(p, "manifest.json"))]
+                    if s <= step and os.path.isfile(os.path.join(p, MANIFEST))]
         for _, path in complete[:-self.keep]:
             shutil.rmtree(path, ignore_errors=True)

@@ -12,6 +12,7 @@ reads every byte. The files are raw numbers (no pickle): reading runs no code.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import torch
@@ -20,9 +21,9 @@ from ..model import GPTConfig
 from . import files, reshard
 from .files import _fingerprint
 from .layout import ADAM_STATE, Space, contiguous_runs, local_ids, local_tensors
+from .manifest import MANIFEST, check_sealed
+from .manifest import check as check_manifest
 from .sharded import SHARDED_FORMAT, STEP_DIR, remove_partials, step_dirs
-
-MANIFEST = "manifest.json"
 
 
 def is_sharded(directory: str) -> bool:
@@ -44,45 +45,63 @@ def read_meta(directory: str) -> dict:
 
 
 def resolve(directory: str) -> str:
-    """The checkpoint `--load DIR` means: DIR itself if it is one (sharded or dense),
-    else DIR's newest complete step. One-line errors otherwise."""
+    """The checkpoint `--load DIR` means: DIR itself if it is one (sharded, or dense with no
+    newer step beside it), else DIR's newest complete step. One-line errors otherwise."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory!r}: no such checkpoint directory")
-    if is_sharded(directory) or os.path.isfile(os.path.join(directory, "meta.json")):
+    if is_sharded(directory):
         return directory
-    if STEP_DIR.match(os.path.basename(os.path.normpath(directory))):
+    dense = os.path.isfile(os.path.join(directory, "meta.json"))
+    if not dense and STEP_DIR.match(os.path.basename(os.path.normpath(directory))):
         raise ValueError(f"{directory!r} has no {MANIFEST}: its save was interrupted, so it "
                          f"is incomplete (give its parent directory to use the newest "
                          f"complete step)")
     found = newest_complete(directory)
+    if dense and (found is None or _step_of(found) < _dense_step(directory)):
+        return directory  # (a run that saved dense, then --save-every: the newer wins)
     if found is None:
         raise FileNotFoundError(f"{directory!r} holds no complete checkpoint (no step-<n> "
                                 f"with its {MANIFEST})")
     return found
 
 
-def read_manifest(directory: str, verify: bool = True) -> dict:
-    """manifest.json of a sharded checkpoint, once every file it lists is there, whole
-    and unchanged (size, then SHA-256: `files`' check). Returns it with the keys
-    `files.read_meta` gives ("config", "step", "dtype", "has_optimizer")."""
-    path = os.path.join(directory, MANIFEST)
+def _step_of(step_dir: str) -> int:
+    return int(STEP_DIR.match(os.path.basename(step_dir)).group(1))
+
+
+def _dense_step(directory: str) -> float:
+    """meta.json's step, or infinity where it cannot be read (`files.read_meta` then says
+    what is wrong with it, in one line)."""
     try:
-        with open(path) as f:
-            manifest = json.load(f)
+        with open(os.path.join(directory, "meta.json")) as f:
+            step = json.load(f)["step"]
+        return step if isinstance(step, int) else math.inf
+    except (OSError, ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def read_manifest(directory: str, verify: bool = True) -> dict:
+    """manifest.json of a sharded checkpoint: sealed by manifest.sha256, every field as
+    `sharded` writes it (`manifest.check`: confined to `directory`, the holds tiling every
+    tensor once), and with `verify` every file it lists whole and unchanged (size, then
+    SHA-256: `files`' check). Returns it with the keys `files.read_meta` gives ("config",
+    "step", "dtype", "has_optimizer")."""
+    path = os.path.join(directory, MANIFEST)
+    with open(path, "rb") as f:
+        text = f.read()
+    try:
+        parsed = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is damaged (not JSON: {exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != SHARDED_FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format")
-    cfg = GPTConfig(**manifest["config"])
-    expected = [[name, list(shape)] for name, shape, _ in Space.of(cfg).tensors]
-    if manifest["tensors"] != expected:
-        raise ValueError(f"checkpoint {directory!r}: its tensors are not those of the model "
-                         f"its config describes (a checkpoint from another model)")
-    for name, entry in manifest["files"].items() if verify else ():
+    if not isinstance(parsed, dict) or parsed.get("format") != SHARDED_FORMAT:
+        found = parsed.get("format") if isinstance(parsed, dict) else parsed
+        raise ValueError(f"{path}: unknown checkpoint format {found!r}"
+                         + (" (written by an older minitp, before manifests were sealed)"
+                            if found == "minitp-sharded-1" else ""))
+    check_sealed(directory, text)
+    check_manifest(directory, parsed)
+    for name, entry in parsed["files"].items() if verify else ():
         file = os.path.join(directory, name)
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"checkpoint {directory!r} is incomplete: shard {name} "
-                                    f"is missing")
         size = os.path.getsize(file)
         if size != entry["bytes"]:
             raise ValueError(f"checkpoint {directory!r} is damaged: {name} is {size:,} bytes, "
@@ -90,7 +109,7 @@ def read_manifest(directory: str, verify: bool = True) -> dict:
         if _fingerprint(file)["sha256"] != entry["sha256"]:
             raise ValueError(f"checkpoint {directory!r} is damaged: {name}'s contents changed "
                              f"since it was saved (SHA-256 differs)")
-    return manifest | {"has_optimizer": True}
+    return parsed | {"has_optimizer": True}
 
 
 class Reader:
@@ -127,7 +146,7 @@ class Reader:
             order = torch.argsort(elems)
             elems, where = elems[order], where[order]
             got = []
-            fd = os.open(os.path.join(self.directory, self.names[f]), os.O_RDONLY)
+            fd = os.open(os.path.join(self.directory, self.names[f]), os.O_RDONLY | os.O_NOFOLLOW)
             try:
                 for lo, hi in contiguous_runs(elems):
                     data = os.pread(fd, (hi - lo) * self.itemsize, lo * self.itemsize)

@@ -58,6 +58,10 @@ def reference(args, prompt) -> tuple[list, list]:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # a --save-every directory: its newest complete step (DIR itself if it is one)
+        args.load = checkpoint.resolve(args.load)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--load {args.load}: {exc}")
     _, prompt = validate(args, parser)
     from ..runtime.launch import launch
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 
-from ..checkpoint import sharded_read
-from ..checkpoint.sharded import Saver
+from ..checkpoint import files, sharded_read, writer_lock
+from ..checkpoint.sharded import Saver, step_dirs
 from ..runtime import trace
-from .machine import world_size_of
+from .machine import under_torchrun, world_size_of
 
 
 def add_save_flags(p) -> None:
@@ -32,7 +33,7 @@ def add_save_flags(p) -> None:
     a("--save-every", type=int, default=None, metavar="N",
       help="with --save DIR: a sharded checkpoint DIR/step-<n>/ every N steps and at the end "
            "(each rank writes its own shard)")
-    a("--keep", type=int, default=2, metavar="K",
+    a("--keep", type=int, default=None, metavar="K",
       help="with --save-every: keep the newest K checkpoints (default 2)")
     a("--async-save", action="store_true",
       help="with --save-every: the step waits only for the copy to host memory; the write "
@@ -48,12 +49,17 @@ def validate_save(args, parser) -> None:
     for flag, value in (("save-every", args.save_every), ("keep", args.keep)):
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1, got {value}")
+    if args.keep is not None and args.save_every is None:
+        parser.error("--keep needs --save-every N: a dense --save keeps one checkpoint")
+    args.keep = 2 if args.keep is None else args.keep
     fail = os.environ.get("MINITP_FAIL_AT_STEP")  # read here: ranks may not see the variable
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     args.fail_at_step = int(fail) if fail and first_attempt else None
     args.fail_rank = int(os.environ.get("MINITP_FAIL_RANK", world_size_of(args) - 1))
     if args.async_save and args.save_every is None:
         parser.error("--async-save needs --save-every N: it applies to the periodic sharded saves")
+    if args.save:
+        _check_save_dir(args, parser)
     if not args.load:
         return
     try:
@@ -65,6 +71,7 @@ def validate_save(args, parser) -> None:
         parser.error(f"--load: {exc}")
     except (OSError, ValueError) as exc:
         parser.error(f"--load: {exc}")
+    _say_which(args.load, resolved)
     args.load = resolved
     if sharded_read.is_sharded(resolved):  # verified whole by flags.validate's read_meta
         try:
@@ -74,6 +81,32 @@ def validate_save(args, parser) -> None:
         if saved_seed is not None and saved_seed != args.seed:
             parser.error(f"--seed {args.seed}: the checkpoint was trained with --seed "
                          f"{saved_seed}, and its batches follow (seed, step)")
+
+
+def _check_save_dir(args, parser) -> None:
+    """--save DIR, before any rank starts: no other run writing there (`writer_lock`),
+    and a dense save never over sharded steps (it replaces the whole directory)."""
+    who = writer_lock.holder(args.save)
+    if who is not None:
+        parser.error(f"--save: {writer_lock.in_use_message(args.save, who)}")
+    steps = files.step_names(args.save)
+    if args.save_every is None and steps:
+        parser.error(f"--save {args.save} holds sharded steps ({', '.join(steps[-2:])}): a "
+                     f"dense save would replace the directory and them; add --save-every N, "
+                     f"or save elsewhere")
+
+
+def _say_which(given: str, resolved: str) -> None:
+    """One line when DIR holds both a dense checkpoint and complete sharded steps: which
+    of them the run resumes from (the newer: `sharded_read.resolve`)."""
+    steps = [p for _, p in step_dirs(given) if sharded_read.is_sharded(p)]
+    if not steps or not os.path.isfile(os.path.join(given, "meta.json")):
+        return
+    said = (f"resuming from the dense checkpoint in {given}, newer than {steps[-1]}"
+            if resolved == given else
+            f"resuming from {resolved}, newer than the dense checkpoint in {given}")
+    if not under_torchrun() or os.environ.get("RANK") == "0":
+        sys.stderr.write(f"--load {given}: {said}\n")
 
 
 def saver_for(args, model, optimizer, mesh, plan: dict) -> Saver | None:

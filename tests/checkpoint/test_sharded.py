@@ -114,9 +114,10 @@ def _killed_writing_step_2(directory):
 def test_a_rank_killed_mid_async_write_leaves_the_previous_checkpoint_whole(tmp_path):
     with pytest.raises(LaunchError):
         mt.launch(_killed_writing_step_2, 1, str(tmp_path), backend="gloo", timeout=60)
-    assert sorted(os.listdir(tmp_path)) == [".step-2.partial", "step-1"]
+    # (the writer's lock file stays; its lock went with the killed process: `writer_lock`)
+    assert sorted(os.listdir(tmp_path)) == [".minitp-writer.lock", ".step-2.partial", "step-1"]
     assert sharded_read.resolve(str(tmp_path)) == str(tmp_path / "step-1")  # whole
-    assert os.listdir(tmp_path) == ["step-1"]  # what the killed write left is removed
+    assert sorted(os.listdir(tmp_path)) == [".minitp-writer.lock", "step-1"]  # partial removed
     _, manifest, _ = checkpoint.load_dense(str(tmp_path / "step-1"))  # verified, loadable
     assert manifest["step"] == 1
 

@@ -48,7 +48,8 @@ def test_a_second_invocation_with_load_continues_exactly(restarted, monkeypatch)
              "--save-every", str(EVERY), "--save", ckpt, "--out", str(folder / "again")]
     monkeypatch.setenv("MINITP_FAIL_AT_STEP", str(FAIL_AT))
     assert run_cli(*flags).returncode == 1  # rank 1 killed itself after step 3
-    assert sorted(os.listdir(ckpt)) == ["step-2"]
+    # (the writer's lock file stays; the killed run's lock went with it: `writer_lock`)
+    assert sorted(os.listdir(ckpt)) == [".minitp-writer.lock", "step-2"]
     monkeypatch.delenv("MINITP_FAIL_AT_STEP")
     done = run_cli(*flags, "--load", ckpt)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -56,4 +57,4 @@ def test_a_second_invocation_with_load_continues_exactly(restarted, monkeypatch)
     reference_losses, reference_hashes = _final(folder, "uninterrupted")
     assert losses == {k: v for k, v in reference_losses.items() if int(k) > 2}
     assert hashes == reference_hashes
-    assert sorted(os.listdir(ckpt)) == ["step-4", "step-6"]  # --keep's default, 2
+    assert sorted(os.listdir(ckpt)) == [".minitp-writer.lock", "step-4", "step-6"]  # --keep 2
