@@ -82,6 +82,9 @@ def validate(args, parser) -> tuple[GPTConfig, torch.Tensor]:
     except UnicodeEncodeError as exc:  # argv's undecodable bytes arrive as surrogates
         parser.error(f"--prompt is not UTF-8 text ({exc.reason} at character {exc.start}): "
                      "its bytes are the tokens, so give it as UTF-8")
+    if prompt.numel() and int(prompt.max()) >= cfg.vocab_size:  # a byte the model has no row for
+        parser.error(f"--prompt holds byte {int(prompt.max())}, outside the model's vocabulary "
+                     f"(vocab_size={cfg.vocab_size})")
     if len(prompt) > cfg.seq_len:
         parser.error(f"--prompt is {len(prompt)} tokens, longer than the model's window "
                      f"seq_len={cfg.seq_len}")

@@ -102,3 +102,17 @@ def test_a_batch_this_machine_cannot_hold_is_refused(saved, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "this run needs about" in err and "but only 16.0 GiB is available" in err
+
+
+def test_a_prompt_byte_outside_the_vocabulary_is_refused(tmp_path, capsys):
+    """A model of vocabulary 10 has no row for the byte of "a" (97): that reached a rank's
+    traceback ("input id 97 is outside the vocabulary"); the parent now says it in one line."""
+    small = mt.GPTConfig(vocab_size=10, seq_len=8, n_layer=1, n_head=2, d_model=8)
+    meta = {"format": checkpoint.FORMAT, "step": 1, "dtype": "float32", "has_optimizer": False,
+            "config": asdict(small), "topology": {"dp": 1, "pp": 1, "tp": 1}, "extra": {}}
+    files.write_checkpoint(str(tmp_path / "ckpt"), mt.GPT(small).state_dict(), None, meta)
+    with pytest.raises(SystemExit) as exit_:
+        _validated("--load", str(tmp_path / "ckpt"), "--prompt", "a")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "byte 97, outside the model's vocabulary (vocab_size=10)" in err
