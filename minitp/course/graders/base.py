@@ -116,6 +116,17 @@ def attempt(function: Callable, *args, names: Sequence[str], blank: str, label: 
         raise Stopped(crashed(names, label, exc, hint)) from None
 
 
+def call_kept(fn, *args):
+    """On a rank: (result, None), or (None, (kind, message)) when the learner's function
+    raised, kind "blank" (NotImplementedError) or "crash", kept for the parent to judge."""
+    try:
+        return fn(*args), None
+    except NotImplementedError as exc:
+        return None, ("blank", str(exc))
+    except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+        return None, ("crash", f"{type(exc).__name__}: {exc}")
+
+
 def failure_check(name: str, error: LaunchError, what: str) -> Check:
     """Turn a failed launch of the learner's code into a polite, specific failed check."""
     if isinstance(error, CollectiveTimeout):
