@@ -1,4 +1,5 @@
-"""What the part-by-part graders (ex02, ex03) share.
+"""What the part-by-part graders (ex02, ex03) share: the run of every part on the ranks,
+and the judgement of one part's numbers over every size and rank.
 
 Each exercise has several parts (functions or classes the learner writes). On
 every rank, each part runs on its own — an exception in one is reported, not
@@ -99,6 +100,33 @@ def exception_check(name, t, rank, info, hint: str = "") -> Check:
     return Check(name, False, f"t={t}, rank {rank} raised {info['type']}{where}: {message}",
                  rank=rank, hint=hint or "read the error above; the docstrings say each "
                  "tensor's shape")
+
+
+def judge_numbers(part, name, outcomes, tolerance, hint, exception_hint=None,
+                  joiner=", ") -> Check:
+    """One part's check: the first rank (at the first size) whose part raised, found a
+    problem, or has a tensor off by more than ``tolerance`` fails it, with the hint
+    ``hint(part, mistakes)`` (``exception_hint(info)`` for an exception, if given); else
+    the largest error over every size (named ``joiner``-separated) and rank."""
+    worst = 0.0
+    for t, per_rank in outcomes:
+        for rank, results in enumerate(per_rank):
+            res = results[part]
+            if "exception" in res:
+                info = res["exception"]
+                return exception_check(name, t, rank, info,
+                                       exception_hint(info) if exception_hint else "")
+            if res["problem"]:
+                return Check(name, False, f"t={t}, rank {rank}: {res['problem']}", rank=rank,
+                             hint=hint(part, res["mistakes"]))
+            for tensor, error in res["errors"].items():
+                if error > tolerance:
+                    return Check(name, False, f"t={t}, rank {rank}: {tensor} is off by up to "
+                                 f"{error:.3g}", rank=rank, tensor=tensor, max_error=error,
+                                 hint=hint(part, res["mistakes"]))
+                worst = max(worst, error)
+    sizes = joiner.join(str(t) for t, _ in outcomes)
+    return Check(name, True, f"t = {sizes}: largest error {worst:.1e}", max_error=worst)
 
 
 def grade_in_parts(module, names, titles, world_sizes, in_rank, judge,

@@ -94,6 +94,39 @@ def no_shortcut(name: str, calls: Sequence[str], hint: str) -> Check:
     return Check(name, True, "no shortcut taken")
 
 
+class Stopped(Exception):
+    """The learner's code, called in this process, failed: ``checks`` are every check of
+    the exercise, failed the way `not_written` or `crashed` says."""
+
+    def __init__(self, checks: list[Check]):
+        super().__init__(checks[0].detail)
+        self.checks = checks
+
+
+def attempt(function: Callable, *args, names: Sequence[str], blank: str, label: str,
+            hint: str):
+    """The learner's ``function(*args)``, in this process. A blank (NotImplementedError)
+    raises `Stopped` with `not_written` under the name ``blank``; any other exception,
+    with `crashed` on case ``label`` and ``hint``."""
+    try:
+        return function(*args)
+    except NotImplementedError as exc:
+        raise Stopped(not_written(names, blank, str(exc))) from None
+    except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+        raise Stopped(crashed(names, label, exc, hint)) from None
+
+
+def call_kept(fn, *args):
+    """On a rank: (result, None), or (None, (kind, message)) when the learner's function
+    raised, kind "blank" (NotImplementedError) or "crash", kept for the parent to judge."""
+    try:
+        return fn(*args), None
+    except NotImplementedError as exc:
+        return None, ("blank", str(exc))
+    except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
+        return None, ("crash", f"{type(exc).__name__}: {exc}")
+
+
 def failure_check(name: str, error: LaunchError, what: str) -> Check:
     """Turn a failed launch of the learner's code into a polite, specific failed check."""
     if isinstance(error, CollectiveTimeout):

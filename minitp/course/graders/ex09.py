@@ -43,7 +43,7 @@ from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import Mesh, world
 from ...step import train_step
-from .base import Check, run_per_size
+from .base import Check, call_kept, run_per_size
 
 WORLD_SIZES = (2, 4)
 B, H, C, D = 2, 8, 3, 4  # batch, query heads, positions per chunk (a rank holds two), head size
@@ -69,16 +69,6 @@ def _names(n: int) -> list[str]:
             "step equals one device's"]
 
 
-def _call(fn, *args):
-    """(result, None), or (None, (kind, message)) when the learner's function raised."""
-    try:
-        return fn(*args), None
-    except NotImplementedError as exc:
-        return None, ("blank", str(exc))
-    except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
-        return None, ("crash", f"{type(exc).__name__}: {exc}")
-
-
 def _same(a, b) -> bool:
     return (isinstance(a, torch.Tensor) and a.shape == b.shape
             and (a.detach() - b).abs().max().item() <= TOLERANCE)
@@ -94,7 +84,7 @@ def _raised(fn_name, why, hint):
 def _check_regroup(fn, hint, given, want, axis, wrong_shape, wrong_values):
     """The learner's `fn` on `given` against `want`: raised, no tensor, right, or the
     mistake `wrong_shape(got, detail)` / `wrong_values(got)` names (None: no usual one)."""
-    got, why = _call(fn, given.clone(), axis)
+    got, why = call_kept(fn, given.clone(), axis)
     if why:
         return _raised(fn.__name__, why, hint)
     if not isinstance(got, torch.Tensor):
@@ -159,7 +149,7 @@ def _check_c(fns, cp, g):
             continue  # refused by the rules: not the learner's case
         k = torch.randn(B, n_kv, 2 * C, D, generator=g, dtype=torch.float64).to(device())
         want = k if n_kv % cp == 0 else k.repeat_interleave(cp // n_kv, dim=1)
-        got, why = _call(fns.kv_for_all_to_all, k.clone(), cp)
+        got, why = call_kept(fns.kv_for_all_to_all, k.clone(), cp)
         if why:
             return _raised("kv_for_all_to_all", why, HINT_C)
         if _same(got, want):

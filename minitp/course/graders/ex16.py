@@ -21,7 +21,7 @@ from itertools import product
 from ... import calc
 from ...calc import cluster as cluster_module
 from ..labs.scaling import megatron_family
-from .base import Check, crashed, no_shortcut, not_written
+from .base import Check, Stopped, attempt, no_shortcut
 
 TS = (1, 2, 4, 8)
 CLUSTERS = {"8xV100": calc.DGX2H_V100, "8xH100": calc.H100_80GB}
@@ -72,13 +72,13 @@ class _Watch:
 def run(module) -> list[Check]:
     cases, answers = list(_cases()), []
     with _Watch() as watch:  # only the learner's code runs inside: the reference comes after
-        for label, cfg, t, batch, cluster, eff in cases:
-            try:
-                answers.append(module.tp_step_seconds(cfg, t, batch, cluster, eff))
-            except NotImplementedError as exc:
-                return not_written(NAMES, "tp_step_seconds", str(exc))
-            except Exception as exc:  # noqa: BLE001 - the learner's bug, reported politely
-                return crashed(NAMES, label, exc, "return a pair: (compute, communication)")
+        try:
+            for label, cfg, t, batch, cluster, eff in cases:
+                answers.append(attempt(module.tp_step_seconds, cfg, t, batch, cluster, eff,
+                                       names=NAMES, blank="tp_step_seconds", label=label,
+                                       hint="return a pair: (compute, communication)"))
+        except Stopped as stop:
+            return stop.checks
     results = [(label, cfg, t, got, calc.step_time(cfg, cluster, tp=t, micro_batch=batch,
                                                    efficiency=eff))
                for (label, cfg, t, batch, cluster, eff), got in zip(cases, answers, strict=True)]

@@ -34,8 +34,8 @@ from ...runtime._device import device
 from ...runtime.launch import launch
 from ...runtime.mesh import world
 from ._parts import ops_since
-from .base import Check, run_per_size
-from .ex09 import _blank, _call, _judge, _raised, _same  # the same per-rank verdicts
+from .base import Check, call_kept, run_per_size
+from .ex09 import _blank, _judge, _raised, _same  # the same per-rank verdicts
 
 WORLD_SIZES = (2, 4)
 B, H, K, D, T = 2, 8, 2, 4, 5  # batch, query heads, K/V heads, head size, positions decoded
@@ -72,7 +72,7 @@ def _check_a(fns, axis):
     for n_kv in KV_COUNTS:
         if n_kv % tp and tp % n_kv:
             continue  # refused by the rules: not the learner's case
-        got, why = _call(fns.cache_heads, n_kv, tp, r)
+        got, why = call_kept(fns.cache_heads, n_kv, tp, r)
         if why:
             return _raised("cache_heads", why, HINT_A)
         want = _kept(n_kv, tp, r)
@@ -92,7 +92,7 @@ def _check_a(fns, axis):
 def _check_b(fns, axis):
     tp, r = axis.size, axis.rank
     length = T + 1
-    got, why = _call(fns.new_cache, B, length, K, D, axis)
+    got, why = call_kept(fns.new_cache, B, length, K, D, axis)
     if why:
         return _raised("new_cache", why, HINT_B)
     want = (B, len(_kept(K, tp, r)), length, D)
@@ -165,7 +165,7 @@ def _check_c(fns, axis, dense, ref):
     for pos in range(T):
         x = dense["x"][:, pos:pos + 1].clone()
         start = len(trace.events())
-        got, why = _call(fns.decode_step, x, {k: w.clone() for k, w in shards.items()},
+        got, why = call_kept(fns.decode_step, x, {k: w.clone() for k, w in shards.items()},
                          cache, pos, axis)
         ops.append(ops_since(start))
         if why:
