@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..rules import IGNORE_INDEX
-from .text import HELD_OUT_FRACTION, MAX_CORPUS_BYTES, corpus_files
+from .text import HELD_OUT_FRACTION, MAX_CORPUS_BYTES, as_tokens, corpus_files
 
 PAD = 0  # the padding token's id: never a target, never attended to by a real token
 
@@ -36,7 +36,7 @@ def corpus_documents(max_bytes: int = MAX_CORPUS_BYTES) -> list[torch.Tensor]:
     documents = []
     for file in corpus_files(max_bytes):
         with open(file, "rb") as f:
-            documents.append(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).clone())
+            documents.append(as_tokens(f.read()))
     return documents
 
 
