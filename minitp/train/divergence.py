@@ -24,23 +24,29 @@ class Stopped(Exception):
     """The run stopped at a step whose numbers were not finite: its message is the one line."""
 
 
-def loss_stop(step: int, loss: float) -> str | None:
-    """The line that stops the run at `step` (steps taken) when its loss is not finite."""
+ADVICE = "(try a smaller --lr, --warmup or --clip-grad)"
+
+
+def _stopped(saving: bool) -> str:
+    return "training stopped there" + (", nothing saved at or after it" if saving else "")
+
+
+def loss_stop(step: int, loss: float, saving: bool = False) -> str | None:
+    """The line that stops the run at `step` (steps taken) when its loss is not finite;
+    `saving`: the run writes checkpoints (the line says none was written from there on)."""
     if math.isfinite(loss):
         return None
-    return (f"step {step}: the loss is {loss} (not finite): training stopped there, nothing "
-            f"saved at or after it (try a smaller --lr, --warmup or --clip-grad)")
+    return f"step {step}: the loss is {loss} (not finite): {_stopped(saving)} {ADVICE}"
 
 
-def weights_stop(step: int, loss: float) -> str:
+def weights_stop(step: int, loss: float, saving: bool = False) -> str:
     return (f"step {step}: its update made the weights not finite (the step's loss was "
-            f"{loss:.4f}): training stopped there, nothing saved at or after it (try a "
-            f"smaller --lr, --warmup or --clip-grad)")
+            f"{loss:.4f}): {_stopped(saving)} {ADVICE}")
 
 
 def eval_stop(step: int, loss: float) -> str:
     return (f"step {step}: the held-out loss is {loss} (not finite): training stopped there, "
-            f"before the sample (try a smaller --lr, --warmup or --clip-grad)")
+            f"before the sample {ADVICE}")
 
 
 def _local_tensors(model, optimizer):

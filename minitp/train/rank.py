@@ -191,10 +191,11 @@ def _stop_before_save(args, saver, model, optimizer, step: int, loss: float) -> 
     """The line that stops the run after `step` (steps taken), or None: a loss that is not
     finite; or, where a checkpoint is written or the run ends (its weights are then
     evaluated, saved and sampled), weights that the step's update made not finite."""
-    stop = divergence.loss_stop(step, loss)
+    saving = bool(args.save)
+    stop = divergence.loss_stop(step, loss, saving)
     due = step == args.steps or (saver is not None and step % args.save_every == 0)
     if stop is None and due and not divergence.weights_finite(model, optimizer):
-        stop = divergence.weights_stop(step, loss)
+        stop = divergence.weights_stop(step, loss, saving)
     return stop
 
 

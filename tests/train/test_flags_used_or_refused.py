@@ -301,3 +301,18 @@ def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_finite_checkpoint(
     weights = checkpoint.load_dense(str(ckpt / f"step-{stopped - 1}"))[0].state_dict()
     assert all(t.isfinite().all() for t in weights.values())
     assert not (tmp_path / "run").exists()  # nothing written for a run that did not finish
+
+
+def test_the_stop_line_names_the_step_and_the_loss():
+    """What the diverging run above prints, for each way it stops (no run needed)."""
+    from minitp.train import divergence
+
+    assert divergence.loss_stop(3, 2.5) is None
+    assert divergence.loss_stop(3, float("nan")).startswith(
+        "step 3: the loss is nan (not finite): training stopped there (try a smaller --lr")
+    assert "stopped there, nothing saved at or after it" in divergence.loss_stop(
+        3, float("inf"), saving=True)
+    assert divergence.weights_stop(4, 7.25, saving=True).startswith(
+        "step 4: its update made the weights not finite (the step's loss was 7.2500): "
+        "training stopped there, nothing saved at or after it")
+    assert divergence.eval_stop(5, float("nan")).startswith("step 5: the held-out loss is nan")
