@@ -83,6 +83,9 @@ def get_packed_batch(documents: list[torch.Tensor], step: int, batch_size: int, 
     The documents in an order, and an offset into the first, drawn from a generator
     seeded by (seed, step) alone; then `pack`. The first row starts inside its document,
     so its positions start at 0 there, like every split document's rest."""
+    if not any(len(d) for d in documents):  # the loop below would wait for tokens forever
+        raise ValueError(f"nothing to pack: {len(documents)} documents, none with a token "
+                         f"(an empty text file?)")
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     order = torch.randperm(len(documents), generator=generator).tolist()
     need = batch_size * (seq_len + 1)

@@ -242,15 +242,15 @@ def validate(args, parser):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")
     need, have = memory_needed(args, cfg), available_memory()
-    held_out = values.eval_set_bytes(args, cfg)  # every rank builds the held-out batches whole
-    need = dict(need, per_rank=need["per_rank"] + held_out,
-                machine=need["machine"] + held_out * need["ranks"])
+    text = values.rank_data_bytes(args, cfg)  # every rank's copy of the text, held-out batches
+    need = dict(need, per_rank=need["per_rank"] + text,
+                machine=need["machine"] + text * need["ranks"])
     if have is not None and need["machine"] > have:
         parser.error(
             f"this run needs about {gib(need['per_rank'])} per rank, "
             f"{gib(need['machine'])} for its {need['ranks']} processes on this machine "
             f"(a model: minitp.calc's parameters, gradients, Adam state and activations, plus "
-            f"each rank's dense copy and held-out batches), but only {gib(have)} is "
+            f"each rank's dense copy, text and held-out batches), but only {gib(have)} is "
             f"available: try a smaller --d-model, --n-layer, --seq-len, --batch-size or "
             f"--eval-batches")
     if args.save:

@@ -13,6 +13,7 @@ import os
 import torch
 
 from .. import checkpoint
+from ..data import MAX_CORPUS_BYTES
 
 SEED_STRIDE = 1_000_003  # a step's seed is seed * SEED_STRIDE + step + 1 (`rank.step_seed`)
 SEED_LIMIT = 2**63 - 1  # torch.manual_seed's int64: larger seeds overflow on every rank
@@ -72,8 +73,10 @@ def check_text_and_places(args) -> None:
                              "train on)")
 
 
-def eval_set_bytes(args, cfg) -> int:
-    """What every rank holds of the held-out batches it builds whole (x, y and with --pack
-    the positions, int64): --eval-batches 10**9 once filled the machine's memory."""
+def rank_data_bytes(args, cfg) -> int:
+    """What every rank holds of the data: the text (a byte a token, each rank sent its copy)
+    and the held-out batches it builds whole (x, y and with --pack the positions, int64):
+    --eval-batches 10**9 once filled the machine's memory."""
+    text = os.path.getsize(args.data) if args.data else MAX_CORPUS_BYTES
     tensors = 3 if args.pack else 2
-    return args.eval_batches * args.batch_size * cfg.seq_len * tensors * 8
+    return text + args.eval_batches * args.batch_size * cfg.seq_len * tensors * 8
