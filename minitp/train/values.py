@@ -17,6 +17,7 @@ from ..data import MAX_CORPUS_BYTES
 
 SEED_STRIDE = 1_000_003  # a step's seed is seed * SEED_STRIDE + step + 1 (`rank.step_seed`)
 SEED_LIMIT = 2**63 - 1  # torch.manual_seed's int64: larger seeds overflow on every rank
+MAX_TIMEOUT = 1e9  # seconds (31 years): 1e300 overflowed the ranks' store timeout
 
 
 def check_numbers(args) -> None:
@@ -28,6 +29,9 @@ def check_numbers(args) -> None:
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValueError(f"--{name.replace('_', '-')} must be a positive, finite number, "
                              f"got {value}")
+    if args.timeout > MAX_TIMEOUT:
+        raise ValueError(f"--timeout must be at most {MAX_TIMEOUT:.0e} seconds (a rank's store "
+                         f"takes it as a timedelta, which overflowed), got {args.timeout}")
     if args.sample_tokens < 0:
         raise ValueError(f"--sample-tokens must be at least 0, got {args.sample_tokens}")
     top = max(0, (SEED_LIMIT - args.steps - 1) // SEED_STRIDE)

@@ -195,6 +195,7 @@ REFUSED_VALUES = [  # (flags, the one line's message): each once reached a trace
     (["--timeout", "0"], "--timeout must be a positive, finite number, got 0.0"),
     (["--timeout", "nan"], "--timeout must be a positive, finite number, got nan"),
     (["--timeout", "-5"], "--timeout must be a positive, finite number, got -5.0"),
+    (["--timeout", "1e300"], "--timeout must be at most 1e+09 seconds"),
     (["--seed", str(2**70)], "a 64-bit integer for torch; give a seed from 0 to"),
     (["--seed", "-1"], "--seed -1: each step's seed is seed*1,000,003 + step"),
     (["--sample-tokens", "-5"], "--sample-tokens must be at least 0, got -5"),
