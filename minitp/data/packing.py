@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..rules import IGNORE_INDEX
-from .text import HELD_OUT_FRACTION, MAX_CORPUS_BYTES, corpus_files
+from .text import HELD_OUT_FRACTION, MAX_CORPUS_BYTES, as_tokens, corpus_files
 
 PAD = 0  # the padding token's id: never a target, never attended to by a real token
 
@@ -36,7 +36,7 @@ def corpus_documents(max_bytes: int = MAX_CORPUS_BYTES) -> list[torch.Tensor]:
     documents = []
     for file in corpus_files(max_bytes):
         with open(file, "rb") as f:
-            documents.append(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).clone())
+            documents.append(as_tokens(f.read()))
     return documents
 
 
@@ -83,6 +83,9 @@ def get_packed_batch(documents: list[torch.Tensor], step: int, batch_size: int, 
     The documents in an order, and an offset into the first, drawn from a generator
     seeded by (seed, step) alone; then `pack`. The first row starts inside its document,
     so its positions start at 0 there, like every split document's rest."""
+    if not any(len(d) for d in documents):  # the loop below would wait for tokens forever
+        raise ValueError(f"nothing to pack: {len(documents)} documents, none with a token "
+                         f"(an empty text file?)")
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     order = torch.randperm(len(documents), generator=generator).tolist()
     need = batch_size * (seq_len + 1)

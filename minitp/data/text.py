@@ -58,6 +58,13 @@ def load_tokens(path: str | None = None, max_bytes: int = MAX_CORPUS_BYTES) -> t
             with open(file, "rb") as f:
                 chunks.append(f.read())
         data = b"".join(chunks)[:max_bytes]
+    return as_tokens(data)
+
+
+def as_tokens(data: bytes) -> torch.Tensor:
+    """Bytes as a uint8 tensor; an empty file's too (`torch.frombuffer` refuses b"")."""
+    if not data:
+        return torch.zeros(0, dtype=torch.uint8)
     # bytearray: torch.frombuffer wants a writable buffer.
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 

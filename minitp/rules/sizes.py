@@ -12,6 +12,9 @@ def check_positive_int(name: str, value) -> int:
     return value
 
 
+MAX_TIMEOUT = 1e9  # seconds (31 years): 1e300 overflowed the ranks' store timeout
+
+
 def check_timeout(timeout) -> float:
     """`timeout`, if it is a positive, finite number of seconds (not a bool); else a
     ValueError. Written once for `mt.launch` and the CLIs' --timeout, so a CLI refuses in its
@@ -19,6 +22,9 @@ def check_timeout(timeout) -> float:
     if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
             or not math.isfinite(timeout) or timeout <= 0):
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    if timeout > MAX_TIMEOUT:
+        raise ValueError(f"timeout must be at most {MAX_TIMEOUT:.0e} seconds (a rank's store "
+                         f"takes it as a timedelta, which overflows), got {timeout!r}")
     return timeout
 
 

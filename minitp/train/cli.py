@@ -39,7 +39,7 @@ from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
-from . import fp8_flags
+from . import divergence, fp8_flags, save_flags
 from .flags import build_parser, sizes_text, validate
 from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
@@ -99,10 +99,17 @@ def main(argv=None) -> dict:
         # show where the parent happened to be waiting.
         sys.stderr.write(f"{parser.prog}: stopped by Ctrl-C (every rank stopped)\n")
         raise SystemExit(130) from None
+    except divergence.Stopped as stop:
+        # A diverged run (`minitp.train.divergence`): the step and its number, and exit 1,
+        # since the flags were valid (exit 2 says a run was refused before it started).
+        if not under_torchrun() or os.environ["RANK"] == "0":
+            sys.stderr.write(f"{parser.prog}: {stop}\n")
+        raise SystemExit(1) from None
     except LaunchError as error:
         # Its message names the rank and ends with that rank's own traceback; the
-        # frames of this process above it would only bury that.
-        sys.stderr.write(f"{parser.prog}: {error}\n")
+        # frames of this process above it would only bury that. A failed save says
+        # what failed in its one line (save_flags.reported), with no traceback.
+        sys.stderr.write(f"{parser.prog}: {save_flags.failure_line(error) or error}\n")
         raise SystemExit(1) from None
 
 
@@ -118,6 +125,8 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
     run = launch(run_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
                     run_peak.total if run_peak else None, timeout=args.timeout)
     lead = run[0]
+    if "stopped" in lead:  # every rank stopped at the same step; nothing to write
+        raise divergence.Stopped(lead["stopped"])
     summary = {"steps": args.steps, "train_loss": lead["losses"][-1],
                "eval_loss": lead["evals"][-1][1], "tokens_per_s": round(lead["tokens_per_s"], 1)}
     summary.update(_utilisation(cfg, args, lead, run_peak))

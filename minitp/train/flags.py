@@ -23,9 +23,9 @@ from ..rules.cp_comm import CP_COMMS, check_cp_comm_has_cp
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
-from . import model_flags
+from . import model_flags, values
 from .fp8_flags import add_fp8_flags, validate_fp8
-from .impl_flags import add_impl_flags, validate_impl
+from .impl_flags import ZERO_STAGE_LEFT_OUT, add_impl_flags, validate_impl
 from .machine import (
     available_memory,
     memory_needed,
@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--schedule", choices=SCHEDULE_NAMES, default="1f1b",
       help="the pipeline's order; zb-h1 and zb-h2 split each backward into B and W, zbv and "
            "dualpipev too, on two chunks per rank placed in a V (default 1f1b)")
-    a("--zero-stage", type=int, choices=ZERO_STAGES, default=0,
+    a("--zero-stage", type=int, choices=ZERO_STAGES, default=ZERO_STAGE_LEFT_OUT,
       help="ZeRO over the data-parallel axis: 1 shards Adam's state, 2 also the gradients, "
-           "3 also the parameters (default 0: none)")
+           "3 also the parameters (default 0: none; under --impl torch with --dp > 1, 3: "
+           "FSDP2)")
     a("--microbatches", type=int, default=2, help="per data-parallel rank (default 2: the fewest "
                                                   "that still overlap the two stages)")
     a("--virtual-stages", type=int, default=1,
@@ -181,11 +182,11 @@ def validate(args, parser):
         parser.error(str(exc))
     if placement_of(args.schedule) == "v" and args.virtual_stages == 1:  # implied by a V
         args.virtual_stages = 2
-    if args.clip_grad is not None and not args.clip_grad > 0:
-        parser.error(f"--clip-grad must be positive, got {args.clip_grad}")
-    for name in ("lr", "temperature"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+    try:  # nan, inf, a seed past int64, a prompt or a place that the run could not use
+        values.check_numbers(args)
+        values.check_text_and_places(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.warmup < 0:
         parser.error(f"--warmup must be at least 0, got {args.warmup}")
     if args.lr_decay_steps is not None and args.lr_decay_steps < 1:
@@ -210,6 +211,10 @@ def validate(args, parser):
         except ValueError as exc:
             parser.error(str(exc))
     model_flags.record_config(args, cfg)  # args now say what runs: metrics.json records them
+    try:
+        values.check_lr_fits(args)  # in the dtype the run now has (--load's, say)
+    except ValueError as exc:
+        parser.error(str(exc))
     world = world_size_of(args)
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
         product = "dp*pp*cp*tp" if args.cp > 1 else "dp*pp*tp"
@@ -236,10 +241,15 @@ def validate(args, parser):
     if uses_mixed_precision(args) and (args.save or args.load):
         parser.error("--dtype bfloat16 with --save/--load: checkpoints of a mixed-precision run "
                      "would lose its float32 master weights, so minitp does not write them yet")
-    refusal = too_big(memory_needed(args, cfg), available_memory(),
+    need = memory_needed(args, cfg)
+    text = values.rank_data_bytes(args, cfg)  # every rank's copy of the text, held-out batches
+    need = dict(need, per_rank=need["per_rank"] + text,
+                machine=need["machine"] + text * need["ranks"])
+    refusal = too_big(need, available_memory(),
                       "a model: minitp.calc's parameters, gradients, Adam state and "
-                      "activations, plus each rank's dense copy",
-                      "try a smaller --d-model, --n-layer, --seq-len or --batch-size")
+                      "activations, plus each rank's dense copy, text and held-out batches",
+                      "try a smaller --d-model, --n-layer, --seq-len, --batch-size or "
+                      "--eval-batches")
     if refusal:
         parser.error(refusal)
     if args.save:
@@ -247,8 +257,6 @@ def validate(args, parser):
             checkpoint.check_save_target(args.save)
         except OSError as exc:
             parser.error(f"--save: {exc}")
-    if args.data and not os.path.isfile(args.data):
-        parser.error(f"--data {args.data}: no such file")
     if args.pack:
         try:
             check_packing(cfg.vision_patches)

@@ -21,6 +21,8 @@ routing applied), so that metrics.json's ``args`` never shows a value that was n
 
 from __future__ import annotations
 
+import argparse
+import math
 from dataclasses import replace
 
 from ..data import VOCAB_SIZE
@@ -34,8 +36,18 @@ DTYPE = "float32"  # --dtype's default for a new model
 
 
 def capacity_factor(text: str):
-    """--capacity-factor's type: a number F, or "dropless" (no limit)."""
-    return DROPLESS if text == DROPLESS else float(text)
+    """--capacity-factor's type: a finite number F (GPTConfig refuses F <= 0), or "dropless"
+    (no limit); inf once reached a rank's ceil(F*T*K/E) as an OverflowError."""
+    if text == DROPLESS:
+        return DROPLESS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a finite number nor "
+                                         f"{DROPLESS!r}")
+    return value
 
 
 def _flag(name: str) -> str:

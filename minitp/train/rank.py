@@ -18,7 +18,7 @@ from ..data import packing
 from ..model import GPT
 from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
-from . import save_flags
+from . import divergence, save_flags
 from .flags import TEMPERATURE
 from .fp8_flags import one_process as fp8_one_process
 from .fp8_flags import plan_options as fp8_plan
@@ -96,7 +96,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan, **fp8_plan(args))
         optimizer = make_optimizer(model, mesh, new_optimizer)
-    saver = save_flags.saver_for(args, model, optimizer, mesh, plan)  # with --save-every
+    with save_flags.reported():  # a directory another writer took: one line in the parent
+        saver = save_flags.saver_for(args, model, optimizer, mesh, plan)  # with --save-every
     dense = fp8_one_process(GPT(cfg).to(dtype), args)  # on the CPU: evaluation and sampling
     # use the gathered weights (under --fp8 through FP8 casts too: `minitp.train.fp8_flags`)
     if args.pack:
@@ -129,7 +130,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
 
         bar = tqdm(total=args.steps, initial=start_step, file=console(), unit="step",
                    mininterval=0.5, dynamic_ncols=True)
-    losses, evals, seconds, ledger = [], [], 0.0, None
+    losses, evals, seconds, ledger, stopped = [], [], 0.0, None, None
     traced_step = args.steps - 1
     tokens_per_step = args.batch_size * cfg.seq_len
     flops_per_step = calc.model_flops(cfg, args.batch_size)
@@ -150,9 +151,16 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         elapsed = time.perf_counter() - started
         seconds += elapsed
         losses.append(loss)
-        save_flags.after_step(args, saver, step + 1, mesh.rank)
+        stopped = _stop_before_save(args, saver, model, optimizer, step + 1, loss)
+        if stopped:  # every rank, at the same step (`minitp.train.divergence`)
+            break
+        with save_flags.reported():  # a full disk, say: one line in the parent
+            save_flags.after_step(args, saver, step + 1, mesh.rank)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals.append((step + 1, evaluate()))
+            if not math.isfinite(evals[-1][1]):  # all-reduced: the same on every rank
+                stopped = divergence.eval_stop(step + 1, evals[-1][1])
+                break
             if bar is not None:
                 bar.write(f"step {step + 1}: train loss {loss:.4f}, eval loss {evals[-1][1]:.4f}",
                           file=console())
@@ -164,19 +172,34 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
             bar.update(1)
     if bar is not None:
         bar.close()
-    if saver is not None:
-        saver.close()  # an asynchronous write still running
-    elif args.save:
-        checkpoint.save(model, args.save, args.steps, optimizer,
-                        extra={"seed": args.seed, "lr": args.lr})
+    with save_flags.reported():
+        if saver is not None:
+            saver.close()  # an asynchronous write still running (a good step's)
+        elif args.save and not stopped:
+            checkpoint.save(model, args.save, args.steps, optimizer,
+                            extra={"seed": args.seed, "lr": args.lr})
     result = {"memory": {**memory.measure_model_states(model, optimizer),
                          "activations": ledger.total_bytes if ledger else 0}}
-    if lead:
+    if stopped:
+        result["stopped"] = stopped  # no sample: from weights that are not finite, it crashed
+    elif lead:
         result.update(losses=losses, evals=evals, seconds=seconds,
                       tokens_per_s=tokens_per_step * len(losses) / seconds,
                       sample=sample(dense, args.prompt, args.sample_tokens, args.seed,
                                     args.temperature))
     return result
+
+
+def _stop_before_save(args, saver, model, optimizer, step: int, loss: float) -> str | None:
+    """The line that stops the run after `step` (steps taken), or None: a loss that is not
+    finite; or, where a checkpoint is written or the run ends (its weights are then
+    evaluated, saved and sampled), weights that the step's update made not finite."""
+    saving = bool(args.save)
+    stop = divergence.loss_stop(step, loss, saving)
+    due = step == args.steps or (saver is not None and step % args.save_every == 0)
+    if stop is None and due and not divergence.weights_finite(model, optimizer):
+        stop = divergence.weights_stop(step, loss, saving)
+    return stop
 
 
 def sample(model: GPT, prompt: str, n: int, seed: int,
@@ -205,15 +228,28 @@ def sample(model: GPT, prompt: str, n: int, seed: int,
             text = idx[:, -window:]
             # a VLM is shown, as in training, a picture of its text's first characters
             if decoder is not None:
-                logits = decoder.next_logits(idx)[0].double() / temperature
+                logits = decoder.next_logits(idx)[0].double()
             else:
                 image = vision_data.prompt_image(model.cfg, bytes(text[0].tolist()))  # (1, P|0)
-                logits = model(torch.cat([image, text], dim=1))[0][0, -1].double() / temperature
-            logits[~_utf8_allowed(pending)] = -math.inf
+                logits = model(torch.cat([image, text], dim=1))[0][0, -1].double()
+            logits = _tempered(logits, temperature, _utf8_allowed(pending))
             token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
             pending = _utf8_after(pending, token)
             idx = torch.cat([idx, torch.tensor([[token]])], dim=1)
     return bytes(idx[0].tolist()).decode("utf-8")
+
+
+def _tempered(logits: torch.Tensor, temperature: float, allowed: torch.Tensor) -> torch.Tensor:
+    """logits / temperature, the bytes not `allowed` at -inf. Where a tiny temperature
+    overflows a logit to inf (softmax then gives NaN), the logits are first shifted so the
+    largest allowed one is 0: the same distribution, with no overflow (the shift is taken
+    only then, so every other sample stays what it was, bit for bit)."""
+    scaled = logits / temperature
+    scaled[~allowed] = -math.inf
+    if not math.isfinite(float(scaled.max())):
+        scaled = (logits - logits[allowed].max()) / temperature
+        scaled[~allowed] = -math.inf
+    return scaled
 
 
 def _utf8_allowed(pending: list[int]) -> torch.Tensor:

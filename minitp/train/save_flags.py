@@ -109,6 +109,31 @@ def _say_which(given: str, resolved: str) -> None:
         sys.stderr.write(f"--load {given}: {said}\n")
 
 
+class SaveFailed(RuntimeError):
+    """A save that failed on a rank for a reason its one line says (a full disk, a state
+    that is not finite, a directory another writer took, a rank that never sealed): the
+    parent prints that line (`failure_line`), not the rank's traceback."""
+
+
+@contextlib.contextmanager
+def reported():
+    """Around a rank's saves: the checkpoint code's own one-line errors become SaveFailed."""
+    try:
+        yield
+    except (OSError, ValueError, TimeoutError) as exc:
+        raise SaveFailed(str(exc)) from exc
+
+
+def failure_line(error) -> str | None:
+    """`error` (a LaunchError)'s one line when a rank's save failed (`reported`), else None:
+    a traceback's last line is the exception's qualified name and its message."""
+    lines = (error.remote_traceback or "").strip().splitlines()
+    prefix = f"{SaveFailed.__module__}.{SaveFailed.__qualname__}: "
+    if lines and lines[-1].startswith(prefix):
+        return f"rank {error.rank}: {lines[-1].removeprefix(prefix)}"
+    return None
+
+
 def saver_for(args, model, optimizer, mesh, plan: dict) -> Saver | None:
     """The run's `Saver` with --save-every (collective: every rank builds it), else None."""
     if args.save_every is None:

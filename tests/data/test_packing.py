@@ -4,6 +4,7 @@ batch is a function of (seed, step) alone."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minitp.data.packing import PAD, corpus_documents, get_packed_batch, pack
@@ -54,3 +55,10 @@ def test_a_corpus_batch_keeps_its_documents_apart():
     assert starts.any(), "no document boundary drawn: the test would check nothing"
     assert (y[:, :-1][starts] == IGNORE_INDEX).all()
     assert int(positions.max()) < 1024 and min(lengths) > 0
+
+
+def test_documents_without_a_token_are_refused_not_waited_on():
+    """get_packed_batch drew documents until it had a batch's tokens: from empty ones, forever."""
+    for documents in ([], [torch.zeros(0, dtype=torch.uint8)] * 2):
+        with pytest.raises(ValueError, match="nothing to pack"):
+            get_packed_batch(documents, 0, 2, 8)

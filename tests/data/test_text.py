@@ -68,3 +68,10 @@ def test_eval_batches_are_fixed():
 def test_too_short_text_is_a_clear_error():
     with pytest.raises(ValueError, match="seq_len=8 needs at least 9"):
         data.get_batch(torch.zeros(8, dtype=torch.uint8), 0, 1, 8)
+
+
+def test_an_empty_file_is_no_tokens(tmp_path):
+    """torch.frombuffer refuses b"": an empty --data file was a ValueError traceback."""
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert data.load_tokens(str(empty)).shape == (0,)

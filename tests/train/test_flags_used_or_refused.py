@@ -10,6 +10,7 @@ tiny one-process runs check what only a run shows.
 import hashlib
 import io
 import json
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -172,3 +173,148 @@ def test_one_process_run_is_quiet_and_a_resumed_run_uses_its_routing(tmp_path):
     assert {k: metrics["args"][k] for k in routing} == routing
     assert metrics["args"]["n_layer"] == 2 and metrics["args"]["experts"] == 4
     assert {k: checkpoint.read_meta(again)["config"][k] for k in routing} == routing
+
+
+def _refused_line(argv, capsys, monkeypatch) -> str:
+    """The one line `python -m minitp.train argv` prints, refused (exit 2) before any
+    process starts."""
+    _no_launch(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# the launcher's own rule (minitp.rules.check_timeout), in the CLI's words
+TIMEOUT_RULE = "--timeout: timeout must be a positive, finite number of seconds, got "
+REFUSED_VALUES = [  # (flags, the one line's message): each once reached a traceback
+    (["--lr", "inf"], "--lr must be a positive, finite number, got inf"),
+    (["--lr", "1e39"], "--lr 1e+39 is past the largest torch.float32"),  # Adam's step overflowed
+    (["--temperature", "nan"], "--temperature must be a positive, finite number, got nan"),
+    (["--clip-grad", "inf"], "--clip-grad must be a positive, finite number, got inf"),
+    (["--timeout", "0"], TIMEOUT_RULE + "0.0"),
+    (["--timeout", "nan"], TIMEOUT_RULE + "nan"),
+    (["--timeout", "-5"], TIMEOUT_RULE + "-5.0"),
+    (["--timeout", "1e300"], "--timeout: timeout must be at most 1e+09 seconds"),
+    (["--seed", str(2**70)], "a 64-bit integer for torch; give a seed from 0 to"),
+    (["--seed", "-1"], "--seed -1: each step's seed is seed*1,000,003 + step"),
+    (["--sample-tokens", "-5"], "--sample-tokens must be at least 0, got -5"),
+    (["--eval-batches", str(10**9)], "dense copy, text and held-out batches), but only"),
+    (["--experts", "4", "--capacity-factor", "inf"],
+     "--capacity-factor: 'inf' is neither a finite number nor 'dropless'"),
+    (["--prompt", "def \udcff"], "--prompt 'def \\udcff' is not valid UTF-8 text"),  # argv's
+    # form of the byte 0xff
+    (["--impl", "torch", "--fp8", "tensorwise"], "--impl torch does not do --fp8: use minitp's"),
+    (["--impl", "torch", "--dp", "2", "--zero-stage", "0"],
+     "stage 0 would be torch's replicate (DDP), and neither it nor 1-2 is wired here: leave "
+     "--zero-stage out"),
+]
+
+
+@pytest.mark.parametrize("flags,message", REFUSED_VALUES,
+                         ids=[" ".join(f[0])[:30] for f in REFUSED_VALUES])
+def test_a_value_no_run_can_use_is_refused_in_one_line(flags, message, capsys, monkeypatch):
+    assert message in _refused_line([*ONE_PROCESS, *flags], capsys, monkeypatch)
+
+
+def test_an_empty_data_file_is_refused_packed_or_not(tmp_path, capsys, monkeypatch):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    for pack in ([], ["--pack"]):
+        err = _refused_line([*ONE_PROCESS, "--data", str(empty), *pack], capsys, monkeypatch)
+        assert f"--data {empty}: the file is empty" in err, (pack, err)
+
+
+def test_an_out_that_cannot_be_a_directory_is_refused_before_the_run(tmp_path, capsys,
+                                                                      monkeypatch):
+    """Once it failed after the whole run had trained, writing nothing."""
+    afile = tmp_path / "metrics.json"
+    afile.write_text("{}")
+    for out, named in ((afile, "exists and is not a directory"),
+                       (afile / "run" / "one", "is a file")):
+        err = _refused_line([*ONE_PROCESS, "--out", str(out)], capsys, monkeypatch)
+        assert err.startswith("python -m minitp.train: error: --out: ") and named in err, err
+
+
+def test_impl_torch_over_dp_defaults_to_fsdp2():
+    """--impl torch --dp 2 --tp 2 runs as FSDP2 (stage 3: torch's data parallelism here has
+    no stage 0); minitp's own stays at stage 0; args (metrics.json's) say which ran."""
+    torch_dp = [*ONE_PROCESS, "--impl", "torch", "--dp", "2", "--tp", "2"]
+    assert _validated(torch_dp)[0].zero_stage == 3
+    assert _validated([*ONE_PROCESS, "--impl", "torch", "--tp", "2"])[0].zero_stage == 0
+    assert _validated([*ONE_PROCESS, "--dp", "2"])[0].zero_stage == 0
+
+
+def test_a_tiny_temperature_samples_the_likeliest_byte():
+    """At --temperature 1e-320 logits/T overflowed to inf, and softmax gave NaN at the end of
+    a finished run; now it is the greedy choice (and a usual temperature is unchanged)."""
+    from minitp.train.rank import _tempered, _utf8_allowed
+
+    logits = torch.linspace(-3.0, 5.0, 256, dtype=torch.float64)
+    allowed = _utf8_allowed([])
+    probs = torch.softmax(_tempered(logits, 1e-320, allowed), dim=-1)
+    assert probs.isfinite().all() and int(probs.argmax()) == 0xF4 and probs.max() == 1.0
+    usual = logits / 0.9
+    usual[~allowed] = float("-inf")
+    assert torch.equal(_tempered(logits, 0.9, allowed), usual)  # bit for bit as before
+
+
+def test_weights_or_adam_state_not_finite_are_seen():
+    """What every rank checks before a save (`weights_finite` all-reduces it): its weights,
+    and the state of the optimizer it steps (a ZeRO optimizer's inner one: shards, moments)."""
+    from types import SimpleNamespace
+
+    from minitp.train.divergence import locally_finite
+
+    model = torch.nn.Linear(3, 2)
+    shard = torch.zeros(4)
+    moments = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.ones(4)}
+    zero = SimpleNamespace(inner=SimpleNamespace(state={shard: moments},
+                                                 param_groups=[{"params": [shard]}]))
+    assert locally_finite(model, zero)
+    for tensor in (moments["exp_avg_sq"], shard, model.bias):
+        with torch.no_grad():
+            tensor[0] = float("nan")
+        assert not locally_finite(model, zero)
+        with torch.no_grad():
+            tensor[0] = 0.0
+
+
+def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_finite_checkpoint(tmp_path):
+    """--lr 1e9 (float32): the second step's loss is NaN. The run stops there with one line
+    naming the step and the loss, exit 1; it never reaches the end-of-run sample; and the
+    checkpoint of the step before survives --keep 1 (NaN ones once rotated it out)."""
+    from helpers import run_cli
+
+    ckpt = tmp_path / "ckpt"
+    tiny32 = [f for f in TINY if f not in ("--dtype", "float64")]
+    done = run_cli(*tiny32, "--steps", "6", "--lr", "1e9", "--save", str(ckpt),
+                   "--save-every", "1", "--keep", "1", "--out", str(tmp_path / "run"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = re.fullmatch(r"python -m minitp\.train: step (\d+): the loss is (nan|inf|-inf) \(not "
+                        r"finite\): training stopped there, nothing saved at or after it .*\n",
+                        done.stderr)
+    assert line, done.stderr
+    stopped = int(line.group(1))
+    assert stopped >= 2  # the first step's loss is the fresh model's
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{stopped - 1}"]
+    weights = checkpoint.load_dense(str(ckpt / f"step-{stopped - 1}"))[0].state_dict()
+    assert all(t.isfinite().all() for t in weights.values())
+    assert not (tmp_path / "run").exists()  # nothing written for a run that did not finish
+
+
+def test_the_stop_line_names_the_step_and_the_loss():
+    """What the diverging run above prints, for each way it stops (no run needed)."""
+    from minitp.train import divergence
+
+    assert divergence.loss_stop(3, 2.5) is None
+    assert divergence.loss_stop(3, float("nan")).startswith(
+        "step 3: the loss is nan (not finite): training stopped there (try a smaller --lr")
+    assert "stopped there, nothing saved at or after it" in divergence.loss_stop(
+        3, float("inf"), saving=True)
+    assert divergence.weights_stop(4, 7.25, saving=True).startswith(
+        "step 4: its update made the weights not finite (the step's loss was 7.2500): "
+        "training stopped there, nothing saved at or after it")
+    assert divergence.eval_stop(5, float("nan")).startswith("step 5: the held-out loss is nan")
