@@ -42,6 +42,7 @@ from ...sharding.tags import tag
 from ...step import train_step
 from ...step.grad_norm import clip_grad_norm
 from ...tensor_parallel import weight_grad
+from . import load_free
 
 CFG = dict(vocab_size=64, seq_len=16, n_layer=4, n_head=4, d_model=32)
 
@@ -186,25 +187,33 @@ def _timed_rank(schedules, p, m, unit, cfg, clip):
         step()  # warm-up
         costs = (unit_costs(model, unit, split=_split_pairs(schedule, p, mesh.pp.rank, m))
                  if unit else contextlib.nullcontext())
-        with costs:
+        with costs, load_free.sampled() as waits:
             events = step()
         with weighed(model) as held:
             order = [e.label for e in step() if e.op == "compute" and e.label
                      and parse_unit_label(e.label)]
-        out[schedule] = dict(events=events, order=order, held=held)
+        out[schedule] = dict(events=events, order=order, held=held, waits=waits)
     return out
 
 
 def timed(schedules=("1f1b", "zb-h1", "zb-h2"), p: int = 4, m: int = 8, unit: float = 0.02,
           cfg=None, clip: float = 1.0) -> dict:
     """One launch of p ranks: per schedule, ``events`` (every rank's trace of the step
-    with the costs set: units and collectives), ``order`` (each rank's unit labels in
+    with the costs set: units and collectives, with the waits a busy machine caused taken
+    out: `load_free.replay`; ``wall_events``: as the launch's clock saw them),
+    ``order`` (each rank's unit labels in
     the order run, untimed step) and ``held`` (per rank, `weighed`'s bytes).
     ``unit=None``: nothing set, each unit costs what its real compute takes."""
     run = launch(_timed_rank, p, schedules, p, m, unit, cfg or CFG, clip, timeout=120)
-    return {s: dict(events=[e for rank in run for e in rank[s]["events"]],
-                    order=[rank[s]["order"] for rank in run],
-                    held=[rank[s]["held"] for rank in run]) for s in schedules}
+    out = {}
+    for s in schedules:
+        wall = [e for rank in run for e in rank[s]["events"]]
+        v = 2 if placement_of(s) == "v" else 1
+        out[s] = dict(events=load_free.replay(wall, [rank[s]["waits"] for rank in run], p,
+                                              p * v, placement_of(s)),
+                      wall_events=wall, order=[rank[s]["order"] for rank in run],
+                      held=[rank[s]["held"] for rank in run])
+    return out
 
 
 def _exact_rank(schedule, p, m, steps, cfg):
