@@ -4,23 +4,26 @@ measured bubbles are computed from, so that they hold on a loaded CPU.
 On a machine whose cores other processes hold (or with more ranks than cores), a rank that
 could run often waits for a core: its unit's sleep ends and it is not scheduled, its message
 arrives and it is not woken. Each such wait stretches that rank's timeline, and every rank
-that waits for its messages idles the same time longer: lesson 12's bubbles measured 0.50
-and 0.25 where the model says 0.375 and 0.125, with load from other processes (the
-assertion allows 0.1 above). Two corrections, both from measurements:
+that waits for its messages idles the same time longer: with two busy loops and other load,
+lesson 12's bubbles measured 0.50-0.56 (1F1B) and 0.25-0.30 (ZB-H1) where the models say
+0.375 and 0.125 (its assertion allows 0.1 above). So the step is put back together from
+what a busy machine cannot stretch:
 
-* each rank's own clock: the launch's clock less the time its main thread spent waiting
-  for a core (runnable, not running: Linux's ``run_delay``, /proc/.../schedstat), read at
-  every instant the trace records (`sampled`). Where that is not available it is 0;
+* each rank's own clock (`RankClock`): its main thread's CPU time plus the sleep its
+  units were asked for, read at every instant the trace records (`sampled`). A unit lasts
+  what it computed plus its set cost; so does a rank's own work between units. (Taking
+  the wall clock less Linux's run_delay instead left stalls that are not waits for a core,
+  a page brought back in, say: 2 of 12 lesson-12 checks still failed under load.)
 * the waits for another rank (`replay`): a unit that needs another rank's output starts
   once that unit has ended, in its own corrected time, plus the fastest hop measured in
   this step (from a unit's end to the unit it feeds starting, over all such pairs), or
-  when its own rank is free, whichever is later; a unit lasts what it lasted on its own
-  clock, and the rest of the time between a rank's units (not spent receiving) is kept.
+  when its own rank is free, whichever is later.
 
-So what is measured: each unit's duration and each rank's order and own work between units
-(less its time without a core), and the fastest hop. What is not: a wait longer than the
-dependency and the fastest hop explain, which a busy machine causes (an unloaded one shows
-it only as the hop's jitter, well under a millisecond). The raw timeline is kept beside.
+So what is measured: each rank's order, each unit's compute (CPU time), each rank's own
+work between units and the fastest hop; the set costs are counted as set. What is not: a
+wait longer than the dependency and the fastest hop explain, which a busy machine causes
+(an idle one shows it only as the hop's jitter, under a millisecond), nor compute on
+threads other than the rank's main one. The raw timeline is kept beside (``wall_events``).
 """
 
 from __future__ import annotations
@@ -29,40 +32,40 @@ import bisect
 import contextlib
 import dataclasses
 import threading
+import time
 
 from ...rules import parse_unit_label, rank_and_chunk, stage_of
 from ...runtime import trace
 
 
-def _run_delay_reader():
-    """A function giving this thread's seconds waiting for a core so far (0 if unknown)."""
-    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+class RankClock:
+    """A rank's clock that a busy machine cannot stretch: its main thread's CPU time plus
+    the sleep it was asked for (`sleep`). Read from any thread, it is the main thread's."""
 
-    def read() -> float:
-        try:
-            with open(path) as f:
-                return int(f.read().split()[1]) / 1e9
-        except (OSError, IndexError, ValueError):
-            return 0.0
-    return read
+    def __init__(self):
+        self.asked = 0.0  # seconds of sleep asked for so far
+        self._cpu = (time.pthread_getcpuclockid(threading.get_ident())
+                     if hasattr(time, "pthread_getcpuclockid") else None)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+        self.asked += seconds  # after: a reading during the sleep is of its start
+
+    def read(self) -> float:
+        cpu = time.clock_gettime(self._cpu) if self._cpu is not None else time.thread_time()
+        return cpu + self.asked
 
 
 @contextlib.contextmanager
-def sampled():
-    """While inside: every time this rank's trace reads its clock, the main thread's
-    waiting-for-a-core seconds then, as {clock value: seconds}."""
-    rec, read, found = trace.recorder(), _run_delay_reader(), {}
+def sampled(clock: RankClock):
+    """While inside: every time this rank's trace reads its clock, `clock` too, as
+    {trace instant: clock's reading}."""
+    rec, found = trace.recorder(), {}
     now = rec.now
 
     def sampling_now():
-        # A wait for a core between reading the clock and reading the waits would count
-        # as before the instant: read them until no such wait came between (at most 4 tries)
-        for _ in range(4):
-            waited = read()
-            value = now()
-            if read() == waited:
-                break
-        found[value] = waited
+        value = now()
+        found[value] = clock.read()
         return value
 
     rec.now = sampling_now
@@ -87,17 +90,17 @@ def _needs(unit, p: int, stages: int, placement: str):
     return None if other == unit.rank else (other, kind, i, chunk)
 
 
-def replay(events, delays, p: int, stages: int, placement: str) -> list:
+def replay(events, readings, p: int, stages: int, placement: str) -> list:
     """`events` (every rank's, on the launch's clock) with each pipeline unit moved to
     where it runs without the waits a busy machine caused (see the module's docstring);
-    every other event of a rank moves with the unit before it. `delays`: per rank,
-    `sampled`'s {clock value: seconds waiting for a core}."""
-    samples = [sorted(d.items()) for d in delays]
-    clocks = [[t for t, _ in found] for found in samples]
+    every other event of a rank moves with the unit before it. `readings`: per rank,
+    `sampled`'s {trace instant: its `RankClock`'s reading}."""
+    samples = [sorted(found.items()) for found in readings]
+    instants = [[t for t, _ in found] for found in samples]
 
-    def own(e, t):  # a rank's clock less its waiting for a core (the last sample by t)
-        at = bisect.bisect_right(clocks[e.rank], t) - 1
-        return t - (samples[e.rank][at][1] if at >= 0 else 0.0)
+    def own(e, t):  # the rank's own clock at instant t (its last reading by then)
+        at = bisect.bisect_right(instants[e.rank], t) - 1
+        return samples[e.rank][max(at, 0)][1]
 
     units = sorted((e for e in events if e.op == "compute" and parse_unit_label(e.label)),
                    key=lambda e: e.start)

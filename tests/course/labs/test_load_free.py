@@ -2,6 +2,8 @@
 caused taken out — checked on timelines written here, in-process: the same step as a
 loaded machine and as an idle one ran it."""
 
+import time
+
 import pytest
 
 from minitp.course.labs import load_free
@@ -17,16 +19,18 @@ def _event(rank, op, start, end, label=""):
 
 
 def _one_microbatch(kept_from_a_core_ms: float):
-    """p = 2, m = 1, F 20 ms, B 40 ms, a hop of 1 ms. Rank 1 waits `kept_from_a_core_ms`
-    for a core during its F0; rank 0 idles that much longer, waiting for its B0's input."""
+    """p = 2, m = 1, F 20 ms, B 40 ms (set costs, no compute), a hop of 1 ms. Rank 1 waits
+    `kept_from_a_core_ms` for a core during its F0; rank 0 idles that much longer, waiting
+    for its B0's input. Each rank's own clock (`RankClock`: CPU time and sleep asked for)
+    advances by the set costs only."""
     k = kept_from_a_core_ms
     events = [_event(0, "compute", 0, 20, "F0"),
               _event(1, "recv", 0, 21), _event(1, "compute", 21, 41 + k, "F0"),
               _event(1, "compute", 41 + k, 81 + k, "B0"),
               _event(0, "recv", 20, 82 + k), _event(0, "compute", 82 + k, 122 + k, "B0")]
-    delays = [{0: 0.0, 20 * MS: 0.0, 82 * MS + k * MS: 0.0},
-              {0: 0.0, 21 * MS: 0.0, (41 + k) * MS: k * MS, (81 + k) * MS: k * MS}]
-    return events, delays
+    readings = [{0: 0, 20 * MS: 20 * MS, (82 + k) * MS: 20 * MS, (122 + k) * MS: 60 * MS},
+                {0: 0, 21 * MS: 0, (41 + k) * MS: 20 * MS, (81 + k) * MS: 60 * MS}]
+    return events, readings
 
 
 def _units(events):
@@ -50,9 +54,14 @@ def test_a_wait_the_schedule_makes_is_kept():
     assert _units(moved)[(0, "B0")][0] - _units(moved)[(0, "F0")][1] == pytest.approx(62)
 
 
-def test_sampled_records_a_wait_for_every_trace_instant_and_puts_the_clock_back():
-    rec = trace.recorder()
-    with load_free.sampled() as waits:
-        instants = [rec.now() for _ in range(3)]
-    assert sorted(waits) == instants and all(w >= 0 for w in waits.values())
-    assert "now" not in vars(rec)  # the class's own clock again
+def test_a_rank_clock_counts_the_sleep_asked_for_and_the_cpu_time_not_the_wall_clock():
+    """Read at every trace instant inside `sampled`; afterwards the trace's clock is its own."""
+    clock, rec = load_free.RankClock(), trace.recorder()
+    with load_free.sampled(clock) as readings:
+        first = rec.now()
+        clock.sleep(0.05)
+        time.sleep(0.05)  # not asked for by a unit: a wait, not counted
+        second = rec.now()
+    assert sorted(readings) == [first, second] and second - first >= 0.1
+    assert 0.05 <= readings[second] - readings[first] < 0.09
+    assert "now" not in vars(rec)
