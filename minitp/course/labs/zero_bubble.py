@@ -190,7 +190,7 @@ def _timed_rank(schedules, p, m, unit, cfg, clip):
         clock = load_free.RankClock()
         costs = (unit_costs(model, unit, _split_pairs(schedule, p, mesh.pp.rank, m), clock)
                  if unit else contextlib.nullcontext())
-        with costs, load_free.sampled(clock) as readings:
+        with costs, (load_free.sampled(clock) if unit else contextlib.nullcontext({})) as readings:
             events = step()
         with weighed(model) as held:
             order = [e.label for e in step() if e.op == "compute" and e.label
@@ -206,15 +206,17 @@ def timed(schedules=("1f1b", "zb-h1", "zb-h2"), p: int = 4, m: int = 8, unit: fl
     out: `load_free.replay`; ``wall_events``: as the launch's clock saw them),
     ``order`` (each rank's unit labels in
     the order run, untimed step) and ``held`` (per rank, `weighed`'s bytes).
-    ``unit=None``: nothing set, each unit costs what its real compute takes."""
+    ``unit=None``: nothing set, each unit costs what its real compute takes, and
+    ``events`` are as the launch's clock saw them (compute on several threads has no one
+    CPU clock to replay it by)."""
     run = launch(_timed_rank, p, schedules, p, m, unit, cfg or CFG, clip, timeout=120)
     out = {}
     for s in schedules:
         wall = [e for rank in run for e in rank[s]["events"]]
         v = 2 if placement_of(s) == "v" else 1
-        out[s] = dict(events=load_free.replay(wall, [rank[s]["readings"] for rank in run], p,
-                                              p * v, placement_of(s)),
-                      wall_events=wall, order=[rank[s]["order"] for rank in run],
+        readings = [rank[s]["readings"] for rank in run]
+        out[s] = dict(events=load_free.replay(wall, readings, p, p * v, placement_of(s))
+                      if unit else wall, wall_events=wall, order=[rank[s]["order"] for rank in run],
                       held=[rank[s]["held"] for rank in run])
     return out
 
