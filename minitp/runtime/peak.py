@@ -18,8 +18,8 @@ spin-wait at each barrier, and that spinning counts as CPU time, so such a peak 
 out low by however long they spun. Hence single-threaded × cores: an upper bound on what
 the cores do together (all of them at once run at a lower clock than one alone and
 share memory bandwidth), so an MFU against it errs low, never above 1 by the machine's
-fault. Measured on the 2-core CI machine: 103 (float32) per core, 206 in all, idle;
-the same within a few % with two busy loops holding both cores.
+fault. Measured on a 2-core machine of CI's kind, float32: 179-207 GFLOP/s without and
+186-197 with two busy loops holding both cores (by the old wall clock: 4-207 and 3-43).
 
 Cores: the CPUs this process may run on (``os.sched_getaffinity``), counted once per
 physical core where Linux says which are SMT siblings (two hardware threads of a core
