@@ -1,6 +1,6 @@
 """Gloo's rules for gathers and scatters, written once for the blocking and the
-non-blocking forms: the tensor variants (``all_gather_into_tensor``,
-``reduce_scatter_tensor``), blocks moved into place along any dim, equal shapes."""
+non-blocking forms: the tensor variants (``all_gather_single``,
+``reduce_scatter_single``), blocks moved into place along any dim, equal shapes."""
 
 from __future__ import annotations
 

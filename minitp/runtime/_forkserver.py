@@ -21,6 +21,7 @@ import traceback
 
 from ._processes import alive
 from ._signals import interrupts_deferred
+from .errors import LaunchError
 
 # torch._dynamo: torch.utils.checkpoint imports it on first use, >1 s per rank;
 # preloaded, the forkserver pays it once (measured: activation_table 5 s -> 1.6 s).
@@ -186,6 +187,8 @@ if sys.platform != "win32":
 # launcher is gone. A directory without the mark is never touched, whatever its name.
 RENDEZVOUS_PREFIX = "minitp-"   # + "<launcher pid>-<random>"; the pid is for people reading
 OWNER_FILE = ".minitp-owner"    # the mark: the pid of the process that made the directory
+SUN_PATH_MAX = 103 if sys.platform == "darwin" else 107  # sun_path's bytes, less its NUL
+SOCKET_SUFFIX_LEN = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 
 
 def make_owned_directory(prefix: str) -> str:
@@ -196,10 +199,34 @@ def make_owned_directory(prefix: str) -> str:
 
 
 def own_multiprocessing_directory() -> None:
-    """Mark this process's `pymp-*` directory as a minitp launcher's (made now if need be)."""
+    """Mark this process's `pymp-*` directory as a minitp launcher's (made now if need be,
+    where the forkserver's socket fits: `_short_enough_base`)."""
+    if mp_process.current_process()._config.get("tempdir") is None:
+        base = _short_enough_base()
+        if base != tempfile.gettempdir():  # as multiprocessing makes it, in another folder
+            path = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            mp_util.Finalize(None, mp_util._remove_temp_dir, args=(shutil.rmtree, path),
+                             exitpriority=-100)
+            mp_process.current_process()._config["tempdir"] = path
     path = mp_util.get_temp_dir()
     if not os.path.exists(os.path.join(path, OWNER_FILE)):
         _sign(path)
+
+
+def _short_enough_base() -> str:
+    """Where `pymp-*` can go: the temporary folder, unless the forkserver's socket,
+    ``<folder>/pymp-XXXXXXXX/listener-XXXXXXXX``, would pass an AF_UNIX address's length
+    (a TMPDIR of more than ~75 characters: Python before 3.14 then fails every launch with
+    "AF_UNIX path too long"); then /tmp or /var/tmp, as Python 3.14 does (gh-132124)."""
+    base = tempfile.gettempdir()
+    if len(base) + SOCKET_SUFFIX_LEN <= SUN_PATH_MAX:
+        return base
+    for short in ("/tmp", "/var/tmp"):
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            return short
+    raise LaunchError(f"the temporary folder {base!r} is {len(base)} characters long, too long "
+                      "for the forkserver's socket, and /tmp is not writable: set a shorter "
+                      "TMPDIR")
 
 
 def _sign(directory: str) -> None:

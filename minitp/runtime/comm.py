@@ -6,7 +6,8 @@ This module and `minitp.runtime.comm_pending` are the only ones that call
 (CPU or GPU alike), and leaves an `Event` in this rank's trace.
 
 Rules learned on gloo (CPU), torch 2.4 onwards:
-  * use the tensor variants (``all_gather_into_tensor``, ``reduce_scatter_tensor``);
+  * use the tensor variants (``all_gather_single``, ``reduce_scatter_single``: torch 2.13's
+    names; the older ``*_into_tensor``/``*_tensor`` warn FutureWarning on every rank);
     where the installed torch lacks one for this backend we fall back to a
     collective that is correct and say so in the event label;
   * never ``ReduceOp.AVG`` (gloo's reduce-scatter silently returns the SUM on
@@ -85,7 +86,7 @@ def all_gather(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
         return local.clone()
     start = agree("all_gather", axis, x, dim)
     with TracedOp("all_gather", axis, x, out.numel() * out.element_size(), start=start):
-        dist.all_gather_into_tensor(out, local, group=axis.group)
+        dist.all_gather_single(out, local, group=axis.group)
     return gathered_along(out, local, axis.size, dim)
 def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
     """Sum `x` over the ranks of `axis`; rank i keeps the i-th of n equal chunks along `dim`."""
@@ -94,7 +95,7 @@ def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int = 0) -> torch.Tensor:
         return x.detach().clone()
     start = agree("reduce_scatter", axis, x, dim % x.dim())
     with TracedOp("reduce_scatter", axis, x, flat.numel() * flat.element_size(), start=start):
-        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
+        dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=axis.group)
     return out
 def exchange_counts(counts, axis: Axis) -> list[int]:
     """Rank r tells the k-th rank of `axis` ``counts[k]`` (how many rows it will send it)

@@ -106,8 +106,8 @@ def all_gather_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
     if out is None:
         return Pending(None, "all_gather", axis, x, 0, result=local.clone())
     posted = agree("all_gather", axis, x, dim)
-    return Pending(lambda: dist.all_gather_into_tensor(out, local, group=axis.group,
-                                                       async_op=True),
+    return Pending(lambda: dist.all_gather_single(out, local, group=axis.group,
+                                                   async_op=True),
                    "all_gather", axis, x, out.numel() * out.element_size(), result=out,
                    then=lambda o: gathered_along(o, local, axis.size, dim), posted=posted)
 
@@ -119,7 +119,7 @@ def reduce_scatter_start(x: torch.Tensor, axis: Axis, dim: int = 0) -> Pending:
     if out is None:
         return Pending(None, "reduce_scatter", axis, x, 0, result=x.detach().clone())
     posted = agree("reduce_scatter", axis, x, dim % x.dim())
-    return Pending(lambda: dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM,
+    return Pending(lambda: dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM,
                                                       group=axis.group, async_op=True),
                    "reduce_scatter", axis, x, flat.numel() * flat.element_size(), result=out,
                    posted=posted)

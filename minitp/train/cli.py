@@ -123,7 +123,7 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
     run_peak = _run_peak(world, args)
     wall = time.perf_counter()
     run = launch(run_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
-                    run_peak.total if run_peak else None, timeout=args.timeout)
+                 run_peak and run_peak.total, timeout=args.timeout)
     lead = run[0]
     if "stopped" in lead:  # every rank stopped at the same step; nothing to write
         raise divergence.Stopped(lead["stopped"])
@@ -155,7 +155,8 @@ def _run_peak(world: int, args):
 
 def _utilisation(cfg, args, lead, run_peak) -> dict:
     """Model FLOP/s (Korthikanti et al.'s model FLOPs: recomputation not counted) and
-    MFU, with where the peak came from; no MFU where the peak is not known."""
+    MFU, with where the peak came from; no MFU (null, and why) where the peak is not
+    known: a GPU not in the table, or a CPU whose measurement did not hold together."""
     from .. import calc
 
     achieved = calc.model_flops(cfg, args.batch_size) * len(lead["losses"]) / lead["seconds"]
@@ -165,6 +166,8 @@ def _utilisation(cfg, args, lead, run_peak) -> dict:
             "not measured: under torchrun on a CPU every rank would measure at once"
             if under_torchrun() and not on_gpus(world_size_of(args))
             else "no datasheet peak for this GPU and dtype")
+    elif run_peak.total is None:
+        out["mfu"], out["peak_source"] = None, run_peak.source
     else:
         out["mfu"] = float(f"{achieved / run_peak.total:.6g}")
         out["peak_flops"] = float(f"{run_peak.total:.6g}")

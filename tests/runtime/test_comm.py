@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from fractions import Fraction
 
 import cloudpickle
@@ -42,6 +43,15 @@ def _sub_axis(n: int):
 
 
 def _comm_worker():
+    """`_every_call`'s results, and every warning those calls gave (``"warned"``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # each call's, not only the first of a place
+        out = _every_call()
+    out["warned"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+    return out
+
+
+def _every_call():
     """Call everything once; return {check: (output, events of that call)} and extras."""
     rank, n = dist.get_rank(), dist.get_world_size()
     world = mt.world()
@@ -165,6 +175,13 @@ def _ring(op, n, nbytes) -> int:
     wire = factor * nbytes
     assert wire.denominator == 1, "pick a size the formula divides"
     return int(wire)
+
+
+def test_no_collective_warns_that_it_is_deprecated(comm_run):
+    """torch 2.13 deprecated all_gather_into_tensor and reduce_scatter_tensor: called,
+    they printed a FutureWarning on every rank (under torchrun, where ranks' stderr shows)."""
+    for warned in (out["warned"] for out in comm_run[1]):
+        assert not [w for w in warned if w.startswith(("FutureWarning", "DeprecationWarning"))]
 
 
 def test_all_reduce_sum(comm_run):

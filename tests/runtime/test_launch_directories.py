@@ -158,3 +158,34 @@ def test_a_launcher_killed_at_any_moment_of_a_cold_start_leaves_nothing_for_good
                 except (ProcessLookupError, PermissionError):
                     pass
             proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- a long TMPDIR
+_LAUNCH_AND_SAY_WHERE = ("import multiprocessing.util as u, minitp as mt; "
+                         "assert list(mt.launch(int, 1, timeout=60)) == [0]; "
+                         "print(u.get_temp_dir())")
+
+
+def test_a_launch_works_with_a_tmpdir_too_long_for_a_unix_socket(tmp_path):
+    """The forkserver's socket lives in multiprocessing's `pymp-*` directory: under a TMPDIR
+    of 100 characters its path passed AF_UNIX's 107, and every launch failed ("OSError:
+    AF_UNIX path too long"; pytest's own tmp_path can be that deep). It goes to /tmp then."""
+    deep = tmp_path / ("d" * max(1, 100 - len(str(tmp_path))))
+    deep.mkdir()
+    done = subprocess.run([sys.executable, "-c", _LAUNCH_AND_SAY_WHERE],
+                          env=clean_env(TMPDIR=str(deep)), capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert os.path.dirname(done.stdout.strip()) in ("/tmp", "/var/tmp")
+
+
+def test_a_tmpdir_too_long_with_no_tmp_to_fall_back_on_is_refused_in_one_line(monkeypatch):
+    from minitp.runtime import _forkserver
+
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "d" * 99)
+    monkeypatch.setattr(os, "access", lambda *a: False)
+    with pytest.raises(mt.runtime.errors.LaunchError, match=r"^the temporary folder '/d+' is "
+                       r"100 characters long, too long .* set a shorter TMPDIR$"):
+        _forkserver._short_enough_base()
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "d" * 74)  # the longest that fits
+    assert _forkserver._short_enough_base() == "/" + "d" * 74

@@ -1,10 +1,17 @@
 """minitp.runtime.peak: the FLOP/s MFU divides by — a GPU's from the datasheet table, a CPU's
-measured here."""
+measured here, by one thread's CPU clock so that a busy machine cannot lower it."""
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import minitp as mt
 from minitp.runtime import peak
+from minitp.train import cli
 
 
 @pytest.mark.parametrize("name, dtype, flops", [
@@ -32,3 +39,43 @@ def test_a_cpu_peak_is_measured_once_for_the_machine():
     assert found.devices == 1 and found.source.startswith("measured here")
     # a real matmul: between a slow core's 1 GFLOP/s and far beyond any CPU's 100 TFLOP/s
     assert 1e8 < found.flops < 1e14
+    assert found.flops == pytest.approx(float(found.source.split(" GFLOP/s")[0].split()[-1])
+                                        * 1e9 * peak.cpu_cores(), rel=1e-3)
+
+
+def test_a_busy_machine_does_not_lower_the_cpu_peak():
+    """Both cores held by busy loops (the old wall-clock peak fell 5-10x so, and runs
+    reported an MFU above 1): the peak stays within 2x of the one measured without them."""
+    idle = peak.peak(False, 2, torch.float32).flops
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(max(2, round(peak.cpu_cores())))]
+    try:
+        time.sleep(0.3)  # both loops running
+        busy = peak.peak(False, 2, torch.float32).flops
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert idle / 2 < busy < 2 * idle, (idle, busy)
+
+
+@pytest.mark.parametrize("seconds, tick, why", [
+    ([0.005] * 8, 1e-9, None),
+    ([0.005] * 4 + [0.006] * 4, 1e-9, None),
+    ([0.005] + [0.009] * 7, 1e-9, "the trials disagree"),  # the median 1.8x the best
+    ([0.005] * 8, 0.0156, "too coarse"),  # a 15.6 ms tick cannot time 5 ms
+    ([0.0] * 8, 1e-9, "too coarse"),
+])
+def test_a_cpu_peak_is_believed_only_when_its_trials_agree(seconds, tick, why):
+    found = peak.disagreement(seconds, tick)
+    assert found is None if why is None else why in found
+
+
+def test_a_peak_that_cannot_be_measured_gives_no_mfu_and_says_why(monkeypatch):
+    monkeypatch.setattr(peak, "measure_core_flops", lambda dtype: (None, "the trials disagree"))
+    found = peak.peak(False, 4, torch.float32)
+    assert found.total is None and found.source == "not measured: the trials disagree"
+    cfg = mt.GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32)
+    args = SimpleNamespace(batch_size=8, dp=1, pp=1, cp=1, tp=4)
+    out = cli._utilisation(cfg, args, {"losses": [1.0], "seconds": 1.0}, found)
+    assert out["mfu"] is None and out["peak_source"] == "not measured: the trials disagree"

@@ -36,23 +36,35 @@ class _WatchBackward:
         self.made, self.gathered, self.held = made, [], []
         self._originals = None
 
+    # torch 2.13's names (minitp's comm calls these) and the deprecated ones a learner
+    # may still call: the old ones reach the new through torch's module, not `dist`'s
+    # attributes, so each call is watched once.
+    GATHERS = ("all_gather_single", "all_gather_into_tensor")
+    SCATTERS = ("reduce_scatter_single", "reduce_scatter_tensor")
+
     def __enter__(self):
-        self._originals = gather, scatter = (dist.all_gather_into_tensor,
-                                             dist.reduce_scatter_tensor)
+        self._originals = {name: getattr(dist, name) for name in self.GATHERS + self.SCATTERS}
 
-        def watched_gather(output, *args, **kwargs):
-            self.gathered.append(weakref.ref(output))
-            return gather(output, *args, **kwargs)
+        def watched_gather(gather):
+            def watched(output, *args, **kwargs):
+                self.gathered.append(weakref.ref(output))
+                return gather(output, *args, **kwargs)
+            return watched
 
-        def watched_scatter(*args, **kwargs):
-            self.held.append([_bytes(refs) for refs in self.made])
-            return scatter(*args, **kwargs)
+        def watched_scatter(scatter):
+            def watched(*args, **kwargs):
+                self.held.append([_bytes(refs) for refs in self.made])
+                return scatter(*args, **kwargs)
+            return watched
 
-        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = watched_gather, watched_scatter
+        for name, original in self._originals.items():
+            setattr(dist, name, (watched_gather if name in self.GATHERS else watched_scatter)(
+                original))
         return self
 
     def __exit__(self, *exc):
-        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = self._originals
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
 
 
 def _bytes(refs) -> int:

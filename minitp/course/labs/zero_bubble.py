@@ -42,6 +42,7 @@ from ...sharding.tags import tag
 from ...step import train_step
 from ...step.grad_norm import clip_grad_norm
 from ...tensor_parallel import weight_grad
+from . import load_free
 
 CFG = dict(vocab_size=64, seq_len=16, n_layer=4, n_head=4, d_model=32)
 
@@ -56,26 +57,28 @@ def random_batch(cfg, rows: int, seed: int = 0):
 
 # --------------------------------------------------------------------------- set costs
 @contextlib.contextmanager
-def unit_costs(model, unit: float, split):
+def unit_costs(model, unit: float, split, clock=None):
     """While inside: every forward of a stage sleeps `unit`, every B `unit` (a whole
     backward, B + W, ``2 * unit``), every W `unit` before its real work. split: the
     (chunk, microbatch) pairs whose backward the schedule splits (or True / False: all,
-    none); a chunk's forwards run in microbatch order, so its n-th is microbatch n."""
+    none); a chunk's forwards run in microbatch order, so its n-th is microbatch n.
+    clock: a `load_free.RankClock` to sleep by (it counts the sleep asked for)."""
     run = weight_grad.DeferredWeightGrads.run
     forwards = {}
+    sleep = clock.sleep if clock is not None else time.sleep
 
     def sleepy_run(self):  # W: one unit
-        time.sleep(unit)
+        sleep(unit)
         run(self)
 
     def after_forward(k):
         def hook(_, __, output):
-            time.sleep(unit)  # F: one unit
+            sleep(unit)  # F: one unit
             i = forwards[k] = forwards.get(k, -1) + 1
             halves = split if isinstance(split, bool) else (k, i) in split
             out, loss = output
             (loss if loss is not None else out).register_hook(  # B, or B + W
-                lambda grad: time.sleep(unit if halves else 2 * unit))
+                lambda grad: sleep(unit if halves else 2 * unit))
         return hook
 
     handles = [chunk.register_forward_hook(after_forward(k))
@@ -184,27 +187,38 @@ def _timed_rank(schedules, p, m, unit, cfg, clip):
             return trace.events()
 
         step()  # warm-up
-        costs = (unit_costs(model, unit, split=_split_pairs(schedule, p, mesh.pp.rank, m))
+        clock = load_free.RankClock()
+        costs = (unit_costs(model, unit, _split_pairs(schedule, p, mesh.pp.rank, m), clock)
                  if unit else contextlib.nullcontext())
-        with costs:
+        with costs, (load_free.sampled(clock) if unit else contextlib.nullcontext({})) as readings:
             events = step()
         with weighed(model) as held:
             order = [e.label for e in step() if e.op == "compute" and e.label
                      and parse_unit_label(e.label)]
-        out[schedule] = dict(events=events, order=order, held=held)
+        out[schedule] = dict(events=events, order=order, held=held, readings=readings)
     return out
 
 
 def timed(schedules=("1f1b", "zb-h1", "zb-h2"), p: int = 4, m: int = 8, unit: float = 0.02,
           cfg=None, clip: float = 1.0) -> dict:
     """One launch of p ranks: per schedule, ``events`` (every rank's trace of the step
-    with the costs set: units and collectives), ``order`` (each rank's unit labels in
+    with the costs set: units and collectives, with the waits a busy machine caused taken
+    out: `load_free.replay`; ``wall_events``: as the launch's clock saw them),
+    ``order`` (each rank's unit labels in
     the order run, untimed step) and ``held`` (per rank, `weighed`'s bytes).
-    ``unit=None``: nothing set, each unit costs what its real compute takes."""
+    ``unit=None``: nothing set, each unit costs what its real compute takes, and
+    ``events`` are as the launch's clock saw them (compute on several threads has no one
+    CPU clock to replay it by)."""
     run = launch(_timed_rank, p, schedules, p, m, unit, cfg or CFG, clip, timeout=120)
-    return {s: dict(events=[e for rank in run for e in rank[s]["events"]],
-                    order=[rank[s]["order"] for rank in run],
-                    held=[rank[s]["held"] for rank in run]) for s in schedules}
+    out = {}
+    for s in schedules:
+        wall = [e for rank in run for e in rank[s]["events"]]
+        v = 2 if placement_of(s) == "v" else 1
+        readings = [rank[s]["readings"] for rank in run]
+        out[s] = dict(events=load_free.replay(wall, readings, p, p * v, placement_of(s))
+                      if unit else wall, wall_events=wall, order=[rank[s]["order"] for rank in run],
+                      held=[rank[s]["held"] for rank in run])
+    return out
 
 
 def _exact_rank(schedule, p, m, steps, cfg):
