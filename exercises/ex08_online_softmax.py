@@ -34,10 +34,12 @@ the query chunk is attended whole; one that lies wholly after it, not at all
 (compute nothing); the same chunk, the causal triangle (key j ≤ query i). Each
 step, each of your two query chunks meets each of the two key chunks that have
 arrived: work out which of the three it is, compute what the mask keeps with
-`block_attention(q_chunk, k_chunk, v_chunk, causal)` (given; one query chunk and
-one key chunk per call: the grader counts the blocks each rank computes, and
-they must be equal on every rank), and merge it into that query chunk's running
-result. Then pass K and V on, and return ``(out, lse, k_next, v_next)``. The
+`block_attention(q_chunk, k_chunk, v_chunk, causal)` (given), and merge it into
+that query chunk's running result. (`block_attention` also takes a `keep` mask:
+one call on all 2L queries and 2L keys, masked by position, is right too.) The
+grader counts the (chunk × chunk) blocks each rank computes with it: they must be
+equal on every rank, and it says what computing a block the mask removes whole
+costs. Then pass K and V on, and return ``(out, lse, k_next, v_next)``. The
 last hop carries no block anyone still needs: make it or skip it, both are right.
 
 What you need: ``torch.logaddexp`` (or ``torch.maximum``, ``torch.exp``,
@@ -92,16 +94,23 @@ def split(x, rank: int, cp: int):
     )
 
 
-def block_attention(q, k, v, causal: bool):
-    """One block's partial: softmax over this block's keys only, and its log-sum-exp.
-    `causal`: q and k are the same positions (keep key j <= query i)."""
+def block_attention(q, k, v, causal: bool, keep=None):
+    """A partial: softmax over these keys only, and its log-sum-exp. `causal`: q and k are
+    the same positions (keep key j <= query i). `keep`, instead: a (queries, keys) bool
+    tensor, True where query i may see key j; a query that sees none gets out 0, lse -inf
+    (an empty partial, which the merge ignores)."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         n = scores.shape[-1]
         keep = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
+    if keep is None:
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.exp(scores - lse.unsqueeze(-1)) @ v, lse
+    empty = ~keep.any(dim=-1)  # rows with no key: made finite here, emptied below
+    scores = scores.masked_fill(~keep, float("-inf")).masked_fill(empty.unsqueeze(-1), 0.0)
     lse = torch.logsumexp(scores, dim=-1)
-    return torch.exp(scores - lse.unsqueeze(-1)) @ v, lse
+    out = torch.exp(scores - lse.unsqueeze(-1)) @ v
+    return out.masked_fill(empty.unsqueeze(-1), 0.0), lse.masked_fill(empty, float("-inf"))
 
 
 def ring_step(q, k, v, out, lse, step: int, axis: mt.Axis):

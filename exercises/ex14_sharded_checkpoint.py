@@ -110,48 +110,40 @@ def state_runs(table, owner, ids) -> dict:
 
 def tp_block(shape, rule, tp_rank: int, tp: int) -> tuple[slice, ...]:
     """The block of a dense tensor of `shape` that tensor-parallel rank `tp_rank` holds."""
-    # hint: None: the whole tensor. Otherwise one dimension is cut into tp equal blocks:
-    # hint: which one? nn.Linear keeps its weight as (out_features, in_features).
+    # hint: What does each rule split: y = x Wᵀ's outputs, its inputs, the vocabulary?
+    # hint: And which dimension of the stored weight is that?
     raise NotImplementedError(
-        'None: the whole tensor. Otherwise one dimension is cut into tp equal blocks: which '
-        'one? nn.Linear keeps its weight as (out_features, in_features).'
+        "What does each rule split: y = x Wᵀ's outputs, its inputs, the vocabulary? And which"
+        ' dimension of the stored weight is that?'
     )
 
 
 def state_owner(table, k: int, element: int, tp: int, dp: int) -> int:
     """The global rank that writes Adam's state of element `element` of ``table[k]``."""
-    # hint: Which tp ranks hold the element (its block on each, or every tp rank for a
-    # hint: replicated parameter)? On each, its position in zero1_flat gives the dp rank
-    # hint: whose ZeRO-1 shard has it. Of those holders, the lowest global rank writes it.
+    # hint: Which ranks hold Adam's state of this element: on which tp ranks is it, and
+    # hint: on each, which dp rank's ZeRO-1 shard? Which of them does the write rule pick?
     raise NotImplementedError(
-        'Which tp ranks hold the element (its block on each, or every tp rank for a '
-        'replicated parameter)? On each, its position in zero1_flat gives the dp rank whose '
-        'ZeRO-1 shard has it. Of those holders, the lowest global rank writes it.'
+        "Which ranks hold Adam's state of this element: on which tp ranks is it, and on each,"
+        " which dp rank's ZeRO-1 shard? Which of them does the write rule pick?"
     )
 
 
 def writes(table, tp_rank: int, dp_rank: int, tp: int, dp: int) -> dict:
     """{file: {tensor: runs}} that rank (tp_rank, dp_rank) of the saving layout writes."""
-    # hint: The model: which ranks hold the same block as this one (the other dp ranks;
-    # hint: for a replicated parameter every rank)? Only the lowest writes it. The state:
-    # hint: of this dp rank's slice of zero1_flat (padded to a multiple of dp), the
-    # hint: elements whose state_owner is this rank; state_runs names them.
+    # hint: What does this rank hold, of the model and of the state? Who else holds each
+    # hint: piece, and is this rank the one the write rule picks?
     raise NotImplementedError(
-        'The model: which ranks hold the same block as this one (the other dp ranks; for a '
-        'replicated parameter every rank)? Only the lowest writes it. The state: of this dp '
-        "rank's slice of zero1_flat (padded to a multiple of dp), the elements whose "
-        'state_owner is this rank; state_runs names them.'
+        'What does this rank hold, of the model and of the state? Who else holds each piece, '
+        'and is this rank the one the write rule picks?'
     )
 
 
 def reads(table, dp_rank: int, old_tp: int, old_dp: int, new_dp: int) -> dict:
     """{file: {tensor: runs}} that rank dp_rank of the loading layout (tp 1, ZeRO-1 over
     new_dp) reads from a checkpoint written at (old_tp, old_dp)."""
-    # hint: The model: at tp = 1 every parameter whole; each block from the file of the
-    # hint: rank that wrote it. The state: this rank's slice of zero1_flat(table, 0, 1)
-    # hint: (padded to a multiple of new_dp); each element from its state_owner's file.
+    # hint: What does a rank of the loading layout hold, of the model and of the state?
+    # hint: For each piece of it, which old rank wrote it, so which file has it?
     raise NotImplementedError(
-        'The model: at tp = 1 every parameter whole; each block from the file of the rank '
-        "that wrote it. The state: this rank's slice of zero1_flat(table, 0, 1) (padded to a "
-        "multiple of new_dp); each element from its state_owner's file."
+        'What does a rank of the loading layout hold, of the model and of the state? For each'
+        ' piece of it, which old rank wrote it, so which file has it?'
     )

@@ -11,13 +11,14 @@ plain tensors: H query heads and K K/V heads of size d (query head j reads K/V h
 j // (H/K): groups of H/K consecutive query heads share one), no biases, no rotary
 positions (a position is its slot in the cache: slot p holds position p's K and V).
 
-Under tensor parallelism over `axis` (t ranks), rank r holds:
-
-* query heads r·H/t … (r+1)·H/t − 1: wq's columns of those heads (h, H/t·d), wo's rows
-  of them (H/t·d, h);
-* the K/V heads those query heads read, wk's and wv's columns of them (h, K_r·d): when t
-  divides K, heads r·K/t … (r+1)·K/t − 1 (K_r = K/t); when t is a multiple of K, the one
-  head r·K // t (K_r = 1), which t/K ranks each keep a copy of (`minitp.rules.kv_layout`).
+Under tensor parallelism over `axis` (t ranks), rank r holds the query heads
+r·H/t … (r+1)·H/t − 1: wq's columns of those heads (h, H/t·d), wo's rows of them
+(H/t·d, h). Of the K/V projections and the cache it keeps only what its own query heads
+read: wk's and wv's columns (h, K_r·d) of those K/V heads, no more, where K_r is how many
+there are. t divides H, and either t divides K or K divides t (`minitp.rules` refuses the
+rest). Work out which K/V heads those are on a few small cases before you write the rule:
+H = 8, K = 2 at t = 2, and at t = 4; H = 8, K = 8 at t = 2. What happens when t is larger
+than K, and does the answer depend on H?
 
 Part (a): `cache_heads(n_kv_head, tp, rank)`: the K/V heads (a list of ints, ascending)
 whose cache rank `rank` keeps.
@@ -28,14 +29,14 @@ a pair (k, v) of zero tensors (batch, K_r, max_len, head_dim), float64, on `mt.d
 Part (c): `decode_step(x, w, cache, pos, axis)`. x (B, 1, h): the new token's input, the
 same on every rank; w: this rank's shards, a dict of wq (h, H/t·d), wk and wv (h, K_r·d),
 wo (H/t·d, h); cache: (b)'s pair, holding positions 0 … pos − 1; pos: the new token's
-position. Write its K and V into slot pos, attend from its queries to positions 0 … pos
-(itself included: no mask is needed, nothing later is cached yet), project with this
-rank's rows of wo, and sum the ranks' parts with one all-reduce (`mt.comm.all_reduce(y,
-axis)`): the step's only communication. Return (B, 1, h), the same on every rank.
+position. Return the attention block's output for the new token, (B, 1, h), the same on
+every rank, and leave the cache holding positions 0 … pos. Communicate as little as this
+layout allows: the grader counts each step's collectives (`mt.comm`), and the fewest that
+give the right output pass its check (d).
 
 Grade it with `mt.grade("ex18")` in a notebook or `python -m minitp.course.grade ex18`:
-at t = 2 (the 2 K/V heads split) and t = 4 (copied), float64, on real processes, each
-step's output against one device's attention over the whole sequence at once.
+at t = 2 and t = 4 (8 query heads, 2 K/V heads), float64, on real processes, each step's
+output against one device's attention over the whole sequence at once.
 """
 
 import math
@@ -47,11 +48,11 @@ import minitp as mt
 
 def cache_heads(n_kv_head: int, tp: int, rank: int) -> list[int]:
     """The K/V heads whose cache tp rank `rank` keeps."""
-    # hint: Which query heads does the rank hold, and which K/V head does each read? When
-    # hint: tp divides the K/V heads, how many does each rank keep? When tp is above them?
+    # hint: Which query heads does the rank hold, and which K/V head does each read?
+    # hint: List them for the small cases in the docstring, then find the rule
     raise NotImplementedError(
-        'Which query heads does the rank hold, and which K/V head does each read? When tp '
-        'divides the K/V heads, how many does each rank keep? When tp is above them?'
+        'Which query heads does the rank hold, and which K/V head does each read? List them '
+        'for the small cases in the docstring, then find the rule'
     )
 
 
@@ -71,9 +72,11 @@ def decode_step(x: torch.Tensor, w: dict, cache: tuple, pos: int,
     batch, _, head_dim = k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]
     # hint: Project q, k, v with this rank's shards and split them into heads. Into which
     # hint: slot of the cache go this token's K and V, and which slots does its query read?
-    # hint: Which K/V head does each local query head read? Where does the one sum go?
+    # hint: Which K/V head does each local query head read? After wo's rows, what does
+    # hint: this rank hold of the output, and what must the ranks do with it?
     raise NotImplementedError(
         "Project q, k, v with this rank's shards and split them into heads. Into which slot "
         "of the cache go this token's K and V, and which slots does its query read? Which K/V"
-        ' head does each local query head read? Where does the one sum go?'
+        " head does each local query head read? After wo's rows, what does this rank hold of "
+        'the output, and what must the ranks do with it?'
     )

@@ -36,7 +36,7 @@ The grader measures your plan with the calculator,
                    zero_stage=zero_stage).total                 # the model's seconds
 
 and passes it when it fits and its step time is within 10% of the fastest plan that
-`calc.plan` finds in the same space, for five runs from 1.7B to 175B parameters on A100s
+`calc.plan` finds in the same space, for six runs from 1.7B to 175B parameters on A100s
 and H100s, some with a tight cap. Each number of ``why`` must agree with the calculator
 (memory within 2%, the bubble within 0.1%; ``tp_stop`` exactly). Reason, do not search:
 your code may call `calc.memory_per_gpu` and `calc.step_time` at most 3 times in all per

@@ -17,15 +17,22 @@ Each data-parallel rank holds its own rows of the batch. With sequence paralleli
 column layer's input arrives as this rank's 1/tp of the sequence and is cast *before* its
 all-gather (so the gather could move 8 bits: TransformerEngine does this, its PR #74), and
 the row layer's output is reduce-scattered; its output gradient comes back all-gathered,
-whole on every tp rank, before its cast.
+whole on every tp rank, before its cast. One thing differs from lesson 21's table: the
+weights are ZeRO-3's (lesson 20). Each dp rank keeps 1/dp of its tp shard's rows, casts
+that piece to e4m3, and all-gathers the casts over dp before the GEMM, so the gather moves
+8 bits (torchao's float8 all-gather for FSDP); the weight's gradient is reduce-scattered
+back over dp.
 
 Your parts:
 
 * (a) `shared_amax(t, axes)`: this rank's amax of `t` (the largest |value|), MAX-reduced
   over each `mt.Axis` in `axes` (none: the rank's own);
 * (b) `amax_groups(layer, sequence_parallel)`: for "column" or "row", the names of the axes
-  ("dp", "tp", in that order) each cast's amax is reduced over, by role: "input", "weight",
-  "grad" (the output gradient);
+  ("dp", "tp") each cast's amax is reduced over *in this layout*, by role: "input",
+  "weight", "grad" (the output gradient). `mt.fp8.amax_table` prints a layout whose weights
+  are whole on every dp rank; reason out, for each tensor as its cast sees it here, which
+  axes hold other pieces of it. A group must contain all of those; one that also spans
+  axes holding only copies is correct too (the same scales), at a cost the grader prices;
 * (c) `gradient_gemms`, which `FP8Linear.backward` calls: the output gradient cast to e5m2
   with its shared scale, and the backward's two GEMMs from FP8 operands: ∂x = g_q W_q and
   ∂W = g_qᵀ x_q (x_q and W_q are the forward's casts, saved).
@@ -34,8 +41,9 @@ What you may need: ``mt.comm.all_reduce(t, axis, op="max")``; ``t.abs().max()``.
 
 Grade it with `mt.grade("ex21")` in a notebook or `python -m minitp.course.grade ex21`: on
 4 ranks (dp = 2, tp = 2), (a) over dp, tp and both; (b) for both layers with and without
-SP; (c) with the grader's (a) and (b) in place, one forward and backward of the MLP in
-float64 against one device's FP8 step on the whole batch; (d) all three of yours together.
+SP, any correct group accepted; (c) with the grader's (a) and (b) in place, one forward and
+backward of the MLP in float64 against one device's FP8 step on the whole batch; (d) all
+three of yours together.
 """
 
 import torch
@@ -70,18 +78,19 @@ def amax_groups(layer: str, sequence_parallel: bool) -> dict:
     """role ("input", "weight", "grad") -> the axis names ("dp", "tp") its amax is reduced
     over, for the "column" or "row" layer of the MLP."""
     # BEGIN SOLUTION
-    # hint: for each tensor as its cast sees it, which axes hold other pieces of it, and
-    # hint: which hold copies? Weights are copied over dp; a batch's rows differ per dp rank
+    # hint: for each tensor as its cast sees it, which axes hold other pieces of it? Here
+    # hint: a weight is cast before ZeRO-3's gather: what does each dp rank hold of it?
     split_input = layer == "row" or sequence_parallel  # the features, or the sequence shard
     return {"input": ("dp", "tp") if split_input else ("dp",),
-            "weight": ("tp",),
+            "weight": ("dp", "tp"),
             "grad": ("dp", "tp") if layer == "column" else ("dp",)}
     # END SOLUTION
 
 
 class FP8Linear(torch.autograd.Function):
-    """y = x Wᵀ from FP8 operands, W this rank's shard of a "column" or "row" layer, with
-    its tensor-parallel communication (and SP's, when `sequence_parallel`)."""
+    """y = x Wᵀ from FP8 operands, W this rank's ZeRO-3 piece (1/dp of the rows) of its
+    shard of a "column" or "row" layer, with its tensor-parallel communication (and SP's,
+    when `sequence_parallel`) and ZeRO-3's over dp."""
 
     @staticmethod
     def forward(ctx, x, w, layer, mesh, sequence_parallel):
@@ -90,6 +99,7 @@ class FP8Linear(torch.autograd.Function):
                     for role, names in groups.items()}
         xq = quantize(x, shared_amax(x, ctx.axes["input"]), E4M3)
         wq = quantize(w, shared_amax(w, ctx.axes["weight"]), E4M3)
+        wq = mt.comm.all_gather(wq, mesh.dp, dim=0)  # ZeRO-3's gather, of the 8-bit casts
         if layer == "column" and sequence_parallel:  # cast first, then gather the sequence
             xq = mt.comm.all_gather(xq, mesh.tp, dim=1)
         y = xq @ wq.T
@@ -110,6 +120,7 @@ class FP8Linear(torch.autograd.Function):
         if ctx.layer == "column":  # x was whole (or gathered): sum its gradient over tp
             dx = (mt.comm.reduce_scatter(dx, mesh.tp, dim=1) if ctx.sequence_parallel
                   else mt.comm.all_reduce(dx, mesh.tp))
+        dw = mt.comm.reduce_scatter(dw, mesh.dp, dim=0)  # summed over dp, this rank's rows
         return dx, dw, None, None, None
 
 
@@ -129,6 +140,6 @@ def gradient_gemms(grad, xq, wq, axes):
 
 def mlp(x, w1, w2, mesh, sequence_parallel=False):
     """The tensor-parallel FP8 MLP: column layer, GELU, row layer. x: (B, T, C), or this
-    rank's (B, T/tp, C) under SP; w1: (H/tp, C); w2: (C, H/tp)."""
+    rank's (B, T/tp, C) under SP; w1: (H/tp/dp, C); w2: (C/dp, H/tp): ZeRO-3's pieces."""
     h = FP8Linear.apply(x, w1, "column", mesh, sequence_parallel)
     return FP8Linear.apply(F.gelu(h), w2, "row", mesh, sequence_parallel)

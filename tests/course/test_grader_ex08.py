@@ -216,6 +216,29 @@ def test_blocks_computed_without_block_attention_are_named(tmp_path, monkeypatch
     assert checks[3].detail == "rank 0 computed no block through block_attention"
 
 
+LOOP = ("    for a in range(2):\n        for b in range(2):\n"
+        "            if theirs[b] > mine[a]:\n")
+ONE_CALL = (  # the step's four blocks in one masked 2L x 2L call, by position
+    "    size = q.shape[-2] // 2\n"
+    "    at = lambda cs: torch.cat([torch.arange(c * size, (c + 1) * size) for c in cs])\n"
+    "    keep = (at(theirs)[None, :] <= at(mine)[:, None]).to(q.device)\n"
+    "    out, lse = merge(out, lse, *block_attention(q, k, v, False, keep=keep))\n"
+    "    for a in ():\n        for b in range(2):\n"
+    "            if theirs[b] > mine[a]:\n")
+
+
+def test_one_masked_call_a_step_passes_its_waste_said(tmp_path, monkeypatch):
+    # results are judged, not calls: one masked 2L x 2L call a step is right and balanced
+    # (4 blocks a step on every rank), the lesson's point; the grader prices the waste
+    ring = _ring(tmp_path, monkeypatch, 2, (LOOP, ONE_CALL),
+                 ("    out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)\n", ""))
+    assert [c.passed for c in ring] == [True, True, True, True, True], ring
+    assert ring[3].detail == ("every rank computed 8 blocks, the same work, where the causal "
+                              "mask keeps 5: the other 3 were masked away whole; skipping "
+                              "them (as flash attention does) would save 38% of the step's "
+                              "work"), ring[3].detail
+
+
 # --------------------------------------------------------------------------- the backward
 MERGE_INTO = "            outs[a], lses[a] = merge(outs[a], lses[a], *partial)\n"
 

@@ -7,10 +7,14 @@ tests/course/test_exercises.py). No process is launched.
 The checks, in order: 0 tp_block, 1 state_owner, 2 writes, 3 reads exact, 4 reads only
 what it needs."""
 
+import ast
+import re
+
 import pytest
 from test_exercises import _variant
 
 import minitp as mt
+from minitp.course import grading
 
 
 def _grade(tmp_path, *edits):
@@ -113,3 +117,15 @@ def test_the_graders_reference_is_what_real_ranks_write(tmp_path):
                       for start, stop in held["runs"] for i in range(start, stop)}
                for name, entry in manifest["files"].items()}
     assert written == ex14._layout(0).files, label
+
+
+def test_the_hints_ask_and_do_not_tell():
+    # the hints sit in the learner's file: each points with questions, none states the
+    # function's algorithm (every sentence a question)
+    tree = ast.parse(grading.exercise_path("ex14").read_text())
+    hints = [node.exc.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Raise)
+             and getattr(node.exc, "args", None)]
+    assert len(hints) == 4, hints
+    for hint in hints:
+        sentences = [s for s in re.split(r"(?<=[.?!])\s+", hint.strip()) if s]
+        assert all(s.endswith("?") for s in sentences), hint

@@ -3,8 +3,11 @@ only that something is: solution-passes and blank-fails are tests/course/test_ex
 Each wrong answer here is the reference solution with one habit built in, or a short file
 that takes a shortcut; one test per diagnosis the grader names."""
 
+import re
+
 import minitp as mt
 from minitp.course import grading
+from minitp.course.graders.ex17_cases import CASES
 
 DEPTHS = "def depths(cfg, n_gpus, tp, global_batch):\n    return []\n"
 
@@ -265,3 +268,9 @@ def test_the_bubble_with_m_the_whole_batch_is_named(tmp_path):
 def test_the_bubble_as_p_over_m_is_named(tmp_path):
     why = _stop_check(tmp_path, ("calc.bubble(p, global_batch // dp)", "p / (global_batch // dp)"))
     assert "p/m: the bubble is (p - 1)/m" in why.detail
+
+
+def test_the_exercise_counts_the_runs_the_grader_asks_about():
+    words = {"four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+    said = re.search(r"for (\w+) runs", grading.exercise_path("ex17").read_text()).group(1)
+    assert words[said] == len(CASES), f"the exercise says {said} runs, the grader has {len(CASES)}"

@@ -11,6 +11,7 @@ import pytest
 from test_exercises import _variant
 
 import minitp as mt
+from minitp.course import grading
 from minitp.course.graders import ex18
 
 ALL_REDUCE = "return mt.comm.all_reduce(part, axis)"
@@ -56,3 +57,12 @@ def test_positions_off_by_one_written_a_slot_late(tmp_path):
 def test_positions_off_by_one_the_query_not_seeing_itself(tmp_path):
     *_, c, _ = _grade(tmp_path, (READ, READ.replace(":pos + 1]", ":pos]")))
     assert c.detail == "positions off by one: step 1 attended to slots 0..0, not to itself"
+
+
+def test_the_exercise_states_the_problem_not_the_answer():
+    # the learner reasons out which rank keeps which K/V heads and where the sum goes: the
+    # file they open gives neither the head formulas nor the collective to call
+    text = grading.exercise_path("ex18").read_text()
+    for answer in ("r·K/t", "r·K // t", "rank * n_kv_head", "all_reduce", "all-reduce",
+                   "copy of it", "K_r = 1"):
+        assert answer not in text, answer

@@ -9,6 +9,7 @@ alone, (d) the three together. Budget: one launch of 4 ranks per test."""
 from test_exercises import _variant
 
 import minitp as mt
+from minitp.course.graders import ex21
 
 
 def _grade(tmp_path, *edits):
@@ -24,11 +25,36 @@ def test_a_local_scale_is_named_and_its_drift_measured(tmp_path):
 
 
 def test_the_wrong_group_for_the_weight_is_megatrons_bug(tmp_path):
-    a, b, c, d = _grade(tmp_path, ('"weight": ("tp",),', '"weight": ("dp",),'))
+    a, b, c, d = _grade(tmp_path, ('"weight": ("dp", "tp"),', '"weight": ("dp",),'))
     assert [a.passed, b.passed, c.passed, d.passed] == [True, False, True, False]
-    assert b.detail.startswith("column layer, weight: ('dp',), expected ('tp',): the wrong "
-                               "group"), b.detail
+    assert b.detail.startswith("column layer, weight: ('dp',), expected ('dp', 'tp'): the "
+                               "wrong group"), b.detail
     assert "Megatron-LM PR #442" in b.detail
+
+
+def test_the_lessons_table_copied_misses_zero3s_dp():
+    # lesson 21's amax_table prints "weight: tp" for weights whole on every dp rank; the
+    # exercise's weights are ZeRO-3's pieces, cast before the gather: copying fails. Judged
+    # in process: (b) is a table, no rank needed
+    table = {(layer, sp): {role: tuple(a for a in axes if a != "cp") for lay, role, axes
+                           in mt.fp8.amax_table("tensorwise", sequence_parallel=sp)
+                           if lay == layer} for sp in (False, True) for layer in ("column", "row")}
+    passed, detail, _ = ex21._judge_b({"b": table})
+    assert not passed
+    assert "weight: ('tp',), expected ('dp', 'tp'): dp holds other pieces of it here — " \
+        "ZeRO-3" in detail, detail
+
+
+def test_megatrons_one_group_over_tp_and_dp_passes_with_its_cost(tmp_path):
+    # Megatron-LM reduces every amax over tp × dp: the extra ranks hold copies, so the
+    # scales, and the step, are one device's; the grader says what it costs
+    a, b, c, d = _grade(tmp_path, ('return {"input": ("dp", "tp") if split_input else ("dp",),',
+                                   'return {"input": ("dp", "tp"),'),
+                        ('"grad": ("dp", "tp") if layer == "column" else ("dp",)}',
+                         '"grad": ("dp", "tp")}'))
+    assert [a.passed, b.passed, c.passed, d.passed] == [True, True, True, True], b.detail
+    assert "column input over tp; row grad over tp" in b.detail, b.detail
+    assert "all-reduce over 4 ranks where 2 suffice" in b.detail, b.detail
 
 
 def test_a_forgotten_backward_scale_is_named(tmp_path):

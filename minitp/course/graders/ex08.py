@@ -30,8 +30,9 @@ out = 0, ℓ = −inf and calls the learner's step cp times.
   or both (the ring turned the wrong way).
 * After cp steps, causal attention over the whole sequence computed on one process.
 * The work: every call of the learner's `block_attention` is counted, in
-  (chunk × chunk) blocks; each rank must compute the 2·cp + 1 the causal mask
-  keeps, the same on every rank.
+  (chunk × chunk) blocks; each rank must compute the same, at least the 2·cp + 1 the
+  causal mask keeps. More passes when the results are right (one masked 2L × 2L call
+  a step computes 4·cp: balanced, the lesson's point), its waste said.
 * The backward. The exercise's functions are forward-only (minitp's ring makes its own
   backward ring, sending dK and dV home); what is checked is autograd through the
   learner's steps, once the forward is right: every block a rank held enters its step
@@ -63,8 +64,8 @@ def _names(n) -> list[str]:
             f"cp={n}: after each step s, (out, lse) is the attention over the blocks of ranks "
             "r, r-1, .., r-s",
             f"cp={n}: after {n} steps, equals causal attention over the whole sequence",
-            f"cp={n}: every rank computes the {2 * n + 1} (chunk x chunk) blocks the causal "
-            "mask keeps: the same work",
+            f"cp={n}: every rank computes the same work, at least the {2 * n + 1} "
+            "(chunk x chunk) blocks the causal mask keeps",
             f"cp={n}: backward through the steps: the gradients of q, and of K and V summed "
             "at their owner, equal causal attention's"]
 

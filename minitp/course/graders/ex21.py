@@ -8,13 +8,16 @@ amax, the backward's GEMMs from the casts), never the exercise's code:
   a negative entry. Named: a local scale (each rank its own amax), a sum (all_reduce's
   default op), the largest signed value, a reduction over the first axis only;
 * (b) `amax_groups` for both layers with and without SP, against the rule
-  (`minitp.rules.fp8_groups`, the library's, on a mesh without cp). Named: no reduction
+  (`minitp.rules.fp8_groups`, the library's, on a mesh without cp, the weights ZeRO-3's:
+  split over dp too). Named: no reduction
   where the tensor is split (a local scale), a weight reduced over dp where tp splits it
-  (the wrong group: Megatron-LM PR #442), SP's column input left without tp
-  (TransformerEngine PR #74), a reduction over an axis that holds copies (not needed);
+  (the wrong group: Megatron-LM PR #442), a ZeRO-3 weight left without dp (lesson 21's
+  table copied), SP's column input left without tp (TransformerEngine PR #74). A group
+  that also spans axes holding only copies is correct (Megatron-LM's one tp × dp group):
+  it passes, its cost said;
 * (c) `gradient_gemms` (FP8Linear's backward), with the grader's (a) and (b) installed in
   their place, so it is judged alone: one forward and backward with and without SP, the
-  output, the input's gradient and both weights' (summed over dp) against one device.
+  output, the input's gradient and both weights' ZeRO-3 pieces against one device.
   Every `quantize` call is watched; named: the output gradient never cast (a forgotten
   backward scale), cast to e4m3, cast with this rank's own amax (a local scale) or another;
 * (d) the learner's own (a), (b) and (c) together, the same step: its largest error
@@ -29,7 +32,7 @@ from types import SimpleNamespace
 
 from ...runtime.launch import launch
 from .base import Check, run_per_size
-from .ex21_rank import E5M2, ROLES, TOLERANCE, _in_rank, rule
+from .ex21_rank import AXES, E5M2, ROLES, TOLERANCE, _in_rank, rule
 
 WORLD_SIZES = (4,)
 TIMEOUT = 60.0
@@ -98,36 +101,51 @@ def _judge_a(record):
 
 
 def _judge_b(record):
+    larger = []  # correct groups wider than needed: the same scales, a costlier all-reduce
     for (layer, sp), got in record["b"].items():
         if "raised" in got:
             return _raised("amax_groups", got["raised"], "which axes split each tensor?")
         want = rule(layer, sp)
         for role in ROLES:
             mine, right = got[role], want[role]
-            if sorted(mine) == sorted(right):  # in any order
-                continue
             where = f"{layer} layer{', SP' if sp else ''}, {role}: {mine}, expected {right}"
             missing = [a for a in right if a not in mine]
             extra = [a for a in mine if a not in right]
-            if role == "weight" and "dp" in extra and "tp" in missing:
-                return False, f"{where}: the wrong group — the weight is split over tp and " \
-                    "copied over dp (Megatron-LM PR #442: its FP8 runs of a 40B model at " \
+            if any(a not in AXES for a in mine):
+                return False, f"{where}: the axes are named 'dp' and 'tp'", \
+                    "name the axes that split the tensor"
+            if not missing:  # every rank holding a piece is in; the rest hold copies
+                larger += [f"{layer}{' (SP)' if sp else ''} {role} over {', '.join(extra)}"] \
+                    if extra else []
+                continue
+            if role == "weight" and "tp" in missing:
+                return False, f"{where}: the wrong group — tp splits the weight, and the " \
+                    "tp ranks would scale their pieces apart (Megatron-LM PR #442 reduced " \
+                    "over the data-parallel group only: its FP8 runs of a 40B model at " \
                     "tp = 8 diverged after about 1,000 iterations)", "which axis holds the " \
                     "other pieces of W?"
             if not mine:
                 return False, f"{where}: a local scale — every rank of {right} holds another " \
                     "piece and would scale it by its own amax", "a split tensor shares one amax"
-            if sp and role == "input" and layer == "column" and "tp" in missing:
+            if role == "weight":
+                return False, f"{where}: dp holds other pieces of it here — ZeRO-3 keeps 1/dp " \
+                    "of the weight's rows on each dp rank and casts them before the gather, so " \
+                    "the gather can move 8 bits (lesson 21's table is for a weight whole on " \
+                    "every dp rank)", "what does each dp rank hold of W when its cast runs?"
+            if sp and role == "input" and layer == "column":
                 return False, f"{where}: under SP the input is cast on this rank's sequence " \
                     "shard, before the all-gather (TransformerEngine PR #74)", "who holds the " \
                     "other positions of the sequence?"
-            if missing:
-                return False, f"{where}: {', '.join(missing)} holds other pieces of it", \
-                    "the data-parallel ranks hold other rows of every activation and gradient"
-            return False, f"{where}: not needed — {', '.join(extra)} holds copies of it: the " \
-                "reduction changes nothing and costs a collective each step", "reduce only " \
-                "over the axes that split the tensor as its cast sees it"
-    return True, "both layers, with and without SP: the rule's axes, no more", ""
+            return False, f"{where}: {', '.join(missing)} holds other pieces of it", \
+                "the data-parallel ranks hold other rows of every activation and gradient"
+    said = "both layers, with and without SP: every rank holding a piece is in each group"
+    if not larger:
+        return True, said + ", no more", ""
+    return True, f"{said}. Correct, and larger than needed: {'; '.join(larger)} — those " \
+        "ranks hold copies, so the scales are the same (Megatron-LM's one group over tp × dp " \
+        "for every tensor trains equal to one device too), but each such amax is a " \
+        "one-number all-reduce over 4 ranks where 2 suffice: more hops of latency each " \
+        "step, no bytes worth counting", ""
 
 
 def _judge_c(record):

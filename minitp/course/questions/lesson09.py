@@ -124,8 +124,21 @@ def ring_over_a2a(seed=None) -> Question:
             f"{c_kv(p)} heads: 2·(c-1)/c·(2·{p['heads']} + 2·{c_kv(p)}) = "
             f"{a2a_heads(p, c_kv(p)):,.1f}. Ratio {right(p):.2f} (a MODEL: "
             "`minitp.rules.cp_attention_bytes`). The ring's bytes per GPU stay near "
-            "6·n_kv heads of s/c·c = s positions whatever c; the all-to-all's fall as 1/c."),
+            "6·n_kv heads of s/c·c = s positions whatever c. " + _a2a_trend(p, c_kv(p))),
     )
+
+
+def _a2a_trend(p, kv_sent) -> str:
+    """How the all-to-all's bytes move with c: all of them fall as 1/c only while c
+    divides the K/V heads; copied K/V (c heads of s/c positions) do not fall."""
+    if kv_sent != p["c"] or p["kv"] % p["c"] == 0:
+        return "The all-to-all's fall as 1/c: Q, O, K and V are all split c ways."
+    c = p["c"]
+    share = 2 * c / (2 * p["heads"] + 2 * c)  # K and V's part of the all-to-alls' bytes
+    return (f"The all-to-all's Q and O fall as 1/c, but not its K and V: here c = {c} > "
+            f"n_kv = {p['kv']}, so they travel as c copies, c heads of s/c positions, "
+            f"4(c-1)/c = {4 * (c - 1) / c:.2f} heads' worth of all s positions whatever c "
+            f"({share:.0%} of the all-to-alls' bytes here, a larger share as c grows).")
 
 
 CHOICES = {"a": ("ring", None), "b": ("allgather", None), "c": ("a2a", None),

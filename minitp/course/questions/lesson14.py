@@ -109,8 +109,21 @@ def zero1_writes(seed=None) -> Question:
             + (", this rank" if p["dp_rank"] == 0 else ", not this one")
             + f"; its Adam state (8 bytes each) is cut in d = {p['d']} ZeRO-1 shards, one per "
             f"rank: {gb(p):.3f} GB. Over the d ranks of a tp rank the bytes add up to the block "
-            "once: 12·Ψ/t."),
+            "once: 12·Ψ/t. " + _unbalanced(p, gb)),
     ))
+
+
+def _unbalanced(p, gb) -> str:
+    """What the lowest-holder rule costs against PyTorch DCP's balancing dedup."""
+    first, other = gb({**p, "dp_rank": 0}), gb({**p, "dp_rank": 1})
+    even = (first + other * (p["d"] - 1)) / p["d"]
+    return (f"The rule is lopsided: dp rank 0 writes {first:.2f} GB, every other dp rank "
+            f"{other:.2f} GB ({first / other:.0f}×), and the save lasts as long as the "
+            "busiest writer. PyTorch DCP deduplicates the other way: `dedup_save_plans` "
+            "(torch/distributed/checkpoint/_dedup_save_plans.py; save_to_lowest_rank=False "
+            "by default) gives each replicated tensor to the rank with the fewest bytes "
+            f"planned so far, so the d ranks write about 12·Ψ/(t·d) = {even:.2f} GB each, to "
+            "within a tensor.")
 
 
 def async_stall(seed=None) -> Question:

@@ -107,16 +107,39 @@ def which_group(seed=None) -> Question:
         axes = right_axes(p)
         return LETTERS[("dp",) if "tp" in axes else ("dp", "tp")]
 
-    what = {("column", "input"): "input (cast before SP's all-gather, when SP is on)",
-            ("column", "grad"): "output gradient", ("row", "input"): "input",
-            ("row", "grad"): "output gradient (cast after SP's all-gather, when SP is on)"}
+    what = {("column", "input"): "input", ("column", "grad"): "output gradient",
+            ("row", "input"): "input", ("row", "grad"): "output gradient"}
+    when_sp = {("column", "input"): " (cast on this rank's sequence shard, before SP's "
+                                    "all-gather)",
+               ("row", "grad"): " (cast after SP's all-gather has made it whole)"}
+
+    def tensor(p):  # SP's all-gather is named only where there is one
+        return what[p["layer"], p["role"]] + (when_sp.get((p["layer"], p["role"]), "")
+                                              if p["sp"] else "")
+
+    def worked(p):
+        axes = right_axes(p)
+        said = (f"the {p['layer']} layer's {what[p['layer'], p['role']]} is split over "
+                f"{' and '.join(axes)} as its cast sees it (`minitp.rules.fp8_groups`): "
+                f"answer {right(p)}. ")
+        if "tp" not in axes:
+            return said + ("It is whole on every tp rank, so tp holds copies: reducing over "
+                           "tp too would give the same scale (Megatron-LM's one group over "
+                           "tp × dp does), a larger all-reduce for nothing, and none at all "
+                           "would leave each dp rank the amax of its own rows.")
+        if p["sp"] and (p["layer"], p["role"]) == ("column", "input"):
+            return said + ("Under SP each tp rank casts its own positions before the "
+                           "gather, so tp joins dp (TransformerEngine PR #74); without it "
+                           "each tp rank would scale its positions apart.")
+        return said + ("Each tp rank holds other features of it: without tp each would "
+                       "scale its piece apart, the drift lesson 21's local-scale run shows.")
     return Question(
         key="21.which-group", seed=seed, kind="choice",
         draw=lambda rng: dict(zip(("layer", "role", "sp"), rng.choice(CASES), strict=True)),
         text=lambda p: (f"A tensor-parallel MLP trains in FP8 with tensorwise scaling on a "
                         f"dp × tp mesh, {'with' if p['sp'] else 'without'} sequence "
                         f"parallelism. Over which axes must the amax of the {p['layer']}-"
-                        f"parallel layer's {what[p['layer'], p['role']]} be MAX-reduced, so "
+                        f"parallel layer's {tensor(p)} be MAX-reduced, so "
                         "that every rank casts with the scale one device would use? Answer "
                         "'a', 'b', 'c' or 'd': (a) none; (b) dp; (c) tp; (d) dp and tp."),
         right=right,
@@ -131,11 +154,7 @@ def which_group(seed=None) -> Question:
                            "(the column layer's input without SP, the row layer's gradient) "
                            "does not"),
         ],
-        worked=lambda p: (f"the {p['layer']} layer's {p['role']} is split over "
-                          f"{' and '.join(right_axes(p))} as its cast sees it "
-                          "(`minitp.rules.fp8_groups`): answer "
-                          f"{right(p)}. Megatron-LM PR #442 reduced over the data-parallel "
-                          "group alone at tp = 8, and its 40B runs diverged."),
+        worked=worked,
     )
 
 

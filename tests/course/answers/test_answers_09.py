@@ -68,6 +68,19 @@ def test_09_ring_over_a2a():
         assert close(right, ring / a2a), p
 
 
+def test_09_ring_over_a2a_worked_answer_keeps_copied_kv_from_falling():
+    # the all-to-all's bytes fall as 1/c only while c divides the K/V heads: copied K/V
+    # (every draw here: c above the 8 K/V heads) stay c heads of s/c positions
+    for q, p, _ in asked("09.ring-over-a2a"):
+        worked, c = q.worked(p), p["c"]
+        kv = _kv_sent(p["kv"], c)
+        copied = p["kv"] % c != 0
+        assert ("not its K and V" in worked) == copied, worked
+        assert ("fall as 1/c: Q, O, K and V" in worked) == (not copied), worked
+        if copied:
+            share = 4 * kv * (c - 1) / c / _a2a_sent(p["heads"], kv, c)
+            assert f"({share:.0%} of the all-to-alls' bytes here" in worked, worked
+
 def test_09_pick_is_the_fewest_bytes_among_what_runs():
     for _, p, right in asked("09.pick"):
         heads, kv, c = p["heads"], p["kv"], p["c"]  # no tensor parallelism

@@ -32,6 +32,17 @@ def test_14_zero1_writes_adds_up_to_one_block():
         assert close(right, written[p["dp_rank"]] / 1e9), p
 
 
+def test_14_zero1_writes_worked_answer_says_what_the_rule_costs_beside_dcp():
+    # the lowest-holder rule loads dp rank 0 with every weight (70B, t 4, d 16: 78.75 GB
+    # against 8.75); PyTorch DCP's dedup balances replicated tensors across the holders
+    for q, p, _ in asked("14.zero1-writes"):
+        block, d, worked = p["billions"] * 10**9 // p["t"], p["d"], q.worked(p)
+        first, other = (4 * block + 8 * block / d) / 1e9, 8 * block / d / 1e9
+        assert f"dp rank 0 writes {first:.2f} GB, every other dp rank {other:.2f} GB " \
+            f"({first / other:.0f}×)" in worked, worked
+        assert f"= {12 * block / d / 1e9:.2f} GB each" in worked, worked
+        assert "torch/distributed/checkpoint/_dedup_save_plans.py" in worked
+
 def _steady_stall(T, N, h, w, saves=40):
     """Play the run: N steps, a save's copy (h, blocking) after waiting for the previous
     write, that write (w) in the background; the stall of the last save."""

@@ -81,3 +81,15 @@ def test_21_which_group_is_every_axis_that_cuts_the_tensor():
     for _, p, right in asked("21.which-group"):
         assert right == letters[frozenset(_cut_by(p["layer"], p["role"], p["sp"]))], p
     assert {right for _, _, right in asked("21.which-group")} == {"b", "d"}
+
+
+def test_21_which_group_worked_answer_follows_the_answer():
+    # PR #442 was the weight's group, which this question never asks about; where the right
+    # answer is dp alone, the worked answer says why tp is not needed; SP's all-gather is
+    # named only in the runs that have one
+    for q, p, right in asked("21.which-group"):
+        worked, text = q.worked(p), q.text(p)
+        assert "PR #442" not in worked, worked
+        assert ("tp holds copies" in worked) == (right == "b"), worked
+        if not p["sp"]:
+            assert "all-gather" not in text and "SP" not in text, text
