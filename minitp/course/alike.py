@@ -10,7 +10,7 @@ prints alike"):
 * an error, a difference that should be rounding: the bound it is under, ``< 1e-12``,
   with `below` (which refuses to print a bound that does not hold);
 * an exact comparison: a boolean, ``equal: True``;
-* a value: a few significant digits with `digits` (6 unless asked), never past 8.
+* a value: 6 significant digits at most, with `digits`.
 
     print(f"largest parameter difference: {mt.alike.below(err, 1e-12)}")  # < 1e-12
     print(f"loss {mt.alike.digits(loss)}")                                  # loss 3.48442
@@ -19,16 +19,16 @@ Why a few digits hold: a float64 result differs between machines in its last few
 a model initialised in float32 (then made float64) starts from weights that other kernels
 round 1 float32 ulp apart: its losses moved by 2e-9 of themselves under
 ``ATEN_CPU_CAPABILITY=default`` (lessons 09 and 22, measured), changing their 9th and 10th
-digits. Their first 6 digits change only for a value that close to a rounding edge, about
-one in 10^3 to 10^4; so far none of the course's is. The test that keeps the outputs this
-way is tests/course/test_notebook_outputs.py.
+digits, and once the 7th (lesson 12's ``5.997945``). Their first 6 digits change only for a
+value that close to a rounding edge, about one in 10^3 to 10^4; none of the course's is.
+The test that keeps the outputs this way is tests/course/test_notebook_outputs.py.
 """
 
 from __future__ import annotations
 
 import math
 
-MOST_DIGITS = 8  # past this, the digits moved with the CPU's kernels (see above)
+MOST_DIGITS = 6  # past this, digits moved with the CPU's kernels (see above)
 
 
 def below(error: float, bound: float) -> str:
@@ -47,7 +47,7 @@ def below(error: float, bound: float) -> str:
 
 def digits(value: float, significant: int = 6) -> str:
     """`value` to `significant` digits (trailing zeros kept, so columns align):
-    ``digits(3.484424086482772)`` is ``"3.48442"``. At most 8: past that, the digits
+    ``digits(3.484424086482772)`` is ``"3.48442"``. At most 6: past that, the digits
     are the kernels and the summation order of the machine that ran it."""
     if not 1 <= significant <= MOST_DIGITS:
         raise ValueError(f"significant digits must be 1 to {MOST_DIGITS}, got {significant!r}")
