@@ -59,13 +59,13 @@ __all__ = [
     # generation through the KV cache, on one device and over tp and pp ranks
     "serving",
     # the course, imported on first use
-    "grade", "question", "viz",
+    "grade", "question", "viz", "alike",
 ]
 
 
 # The course (pictures, labs, the grader) pulls in matplotlib and ipywidgets: it is
 # imported on first use, never by `import minitp` or a launched rank.
-_LAZY = {"viz": ".course.viz", "labs": ".course.labs"}
+_LAZY = {"viz": ".course.viz", "labs": ".course.labs", "alike": ".course.alike"}
 
 
 def grade(exercise: str, solutions: bool = False, path=None):
