@@ -15,6 +15,9 @@ nothing in the library imports it. Each lab is one module:
   (bubbles, the step's gradient-norm all-reduce, each stage's bytes held: the ledger's
   activations and the W passes' stored (x, g)), float64 runs beside one device, and each
   rank's squared gradients for the global norm (lesson 12);
+* `load_free`: a rank's clock that a wait for a core does not move (its CPU time plus
+  the sleep its units asked for), and the step replayed on those clocks, so a shared
+  machine's waits do not read as bubble (lesson 12);
 * `planning`: the planner's model of a machine against the machine: its
   constants profiled on real ranks, its step times measured (lesson 17);
 * `scaling`: Megatron-LM's weak-scaling family, shrunk, timed on real processes
