@@ -1,7 +1,9 @@
-"""Make room for a new lesson: every lesson numbered N or above moves up by one.
+"""Make room for a new lesson (every lesson numbered N or above moves up by one), or swap
+two lessons' places in the reading order.
 
     python tools/renumber_lessons.py --from 9          # 09..16 become 10..17
     python tools/renumber_lessons.py --from 9 --dry-run
+    python tools/renumber_lessons.py --swap 9 10       # 09 becomes 10 and 10 becomes 09
 
 A lesson's number is written in many places, and the course's tests hold them to one
 sequence (tests/course/test_course_order.py): the notebook's file name and title, its
@@ -56,19 +58,32 @@ def rewrite(text: str, old: int, new: int, stems: dict[str, str]) -> str:
     return PHRASE.sub(lambda m: m[1] + " " + re.sub(rf"\b{o}\b", n, m[2]), text)
 
 
+# A number no lesson has: a swap parks one lesson there so that no number is moved twice.
+PARKED = 99
+
+
+def swap_moves(a: int, b: int) -> list[tuple[int, int]]:
+    return [(b, PARKED), (a, b), (PARKED, a)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--from", dest="start", type=int, required=True,
-                        help="the number the new lesson takes; lessons from it move up one")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--from", dest="start", type=int,
+                       help="the number the new lesson takes; lessons from it move up one")
+    which.add_argument("--swap", nargs=2, type=int, metavar=("A", "B"),
+                       help="two lessons that trade numbers")
     parser.add_argument("--dry-run", action="store_true", help="say what would change")
     args = parser.parse_args()
     files = tracked_files()
-    for old, new in moves(args.start):
+    for old, new in (swap_moves(*args.swap) if args.swap else moves(args.start)):
         o, n = f"{old:02d}", f"{new:02d}"
         renames = {}
         for pattern in (f"notebooks/{o}_*.ipynb", f"exercises/ex{o}_*.py", f"solutions/ex{o}_*.py",
-                        f"minitp/course/graders/ex{o}.py", f"minitp/course/questions/lesson{o}.py",
-                        f"tests/course/test_grader_ex{o}.py"):
+                        f"minitp/course/graders/ex{o}.py", f"minitp/course/graders/ex{o}_*.py",
+                        f"minitp/course/questions/lesson{o}.py",
+                        f"tests/course/test_grader_ex{o}.py",
+                        f"tests/course/answers/test_answers_{o}.py"):
             for path in ROOT.glob(pattern):
                 renames[path] = path.with_name(path.name.replace(o, n, 1))
         stems = {p.stem: renames[p].stem for p in renames if p.suffix == ".ipynb"}

@@ -3,10 +3,10 @@ peak — a MODEL of minitp's written-out cores, one layer, one rank, one microba
 
 `attention_kept_bytes` prices any model in Korthikanti et al.'s accounting; this module
 counts minitp's own cores (`minitp.context_parallel`), term by term from their code, so
-that lesson 09 can set the allocator's measured peak beside it. It counts the tensors
+that lesson 10 can set the allocator's measured peak beside it. It counts the tensors
 the algorithm needs alive at once, not the allocator's every copy: a batched matmul's
 contiguous operand copies, gloo's message headers and when a finished send's buffer is
-freed are left out, and lesson 09 shows how far that puts the measurement from it.
+freed are left out, and lesson 10 shows how far that puts the measurement from it.
 
 Sizes, in values (× bytes_per_value), with b rows, h heads (one K/V head per query head,
 as the lesson's GPT), head size d, s positions and c = cp ranks:

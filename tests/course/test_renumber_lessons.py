@@ -37,3 +37,9 @@ def test_the_tool_never_rewrites_itself_or_this_test():
     file's expected strings)."""
     names = {str(p.relative_to(ROOT)) for p in renumber.tracked_files()}
     assert not names & set(renumber.OWN) and "README.md" in names
+
+
+def test_a_swap_parks_one_lesson_so_that_no_number_moves_twice():
+    moves = renumber.swap_moves(9, 10)
+    assert moves == [(10, renumber.PARKED), (9, 10), (renumber.PARKED, 9)]
+    assert not list((ROOT / "notebooks").glob(f"{renumber.PARKED:02d}_*.ipynb"))  # a free number

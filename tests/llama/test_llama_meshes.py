@@ -7,7 +7,7 @@ them: a K/V head's gradient summed over the ranks that share it), multi-query at
 sequence parallelism (RMSNorm's gradients partial), context parallelism (the rotation at
 each token's global position after the load-balanced split), pipeline and data
 parallelism with ZeRO-1 and ZeRO-3, full recomputation and a zero-bubble schedule. (The
-ring's bytes with fewer K/V heads, measured beside `mt.calc`, are lesson 10's checked cell.)
+ring's bytes with fewer K/V heads, measured beside `mt.calc`, are lesson 09's checked cell.)
 """
 
 import pytest

@@ -58,10 +58,10 @@ EXERCISES = {
                      "selective recomputation of the attention core", ex07.run),
     "ex08": Exercise("ex08_online_softmax.py", "the online-softmax merge, the load-balanced "
                      "split and the ring step that uses it", ex08.run),
-    "ex09": Exercise("ex09_ulysses_all_to_all.py", "Ulysses' two all-to-alls (heads for "
-                     "positions and back) and grouped-query K/V before them", ex09.run),
-    "ex10": Exercise("ex10_kv_heads_and_positions.py", "a tensor-parallel rank's K/V heads, "
-                     "who shares them, and a context-parallel rank's positions", ex10.run),
+    "ex09": Exercise("ex09_kv_heads_and_positions.py", "a tensor-parallel rank's K/V heads, "
+                     "who shares them, and a context-parallel rank's positions", ex09.run),
+    "ex10": Exercise("ex10_ulysses_all_to_all.py", "Ulysses' two all-to-alls (heads for "
+                     "positions and back) and grouped-query K/V before them", ex10.run),
     "ex11": Exercise("ex11_one_f_one_b.py", "a 1F1B pipeline stage's executor", ex11.run),
     "ex12": Exercise("ex12_zb_h1_order.py", "ZB-H1's order for one pipeline stage, through "
                      "the custom-schedule API", ex12.run),

@@ -35,13 +35,13 @@ from ...runtime.launch import launch
 from ...runtime.mesh import world
 from ._parts import ops_since
 from .base import Check, call_kept, run_per_size
-from .ex09 import _blank, _judge, _raised, _same  # the same per-rank verdicts
+from .ex10 import _blank, _judge, _raised, _same  # the same per-rank verdicts
 
 WORLD_SIZES = (2, 4)
 B, H, K, D, T = 2, 8, 2, 4, 5  # batch, query heads, K/V heads, head size, positions decoded
 HIDDEN = H * D
 KV_COUNTS = (8, 4, 2, 1)
-TIMEOUT = 30.0  # outputs agree to ex09's 1e-12 (its _same)
+TIMEOUT = 30.0  # outputs agree to ex10's 1e-12 (its _same)
 HINT_A = ("which query heads does rank r hold, and which K/V head does each read (groups of "
           "H/K consecutive query heads share one)?")
 HINT_B = "how many K/V heads does this rank keep (part (a))? Only those take memory here"

@@ -1,4 +1,4 @@
-"""Lab: the Llama-style GPT across ranks (lesson 10) — its traps run, on real ranks.
+"""Lab: the Llama-style GPT across ranks (lesson 09) — its traps run, on real ranks.
 
 One launch of 4 ranks, float64, 3 AdamW steps each, beside the single-device model:
 

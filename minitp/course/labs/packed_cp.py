@@ -1,4 +1,4 @@
-"""Lab: packed documents under context parallelism (lesson 09's last section).
+"""Lab: packed documents under context parallelism (lesson 10's last section).
 
 `packed_side_by_side`: one launch of `world_size` ranks, ``Mesh(cp=world_size)``. The same
 plain GPT (float64) takes one training step on one packed batch (x, y, positions) with each

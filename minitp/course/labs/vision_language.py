@@ -82,7 +82,7 @@ def _partial_sum_bytes(events) -> int:
 
 
 def _run(cfg, layout, spoil=None, timed=0) -> dict:
-    """Lesson 10's side by side (3 AdamW steps beside one device) on rendered batches at tp 4
+    """Lesson 09's side by side (3 AdamW steps beside one device) on rendered batches at tp 4
     with SP, then the median wall time of `timed` more steps and the model states held."""
     run = side_by_side(dict(tp=4), dict(sequence_parallel=True, vision_layout=layout), cfg,
                        spoil, batches=_batches(cfg, STEPS))

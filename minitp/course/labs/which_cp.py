@@ -1,5 +1,5 @@
 """Lab: which context parallelism — the ring, the all-gather, Ulysses' all-to-all and the
-hybrid, side by side on one sequence (lesson 09).
+hybrid, side by side on one sequence (lesson 10).
 
 `side_by_side`: one launch of 4 ranks, ``Mesh(cp=4)``. For each variant the same plain GPT
 (float64) is made context-parallel with `mt.parallelize(cp_comm=...)` and takes one training

@@ -1,168 +1,201 @@
-"""Lesson 10's questions: the ring's bytes with grouped-query attention, the K/V weight a
-tensor-parallel rank holds when tp is above the K/V heads, and the positions a
-context-parallel rank must rotate by."""
+"""Lesson 10's questions: the bytes Ulysses' all-to-alls send when tp has left fewer K/V
+heads than cp ranks, the ring's bytes over the all-to-all's, and which context
+parallelism sends least for a Llama 3 model at a given c."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from ...calc.comm import cp_comm_bytes
+from ...rules import cp_attention_bytes
 from .form import Question, Wrong
 
-# (name, n_head, n_kv, d_model): Llama 3's 8B and 70B (Meta, "The Llama 3 Herd of Models"
-# 2024, Table 3: 32 and 64 query heads, 8 K/V heads, model dimension 4096 and 8192)
-MODELS = (("Llama 3 8B", 32, 8, 4096), ("Llama 3 70B", 64, 8, 8192))
+# (name, query heads, K/V heads, model dimension): Meta, "The Llama 3 Herd of Models"
+# (Dubey et al. 2024), Table 3
+LLAMA3 = (("Llama 3 8B", 32, 8, 4096), ("Llama 3 70B", 64, 8, 8192),
+          ("Llama 3 405B", 128, 8, 16384))
+MiB = 2**20
 
 
-def _cfg(n_head, n_kv, d, seq):
-    return SimpleNamespace(n_head=n_head, kv_heads=n_kv, head_dim=d // n_head,
-                           seq_len=seq, d_model=d)
+def _a2a(p, heads, kv, fwd_only=False, own_part=False):
+    """Bytes one GPU's all-to-alls send: Q, K, V in and O out (backward: the same four),
+    each tensor `heads` (Q, O) or `kv` (K, V) heads of s/c positions, bf16."""
+    c = p["c"]
+    local = p["s"] // c * p["d"] // p["heads"] * 2  # one head at this rank's positions
+    share = 1 if own_part else (c - 1) / c  # all but the rank's own 1/c leaves it
+    one_way = share * (2 * heads + 2 * kv) * local
+    return one_way if fwd_only else 2 * one_way
 
 
-def ring_bytes(seed=None) -> Question:
+def a2a_bytes(seed=None) -> Question:
     def draw(rng):
-        name, heads, kv, d = rng.choice(MODELS)
-        return {"name": name, "heads": heads, "kv": kv, "d": d, "seq": rng.choice((8192, 16384)),
-                "cp": rng.choice((2, 4, 8))}
+        # tp leaves fewer K/V heads than cp ranks in every draw: the all-to-all must copy them
+        name, heads, kv, d = rng.choice(LLAMA3[:2])
+        tp, c = rng.choice(((4, 4), (4, 8), (8, 2), (8, 4)) if heads == 32 else
+                           ((2, 8), (4, 4), (4, 8), (8, 2), (8, 4), (8, 8)))
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "tp": tp, "c": c,
+                "s": rng.choice((32768, 65536, 131072))}
 
-    def mib(p, kv=None):
-        cfg = _cfg(p["heads"], p["kv"] if kv is None else kv, p["d"], p["seq"])
-        return cp_comm_bytes(cfg, 1, p["cp"], 1, bytes_per_value=2) / 2**20
+    def kv_here(p):  # K/V heads on one tp rank: split over tp, or one copy each
+        return max(p["kv"] // p["tp"], 1)
+
+    def right(p):
+        return _a2a(p, p["heads"] // p["tp"], p["c"]) / MiB  # K/V widened to c heads
 
     return Question(
-        key="10.ring-bytes", seed=seed, draw=draw,
+        key="10.a2a-bytes", seed=seed, draw=draw,
         text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads, "
-                        f"d_model {p['d']}) trains on sequences of {p['seq']} tokens split over "
-                        f"cp = {p['cp']} ranks by minitp's ring attention (load-balanced), one "
-                        "sequence a microbatch, bf16, no tensor parallelism. How many MiB does "
-                        "one rank send for the ring in one layer, forward and backward, per "
-                        "microbatch? (In MiB; within 1%.)"),
-        right=mib,
+                        f"model dimension {p['d']}) trains on sequences of s = {p['s']:,} "
+                        f"tokens (micro-batch 1, bfloat16) with tensor parallelism t = "
+                        f"{p['tp']} and Ulysses context parallelism (cp_comm='a2a') over "
+                        f"c = {p['c']} ranks. How many MiB does one GPU send for one "
+                        "layer's attention all-to-alls, forward and backward together? "
+                        "(MiB; within 1%.)"),
+        right=right,
         wrong=[
-            Wrong(lambda p: mib(p, p["heads"]),
-                  "that is with a K/V head per query head: the ring would carry K and V widened "
-                  "to the query heads, which minitp's ring does not (it widens each block as it "
-                  "computes)"),
-            Wrong(lambda p: mib(p) * 2 * (p["cp"] - 1) / (2 * (3 * p["cp"] - 2)),
-                  "that is the forward's sends only; backward passes K and V again and the "
-                  "dK/dV accumulators a full turn home"),
-            Wrong(lambda p: mib(p) * 4 * (p["cp"] - 1) / (2 * (3 * p["cp"] - 2)),
-                  "that is K and V forward and backward, without the dK/dV accumulators, which "
-                  "travel a full turn (cp hops) to come home to their owner"),
+            Wrong(lambda p: right(p) / 2, "that is the forward alone: backward sends dO in "
+                                          "and dQ, dK, dV out, as much again"),
+            Wrong(lambda p: _a2a(p, p["heads"] // p["tp"], kv_here(p)) / MiB,
+                  "the K/V heads a tp rank holds are fewer than the all-to-all's ranks: "
+                  "each is copied to the ranks whose query heads read it, so K and V go "
+                  "as c heads, one a rank"),
+            Wrong(lambda p: _a2a(p, p["heads"] // p["tp"], p["c"], own_part=True) / MiB,
+                  "a rank keeps its own 1/c of each tensor: only (c-1)/c of it is sent"),
+            Wrong(lambda p: _a2a(p, p["heads"], p["c"]) / MiB,
+                  "tensor parallelism splits the heads first: a GPU holds h/t query heads"),
         ],
         worked=lambda p: (
-            f"each message is one rank's K or V: (s/cp)·n_kv·d_head values = {p['seq']}/{p['cp']}"
-            f" × {p['kv']} × {p['d'] // p['heads']} × 2 bytes; 2(3cp−2) = "
-            f"{2 * (3 * p['cp'] - 2)} messages: {mib(p):.2f} MiB (`mt.calc.cp_comm_bytes`, a "
-            f"MODEL the trace matches in the lesson). With a K/V head per query head it would "
-            f"be {mib(p, p['heads']):.2f} MiB: n_head/n_kv = {p['heads'] // p['kv']} times."),
+            f"a GPU holds h/t = {p['heads'] // p['tp']} query heads and "
+            f"{kv_here(p)} K/V head(s) (n_kv/t, or one copy); c = {p['c']} is more than "
+            f"that, so K and V are widened to c heads, one a rank. One head at a rank's "
+            f"s/c = {p['s'] // p['c']:,} positions is {p['s'] // p['c']}·"
+            f"{p['d'] // p['heads']}·2 bytes. Forward: Q, K, V in and O out, each sending "
+            f"(c-1)/c of it; backward the same four: 2·(c-1)/c·(2·{p['heads'] // p['tp']} + "
+            f"2·{p['c']}) heads' worth = {right(p):,.1f} MiB per layer "
+            f"(`minitp.rules.cp_attention_bytes`, a MODEL; the lesson's trace counted "
+            "these four all-to-alls each way)."),
     )
 
 
-def kv_weight(seed=None) -> Question:
+def ring_over_a2a(seed=None) -> Question:
     def draw(rng):
-        name, heads, kv, d = rng.choice(MODELS)
-        return {"name": name, "heads": heads, "kv": kv, "d": d, "tp": rng.choice((16, 32))}
+        name, heads, kv, d = rng.choice(LLAMA3)
+        c = rng.choice((16, 32))  # above the 8 K/V heads: the all-to-all copies them
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "c": c, "s": 131072}
 
-    def mib(p):  # the whole K/V projection on every rank: 2·n_kv·d_head·d, bf16
-        return 2 * p["kv"] * (p["d"] // p["heads"]) * p["d"] * 2 / 2**20
+    def model(p, comm):
+        b = cp_attention_bytes(comm, rows=1, seq_len=p["s"], heads=p["heads"],
+                               kv_heads=p["kv"], head_dim=p["d"] // p["heads"], cp=p["c"])
+        return b["fwd"] + b["bwd"]
+
+    def ring(p, hops):  # messages of one rank's K or V, s/c positions of n_kv heads
+        return hops * p["kv"]
+
+    def a2a_heads(p, kv):  # heads' worth an all-to-all rank sends, forward and backward
+        return 2 * (p["c"] - 1) / p["c"] * (2 * p["heads"] + 2 * kv)
+
+    def right(p):
+        return model(p, "ring") / model(p, "a2a")
+
+    c_kv = lambda p: p["kv"] if p["kv"] % p["c"] == 0 else p["c"]  # noqa: E731
+    return Question(
+        key="10.ring-over-a2a", seed=seed, draw=draw,
+        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads) trains "
+                        f"on s = {p['s']:,} tokens with c = {p['c']} context-parallel ranks "
+                        "and no tensor parallelism. Per GPU and layer, forward and backward "
+                        "together, how many times the bytes of Ulysses' all-to-alls "
+                        "(cp_comm='a2a') does minitp's ring (cp_comm='ring') send? "
+                        "(A ratio; within 1%.)"),
+        right=right,
+        wrong=[
+            Wrong(lambda p: ring(p, 2 * (p["c"] - 1)) / (a2a_heads(p, c_kv(p)) / 2),
+                  "that compares the forward passes alone: backward, the ring sends K and "
+                  "V round again and dK, dV c hops, 2(3c-2) blocks in all; the all-to-alls "
+                  "send as much backward as forward"),
+            Wrong(lambda p: ring(p, 2 * (3 * p["c"] - 2)) / a2a_heads(p, p["kv"]),
+                  "the all-to-all cannot split fewer K/V heads than ranks: it copies each "
+                  "to the ranks whose query heads read it, c heads in all"),
+            Wrong(lambda p: ring(p, 2 * (3 * p["c"] - 2)) / (2 * (p["c"] - 1) / p["c"]
+                                                             * 2 * c_kv(p)),
+                  "the all-to-alls carry Q and O too, the query heads' worth each way; "
+                  "the ring carries only K and V"),
+        ],
+        worked=lambda p: (
+            f"in units of one head at s/c positions: the ring sends n_kv = {p['kv']} heads "
+            f"2(3c-2) = {2 * (3 * p['c'] - 2)} times ({ring(p, 2 * (3 * p['c'] - 2)):,}); "
+            f"the all-to-alls send (c-1)/c of Q, K, V and O each way, K and V as "
+            f"{c_kv(p)} heads: 2·(c-1)/c·(2·{p['heads']} + 2·{c_kv(p)}) = "
+            f"{a2a_heads(p, c_kv(p)):,.1f}. Ratio {right(p):.2f} (a MODEL: "
+            "`minitp.rules.cp_attention_bytes`). The ring's bytes per GPU stay near "
+            "6·n_kv heads of s/c·c = s positions whatever c. " + _a2a_trend(p, c_kv(p))),
+    )
+
+
+def _a2a_trend(p, kv_sent) -> str:
+    """How the all-to-all's bytes move with c: all of them fall as 1/c only while c
+    divides the K/V heads; copied K/V (c heads of s/c positions) do not fall."""
+    if kv_sent != p["c"] or p["kv"] % p["c"] == 0:
+        return "The all-to-all's fall as 1/c: Q, O, K and V are all split c ways."
+    c = p["c"]
+    share = 2 * c / (2 * p["heads"] + 2 * c)  # K and V's part of the all-to-alls' bytes
+    return (f"The all-to-all's Q and O fall as 1/c, but not its K and V: here c = {c} > "
+            f"n_kv = {p['kv']}, so they travel as c copies, c heads of s/c positions, "
+            f"4(c-1)/c = {4 * (c - 1) / c:.2f} heads' worth of all s positions whatever c "
+            f"({share:.0%} of the all-to-alls' bytes here, a larger share as c grows).")
+
+
+CHOICES = {"a": ("ring", None), "b": ("allgather", None), "c": ("a2a", None),
+           "d": ("a2a+ring", 2)}  # the hybrid's all-to-all over c/2 ranks (2: its ring)
+
+
+def _sent(p, letter):
+    """MODEL: bytes one GPU sends per layer (fwd + bwd) with option `letter`."""
+    comm, ring = CHOICES[letter]
+    b = cp_attention_bytes(comm, rows=1, seq_len=p["s"], heads=p["heads"], kv_heads=p["kv"],
+                           head_dim=p["d"] // p["heads"], cp=p["c"],
+                           cp_a2a_size=p["c"] // ring if ring else None)
+    return b["fwd"] + b["bwd"]
+
+
+def pick(seed=None) -> Question:
+    def draw(rng):
+        name, heads, kv, d = rng.choice(LLAMA3)
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "c": rng.choice((4, 8, 16, 32)),
+                "s": 131072}
+
+    def right(p):
+        return min(CHOICES, key=lambda letter: _sent(p, letter))
+
+    def heads_worth(p, letter):  # in units of one head at s/c positions
+        return _sent(p, letter) / (p["s"] // p["c"] * (p["d"] // p["heads"]) * 2)
 
     return Question(
-        key="10.kv-weight", seed=seed, draw=draw,
-        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads of "
-                        f"{p['d'] // p['heads']}, d_model {p['d']}) runs at tp = {p['tp']}, "
-                        "above its K/V heads, as minitp runs it (the whole K/V projection "
-                        "replicated on every rank, each computing its one K/V head). How many "
-                        "MiB of one layer's K/V projection weight does one tp rank hold, in "
-                        "bf16? (In MiB; within 1%.)"),
-        right=mib,
+        key="10.pick", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads) trains "
+                        f"on s = {p['s']:,} tokens without tensor parallelism, over c = "
+                        f"{p['c']} context-parallel ranks. Which attention sends the fewest "
+                        "bytes per GPU and layer, forward and backward together? Answer 'a', "
+                        "'b', 'c' or 'd': (a) cp_comm='ring'; (b) cp_comm='allgather'; (c) "
+                        f"cp_comm='a2a'; (d) cp_comm='a2a+ring', cp_a2a_size={p['c'] // 2}."),
+        right=right,
         wrong=[
-            Wrong(lambda p: mib(p) / p["tp"],
-                  "that splits the K/V projection over tp as if tp divided the K/V heads: "
-                  "there are fewer K/V heads than ranks"),
-            Wrong(lambda p: mib(p) / p["kv"],
-                  "that is one K/V head's K and V, what a rank would keep if it held only the "
-                  "head it reads; minitp keeps the whole projection and sums its gradient over tp"),
-            Wrong(lambda p: mib(p) / 2,
-                  "that counts K or V, not both"),
+            Wrong(lambda p: "a", "the ring sends each K and V block 2(3c-2) times in all, "
+                                 "never fewer than the all-gather's 4(c-1)"),
+            Wrong(lambda p: "c" if right(p) == "b" else "b",
+                  "compare the two at this c: the all-gather sends n_kv heads' worth 4(c-1) "
+                  "times, growing with c; the all-to-all sends 2(c-1)/c·(2h + 2n_kv), Q and O "
+                  "included and K/V copied to c heads where c exceeds them, falling with c"),
+            Wrong(lambda p: "d", "the hybrid sends the all-to-all's Q and O over its U ranks "
+                                 "and adds a ring of K and V over the c/U groups: at least "
+                                 "as much as the plain all-to-all here"),
         ],
         worked=lambda p: (
-            f"2 (K and V) × n_kv × d_head × d_model × 2 bytes = 2 × {p['kv']} × "
-            f"{p['d'] // p['heads']} × {p['d']} × 2 = {mib(p):.1f} MiB on every rank "
-            f"(`ReplicatedKV`); keeping only the head a rank reads would be {mib(p) / p['kv']:.1f} "
-            "MiB, its gradient then summed over the ranks that share it."),
+            "in units of one head at s/c positions (MODEL: `minitp.rules.cp_attention_bytes`): "
+            + ", ".join(f"({letter}) {CHOICES[letter][0]} {heads_worth(p, letter):,.0f}"
+                        for letter in CHOICES)
+            + f": ({right(p)}) sends least. The all-gather's 4(c-1)·n_kv grows with c; the "
+            "all-to-all's 2(c-1)/c·(2h + 2n_kv) tends to a constant (K/V copied to c heads "
+            "once c exceeds them): the more ranks, the better the all-to-all, and the more "
+            "query heads per K/V head, the later it wins. Bytes are not all: the all-gather "
+            "keeps K and V whole, and the ring hides its sends behind compute."),
     )
 
 
-def _local_to_global(p) -> int:
-    """The global position of local token j on cp rank `rank` under the load-balanced
-    split: chunks i and 2·cp−1−i of s / (2·cp) tokens, the early one first."""
-    size, i = p["s"] // (2 * p["cp"]), p["rank"]
-    chunk, offset = divmod(p["j"], size)
-    return (i if chunk == 0 else 2 * p["cp"] - 1 - i) * size + offset
-
-
-def _rope_mistakes(p) -> list[int]:
-    """The usual mistakes' positions: local, the contiguous split, chunk i + cp."""
-    size, i, k = p["s"] // (2 * p["cp"]), p["rank"], p["j"] - p["s"] // (2 * p["cp"])
-    return [p["j"], i * (p["s"] // p["cp"]) + p["j"], (i + p["cp"]) * size + k]
-
-
-def rope_positions(seed=None) -> Question:
-    def draw(rng):
-        while True:  # a token of the rank's second chunk, where every mistake differs
-            cp = rng.choice((2, 4, 8))
-            s = rng.choice((4096, 8192)) * cp
-            p = {"cp": cp, "rank": rng.randrange(1, cp), "s": s,
-                 "j": s // (2 * cp) + rng.randrange(s // (2 * cp))}
-            values = [_local_to_global(p), *_rope_mistakes(p)]
-            if len(set(values)) == len(values):
-                order = list(range(4))
-                rng.shuffle(order)  # where each kind of answer sits among (a)-(d)
-                p["order"] = order
-                return p
-
-    def options(p):
-        return [_local_to_global(p), *_rope_mistakes(p)]
-
-    def letter(p, kind):
-        return "abcd"[p["order"].index(kind)]
-
-    return Question(
-        key="10.rope-positions", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A sequence of s = {p['s']} tokens is split over cp = {p['cp']} ranks "
-                        "by minitp's load-balanced split (lesson 08). cp rank "
-                        f"{p['rank']} holds its {p['s'] // p['cp']} tokens in one local tensor, "
-                        "in the order the split gives them. By which position must RoPE rotate "
-                        f"the query and key of its local token j = {p['j']} (counted from 0)? "
-                        + "; ".join(f"({'abcd'[k]}) {options(p)[p['order'][k]]}"
-                                    for k in range(4)) + "."),
-        right=lambda p: letter(p, 0),
-        wrong=[
-            Wrong(lambda p: letter(p, 1),
-                  "that is the local position, the trap: every rank would rotate its tokens as "
-                  "if they began the sequence, and q·k would see the wrong distances"),
-            Wrong(lambda p: letter(p, 2),
-                  "that is the contiguous split (rank i holding positions i·s/cp onward), which "
-                  "gives the last rank most of the causal work; the load-balanced split gives "
-                  "each rank an early and a late chunk"),
-            Wrong(lambda p: letter(p, 3),
-                  "that takes chunk i + cp for the late one: the balanced split pairs chunk i "
-                  "with its mirror, chunk 2·cp−1−i, so that an early chunk and a late one share "
-                  "a rank"),
-        ],
-        worked=lambda p: (
-            f"({letter(p, 0)}) {_local_to_global(p)}. The split cuts s into 2·cp = "
-            f"{2 * p['cp']} chunks of s/(2·cp) = {p['s'] // (2 * p['cp'])} and gives rank "
-            f"{p['rank']} chunks {p['rank']} and 2·cp−1−{p['rank']} = "
-            f"{2 * p['cp'] - 1 - p['rank']}, the early one first. Local token {p['j']} is past "
-            f"the first chunk, so it is token {p['j'] - p['s'] // (2 * p['cp'])} of chunk "
-            f"{2 * p['cp'] - 1 - p['rank']}: position {2 * p['cp'] - 1 - p['rank']}·"
-            f"{p['s'] // (2 * p['cp'])} + {p['j'] - p['s'] // (2 * p['cp'])} = "
-            f"{_local_to_global(p)} (`minitp.context_parallel.split.global_positions`, which "
-            "`ContextParallelRotary` uses)."),
-    )
-
-
-QUESTIONS = {"10.ring-bytes": ring_bytes, "10.kv-weight": kv_weight,
-             "10.rope-positions": rope_positions}
+QUESTIONS = {"10.a2a-bytes": a2a_bytes, "10.ring-over-a2a": ring_over_a2a, "10.pick": pick}

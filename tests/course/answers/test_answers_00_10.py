@@ -172,14 +172,14 @@ def test_08_and_09_context_parallel():
         balanced = {sum(i + 1 for i in cp_chunks(r, c)) for r in range(c)}
         assert len(balanced) == 1  # the load-balanced split: the same work on every rank
         assert close(right, contiguous / balanced.pop())
-    for _, p, right in asked("10.ring-bytes"):
+    for _, p, right in asked("09.ring-bytes"):
         cp, head_dim = p["cp"], p["d"] // p["heads"]
         message = p["seq"] // cp * p["kv"] * head_dim * 2
         assert close(right, (2 * (cp - 1) + 2 * (cp - 1) + 2 * cp) * message / MiB)
-    for _, p, right in asked("10.kv-weight"):
+    for _, p, right in asked("09.kv-weight"):
         head_dim = p["d"] // p["heads"]  # tp above the K/V heads: every rank holds them all
         assert close(right, 2 * p["kv"] * head_dim * p["d"] * 2 / MiB)
-    for q, p, right in asked("10.rope-positions"):
+    for q, p, right in asked("09.rope-positions"):
         size = p["s"] // (2 * p["cp"])  # the rank's local tensor: its two chunks, in order
         positions = [k * size + o for k in cp_chunks(p["rank"], p["cp"]) for o in range(size)]
         assert len(positions) == p["s"] // p["cp"]

@@ -1,9 +1,9 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex10
-# Made from solutions/ex10_kv_heads_and_positions.py by `python -m minitp.course.make_exercises`.
-"""Exercise 10: which K/V heads a tensor-parallel rank holds, who shares them, and where
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex09
+# Made from solutions/ex09_kv_heads_and_positions.py by `python -m minitp.course.make_exercises`.
+"""Exercise 09: which K/V heads a tensor-parallel rank holds, who shares them, and where
 a context-parallel rank's tokens sit.
 
-Grouped-query attention (lesson 10) gives n_head query heads only n_kv K/V heads, each
+Grouped-query attention (lesson 09) gives n_head query heads only n_kv K/V heads, each
 shared by a group of n_head/n_kv query heads. Tensor parallelism gives each of tp ranks
 n_head/tp whole query heads — and the K/V heads those query heads read:
 
@@ -28,7 +28,7 @@ Write, with plain integer arithmetic (the grader compares with the model minitp 
 * `rope_positions(length, cp_rank, cp)`: the global positions of the `length` tokens cp
   rank `cp_rank` holds, in the order it holds them.
 
-Grade it with `mt.grade("ex10")` in a notebook or `python -m minitp.course.grade ex10`.
+Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.course.grade ex09`.
 """
 
 

@@ -1,4 +1,4 @@
-"""Lesson 09: which context parallelism. Every answer is recomputed by counting what each
+"""Lesson 10: which context parallelism. Every answer is recomputed by counting what each
 variant's collectives move (one rank's tensors, the hops of the ring, the (c-1)/c an
 all-to-all or all-gather sends of a rank's share), and the heads limit from the rules
 (`mt.check_parallel_config`), never by the question's own formula.
@@ -52,7 +52,7 @@ def _runs_a2a(heads, kv, tp, u):
 
 
 def test_09_a2a_bytes():
-    for _, p, right in asked("09.a2a-bytes"):
+    for _, p, right in asked("10.a2a-bytes"):
         tp, c = p["tp"], p["c"]
         kv_on_rank = p["kv"] // tp if p["kv"] % tp == 0 else 1  # split over tp, or a copy
         assert kv_on_rank < c  # the question's point: the all-to-all copies them
@@ -61,7 +61,7 @@ def test_09_a2a_bytes():
 
 
 def test_09_ring_over_a2a():
-    for _, p, right in asked("09.ring-over-a2a"):
+    for _, p, right in asked("10.ring-over-a2a"):
         c = p["c"]
         ring = _ring_sent(p["kv"], c)
         a2a = _a2a_sent(p["heads"], _kv_sent(p["kv"], c), c)
@@ -71,7 +71,7 @@ def test_09_ring_over_a2a():
 def test_09_ring_over_a2a_worked_answer_keeps_copied_kv_from_falling():
     # the all-to-all's bytes fall as 1/c only while c divides the K/V heads: copied K/V
     # (every draw here: c above the 8 K/V heads) stay c heads of s/c positions
-    for q, p, _ in asked("09.ring-over-a2a"):
+    for q, p, _ in asked("10.ring-over-a2a"):
         worked, c = q.worked(p), p["c"]
         kv = _kv_sent(p["kv"], c)
         copied = p["kv"] % c != 0
@@ -82,7 +82,7 @@ def test_09_ring_over_a2a_worked_answer_keeps_copied_kv_from_falling():
             assert f"({share:.0%} of the all-to-alls' bytes here" in worked, worked
 
 def test_09_pick_is_the_fewest_bytes_among_what_runs():
-    for _, p, right in asked("09.pick"):
+    for _, p, right in asked("10.pick"):
         heads, kv, c = p["heads"], p["kv"], p["c"]  # no tensor parallelism
         sent = {"a": _ring_sent(kv, c), "b": _allgather_sent(kv, c)}
         if _runs_a2a(heads, kv, 1, c):
@@ -94,5 +94,5 @@ def test_09_pick_is_the_fewest_bytes_among_what_runs():
             sent["d"] = _a2a_sent(heads, kv_u, u) + _ring_sent(kv_u, c // u)
         best = min(sent.values())
         assert [k for k, v in sent.items() if v == best] == [right], (p, sent)
-    answers = {right for _, _, right in asked("09.pick")}
+    answers = {right for _, _, right in asked("10.pick")}
     assert answers == {"b", "c"}, answers  # the numbers decide, not the question

@@ -1,6 +1,4 @@
-# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex09
-# Made from solutions/ex09_ulysses_all_to_all.py by `python -m minitp.course.make_exercises`.
-"""Exercise 09: Ulysses' two all-to-alls.
+"""Exercise 10: Ulysses' two all-to-alls.
 
 Under context parallelism every rank of the cp group (`axis`, cp ranks) holds its share
 of the sequence, in the load-balanced split of lesson 08: the sequence cut into 2·cp
@@ -38,7 +36,7 @@ where (b) did.
 Work it out on paper first, cp = 2: which positions does each rank hold, which does it
 send to whom, in what order do they arrive, and where does each sit in the sequence?
 
-Grade it with `mt.grade("ex09")` in a notebook or `python -m minitp.course.grade ex09`:
+Grade it with `mt.grade("ex10")` in a notebook or `python -m minitp.course.grade ex10`:
 at cp = 2 and 4 on real processes, in float64: (a) and (b) against the split's own
 layout, (c) on four K/V head counts, then your three functions as the all-to-alls of
 Ulysses attention in a Llama-style GPT (grouped-query), whose loss and gradients must
@@ -53,33 +51,40 @@ import minitp as mt
 def heads_to_sequence(x: torch.Tensor, axis: mt.Axis) -> torch.Tensor:
     """(B, heads, L, d) this rank's two chunks -> (B, heads/cp, cp·L, d) in sequence order."""
     cp = axis.size
+    # BEGIN SOLUTION
     # hint: Which dimension do you cut into cp parts, and which rank gets each part? What
     # hint: arrives from rank j, and which two chunks of the sequence are those positions?
     # hint: In which order must the 2·cp chunks stand when you put them together?
-    raise NotImplementedError(
-        'Which dimension do you cut into cp parts, and which rank gets each part? What '
-        'arrives from rank j, and which two chunks of the sequence are those positions? In '
-        'which order must the 2·cp chunks stand when you put them together?'
-    )
+    parts = torch.stack(x.chunk(cp, dim=1))  # row k: head group k, for rank k
+    got = mt.comm.all_to_all(parts, axis, [1] * cp, [1] * cp)  # row j: rank j's positions
+    whole = [None] * (2 * cp)
+    for j, row in enumerate(got.unbind(0)):
+        whole[j], whole[2 * cp - 1 - j] = row.chunk(2, dim=2)  # rank j: chunks j, 2cp-1-j
+    return torch.cat(whole, dim=2)
+    # END SOLUTION
 
 
 def sequence_to_heads(y: torch.Tensor, axis: mt.Axis) -> torch.Tensor:
     """(B, heads/cp, cp·L, d) in sequence order -> (B, heads, L, d) this rank's two chunks."""
     cp = axis.size
+    # BEGIN SOLUTION
     # hint: Rank j needs its own positions back, of every head: which of the 2·cp chunks,
     # hint: in which order? And in which order do the head groups that arrive stack up?
-    raise NotImplementedError(
-        'Rank j needs its own positions back, of every head: which of the 2·cp chunks, in '
-        'which order? And in which order do the head groups that arrive stack up?'
-    )
+    chunks = y.chunk(2 * cp, dim=2)
+    parts = torch.stack([torch.cat([chunks[j], chunks[2 * cp - 1 - j]], dim=2)
+                         for j in range(cp)])  # row j: rank j's two chunks of my heads
+    got = mt.comm.all_to_all(parts, axis, [1] * cp, [1] * cp)  # row j: head group j
+    return torch.cat(got.unbind(0), dim=1)
+    # END SOLUTION
 
 
 def kv_for_all_to_all(k: torch.Tensor, cp: int) -> torch.Tensor:
     """(B, n_kv, L, d) -> what `heads_to_sequence` takes for K or V (B, n_kv or cp, L, d)."""
     n_kv = k.shape[1]
+    # BEGIN SOLUTION
     # hint: When does cp divide the K/V heads? If it does not, which K/V head do rank r's
     # hint: query heads read, and which head of the tensor you return does (a) send rank r?
-    raise NotImplementedError(
-        "When does cp divide the K/V heads? If it does not, which K/V head do rank r's query "
-        'heads read, and which head of the tensor you return does (a) send rank r?'
-    )
+    if n_kv % cp == 0:
+        return k
+    return k.repeat_interleave(cp // n_kv, dim=1)  # each head next to its copies
+    # END SOLUTION
