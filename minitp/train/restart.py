@@ -1,5 +1,5 @@
 """A torchrun job that survives a rank's death, run beside the same job never interrupted:
-what lesson 14 ("When a rank dies") shows and tests/train/test_resume.py checks.
+what lesson 14 ("When a rank dies") shows and asserts.
 
 `kill_and_restart` starts ``torchrun --max-restarts 1 ... -m minitp.train --save C
 --save-every N --load C`` with MINITP_FAIL_AT_STEP set (`minitp.train.save_flags`): on

@@ -82,8 +82,11 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-RESUME = [((1, 1, 2), (1, 1, 4)), ((1, 1, 4), (1, 1, 1)), ((1, 1, 1), (1, 1, 3)),
-          ((2, 2, 2), (1, 1, 4)), ((2, 2, 2), (1, 4, 1)), ((1, 2, 2), (2, 1, 2))]
+# (dp, pp, tp) saved, then loaded: sampled, not enumerated (CI's two cores). Between them
+# they gather tp down to one rank, split one rank over an uneven tp = 3, move every axis of
+# a 2x2x2 mesh onto a pipeline, and trade pp for dp.
+RESUME = [((1, 1, 4), (1, 1, 1)), ((1, 1, 1), (1, 1, 3)), ((2, 2, 2), (1, 4, 1)),
+          ((1, 2, 2), (2, 1, 2))]
 
 
 def _resume_twice(mesh_sizes, steps, directory):

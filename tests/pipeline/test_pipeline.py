@@ -182,8 +182,9 @@ def measured_bubble(events):
 # machine) that the formula ignores, and the hops on the critical path grow with m:
 # small m keeps them within the 10%. Other processes only ever add delay, so the
 # best of a few steps is the measurement.
-@pytest.mark.parametrize("schedule, pp, m, v", [("gpipe", 4, 4, 1), ("1f1b", 4, 4, 1),
-                                                ("interleaved", 4, 4, 2), ("gpipe", 2, 2, 1)])
+# each schedule once (GPipe on the smallest pipeline: its bubble's formula is 1F1B's)
+@pytest.mark.parametrize("schedule, pp, m, v", [("1f1b", 4, 4, 1), ("interleaved", 4, 4, 2),
+                                                ("gpipe", 2, 2, 1)])
 def test_measured_bubble_matches_theory(schedule, pp, m, v):
     steps = 3
     # every chunk's forward and backward take UNIT_SECONDS (a stage's, v times that)

@@ -1,6 +1,7 @@
-"""A run that survives: a rank SIGKILLed mid-run, torchrun restarts the group, the run
-resumes from the newest complete sharded checkpoint and ends bit for bit where the
-uninterrupted run ends; and the same by a second invocation with --load, no torchrun."""
+"""A run that survives a rank's death by a second invocation with --load (no torchrun): a
+rank SIGKILLed after step 3, the run started again with --load, ends bit for bit where the
+uninterrupted run ends. The same under torchrun's restart is lesson 14's first cells (they
+assert the restart, the step resumed from and the bit-for-bit end): not run twice."""
 
 import json
 import os
@@ -8,26 +9,12 @@ import os
 import pytest
 from helpers import run_cli
 
-from minitp.train.restart import kill_and_restart
-
 STEPS, EVERY, FAIL_AT = 6, 2, 3
-
-
-@pytest.fixture(scope="module")
-def restarted(tmp_path_factory):
-    """The torchrun job killed at step 3 and restarted, beside the uninterrupted run."""
-    folder = tmp_path_factory.mktemp("restart")
-    return folder, kill_and_restart(str(folder), dp=1, tp=2, steps=STEPS, every=EVERY,
-                                    fail_at=FAIL_AT)
-
-
-@pytest.mark.ranks  # kill_and_restart starts torchrun
-def test_torchrun_restarts_a_killed_rank_and_ends_bit_identical(restarted):
-    _, result = restarted
-    assert "exitcode: -9" in result["log"]  # the SIGKILL torchrun saw, before restarting
-    assert result["resumed_from"] == 2  # the newest complete checkpoint when rank 1 died
-    assert result["resumed"] == {s: result["uninterrupted"][s] for s in range(3, STEPS + 1)}
-    assert result["same_final_loss"] and result["same_parameters"]
+FLAGS = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
+         "--batch-size", "8", "--microbatches", "2", "--eval-every", str(STEPS),
+         "--eval-batches", "1", "--sample-tokens", "4", "--dtype", "float64",
+         "--no-progress", "--dp", "1", "--pp", "1", "--tp", "2", "--steps", str(STEPS),
+         "--save-every", str(EVERY)]
 
 
 def _final(folder, name):
@@ -38,14 +25,12 @@ def _final(folder, name):
 
 
 @pytest.mark.ranks
-def test_a_second_invocation_with_load_continues_exactly(restarted, monkeypatch):
-    folder, _ = restarted
-    ckpt = str(folder / "again-ckpt")
-    flags = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
-             "--batch-size", "8", "--microbatches", "2", "--eval-every", str(STEPS),
-             "--eval-batches", "1", "--sample-tokens", "4", "--dtype", "float64",
-             "--no-progress", "--dp", "1", "--pp", "1", "--tp", "2", "--steps", str(STEPS),
-             "--save-every", str(EVERY), "--save", ckpt, "--out", str(folder / "again")]
+def test_a_second_invocation_with_load_continues_exactly(tmp_path, monkeypatch):
+    whole = run_cli(*FLAGS, "--save", str(tmp_path / "uninterrupted-ckpt"),
+                    "--out", str(tmp_path / "uninterrupted"))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    folder, ckpt = tmp_path, str(tmp_path / "again-ckpt")
+    flags = [*FLAGS, "--save", ckpt, "--out", str(folder / "again")]
     monkeypatch.setenv("MINITP_FAIL_AT_STEP", str(FAIL_AT))
     assert run_cli(*flags).returncode == 1  # rank 1 killed itself after step 3
     # (the writer's lock file stays; the killed run's lock went with it: `writer_lock`)
