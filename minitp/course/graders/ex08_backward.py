@@ -144,7 +144,8 @@ def grade_backward(block_backward) -> list[Check]:
                        label="block_backward", hint=TRIPLE)
 
     try:
-        found = [[_summed(learner, c, lambda t: t.to(device())) for c in these]
+        # copies: a learner's in-place write must not change the next block's inputs
+        found = [[_summed(learner, c, lambda t: t.clone().to(device())) for c in these]
                  for these in cases]
     except Stopped as stop:
         return stop.checks
