@@ -40,6 +40,21 @@ equal on every rank, and it says what computing a block the mask removes whole
 costs. Then pass K and V on, and return ``(out, lse, k_next, v_next)``. The
 last hop carries no block anyone still needs: make it or skip it, both are right.
 
+Part (d): `block_backward`, the backward of one block. Parts (a)-(c) are forward
+only (the grader's check of the ring's backward differentiates your steps with
+autograd); a real ring keeps no block's probabilities and writes its own backward,
+block by block, as flash attention does: for the queries' rows it keeps out and the
+final ℓ (the log-sum-exp over every key), and when a block of K/V comes round it
+recomputes that block's share of the softmax from them. Given one block's q
+(n queries), k and v (m keys), the final out and lse of those n rows and dout, the
+gradient of the loss with respect to out, return what this block adds to the
+gradients: (dq, dk, dv), shaped like (q, k, v); `causal` as in `block_attention`.
+The grader sums your blocks' shares where their rows belong (dq over the key
+blocks a query met; dK and dV over the query blocks a key block met: what the
+ring's backward carries home to the K/V's owner) and compares the sums with torch
+autograd through the whole attention, in float64. One fact about the softmax
+p = softmax(s) you may use: for a loss with gradient dp, ds_j = p_j (dp_j − Σ_i p_i dp_i).
+
 What you need: ``torch.logaddexp`` (or ``torch.maximum``, ``torch.exp``,
 ``torch.log``); ``Tensor.chunk``, ``torch.cat``, ``torch.arange``;
 ``mt.comm.sendrecv(x, dst, out, src)`` (send x to global rank dst while receiving
@@ -54,7 +69,8 @@ the merge in float64 against the softmax over all the keys (scores of ±1000
 included); the split at cp = 2 and 4; the ring at cp = 2 and 4 on real processes,
 every step checked, and the blocks each rank computed counted; then the backward
 through your steps (autograd): the gradients of q, and of each K/V block summed at its
-owner (the gradients going home), against causal attention's, in float64.
+owner (the gradients going home), against causal attention's, in float64; and your
+block backward, in this process, block by block, against autograd.
 """
 
 import math
@@ -140,4 +156,25 @@ def ring_step(q, k, v, out, lse, step: int, axis: mt.Axis):
     k_next = mt.comm.sendrecv(k, axis.next, torch.empty_like(k), axis.prev)
     v_next = mt.comm.sendrecv(v, axis.next, torch.empty_like(v), axis.prev)
     return out, lse, k_next, v_next
+    # END SOLUTION
+
+
+def block_backward(q, k, v, out, lse, dout, causal: bool):
+    """What one block adds to the gradients, (dq, dk, dv): q (B, heads, n, d) its queries,
+    k and v (B, heads, m, d) its keys and values; out, lse and dout the final ones of those
+    n rows (over every key, not this block's)."""
+    # BEGIN SOLUTION
+    # hint: which share of each query's softmax is this block's, given the final lse? And the
+    # hint: softmax's sum over every key, which no block holds: what do the final out and dout
+    # hint: give of it?
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale
+    if causal:
+        n = scores.shape[-1]
+        above = ~torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(above, float("-inf"))
+    p = torch.exp(scores - lse.unsqueeze(-1))  # this block's share of the final softmax
+    delta = (dout * out).sum(-1, keepdim=True)  # Σ_j p_j dp_j, every key: dout · out
+    ds = p * (dout @ v.transpose(-2, -1) - delta)
+    return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ dout
     # END SOLUTION

@@ -7,12 +7,14 @@ the blank's message is checked word for word.
 
 The checks, in order: 0-3 the merge, 4-5 the split (all in this process), then five per
 cp size: 0 the K/V passed on, 1 every step's running result, 2 the final result, 3 the
-work per rank, 4 the backward through the steps.
+work per rank, 4 the backward through the steps; last, three of the learner's own block
+backward (in this process).
 
 Budget: the merge's and the split's mistakes are graded in this process alone (no ring
 launched); the ring's at one cp size each (cp = 4 where cp = 2 cannot tell the mistake
 apart: on a ring of two, rank r+1 is rank r-1)."""
 
+import pytest
 from test_exercises import _variant
 
 import minitp as mt
@@ -34,11 +36,23 @@ def _sizes(monkeypatch, *sizes):
 
 
 def _ring(tmp_path, monkeypatch, size, *edits):
-    """The ring's four checks at cp = `size`, for the solution with `edits` made."""
+    """The ring's five checks at cp = `size`, for the solution with `edits` made."""
     _sizes(monkeypatch, size)
     checks = mt.grade("ex08", path=_variant(tmp_path, "ex08", *edits)).checks
-    assert all(c.passed for c in checks[:6]), checks[:6]
-    return checks[6:]
+    assert all(c.passed for c in checks[:6] + checks[-BACKWARD:]), checks[:6] + checks[-3:]
+    return checks[6:-BACKWARD]
+
+
+BACKWARD = 3  # the block backward's checks, after the ring's
+
+
+def _backward(tmp_path, monkeypatch, *edits):
+    """The block backward's three checks (no ring launched), for the solution with `edits`
+    made; every other check in this process must pass."""
+    _sizes(monkeypatch)
+    checks = mt.grade("ex08", path=_variant(tmp_path, "ex08", *edits)).checks
+    assert all(c.passed for c in checks[:-BACKWARD]), checks[:-BACKWARD]
+    return checks[-BACKWARD:]
 
 
 def test_the_blank_says_what_is_not_written_and_gives_its_hint(monkeypatch):
@@ -52,6 +66,9 @@ def test_the_blank_says_what_is_not_written_and_gives_its_hint(monkeypatch):
     assert split.hint == "one chunk counted from the start of the sequence, one from its end"
     assert ring.detail == "ring_step is not written yet", str(report)
     assert ring.hint.startswith("whose K/V is this, after `step` moves round the ring?")
+    backward = report.checks[-BACKWARD]
+    assert backward.detail == "block_backward is not written yet"
+    assert backward.hint.startswith("which share of each query's softmax is this block's")
 
 
 # --------------------------------------------------------------------------- the merge
@@ -68,7 +85,7 @@ def test_exponentiating_without_subtracting_the_max_overflows_and_is_named(tmp_p
     naive = _variant(tmp_path, "ex08", ("lse = torch.logaddexp(lse1, lse2)",
                                         "lse = torch.log(torch.exp(lse1) + torch.exp(lse2))"))
     checks = mt.grade("ex08", path=naive).checks
-    assert [c.passed for c in checks] == [True, False, True, True, True, True], checks
+    assert [c.passed for c in checks] == [True, False] + [True] * 7, checks
     assert "scores near +1000" in checks[1].detail and "overflows" in checks[1].detail
     assert "subtract the larger lse" in checks[1].hint
 
@@ -79,7 +96,7 @@ def test_calling_the_librarys_merge_is_named(tmp_path, monkeypatch):
         "    lse = torch.logaddexp(lse1, lse2)\n" + MERGE + "    return out, lse\n",
         "    return mt.context_parallel.merge_partials(out1, lse1, out2, lse2)\n"))
     checks = mt.grade("ex08", path=borrowed).checks
-    assert [c.passed for c in checks] == [True, True, True, False, True, True], checks
+    assert [c.passed for c in checks] == [True] * 3 + [False] + [True] * 5, checks
     assert "merge_partials" in checks[3].detail
 
 
@@ -88,7 +105,8 @@ def test_a_contiguous_split_is_named_in_the_split_the_ring_and_the_work(tmp_path
     _sizes(monkeypatch, 2)
     contiguous = _variant(tmp_path, "ex08", (CHUNKS, "return 2 * rank, 2 * rank + 1"))
     checks = mt.grade("ex08", path=contiguous).checks
-    assert [c.passed for c in checks] == [True] * 4 + [False, False] + [True] + [False] * 4
+    assert [c.passed for c in checks] == ([True] * 4 + [False, False] + [True] + [False] * 4
+                                          + [True] * BACKWARD)
     assert checks[4].detail.startswith("rank 0 of cp=2: chunks_of gives chunks 0 and 1: a "
                                        "contiguous split"), checks[4]
     assert checks[5].detail.endswith("a contiguous split's; expected [0, 1, 2, 9, 10, 11]")
@@ -103,7 +121,7 @@ def test_a_contiguous_part_is_named_where_the_chunk_numbers_are_right(tmp_path, 
     sliced = _variant(tmp_path, "ex08", (SPLIT_RETURN, "    return x[..., rank * 2 * length:"
                                          "(rank + 1) * 2 * length, :], positions\n"))
     checks = mt.grade("ex08", path=sliced).checks
-    assert [c.passed for c in checks] == [True] * 4 + [False, True], checks
+    assert [c.passed for c in checks] == [True] * 4 + [False] + [True] * 4, checks
     assert checks[4].detail == "rank 0 of cp=2: the part is positions 0..5 of x: a contiguous split"
 
 
@@ -121,7 +139,7 @@ def test_positions_counted_from_zero_on_every_rank_are_named(tmp_path, monkeypat
     local = _variant(tmp_path, "ex08", (SPLIT_RETURN, "    return torch.cat([chunks[c] for c "
                                         "in mine], dim=-2), torch.arange(2 * length)\n"))
     checks = mt.grade("ex08", path=local).checks
-    assert [c.passed for c in checks] == [True] * 5 + [False], checks
+    assert [c.passed for c in checks] == [True] * 5 + [False] + [True] * 3, checks
     assert "counted from 0 on every rank" in checks[5].detail
 
 
@@ -274,3 +292,53 @@ def test_the_backward_is_not_judged_when_the_forward_is_wrong(tmp_path, monkeypa
     ring = _ring(tmp_path, monkeypatch, 2, ("causal=theirs[b] == mine[a]", "causal=False"))
     assert not ring[2].passed
     assert ring[4].detail == "not checked: the forward above is wrong"
+
+
+# --------------------------------------------------------------------------- the block backward
+SHARE = "    p = torch.exp(scores - lse.unsqueeze(-1))  # this block's share of the final softmax\n"
+DELTA = "    delta = (dout * out).sum(-1, keepdim=True)  # Σ_j p_j dp_j, every key: dout · out\n"
+DS = "    ds = p * (dout @ v.transpose(-2, -1) - delta)\n"
+
+
+def test_another_correct_block_backward_passes(tmp_path, monkeypatch):
+    # every correct way is accepted: here the block's own softmax, rescaled by the block's
+    # share of each query's mass (its own lse against the final one)
+    checks = _backward(tmp_path, monkeypatch, (
+        SHARE, "    p = (torch.softmax(scores, dim=-1)\n"
+        "         * torch.exp(torch.logsumexp(scores, dim=-1) - lse).unsqueeze(-1))\n"))
+    assert all(c.passed for c in checks), checks
+
+
+@pytest.mark.parametrize("edit, detail", [
+    ((SHARE, "    p = torch.softmax(scores, dim=-1)\n"),
+     "each block's probabilities were normalised over its own keys, as if they were all the keys"),
+    ((SHARE + DELTA, "    p = torch.softmax(scores, dim=-1)\n"
+      "    delta = (p * (dout @ v.transpose(-2, -1))).sum(-1, keepdim=True)\n"),
+     "each block was differentiated as an attention of its own (its own softmax, its own row "
+     "sums)"),
+    ((DS, "    ds = p * (dout @ v.transpose(-2, -1))\n"),
+     "ds = p * dp: the softmax's backward lost its second term"),
+    ((DELTA, "    delta = (p * (dout @ v.transpose(-2, -1))).sum(-1, keepdim=True)\n"),
+     "D was summed over this block's keys only"),
+    (("scale = 1 / math.sqrt(q.shape[-1])\n    scores = q @ k.transpose(-2, -1) * scale",
+      "scale = 1.0\n    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])"),
+     "dq and dk are sqrt(d) too large"),
+], ids=["own softmax", "own attention", "no D", "block D", "no scale"])
+def test_a_wrong_block_backward_is_named(tmp_path, monkeypatch, edit, detail):
+    checks = _backward(tmp_path, monkeypatch, edit)
+    assert not checks[0].passed and not checks[1].passed, checks
+    assert checks[0].detail == detail and checks[1].detail == detail, checks
+
+
+def test_the_diagonal_block_unmasked_is_named(tmp_path, monkeypatch):
+    checks = _backward(tmp_path, monkeypatch, (
+        "        scores = scores.masked_fill(above, float(\"-inf\"))\n", ""))
+    assert [c.passed for c in checks] == [True, False, True], checks
+    assert checks[1].detail.startswith("the diagonal block's probabilities above the diagonal")
+
+
+def test_exponentiating_the_scores_alone_overflows_and_is_named(tmp_path, monkeypatch):
+    checks = _backward(tmp_path, monkeypatch, (
+        SHARE, "    p = torch.exp(scores) / torch.exp(lse).unsqueeze(-1)\n"))
+    assert [c.passed for c in checks] == [True, True, False], checks
+    assert checks[2].detail.startswith("scores near +1000: the gradients hold inf or nan")

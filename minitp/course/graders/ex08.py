@@ -1,5 +1,5 @@
 """Checks for ex08: the online-softmax merge, the load-balanced split, one step of ring
-attention.
+attention, and one block's backward.
 
 (a) `merge`, in this process, float64, against the softmax over all the keys
 (torch's own, on the whole score matrix): ordinary scores split unevenly between
@@ -42,14 +42,25 @@ out = 0, ℓ = −inf and calls the learner's step cp times.
   owner's dK, dV. Named: a running (out, lse) written in place (autograd saved it for
   the merge's backward), a step that cut the graph (no gradient at all).
 
+(d) `block_backward`, in this process, float64: the backward the learner writes, one
+block's (dq, dk, dv) recomputed from the final lse, called block by block and summed
+where the rows belong (dK and dV home to their keys, as the ring's backward carries
+them), against torch autograd through the whole attention: keys cut into two uneven
+blocks; causal attention as two triangles and a whole block; scores near ±1000. Any
+way that sums right passes; named: each block normalised by its own softmax (or
+differentiated as an attention of its own), the softmax's D term dropped or summed
+over the block alone, the 1/√d forgotten, the diagonal block unmasked, an overflow.
+
 Each part is a module of its own: ex08_merge.py (a), ex08_split.py (b), ex08_ring.py
-(c) on the ranks and ex08_ring_checks.py (c)'s judgements; this one runs them.
+(c) on the ranks and ex08_ring_checks.py (c)'s judgements, ex08_backward.py (d); this
+one runs them.
 """
 
 from __future__ import annotations
 
 from ...runtime.launch import launch
 from .base import Check, run_per_size
+from .ex08_backward import grade_backward
 from .ex08_merge import grade_merge
 from .ex08_ring import _in_rank
 from .ex08_ring_checks import _backward, _final, _passing, _steps, _work
@@ -82,5 +93,6 @@ def run(module) -> list[Check]:
     def launch_at(n):
         return launch(_in_rank, n, module.ring_step, timeout=20.0)
 
-    return checks + run_per_size(WORLD_SIZES, _names, launch_at, _judge,
-                                 what="ring_step", size="cp")
+    return (checks + run_per_size(WORLD_SIZES, _names, launch_at, _judge, what="ring_step",
+                                  size="cp")
+            + grade_backward(module.block_backward))

@@ -1,8 +1,9 @@
 """A run's trace as per-rank swimlanes over time.
 
 Each rank's row has three bands. Compute regions (`trace.region`: "F0", the
-forward of microbatch 0, or a layer) are grey blocks the height of the row, named
-in the top strip: the collectives a region did are drawn over it. Blocking
+forward of microbatch 0, or a layer) are named in the top strip, their span framed
+there, and grey the height of the row only where the rank computed: a collective
+the region waited in is cut out of the grey, never drawn over it. Blocking
 collectives and p2p fill the middle band, coloured by phase (or by op), each
 labelled "layer op axis bytes" as far as its width allows. An operation that was
 *posted* and waited on later (an `isend` kept until the end of the step, a
@@ -130,11 +131,15 @@ def timeline(run_or_events, ax=None, *, color_by: str = "auto", title: str | Non
                 y = row + lo + lane * lane_h
                 if band == "region":
                     color, legend = COMPUTE_COLOR, "compute"
-                    # The region's outline spans it; grey fills only the stretches where the
-                    # rank computed, not where it waited in a collective of its own.
-                    ax.add_patch(Rectangle((x0, y), w, lane_h, facecolor="none",
-                                           edgecolor=color, linewidth=0.8, gid=f"rank{rank}",
-                                           zorder=1))
+                    # Grey fills only the stretches where the rank computed: a collective it
+                    # waited in is cut out, so grey never lies under a blocking bar (the two
+                    # did not overlap in the run; a posted message, in flight, really did).
+                    # The region's span is its name tag, framed in the top strip, above the
+                    # collectives: a box over the whole row would claim the rank computed there.
+                    strip = (mid[0] - top) / n_lanes
+                    ax.add_patch(Rectangle((x0, row + top + lane * strip), w, 0.9 * strip,
+                                           facecolor="none", edgecolor=color, linewidth=0.8,
+                                           gid=f"rank{rank}", zorder=1))
                     waits = [(b.start, b.end) for b in evs if kind[id(b)] == "blocking"]
                     for s0, s1 in _minus(e.start, e.end, waits):
                         ax.add_patch(Rectangle(((s0 - t0) * 1e3, y), (s1 - s0) * 1e3, lane_h,
