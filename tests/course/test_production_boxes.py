@@ -1,5 +1,5 @@
 """Where a lesson's choice differs from production (Megatron-LM, torchtitan, TransformerEngine,
-PyTorch, NCCL, vLLM), it says so in a marked box: a quote that starts with the header below
+PyTorch, NCCL, vLLM, Colossal-AI), it says so in a marked box: a quote that starts with the header below
 and names the file that does it (a path such as `megatron/core/.../layers.py`) or the
 repository (`owner/repo`). Which lessons carry boxes, and how many, is listed here, so a box
 lost in an edit, or one added without a source, fails. Markdown only: no kernel runs."""
@@ -14,12 +14,16 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # keyed by the name after the lesson's number, so a renumbering does not move a box
 BOXES = {
     "collectives": 1,                # NCCL's algorithm choice against the ring
+    "column_row_parallel": 1,        # Megatron-LM overlaps f's all-reduce with the wgrad GEMM
     "vocab_parallel": 1,             # Megatron-LM's fused loss: two all-reduces, not three
     "sequence_parallel": 1,          # Megatron-LM keeps the shard and gathers it again
+    "two_d_tensor_parallel": 1,      # Colossal-AI's SUMMA: pipelined broadcasts, re-broadcast
     "activation_recomputation": 1,   # torchtitan's per-operator selective checkpointing
     "which_context_parallelism": 1,  # TransformerEngine's all-gather re-gathers K and V
+    "zero_bubble_pipelines": 1,      # PyTorch splits the whole stage graph into B and W
     "data_parallel_and_3d": 1,       # Megatron-LM's distributed optimizer overlaps its sums
     "when_a_rank_dies": 1,           # PyTorch DCP balances what the lowest holder writes
+    "vision_language": 1,            # Megatron-LM sizes the first and last stages apart
     "serving_across_ranks": 2,       # vLLM's paged cache; its one-shot all-reduce
     "megatron_or_zero": 1,           # FSDP2 shards each parameter on its own
     "eight_bits_across_ranks": 2,    # torchao's rowwise recipe; its backward casts
