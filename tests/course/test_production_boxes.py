@@ -1,7 +1,7 @@
 """Where a lesson's choice differs from production (Megatron-LM, torchtitan, TransformerEngine,
-PyTorch, NCCL, vLLM, Colossal-AI), it says so in a marked box: a quote that starts with the header below
-and names the file that does it (a path such as `megatron/core/.../layers.py`) or the
-repository (`owner/repo`). Which lessons carry boxes, and how many, is listed here, so a box
+PyTorch, NCCL, vLLM, Colossal-AI), it says so in a marked box: a quote that starts with the
+header below and names the file that does it (a path such as `megatron/core/.../layers.py`)
+or the repository (`owner/repo`). Which lessons carry boxes, and how many, is listed here, so a box
 lost in an edit, or one added without a source, fails. Markdown only: no kernel runs."""
 
 import json
@@ -20,6 +20,7 @@ BOXES = {
     "two_d_tensor_parallel": 1,      # Colossal-AI's SUMMA: pipelined broadcasts, re-broadcast
     "activation_recomputation": 1,   # torchtitan's per-operator selective checkpointing
     "which_context_parallelism": 1,  # TransformerEngine's all-gather re-gathers K and V
+    "pipeline_parallelism": 1,       # Megatron-LM frees a sent stage output's data
     "zero_bubble_pipelines": 1,      # PyTorch splits the whole stage graph into B and W
     "data_parallel_and_3d": 1,       # Megatron-LM's distributed optimizer overlaps its sums
     "when_a_rank_dies": 1,           # PyTorch DCP balances what the lowest holder writes
