@@ -24,6 +24,7 @@ BOXES = {
     "zero_bubble_pipelines": 1,      # PyTorch splits the whole stage graph into B and W
     "data_parallel_and_3d": 1,       # Megatron-LM's distributed optimizer overlaps its sums
     "when_a_rank_dies": 1,           # PyTorch DCP balances what the lowest holder writes
+    "planning_a_run": 1,             # Megatron-LM's memory estimate adds embedding and loss
     "vision_language": 1,            # Megatron-LM sizes the first and last stages apart
     "serving_across_ranks": 2,       # vLLM's paged cache; its one-shot all-reduce
     "megatron_or_zero": 1,           # FSDP2 shards each parameter on its own
