@@ -18,12 +18,15 @@ from ..rules import check_timeout
 
 SEED_STRIDE = 1_000_003  # a step's seed is seed * SEED_STRIDE + step + 1 (`rank.step_seed`)
 SEED_LIMIT = 2**63 - 1  # torch.manual_seed's int64: larger seeds overflow on every rank
+# The sample is printed at the end of the run, one token a forward pass: a screenful is the
+# point, and 10**20 tokens once kept a finished run "sampling" for ever.
+MAX_SAMPLE_TOKENS = 100_000
 
 
 def check_numbers(args) -> None:
     """The float flags are positive and finite (an infinite --lr trains nothing but NaN;
-    --timeout nan stops `mt.launch`); --sample-tokens is not negative; --seed fits every
-    step's torch seed."""
+    --timeout nan stops `mt.launch`); --sample-tokens is from 0 to MAX_SAMPLE_TOKENS; --seed
+    fits every step's torch seed."""
     for name in ("lr", "temperature", "clip_grad"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -33,8 +36,9 @@ def check_numbers(args) -> None:
         check_timeout(args.timeout)
     except ValueError as exc:
         raise ValueError(f"--timeout: {exc}") from None
-    if args.sample_tokens < 0:
-        raise ValueError(f"--sample-tokens must be at least 0, got {args.sample_tokens}")
+    if not 0 <= args.sample_tokens <= MAX_SAMPLE_TOKENS:
+        raise ValueError(f"--sample-tokens must be from 0 to {MAX_SAMPLE_TOKENS:,} (the sample "
+                         f"is printed at the end of the run), got {args.sample_tokens:,}")
     top = max(0, (SEED_LIMIT - args.steps - 1) // SEED_STRIDE)
     if not 0 <= args.seed <= top:
         raise ValueError(f"--seed {args.seed}: each step's seed is seed*{SEED_STRIDE:,} + step, "

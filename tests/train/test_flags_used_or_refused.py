@@ -201,7 +201,9 @@ REFUSED_VALUES = [  # (flags, the one line's message): each once reached a trace
     (["--timeout", "1e300"], "--timeout: timeout must be at most 1e+09 seconds"),
     (["--seed", str(2**70)], "a 64-bit integer for torch; give a seed from 0 to"),
     (["--seed", "-1"], "--seed -1: each step's seed is seed*1,000,003 + step"),
-    (["--sample-tokens", "-5"], "--sample-tokens must be at least 0, got -5"),
+    (["--sample-tokens", "-5"], "--sample-tokens must be from 0 to 100,000 (the sample is "
+     "printed at the end of the run), got -5"),
+    (["--sample-tokens", str(10**20)], "--sample-tokens must be from 0 to 100,000"),  # ran for ever
     (["--eval-batches", str(10**9)], "dense copy, text and held-out batches), but only"),
     (["--experts", "4", "--capacity-factor", "inf"],
      "--capacity-factor: 'inf' is neither a finite number nor 'dropless'"),
