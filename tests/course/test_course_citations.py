@@ -24,6 +24,8 @@ import re
 import pytest
 from helpers import ROOT
 
+from minitp.course.estimate import needs
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBER = {p: int(p.name[:2]) for p in NOTEBOOKS}
 _LIST = r"\d\d(?:[–-]\d\d)?(?:(?:, and |, | and | or )\d\d(?:[–-]\d\d)?)*"
@@ -40,11 +42,6 @@ def _lessons(text: str) -> list[int]:
     return found
 
 
-def _needs(cell0: str) -> list[int]:
-    paragraph = cell0.partition("*Needs:*")[2].split("\n\n")[0]
-    return [int(k) for k in CITES[1].findall(paragraph)]
-
-
 def _sources(path):
     """(where, text, markdown?) for every cell, the questions module and the exercise."""
     n = NUMBER[path]
@@ -52,8 +49,8 @@ def _sources(path):
     for i, cell in enumerate(cells):
         text = "".join(cell["source"])
         if i == 0:
-            needs = text.partition("*Needs:*")
-            text = needs[0] + needs[2].partition("\n\n")[2]
+            title = text.partition("*Needs:*")
+            text = title[0] + title[2].partition("\n\n")[2]
         if i == len(cells) - 1 and "Next:" in text:
             text = text.rpartition("Next:")[0]
         if n == 0 and text.startswith("## The course"):
@@ -83,17 +80,17 @@ def citations(path):
             yield where, k, ahead, around
 
 
-def reachable(n: int, needs: dict) -> set:
-    seen, todo = set(), list(needs[n])
+def reachable(n: int, graph: dict) -> set:
+    seen, todo = set(), list(graph[n])
     while todo:
         k = todo.pop()
         if k not in seen:
             seen.add(k)
-            todo += needs.get(k, [])
+            todo += graph.get(k, [])
     return seen
 
 
-NEEDS = {NUMBER[p]: _needs("".join(json.loads(p.read_text())["cells"][0]["source"]))
+NEEDS = {NUMBER[p]: needs("".join(json.loads(p.read_text())["cells"][0]["source"]))
          for p in NOTEBOOKS}
 
 
