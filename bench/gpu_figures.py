@@ -23,7 +23,7 @@ not copied):
   dropout 0.1, float32) with no / selective / full recomputation at t = 1, and
   lesson 07's five settings (TP, +SP, +selective, both, full) at t = 2: the
   models take turns (`minitp.course.labs.step_timing.step_seconds`), the median step;
-* 14: a tensor-parallel training step (Adam) of lesson 16's shrunk Megatron-LM
+* 16: a tensor-parallel training step (Adam) of lesson 16's shrunk Megatron-LM
   family at t = 1, 2, 4, 8 as far as the node allows (`scaling.measure_tp`):
   the fastest step and its share in collectives.
 
@@ -68,8 +68,8 @@ SETTINGS_07 = {
         "TP + SP + selective": (True, "selective"), "full recompute": (False, "full")},
 }
 # Lesson 16's shrunk family and batch.
-SHRINK_13 = dict(head_dim=16, head_divisor=2, layer_divisor=8, vocab_size=256, seq_len=64)
-BATCH_13 = 8
+SHRINK_16 = dict(head_dim=16, head_divisor=2, layer_divisor=8, vocab_size=256, seq_len=64)
+BATCH_16 = 8
 
 
 # --------------------------------------------------------------------------- the node
@@ -164,25 +164,25 @@ def figure_07(quick: bool) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- lesson 16
-def figure_14(quick: bool) -> list[dict]:
+def figure_16(quick: bool) -> list[dict]:
     sizes = [t for t in ((1, 2) if quick else (1, 2, 4, 8)) if t <= max_ranks()]
     rows = []
     for tp in sizes:
-        cfg = scaling.megatron_family(tp, **SHRINK_13)
+        cfg = scaling.megatron_family(tp, **SHRINK_16)
         backend, device = placement(tp)  # the rule measure_tp's launch follows
-        (split,) = scaling.measure_tp([cfg], tp, batch=BATCH_13, steps=2 if quick else 5,
+        (split,) = scaling.measure_tp([cfg], tp, batch=BATCH_16, steps=2 if quick else 5,
                                       timeout=TIMEOUT_S)
         rows.append({"tp": tp, "d_model": cfg.d_model, "n_layer": cfg.n_layer,
-                     "batch": BATCH_13, "backend": backend, "device": device,
+                     "batch": BATCH_16, "backend": backend, "device": device,
                      "seconds": split.seconds, "comm_seconds": split.comm_seconds,
                      "comm_share": split.comm_share, "all_seconds": list(split.all_seconds)})
-        print(f"[14] {split} ({backend})", flush=True)
+        print(f"[16] {split} ({backend})", flush=True)
     return rows
 
 
 # --------------------------------------------------------------------------- the record
 def record(quick: bool, argv: list[str]) -> dict:
-    figures = {"01": figure_01(quick), "07": figure_07(quick), "14": figure_14(quick)}
+    figures = {"01": figure_01(quick), "07": figure_07(quick), "16": figure_16(quick)}
     on_gpu = any(row["device"].startswith("cuda") for rows in figures.values() for row in rows)
     return {
         "script": "bench/gpu_figures.py",

@@ -32,7 +32,8 @@ def test_a_lesson_states_its_number_what_it_needs_and_the_next_lesson(path):
     markdown = _cells(path, "markdown")
     assert markdown[0].startswith(f"# {n:02d} · "), (
         f"{path.name}: its title is not '# {n:02d} · ...'")
-    needs = [line for line in markdown[0].splitlines() if line.startswith("*Needs:*")]
+    # the paragraph from the line that starts "*Needs:*" to the next blank line
+    needs = [p for p in markdown[0].split("\n\n") if p.startswith("*Needs:*")]
     if n == 0:
         assert needs == []
     else:

@@ -8,7 +8,7 @@ device kind is "cuda", and of it only the measurements that ran on a GPU (on a
 one-GPU node the two-rank runs fall back to gloo on the CPU: those are not GPU
 figures).
 
-    show("14", published="Shoeybi et al. 2019, Fig. 5")   # prints the figure, or says none
+    show("16", published="Shoeybi et al. 2019, Fig. 5")   # prints the figure, or says none
 
 Nothing here measures; it reads what a run measured, and says when and where.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from ..paths import repo_root
 
 RESULTS = repo_root() / "bench" / "results"
-LESSONS = ("01", "07", "14")
+LESSONS = ("01", "07", "16")
 
 
 def runs(folder: Path | None = None) -> list[dict]:
@@ -87,9 +87,9 @@ def _line_07(row: dict) -> str:
             f"{row['seconds'] * 1e3:8.2f} ms per forward + backward (median)")
 
 
-def _line_14(row: dict) -> str:
+def _line_16(row: dict) -> str:
     return (f"  t = {row['tp']} (h {row['d_model']}, {row['n_layer']} layers, {row['backend']}): "
             f"{row['seconds'] * 1e3:8.2f} ms per step, {row['comm_share']:.0%} in collectives")
 
 
-_FORMAT = {"01": _line_01, "07": _line_07, "14": _line_14}
+_FORMAT = {"01": _line_01, "07": _line_07, "16": _line_16}

@@ -50,7 +50,7 @@ def replica_nodes(seed=None) -> Question:
                "replicas' ranks between them")
         return (
             f"stage s, tensor index t of the replica holding rank 0 is rank s·dp·tp + t "
-            f"(tp fastest, then dp, then pp: lesson 13), so its {p['pp']} stages are "
+            f"(tp fastest, then dp, then pp; ahead: lesson 13), so its {p['pp']} stages are "
             f"dp·tp = {p['dp']}·{p['tp']} = {apart} ranks apart, not side by side: ranks "
             f"{ranks}. Rank r sits on node r // {GPUS_PER_NODE}, so they are on nodes "
             f"{nodes}: {len(nodes)} node(s). Here {how}. The replica's "
@@ -151,8 +151,9 @@ def why_tp_fastest(seed=None) -> Question:
             f"{stage}·{dp * tp} + t·{dp} + {d} = {group}, {dp} apart, on nodes {nodes} "
             f"(rank // {GPUS_PER_NODE}): {len(nodes)} nodes. With tp fastest the same group "
             f"is ranks {megatron}, adjacent, on one node. Tensor parallelism sums an activation "
-            "in every layer, forward and backward (lesson 03: twice each way); data parallelism "
-            "once a step, the pipeline one activation per microbatch between neighbours. So "
+            "in every layer, forward and backward (twice each way; ahead: lesson 03); data "
+            "parallelism once a step, the pipeline one activation per microbatch between "
+            "neighbours. So "
             "the order that keeps tp's group inside a node (NVLink) is the one that makes the "
             "least traffic cross the slower links between nodes (Narayanan et al. 2021, "
             "Takeaway 1: tensor parallelism within a node). `mt.layout(dp=tp, pp=pp, tp=dp)"

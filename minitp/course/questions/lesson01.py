@@ -104,7 +104,7 @@ def which_collective(seed=None) -> Question:
         worked=lambda p: (
             "a reduce-scatter sums over the ranks and leaves rank r the r-th chunk: "
             "(n-1)/n·S bytes per rank, half of an all-reduce's 2(n-1)/n·S. This is ZeRO's "
-            "first step (lesson 13), and sequence parallelism's (lesson 05)."),
+            "first step (ahead: lesson 13), and sequence parallelism's (ahead: lesson 05)."),
     )
 
 

@@ -23,13 +23,13 @@ def _quick_run(tmp_path) -> dict:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("[01]") and proc.stdout.count("[07]") and proc.stdout.count("[14]")
+    assert proc.stdout.count("[01]") and proc.stdout.count("[07]") and proc.stdout.count("[16]")
     return json.loads(out.read_text())
 
 
 def _check_rows(rec: dict) -> None:
     figures = rec["figures"]
-    assert set(figures) == {"01", "07", "14"} and all(figures.values())
+    assert set(figures) == {"01", "07", "16"} and all(figures.values())
     for rows in figures.values():
         for row in rows:
             assert row["backend"] in ("gloo", "nccl")
@@ -39,12 +39,12 @@ def _check_rows(rec: dict) -> None:
         assert all(t > 0 for t in row["seconds"])  # measured
         # the fit of those times; on a busy CPU β may come out ≤ 0 (the doctor says so too)
         assert all(math.isfinite(v) for v in (row["alpha_s"], row["beta_s_per_byte"]))
-    for row in figures["07"] + figures["14"]:
+    for row in figures["07"] + figures["16"]:
         assert row["seconds"] > 0 and all(t > 0 for t in row["all_seconds"])
     assert {r["setting"] for r in figures["07"] if r["tp"] == 1} == {
         "no recompute", "selective", "full recompute"}
-    assert [r["tp"] for r in figures["14"]] == sorted({r["tp"] for r in figures["14"]})
-    assert any(r["tp"] == 1 for r in figures["14"])
+    assert [r["tp"] for r in figures["16"]] == sorted({r["tp"] for r in figures["16"]})
+    assert any(r["tp"] == 1 for r in figures["16"])
 
 
 def test_the_quick_run_records_every_figure_measured_with_its_device(tmp_path):
@@ -65,7 +65,7 @@ def test_on_a_gpu_the_one_rank_figures_run_on_cuda(tmp_path):
     assert rec["device_kind"] == "cuda" and rec["nccl"] and rec["cuda"]
     assert rec["device_name"] == torch.cuda.get_device_name(0)
     _check_rows(rec)
-    for lesson in ("07", "14"):  # one rank always fits a GPU
+    for lesson in ("07", "16"):  # one rank always fits a GPU
         assert all(r["device"] == "cuda:0" for r in rec["figures"][lesson] if r["tp"] == 1)
     assert gpu_figures.newest_gpu_run(tmp_path) is None  # a --quick check is not figures
     (tmp_path / "figures-full.json").write_text(json.dumps({**rec, "quick": False}))
@@ -79,7 +79,7 @@ def _write(folder: Path, name: str, kind: str, date: str, device: str,
     figures = {
         "01": [{**row, "world": 2, "alpha_s": 2e-5, "beta_s_per_byte": 1 / 200e9}],
         "07": [{**row, "tp": 1, "setting": "full recompute", "seconds": 0.004}],
-        "14": [{**row, "tp": 1, "d_model": 128, "n_layer": 5, "seconds": 0.01, "comm_share": 0.0},
+        "16": [{**row, "tp": 1, "d_model": 128, "n_layer": 5, "seconds": 0.01, "comm_share": 0.0},
                {**row, "device": "cpu", "backend": "gloo", "tp": 2, "d_model": 160,
                 "n_layer": 7, "seconds": 0.2, "comm_share": 0.3}],
     }
@@ -95,7 +95,7 @@ def test_the_reader_shows_the_newest_gpu_run_and_only_what_ran_on_a_gpu(tmp_path
     _write(tmp_path, "A100", "cuda", "2026-01-01T00:00:00+00:00", "cuda:0")
     _write(tmp_path, "H100", "cuda", "2026-06-01T00:00:00+00:00", "cuda:0")
     _write(tmp_path, "H200-quick", "cuda", "2026-07-01T00:00:00+00:00", "cuda:0", quick=True)
-    shown = gpu_figures.lines("14", "a source", tmp_path)
+    shown = gpu_figures.lines("16", "a source", tmp_path)
     assert shown[0] == "GPU, recorded 2026-06-01 on H100 by bench/gpu_figures.py:"
     assert len(shown) == 2 and "t = 1" in shown[1]  # the t = 2 row ran on the CPU
     assert "1/β = 200.0 GB/s" in gpu_figures.lines("01", "x", tmp_path)[1]
