@@ -62,6 +62,18 @@ def scale_from_amax(amax: torch.Tensor, fmt: Format) -> torch.Tensor:
     return torch.where((fmt.max / scale).isinf(), torch.nextafter(scale, scale + 1), scale)
 
 
+def round_down_to_power_of_2(scale: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The largest power of two ≤ scale (torchao's ``_round_scale_down_to_power_of_2``,
+    torchao/float8/float8_utils.py, which its rowwise recipe applies to every scale): a
+    power-of-two scale multiplies and divides exactly, and maps equal values to equal codes
+    whatever the tensor around them. torchao rounds its float32 scale; minitp the scale in
+    the run's dtype (the two differ only where float32 rounds max/amax up to a power of two).
+    Where that halving would read the format's max back as inf (an amax within a factor 2 of
+    the dtype's largest value), the power above: the amax then saturates, as a cast does."""
+    down = torch.exp2(torch.floor(torch.log2(scale)))
+    return torch.where((fmt.max / down).isinf(), down * 2, down)
+
+
 def to_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> torch.Tensor:
     """The 8-bit tensor: x·scale clamped to the format's range, rounded to nearest (even)."""
     return (x * scale).clamp(-fmt.max, fmt.max).to(fmt.dtype)
