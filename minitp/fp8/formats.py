@@ -4,9 +4,11 @@ An FP8 number has 8 bits: a sign, e exponent bits and m mantissa bits (OCP FP8 s
 as PyTorch's dtypes):
 
 * ``e4m3`` (`torch.float8_e4m3fn`): 3 mantissa bits, largest finite value 448, no
-  infinity. Forward tensors (activations and weights): precision matters most there.
-* ``e5m2`` (`torch.float8_e5m2`): 2 mantissa bits, largest value 57344. Gradients: their
-  values spread over more orders of magnitude (TransformerEngine's "HYBRID" format).
+  infinity. Forward tensors (activations and weights): precision matters most there; under
+  torchao's rowwise recipe the gradients too (a scale per row keeps them in range).
+* ``e5m2`` (`torch.float8_e5m2`): 2 mantissa bits, largest value 57344. Gradients under one
+  scale a tensor: their values spread over more orders of magnitude (TransformerEngine's
+  "HYBRID" format).
 
 A tensor is cast with a *scale*: q = fp8(clamp(x·scale, ±max)), and read back as q/scale.
 With scale = max/amax (amax the largest |x| the scale is meant for) the largest value lands
