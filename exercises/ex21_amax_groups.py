@@ -3,8 +3,9 @@
 """Exercise 21: the amax groups of a tensor-parallel FP8 MLP, with and without sequence
 parallelism — which ranks must agree on each scale, and when each scale is taken.
 
-An FP8 linear layer y = x Wᵀ casts three tensors: its input x and its weight W to e4m3 in
-the forward, its output gradient ∂y to e5m2 in the backward. Each cast multiplies the
+An FP8 linear layer y = x Wᵀ casts three tensors. In the classic recipe, used here
+(TransformerEngine's Format.HYBRID; torchao's tensorwise), its input x and its weight W go to
+e4m3 in the forward, its output gradient ∂y to e5m2 in the backward. Each cast multiplies the
 tensor by a *scale*, max/amax, so that the tensor's largest magnitude (its amax) lands on
 the format's largest value (448 for e4m3, 57344 for e5m2), and reads it back divided by
 the same scale (`quantize`, given). A scale is meant for one tensor. When the mesh splits

@@ -3,7 +3,8 @@
 * `formats`: e4m3 and e5m2, the scaled cast (quantize-dequantize) in the run's dtype;
 * `scaling`: tensorwise, delayed (an amax history) and rowwise scales, each amax reduced
   over the axes that split its tensor (the rule: `minitp.rules.fp8_groups`);
-* `casts`: a linear layer's three casts as autograd Functions (`LayerScales`);
+* `casts`: a linear layer's casts as autograd Functions (`LayerScales`): TransformerEngine's
+  HYBRID recipe (tensorwise, delayed), torchao's ROWWISE (its backward cast again);
 * `convert`: the one-process FP8 model (`convert(gpt, "tensorwise")`);
 * `apply`: the same on a parallel model (`mt.parallelize(..., fp8=…)` calls it);
 * `reference`: the one-process FP8 step every mesh equals (its microbatches).

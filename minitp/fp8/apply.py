@@ -11,7 +11,7 @@ import warnings
 import torch.nn as nn
 
 from ..rules import layer_label
-from ..rules.fp8_groups import ROLES, amax_axes, check_fp8_model
+from ..rules.fp8_groups import amax_axes, check_fp8_model, roles
 from ..runtime.mesh import Mesh
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from .casts import LayerScales
@@ -37,7 +37,7 @@ def amax_groups(kind: str, mesh: Mesh, scaling: str, sequence_parallel: bool,
     return {role: tuple(axis for name in amax_axes(kind, role, scaling, sequence_parallel,
                                                    local_scales)
                         if (axis := getattr(mesh, name)).size > 1)
-            for role in ROLES}
+            for role in roles(scaling)}
 
 
 def apply_fp8(model: nn.Module, mesh: Mesh, scaling: str | None, sequence_parallel: bool,

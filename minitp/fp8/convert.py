@@ -32,7 +32,8 @@ def _gemm(x, weight, bias):
 
 class Fp8Linear(nn.Linear):
     """``nn.Linear`` whose GEMMs read FP8 operands: x and W in e4m3 forward, the output
-    gradient in e5m2 backward (``self.fp8``: its `LayerScales`, no axes: one process)."""
+    gradient in e5m2 backward, or e4m3 under rowwise (``self.fp8``: its `LayerScales`, no
+    axes: one process)."""
 
     fp8: LayerScales
 

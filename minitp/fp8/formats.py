@@ -4,9 +4,11 @@ An FP8 number has 8 bits: a sign, e exponent bits and m mantissa bits (OCP FP8 s
 as PyTorch's dtypes):
 
 * ``e4m3`` (`torch.float8_e4m3fn`): 3 mantissa bits, largest finite value 448, no
-  infinity. Forward tensors (activations and weights): precision matters most there.
-* ``e5m2`` (`torch.float8_e5m2`): 2 mantissa bits, largest value 57344. Gradients: their
-  values spread over more orders of magnitude (TransformerEngine's "HYBRID" format).
+  infinity. Forward tensors (activations and weights): precision matters most there; under
+  torchao's rowwise recipe the gradients too (a scale per row keeps them in range).
+* ``e5m2`` (`torch.float8_e5m2`): 2 mantissa bits, largest value 57344. Gradients under one
+  scale a tensor: their values spread over more orders of magnitude (TransformerEngine's
+  "HYBRID" format).
 
 A tensor is cast with a *scale*: q = fp8(clamp(x·scale, ±max)), and read back as q/scale.
 With scale = max/amax (amax the largest |x| the scale is meant for) the largest value lands
@@ -60,6 +62,18 @@ def scale_from_amax(amax: torch.Tensor, fmt: Format) -> torch.Tensor:
     # Rounded down, the scale of an amax within an ulp of the dtype's largest value would
     # read the format's max back as inf (448/scale > DBL_MAX): one ulp up keeps it finite.
     return torch.where((fmt.max / scale).isinf(), torch.nextafter(scale, scale + 1), scale)
+
+
+def round_down_to_power_of_2(scale: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The largest power of two ≤ scale (torchao's ``_round_scale_down_to_power_of_2``,
+    torchao/float8/float8_utils.py, which its rowwise recipe applies to every scale): a
+    power-of-two scale multiplies and divides exactly, and maps equal values to equal codes
+    whatever the tensor around them. torchao rounds its float32 scale; minitp the scale in
+    the run's dtype (the two differ only where float32 rounds max/amax up to a power of two).
+    Where that halving would read the format's max back as inf (an amax within a factor 2 of
+    the dtype's largest value), the power above: the amax then saturates, as a cast does."""
+    down = torch.exp2(torch.floor(torch.log2(scale)))
+    return torch.where((fmt.max / down).isinf(), down * 2, down)
 
 
 def to_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> torch.Tensor:

@@ -9,9 +9,13 @@
   recorded. The very first cast has no history: minitp scales it by its own amax
   (TransformerEngine starts from scale 1 instead). A window whose largest amax is inf, NaN
   or 0 keeps the previous scale, as TransformerEngine's ``_default_sf_compute`` does.
-* ``rowwise`` — one scale per row, the amax over the last dimension (torchtitan's float8
-  rowwise, from torchao): a token's features for an activation or a gradient, an output
-  feature's inputs for a weight (d_out, d_in).
+* ``rowwise`` — one scale per row of the operand as its GEMM reads it, the amax along the
+  GEMM's reduction dimension (torchao's ``ROWWISE`` recipe, torchtitan's
+  ``--float8.recipe_name rowwise``), every scale rounded down to a power of two as torchao's
+  ``round_scales_to_power_of_2`` does. ``along="row"``: the amax over the last dimension
+  (a token's features, a weight's inputs); ``along="column"``: over every other dimension
+  (a feature's tokens, a weight column's outputs), for the backward's re-casts
+  (`minitp.fp8.casts`).
 
 Every amax is reduced with MAX over the axes that split the tensor (`minitp.rules.fp8_groups`)
 before it makes a scale: then each rank's piece is cast with the scale of the whole tensor,
@@ -24,17 +28,22 @@ import torch
 
 from ..rules.fp8_groups import SCALINGS
 from ..runtime import comm, trace
-from .formats import Format, quantize, scale_from_amax
+from .formats import Format, quantize, round_down_to_power_of_2, scale_from_amax
 
 DEFAULT_HISTORY = 16  # TransformerEngine's default is 1024 (recipe.DelayedScaling); minitp's
 # runs are a few hundred steps, so a shorter window lets the scale follow the tensor
 
 
-def local_amax(x: torch.Tensor, scaling: str) -> torch.Tensor:
-    """The largest |x| this rank sees: one number, or one a row (rowwise: (…, 1))."""
-    if scaling == "rowwise":
-        return x.detach().abs().amax(dim=-1, keepdim=True)
-    return x.detach().abs().max()
+ALONG = ("row", "column")
+
+
+def local_amax(x: torch.Tensor, scaling: str, along: str = "row") -> torch.Tensor:
+    """The largest |x| this rank sees: one number, or (rowwise) one a row, (…, 1), or one a
+    column, (1, …, 1, n)."""
+    if scaling != "rowwise":
+        return x.detach().abs().max()
+    dims = -1 if along == "row" else tuple(range(x.dim() - 1))
+    return x.detach().abs().amax(dim=dims, keepdim=True)
 
 
 class TensorScale:
@@ -44,10 +53,13 @@ class TensorScale:
     ``cast(x)`` is x quantized to `fmt` with the scale of the whole tensor x is a piece of."""
 
     def __init__(self, scaling: str, fmt: Format, axes=(), history_len: int = DEFAULT_HISTORY,
-                 name: str = ""):
+                 name: str = "", along: str = "row", power_of_2: bool = False):
         if scaling not in SCALINGS:
             raise ValueError(f"fp8 scaling must be one of {SCALINGS}, got {scaling!r}")
+        if along not in ALONG:
+            raise ValueError(f"a rowwise scale runs along one of {ALONG}, got {along!r}")
         self.scaling, self.fmt, self.axes = scaling, fmt, tuple(axes)
+        self.along, self.power_of_2 = along, power_of_2
         self.history_len, self.name = history_len, name
         self.history: list[torch.Tensor] = []  # delayed: the last amaxes, oldest first
         self.last_scale: torch.Tensor | None = None  # what the latest cast used (to read)
@@ -55,7 +67,7 @@ class TensorScale:
 
     def amax(self, x: torch.Tensor) -> torch.Tensor:
         """The amax of the whole tensor: this rank's, MAX-reduced over the axes."""
-        amax = local_amax(x, self.scaling)
+        amax = local_amax(x, self.scaling, self.along)
         with trace.label(f"fp8 amax {self.name}".strip()):
             for axis in self.axes:
                 amax = comm.all_reduce(amax, axis, op="max")
@@ -65,9 +77,10 @@ class TensorScale:
         """x's scale; `record` (delayed): add this amax to the history (a training cast
         does, an evaluation forward only reads the history)."""
         amax = self.amax(x)
-        if self.scaling != "delayed":
-            return scale_from_amax(amax, self.fmt)
-        return self._delayed(amax, record)
+        if self.scaling == "delayed":
+            return self._delayed(amax, record)
+        scale = scale_from_amax(amax, self.fmt)
+        return round_down_to_power_of_2(scale, self.fmt) if self.power_of_2 else scale
 
     def _delayed(self, amax: torch.Tensor, record: bool) -> torch.Tensor:
         """TransformerEngine's rule (``_default_sf_compute``, transformer_engine/pytorch/
@@ -89,4 +102,6 @@ class TensorScale:
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{a.name}={a.size}" for a in self.axes) or "none"
-        return f"TensorScale({self.name}: {self.scaling}, {self.fmt.name}, amax over {axes})"
+        how = f"rowwise along each {self.along}" if self.scaling == "rowwise" else self.scaling
+        how += ", powers of 2" if self.power_of_2 else ""
+        return f"TensorScale({self.name}: {how}, {self.fmt.name}, amax over {axes})"

@@ -24,10 +24,17 @@ row, grad         ∂y (B, T, C)                dp, cp (whole on every tp rank: 
                                               backward, or SP's all-gather, copies it)
 ================  ==========================  ========================================
 
-``tensorwise`` and ``delayed`` (one scale a tensor) reduce over all of those axes;
-``rowwise`` (one scale a row, the amax over the last dimension) only over the axes that
-split a row — tp where a row's features are split, nothing else. ZeRO-3's gathered weight
-is the weight above (gathered before the cast); pipeline stages split no tensor.
+``tensorwise`` and ``delayed`` (one scale a tensor) reduce over all of those axes.
+``rowwise`` (torchao's recipe) gives a scale to each row of an operand *as its GEMM reads
+it*, the amax along the GEMM's reduction dimension, so it reduces only over the axes that
+split that dimension. Its forward casts and dgrad's output gradient are scaled along the
+last dimension (tp where a row's features are split, nothing else); its three backward
+re-casts (`RECASTS`) along the other one: the weight for dgrad (∂x = g W sums over W's
+rows: tp for a column layer's), and the input and the output gradient for wgrad
+(∂W = gᵀ x sums over the tokens: dp and cp, whose ranks hold other tokens; a column layer's
+input is cast after SP's all-gather under rowwise, as torchtitan gathers it in high
+precision, so tp holds copies there). ZeRO-3's gathered weight is the weight above
+(gathered before the cast); pipeline stages split no tensor.
 """
 
 from __future__ import annotations
@@ -36,7 +43,15 @@ from .heads import kv_layout
 
 SCALINGS = ("tensorwise", "delayed", "rowwise")
 ROLES = ("input", "weight", "grad")  # grad: the output gradient
+# rowwise's backward casts along the other axis (torchao's cast_config_weight_for_grad_input,
+# _input_for_grad_weight, _grad_output_for_grad_weight)
+RECASTS = ("weight_dgrad", "input_wgrad", "grad_wgrad")
 LAYERS = ("column", "row")
+
+
+def roles(scaling: str) -> tuple[str, ...]:
+    """The casts a layer makes under `scaling`: three, or rowwise's six."""
+    return ROLES + RECASTS if scaling == "rowwise" else ROLES
 
 
 def check_fp8_scaling(scaling) -> None:
@@ -85,8 +100,18 @@ def amax_axes(layer: str, role: str, scaling: str, sequence_parallel: bool = Fal
     >>> amax_axes("column", "input", "rowwise", sequence_parallel=True)
     ()
 
+    >>> amax_axes("row", "input_wgrad", "rowwise")
+    ('dp', 'cp')
+
     local_scales: the trap, each rank its own amax — nothing reduced."""
     check_fp8_scaling(scaling)
+    if role in RECASTS and scaling == "rowwise":
+        # weight_dgrad: one scale a column of W, its amax over W's rows (split over tp in a
+        # column layer); input_wgrad, grad_wgrad: one a feature, over the tokens (dp, cp)
+        if layer not in LAYERS:
+            raise ValueError(f"layer must be one of {LAYERS}, got {layer!r}")
+        axes = split_axes(layer, "weight", False)[0] if role == "weight_dgrad" else ("dp", "cp")
+        return () if local_scales else axes
     leading, last = split_axes(layer, role, sequence_parallel)
     if local_scales:
         return ()
@@ -97,7 +122,7 @@ def amax_table(scaling: str, sequence_parallel: bool = False,
                local_scales: bool = False) -> list[tuple[str, str, tuple[str, ...]]]:
     """Every (layer, role, axes) of a block's linear layers: the rule, to print."""
     return [(layer, role, amax_axes(layer, role, scaling, sequence_parallel, local_scales))
-            for layer in LAYERS for role in ROLES]
+            for layer in LAYERS for role in roles(scaling)]
 
 
 def check_fp8_config(scaling, local_scales: bool = False, param_dtype: str | None = None,

@@ -21,9 +21,10 @@ from ..rules.fp8_groups import SCALINGS, check_fp8_config, check_fp8_model
 def add_fp8_flags(parser) -> None:
     a = parser.add_argument
     a("--fp8", choices=SCALINGS, default=None,
-      help="the blocks' linear layers in FP8, emulated exactly (e4m3 forward, e5m2 gradients; "
-           "docs/fp8.md): tensorwise (this step's amax), delayed (an amax history), rowwise "
-           "(one scale a row); --check compares with the one-process FP8 run")
+      help="the blocks' linear layers in FP8, emulated exactly (docs/fp8.md): tensorwise "
+           "(this step's amax) and delayed (an amax history), e4m3 forward and e5m2 gradients; "
+           "rowwise (torchao's: one power-of-two scale a row, e4m3 throughout, the backward "
+           "cast again); --check compares with the one-process FP8 run")
     a("--fp8-local-scales", action="store_true",
       help="with --fp8: each rank scales its piece of a split tensor by its own amax — the "
            "trap, on purpose (a warning says so; --check --dtype float64 shows the drift)")

@@ -14,9 +14,15 @@ def test_sequence_parallelism_adds_tp_to_the_column_input_only():
 
 
 def test_rowwise_reduces_only_where_a_row_is_split():
+    """Forward casts and dgrad's gradient: a row's features (tp where split); the backward's
+    re-casts: a weight's column over its rows (tp in a column layer), a feature over the
+    tokens (dp, cp; the column input cast after SP's all-gather, so tp holds copies)."""
     rows = {(lay, role): axes for lay, role, axes in amax_table("rowwise", True)}
     assert rows == {("column", "input"): (), ("column", "weight"): (), ("column", "grad"): ("tp",),
-                    ("row", "input"): ("tp",), ("row", "weight"): ("tp",), ("row", "grad"): ()}
+                    ("row", "input"): ("tp",), ("row", "weight"): ("tp",), ("row", "grad"): (),
+                    ("column", "weight_dgrad"): ("tp",), ("row", "weight_dgrad"): (),
+                    ("column", "input_wgrad"): ("dp", "cp"), ("row", "input_wgrad"): ("dp", "cp"),
+                    ("column", "grad_wgrad"): ("dp", "cp"), ("row", "grad_wgrad"): ("dp", "cp")}
 
 
 def test_delayed_groups_are_tensorwise_groups():

@@ -26,6 +26,7 @@ SP = dict(sequence_parallel=True)
 CASES = [
     ("tp2+SP tensorwise", dict(tp=2), dict(SP, fp8="tensorwise"), 1),
     ("tp2 rowwise", dict(tp=2), dict(fp8="rowwise"), 1),
+    ("tp2+SP rowwise", dict(tp=2), dict(SP, fp8="rowwise"), 1),  # x gathered, then cast
     ("tp2+SP delayed", dict(tp=2), dict(SP, fp8="delayed"), 2),
     ("pp2 delayed", dict(pp=2), dict(fp8="delayed"), 2),
     ("dp2 ZeRO-3 tensorwise", dict(dp=2), dict(zero_stage=3, fp8="tensorwise"), 2),

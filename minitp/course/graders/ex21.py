@@ -161,7 +161,8 @@ def _judge_c(record):
             whole = run_["amax"][layer]
             if dtype != E5M2:
                 return False, f"{label}: the {layer} layer's gradient cast to {dtype}: " \
-                    "gradients take e5m2, the wider range", HINT_C
+                    "this exercise's recipe (the classic one, TransformerEngine's HYBRID) " \
+                    "casts gradients to e5m2, for the range", HINT_C
             if abs(amax - whole) > 1e-12 * whole:
                 why = ("this rank's own amax, a local scale" if abs(amax - local) <= 1e-12 *
                        local else f"amax {amax:.6g}")

@@ -8,6 +8,9 @@ group run right and wrong, and the bytes of an 8-bit all-gather (lesson 21).
 * `three_scalings`: one linear layer (`fp8.Fp8Linear`) whose input has an outlier token
   and grows step by step, its output under tensorwise, delayed and rowwise scaling against
   the float64 layer, MEASURED per step;
+* `backward_casts`: rowwise's two backward GEMMs from the forward's casts reused against
+  casts taken again along the axis each GEMM keeps (torchao's, and the library's), on the
+  same tensors, each against float64, MEASURED;
 * `amax_group_run`: one launch of 2 ranks, a tiny GPT at tp = 2 with sequence parallelism in
   FP8 (`mt.parallelize(fp8="tensorwise")`), trained beside the one-process FP8 run
   (`fp8.reference_step`) with the amax groups right, then with each rank's own amax
@@ -105,6 +108,37 @@ def three_scalings(steps: int = 4, growth: float = 1.5, outlier: float = 1e4,
             y, exact = layer(x).detach(), x @ weight.T
             errors[scaling].append((_relative(y[1:], exact[1:]), _relative(y[:1], exact[:1])))
     return errors
+
+
+def backward_casts(outlier: float = 1e4, quiet: bool = True, seed: int = 0) -> dict:
+    """Rowwise's backward, two ways, against float64 on the same tensors: relative errors
+    {"reuse" | "re-cast": {"dgrad": …, "wgrad": …}}, MEASURED. "re-cast" is the library's
+    (`fp8.Fp8Linear`, torchao's recipe: each operand cast again along the axis its GEMM
+    keeps); "reuse" multiplies the forward's per-token and per-row casts and one per-token
+    cast of g in both GEMMs, scales inside each sum, which no scaled GEMM computes. x: 32
+    tokens, token 0 `outlier` times the rest; `quiet`: its gradient divided by as much, so
+    that every token's term of ∂W = gᵀx is of one size (else the outlier's term is most of
+    it)."""
+    g = torch.Generator().manual_seed(seed)
+    d = 64
+    weight = (torch.randn(d, d, generator=g, dtype=torch.float64) / d**0.5).to(device())
+    x = torch.randn(32, d, generator=g, dtype=torch.float64).to(device())
+    grad = torch.randn(32, d, generator=g, dtype=torch.float64).to(device())
+    x[0] *= outlier
+    if quiet:
+        grad[0] /= outlier
+    exact = {"dgrad": grad @ weight, "wgrad": grad.T @ x}
+    layer = fp8.Fp8Linear(d, d, bias=False, dtype=torch.float64, device=device())
+    layer.weight.data.copy_(weight)
+    layer.fp8 = fp8.LayerScales("rowwise")
+    xs = x.clone().requires_grad_()
+    layer(xs).backward(grad)
+    s = layer.fp8  # reuse: the forward's casts (taken again), g cast once, per token
+    xq, wq, gq = s.input.cast(x), s.weight.cast(weight), s.grad.cast(grad)
+    got = {"reuse": {"dgrad": gq @ wq, "wgrad": gq.T @ xq},
+           "re-cast": {"dgrad": xs.grad, "wgrad": layer.weight.grad}}
+    return {way: {gemm: _relative(t, exact[gemm]) for gemm, t in grads.items()}
+            for way, grads in got.items()}
 
 
 CFG = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=16)

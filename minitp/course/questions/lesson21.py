@@ -1,6 +1,7 @@
 """Lesson 21's questions: the step between e4m3 values near a number, the bytes of a
-rowwise FP8 all-gather of an MLP weight under ZeRO-3, and which axes an activation's or a
-gradient's amax is reduced over on a (dp, tp) mesh."""
+rowwise FP8 all-gather of an MLP weight under ZeRO-3, and which axes one of rowwise's six
+casts reduces its amax over on a (dp, tp) mesh (a setting lesson 21's table, tensorwise,
+does not print: the learner works out what one scale covers and who cuts it)."""
 
 from __future__ import annotations
 
@@ -91,68 +92,92 @@ def gather_bytes(seed=None) -> Question:
 
 
 LETTERS = {(): "a", ("dp",): "b", ("tp",): "c", ("dp", "tp"): "d"}
-CASES = [(layer, role, sp) for layer in ("column", "row") for role in ("input", "grad")
+# rowwise's six casts: (the GEMM that reads it, the slice one of its scales covers)
+SLICES = {"input": ("forward, y = x Wᵀ", "one token of x, over its input features"),
+          "weight": ("forward", "one row of W (an output feature), over its inputs"),
+          "grad": ("dgrad, ∂x = g W", "one token of the output gradient g, over its output "
+                                      "features"),
+          "weight_dgrad": ("dgrad", "one column of W (an input feature), over its outputs"),
+          "input_wgrad": ("wgrad, ∂W = gᵀ x", "one input feature of x, over the batch's "
+                                              "tokens"),
+          "grad_wgrad": ("wgrad", "one output feature of g, over the batch's tokens")}
+CASES = [(layer, role, sp) for layer in ("column", "row") for role in SLICES
          for sp in (False, True)]
+# who holds what of the slice a scale covers, as the cast sees it (the worked answer's words)
+HELD = {("column", "input"): "every tp rank holds x whole{gathered}",
+        ("row", "input"): "each tp rank holds 1/tp of every token's features",
+        ("column", "weight"): "each tp rank holds whole rows of W (its output features)",
+        ("row", "weight"): "each tp rank holds 1/tp of every row (its input columns)",
+        ("column", "grad"): "each tp rank holds 1/tp of every token's output features",
+        ("row", "grad"): "every tp rank holds g whole{gathered_g}",
+        ("column", "weight_dgrad"): "each tp rank holds 1/tp of every column (its rows)",
+        ("row", "weight_dgrad"): "each tp rank holds whole columns of W",
+        ("column", "input_wgrad"): "every tp rank holds x whole{gathered}",
+        ("row", "input_wgrad"): "each tp rank holds its own features, each over every token",
+        ("column", "grad_wgrad"): "each tp rank holds its own output features, each over "
+                                  "every token",
+        ("row", "grad_wgrad"): "every tp rank holds g whole{gathered_g}"}
 
 
 def which_group(seed=None) -> Question:
     def right_axes(p):
-        return tuple(a for a in amax_axes(p["layer"], p["role"], "tensorwise", p["sp"])
+        return tuple(a for a in amax_axes(p["layer"], p["role"], "rowwise", p["sp"])
                      if a != "cp")
 
     def right(p):
         return LETTERS[right_axes(p)]
 
-    def toggled(p):
-        axes = right_axes(p)
-        return LETTERS[("dp",) if "tp" in axes else ("dp", "tp")]
+    def toggled(p, axis):
+        axes = set(right_axes(p)) ^ {axis}
+        return LETTERS[tuple(a for a in ("dp", "tp") if a in axes)]
 
-    what = {("column", "input"): "input", ("column", "grad"): "output gradient",
-            ("row", "input"): "input", ("row", "grad"): "output gradient"}
-    when_sp = {("column", "input"): " (cast on this rank's sequence shard, before SP's "
-                                    "all-gather)",
-               ("row", "grad"): " (cast after SP's all-gather has made it whole)"}
-
-    def tensor(p):  # SP's all-gather is named only where there is one
-        return what[p["layer"], p["role"]] + (when_sp.get((p["layer"], p["role"]), "")
-                                              if p["sp"] else "")
+    def note(p):  # SP's all-gather is named only where there is one, and the cast sees it
+        if not p["sp"]:
+            return ""
+        if p["layer"] == "column" and p["role"].startswith("input"):
+            return " (after SP's all-gather: rowwise gathers x in high precision)"
+        if p["layer"] == "row" and p["role"].startswith("grad"):
+            return " (SP's all-gather made it whole before the cast)"
+        return ""
 
     def worked(p):
         axes = right_axes(p)
-        said = (f"the {p['layer']} layer's {what[p['layer'], p['role']]} is split over "
-                f"{' and '.join(axes)} as its cast sees it (`minitp.rules.fp8_groups`): "
-                f"answer {right(p)}. ")
-        if "tp" not in axes:
-            return said + ("It is whole on every tp rank, so tp holds copies: reducing over "
-                           "tp too would give the same scale (Megatron-LM's one group over "
-                           "tp × dp does), a larger all-reduce for nothing, and none at all "
-                           "would leave each dp rank the amax of its own rows.")
-        if p["sp"] and (p["layer"], p["role"]) == ("column", "input"):
-            return said + ("Under SP each tp rank casts its own positions before the "
-                           "gather, so tp joins dp (TransformerEngine PR #74); without it "
-                           "each tp rank would scale its positions apart.")
-        return said + ("Each tp rank holds other features of it: without tp each would "
-                       "scale its piece apart, the drift lesson 21's local-scale run shows.")
+        held = HELD[p["layer"], p["role"]].format(gathered=note(p), gathered_g=note(p))
+        dp = ("the dp ranks hold other tokens, so dp cuts each slice"
+              if p["role"].endswith("wgrad") else "no slice spans tokens of two dp ranks "
+              "(a token, or W, is whole on one), so dp cuts none")
+        tp = "tp cuts each slice" if "tp" in axes else "tp cuts none"
+        return (f"One scale covers {SLICES[p['role']][1]}: {dp}; {held}, so {tp}: answer "
+                f"{right(p)}. A rowwise amax is reduced only over the axes that cut the slice "
+                "its scale covers (along the dimension the GEMM sums over); an axis that holds "
+                "copies, or only decides which slices a rank has, changes nothing.")
+
     return Question(
         key="21.which-group", seed=seed, kind="choice",
         draw=lambda rng: dict(zip(("layer", "role", "sp"), rng.choice(CASES), strict=True)),
-        text=lambda p: (f"A tensor-parallel MLP trains in FP8 with tensorwise scaling on a "
-                        f"dp × tp mesh, {'with' if p['sp'] else 'without'} sequence "
-                        f"parallelism. Over which axes must the amax of the {p['layer']}-"
-                        f"parallel layer's {tensor(p)} be MAX-reduced, so "
-                        "that every rank casts with the scale one device would use? Answer "
-                        "'a', 'b', 'c' or 'd': (a) none; (b) dp; (c) tp; (d) dp and tp."),
+        text=lambda p: (f"A tensor-parallel MLP trains in FP8 with torchao's rowwise recipe on "
+                        f"a dp × tp mesh (each dp rank its own rows of the batch), "
+                        f"{'with' if p['sp'] else 'without'} sequence parallelism. Each GEMM "
+                        "reads its operands scaled along the dimension it sums over, so the "
+                        f"backward casts again. Take the {p['layer']}-parallel layer's cast "
+                        f"for {SLICES[p['role']][0]}: one scale for each "
+                        f"{SLICES[p['role']][1].removeprefix('one ')}{note(p)}. Over which "
+                        "axes must its amax be MAX-reduced, so that every rank casts with the "
+                        "scales one device would use, and over no axis that changes nothing? "
+                        "Answer 'a', 'b', 'c' or 'd': (a) none; (b) dp; (c) tp; (d) dp and tp."),
         right=right,
         wrong=[
-            Wrong(lambda p: "a", "no reduction leaves every rank its own amax: a local scale, "
-                                 "the trap lesson 21 runs on purpose"),
-            Wrong(lambda p: "c", "the data-parallel ranks hold other rows of the batch: their "
-                                 "pieces of an activation or a gradient differ too"),
-            Wrong(toggled, "tp decides: a tensor split over tp (the row layer's input, the "
-                           "column layer's output gradient, the column layer's input cast on "
-                           "its sequence shard under SP) needs it; one whole on every tp rank "
-                           "(the column layer's input without SP, the row layer's gradient) "
-                           "does not"),
+            Wrong(lambda p: toggled(p, "tp"), "tp: it counts only where it cuts the slice "
+                                              "one scale covers (a token's features in the "
+                                              "row layer's input and the column layer's "
+                                              "output gradient; a row of the row layer's W; "
+                                              "a column of the column layer's W); where it "
+                                              "holds copies, or only decides which slices a "
+                                              "rank has, it changes nothing"),
+            Wrong(lambda p: toggled(p, "dp"), "dp: its ranks hold other tokens of the batch, "
+                                              "so it counts for a scale taken over the tokens "
+                                              "(wgrad's re-casts of x and g) and for none "
+                                              "taken within one token or within W"),
         ],
         worked=worked,
     )

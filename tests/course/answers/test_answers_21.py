@@ -1,8 +1,8 @@
 """Lesson 21: eight bits across ranks. The e4m3 step is read off every value the format
 has (its 256 bit patterns, through torch), and so are the steps its usual mistakes name
 (e5m2's 256 patterns, bfloat16's 65,536); the gather's bytes counted shard by shard on a
-ring; the amax group found by asking which ranks hold different pieces of the tensor
-(its dimensions, and which axis cuts each), never by the question's own formula.
+ring; a rowwise cast's amax group found by asking which axis cuts the dimension one of its
+scales runs along, never by the question's own formula (or the rule's).
 
 Not checked: none."""
 
@@ -66,30 +66,41 @@ def test_21_gather_bytes_counts_the_shards_a_ring_forwards():
         assert close(right, (n - 1) * shard / MiB), p
 
 
-# The tensor each cast sees, its dimensions, and which axis cuts each (None: whole):
-# rows of the batch differ per dp rank; tp cuts the features between the two layers, and
-# under SP the sequence of the column layer's input, which is cast before the all-gather.
-def _cut_by(layer, role, sp):
-    batch, sequence = "dp", ("tp" if sp and (layer, role) == ("column", "input") else None)
-    features = "tp" if (layer, role) in (("row", "input"), ("column", "grad")) else None
-    return {batch, sequence, features} - {None}
+# Rowwise: the dimension one scale's amax runs along (the GEMM's sum), and which axis cuts
+# that dimension as the cast sees it (None: whole on every rank). Tokens: the batch's rows
+# differ per dp rank; under rowwise the column layer's input is gathered before its casts and
+# the row layer's gradient is gathered before its, so SP cuts nothing a cast sees. Features
+# between the two layers are cut by tp; so are the column weight's rows (its outputs) and
+# the row weight's columns (its inputs).
+ALONG = {"input": "features", "grad": "features", "weight": "w_inputs",
+         "weight_dgrad": "w_outputs", "input_wgrad": "tokens", "grad_wgrad": "tokens"}
 
 
-def test_21_which_group_is_every_axis_that_cuts_the_tensor():
+def _cut(layer, role):
+    between = (layer, role) in {("row", "input"), ("column", "grad")}  # the hidden features
+    cuts = {"tokens": "dp", "features": "tp" if between else None,
+            "w_inputs": "tp" if layer == "row" else None,
+            "w_outputs": "tp" if layer == "column" else None}
+    return {cuts[ALONG[role]]} - {None}
+
+
+def test_21_which_group_is_every_axis_that_cuts_one_scales_slice():
     letters = {frozenset(): "a", frozenset({"dp"}): "b", frozenset({"tp"}): "c",
                frozenset({"dp", "tp"}): "d"}
+    rights = set()
     for _, p, right in asked("21.which-group"):
-        assert right == letters[frozenset(_cut_by(p["layer"], p["role"], p["sp"]))], p
-    assert {right for _, _, right in asked("21.which-group")} == {"b", "d"}
+        assert right == letters[frozenset(_cut(p["layer"], p["role"]))], p
+        rights.add(right)
+    assert rights == {"a", "b", "c"}  # the 50 seeds draw every kind of answer
 
 
 def test_21_which_group_worked_answer_follows_the_answer():
-    # PR #442 was the weight's group, which this question never asks about; where the right
-    # answer is dp alone, the worked answer says why tp is not needed; SP's all-gather is
-    # named only in the runs that have one
+    # the worked answer says each axis cuts (or not) as the answer has it, and ends with the
+    # answer's letter; SP's all-gather is named only in the runs that have one
     for q, p, right in asked("21.which-group"):
         worked, text = q.worked(p), q.text(p)
-        assert "PR #442" not in worked, worked
-        assert ("tp holds copies" in worked) == (right == "b"), worked
+        assert f"answer {right}." in worked, worked
+        assert ("dp cuts each slice" in worked) == (right in "bd"), worked
+        assert ("tp cuts each slice" in worked) == (right in "cd"), worked
         if not p["sp"]:
             assert "all-gather" not in text and "SP" not in text, text
