@@ -100,7 +100,9 @@ def fp8_linear_inputs_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False
     parallelism the column-parallel inputs (QKV, first MLP layer) are whole on every rank
     and the row-parallel ones split: 2bsh + 5bsh/t values; with it, 7bsh/t (the FP8 shard is
     kept, as Korthikanti et al. 2022 §4.2.2 keep the bf16 one). Scales: per kept tensor,
-    from `fp8_tensor_bytes` on its (tokens, width) shape. ``{"fp8", "bf16", "ratio"}``."""
+    from `fp8_tensor_bytes` on its (tokens, width) shape. Rowwise keeps no 8-bit input: its
+    weight gradient casts x again, scaled along the axis that GEMM keeps, from the kept
+    high-precision x, so its "fp8" is the bf16 bytes (ratio 1). ``{"fp8", "bf16", "ratio"}``."""
     b, s, h = micro_batch, cfg.seq_len, cfg.d_model
     if h % tp or (sp and s % tp):
         raise ValueError(f"tp={tp} must divide d_model={h}" + (f" and seq_len={s}" if sp else ""))
@@ -109,6 +111,10 @@ def fp8_linear_inputs_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False
     if sp:  # the column-parallel inputs are kept as this rank's 1/t of the tokens
         shapes[0] = shapes[2] = (tokens // tp, h)
     kept = [fp8_tensor_bytes(r, c, scaling) for r, c in shapes]
+    if scaling == "rowwise":  # the weight gradient re-casts x along the other axis: x is
+        # kept in high precision (torchao's matmul_with_hp_or_float8_args, minitp.fp8.casts)
+        return {"fp8": sum(k["bf16"] for k in kept), "bf16": sum(k["bf16"] for k in kept),
+                "ratio": 1.0}
     fp8 = sum(k["fp8"] for k in kept)
     bf16 = sum(k["bf16"] for k in kept)
     return {"fp8": fp8, "bf16": bf16, "ratio": fp8 / bf16}
