@@ -147,8 +147,8 @@ def hsdp_memory(seed=None) -> Question:
             "GPUs by HSDP: each shard group is a whole number of nodes, the model states "
             "sharded over its GPUs, and the groups are equal replicas of one another. After "
             f"activations, each GPU has {p['budget']} GiB left for model states. What is "
-            "the fewest nodes a shard group can have? (Fewer nodes a group: more of its "
-            "gathers stay inside a node, more memory a GPU.)"),
+            "the fewest nodes a shard group can have? (Fewer nodes a group: its gathers "
+            "cross fewer node boundaries, and each GPU keeps more.)"),
         worked=lambda p: (
             f"a group of s nodes keeps 16Ψ/(s·g) per GPU: {states(p, 1):.1f}/s GiB here, at "
             f"most {p['budget']} GiB when s ≥ {states(p, 1) / p['budget']:.2f}; and s must "
