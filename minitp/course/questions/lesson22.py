@@ -125,48 +125,74 @@ def crossing(seed=None) -> Question:
     )
 
 
+def _states(p, s, per_param=16, unit=GiB):
+    """GiB of model states a GPU keeps in a shard group of s nodes (16 bytes a parameter)."""
+    total = model_state_bytes(p["billions"] * 10**9, s * p["g"], 3)["total"]
+    return total * per_param / 16 / unit
+
+
+def _fewest(p, must_divide=True, **kw):
+    """The fewest nodes a shard group can have (None: none fits)."""
+    return next((s for s in range(1, p["nodes"] + 1)
+                 if (p["nodes"] % s == 0 or not must_divide) and _states(p, s, **kw)
+                 <= p["budget"]), None)
+
+
+def _group_options(p, rng) -> list[int]:
+    """The right group size and three wrong ones: one usual slip (not dividing the nodes,
+    one too small, GiB read as 10⁹ bytes, the next that fits, the bf16 weights alone), then
+    two drawn from the slips and the divisors near it, so that its letter varies."""
+    right, divisors = _fewest(p), [s for s in range(1, p["nodes"] + 1) if p["nodes"] % s == 0]
+    slips = [_fewest(p, must_divide=False), max((d for d in divisors if d < right), default=None),
+             _fewest(p, unit=10**9), min((d for d in divisors if d > right), default=None),
+             _fewest(p, per_param=2)]
+    slips = list(dict.fromkeys(t for t in slips if t not in (None, right)))
+    first = rng.choice(slips)
+    near = [d for d in dict.fromkeys(slips + divisors) if d not in (right, first)
+            and d <= 4 * right]
+    return sorted([right, first, *rng.sample(near, 2)])
+
+
 def hsdp_memory(seed=None) -> Question:
     def draw(rng):
-        return {"billions": rng.choice((70, 180, 405)), "g": 8,
-                "nodes": rng.choice((48, 96)), "budget": rng.choice((20, 30, 40))}
+        p = {"billions": rng.choice((70, 180, 405)), "g": 8, "nodes": rng.choice((48, 96)),
+             "budget": rng.choice((20, 30, 40))}
+        return {**p, "options": _group_options(p, rng)}
 
-    def states(p, s, per_param=16, unit=GiB, g=None):  # per GPU, a group of s nodes
-        shards = s * (p["g"] if g is None else g)
-        return model_state_bytes(p["billions"] * 10**9, shards, 3)["total"] * per_param / 16 / unit
+    def says(p, size):
+        if p["nodes"] % size:
+            return (f"{size} does not divide the {p['nodes']} nodes: the replicas must be "
+                    "equal shard groups")
+        if _states(p, size) > p["budget"]:
+            return (f"a group of {size} node{'s' * (size > 1)} keeps {_states(p, size):.1f} "
+                    f"GiB of model states a GPU, over the {p['budget']} GiB left (16 bytes "
+                    "a parameter)")
+        return (f"{size} nodes fit, but a smaller group that divides the {p['nodes']} nodes "
+                "fits too, and its gathers cross fewer node boundaries")
 
-    def fewest(p, must_divide=True, **kw):
-        return next((s for s in range(1, p["nodes"] + 1)
-                     if (p["nodes"] % s == 0 or not must_divide)
-                     and states(p, s, **kw) <= p["budget"]), None)
-
+    letter = lambda p, size: "abcd"[p["options"].index(size)]  # noqa: E731
     q = Question(
-        key="22.hsdp-memory", seed=seed, draw=draw, rel_tol=1e-9, right=fewest,
+        key="22.hsdp-memory", seed=seed, draw=draw, kind="choice",
+        right=lambda p: letter(p, _fewest(p)),
         text=lambda p: (
             f"A {p['billions']}B-parameter model trains with mixed-precision Adam (16 bytes "
             f"a parameter: Rajbhandari et al. 2020, §3.1) on {p['nodes']} nodes of {p['g']} "
             "GPUs by HSDP: each shard group is a whole number of nodes, the model states "
             "sharded over its GPUs, and the groups are equal replicas of one another. After "
-            f"activations, each GPU has {p['budget']} GiB left for model states. What is "
-            "the fewest nodes a shard group can have? (Fewer nodes a group: its gathers "
-            "cross fewer node boundaries, and each GPU keeps more.)"),
+            f"activations, each GPU has {p['budget']} GiB left for model states. Fewer nodes "
+            "a group, the fewer node boundaries its gathers cross: how many nodes should a "
+            "shard group have? Answer 'a', 'b', 'c' or 'd': "
+            + "; ".join(f"({'abcd'[i]}) {o}" for i, o in enumerate(p["options"])) + "."),
         worked=lambda p: (
-            f"a group of s nodes keeps 16Ψ/(s·g) per GPU: {states(p, 1):.1f}/s GiB here, at "
-            f"most {p['budget']} GiB when s ≥ {states(p, 1) / p['budget']:.2f}; and s must "
-            f"divide the {p['nodes']} nodes for equal replicas: s = {fewest(p)} "
-            f"({states(p, fewest(p)):.1f} GiB a GPU, {p['nodes'] // fewest(p)} replicas). "
-            f"FSDP over all {p['nodes']} nodes would keep {states(p, p['nodes']):.2f} GiB."),
+            f"a group of s nodes keeps 16Ψ/(s·g) per GPU: {_states(p, 1):.1f}/s GiB here, at "
+            f"most {p['budget']} GiB when s ≥ {_states(p, 1) / p['budget']:.2f}; and s must "
+            f"divide the {p['nodes']} nodes for equal replicas: s = {_fewest(p)}, "
+            f"({letter(p, _fewest(p))}): {_states(p, _fewest(p)):.1f} GiB a GPU, "
+            f"{p['nodes'] // _fewest(p)} replicas. FSDP over all {p['nodes']} nodes would keep "
+            f"{_states(p, p['nodes']):.2f} GiB."),
     )
-    q.wrong = _distinct(q, (
-        Wrong(lambda p: fewest(p, must_divide=False),
-              f"that group size does not divide the {q.params['nodes']} nodes: the replicas "
-              "must be equal shard groups"),
-        Wrong(lambda p: fewest(p) * p["g"], "that counts GPUs; the question asks for nodes"),
-        Wrong(lambda p: fewest(p, unit=10**9), "that reads GiB as 10⁹ bytes: a GiB is 2³⁰"),
-        Wrong(lambda p: fewest(p, g=1), "that shards over the nodes alone: each group "
-                                        "shards over all of its nodes' GPUs"),
-        Wrong(lambda p: fewest(p, per_param=2), "that fits the bf16 parameters alone; the "
-                                                "model states are 16 bytes a parameter"),
-    ))
+    q.wrong = [Wrong(lambda p, o=o: letter(p, o), says(q.params, o))
+               for o in q.params["options"] if o != _fewest(q.params)]
     return q
 
 
