@@ -83,8 +83,8 @@ EXERCISES = {
                      "storage, refill it in place for backward, free it again", ex20.run),
     "ex21": Exercise("ex21_amax_groups.py", "FP8's amax groups: which ranks share each scale "
                      "of a tensor-parallel MLP, with and without SP", ex21.run),
-    "ex22": Exercise("ex22_dtensor_placements.py", "the DTensor placements (Shard, Replicate, "
-                     "Partial) of every tensor in a tensor-parallel MLP, with and without SP",
+    "ex22": Exercise("ex22_dtensor_placements.py", "what each rank keeps of a Llama block "
+                     "under PyTorch's TP plan and FSDP2: placements, local shapes, bytes",
                      ex22.run),
     "ex23": Exercise("ex23_moe_dispatch.py", "expert parallelism's dispatch and combine",
                      ex23.run),

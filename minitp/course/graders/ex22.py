@@ -1,225 +1,225 @@
-"""Checks for ex22: the DTensor placement of every tensor in a tensor-parallel MLP, with
-and without sequence parallelism.
+"""Checks for ex22: what each rank keeps of a Llama block under PyTorch's tensor-parallel
+plan and FSDP2, read from DTensor's placements.
 
-The learner's `placements(sp)` is called here, in this process, for both cases; then one
-launch of 2 ranks (gloo, float64) judges them by running DTensor. Every rank builds the
-one-device MLP (6 token rows, d = 4, f = 8) and the piece of each tensor it really holds
-under minitp's layout (lessons 02 and 05: fc1 split by its outputs, fc2 by its inputs,
-SP's token rows), wraps that piece with ``DTensor.from_local`` and the learner's placement
-and gathers it back with ``full_tensor()``: the whole one-device tensor must come back.
-A wrong placement comes back with the wrong shape (a weight split along the other dim,
-a piece called whole) or the wrong values (a term of a sum called whole: rank 0's term
-alone; a whole tensor called a term: tp times it). Each usual slip is named.
-
-Then the MLP runs in DTensor from the learner's placements of the input and the
-parameters (redistributed to ``x_in`` before fc1 and to ``y`` after fc2) and must give one
-device's output on every rank; DTensor's own propagation of h and of fc2's product is
-reported beside the learner's.
+The learner's three functions are pure: they are called here, in this process. The truth
+is PyTorch's own, from one launch of 4 ranks (gloo, float64) that runs nothing of the
+learner's: every rank applies the plan of `pytorch/tutorials`'
+`intermediate_source/TP_tutorial.rst` (`parallelize_module`) and FSDP2 (`fully_shard`) to
+the block for real, on meshes (dp, tp) = (1, 4), (2, 2) and (4, 1), and reports the
+placements PyTorch gave, the bytes it holds, and the shape `distribute_tensor(...)
+.to_local()` leaves it for each of `CASES`. Any correct answer passes: a placement is
+compared as the piece it names (Shard(-1) of a matrix is Shard(1)); shapes and bytes are
+numbers. Each usual slip is named: the Embedding split like a Linear, a Linear's dims
+swapped, a norm's weight split by sequence parallelism, blocks of n // k or the remainder
+given to the first ranks, a dim sharded twice cut from the whole each time or in the
+reverse order, the norms counted as split, every parameter divided evenly.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+import math
 
-from ...runtime._device import device
+from torch.distributed.tensor import Placement, Replicate, Shard
+
 from ...runtime.errors import LaunchError
 from ...runtime.launch import launch
-from .base import Check, crashed, failure_check, file_lacks, not_written
+from .base import Check, Stopped, attempt, failure_check, file_lacks
+from .ex22_truth import CASES, MESHES, SHAPES, WORLD, in_rank, key
 
-WORLD, TOKENS, D, F_HIDDEN = 2, 6, 4, 8
-TOLERANCE = 1e-12  # float64
 TIMEOUT = 60.0
-NAMES = ("x", "x_in", "fc1.weight", "fc1.bias", "h", "fc2.weight", "fc2.bias", "y_partial", "y")
-GROUPS = (("fc1, column-parallel: fc1.weight, fc1.bias, h", (False, True),
-           ("fc1.weight", "fc1.bias", "h")),
-          ("fc2, row-parallel: fc2.weight, fc2.bias, y_partial (before the reduction)",
-           (False, True), ("fc2.weight", "fc2.bias", "y_partial")),
-          ("without SP, the activations: x, x_in, y", (False,), ("x", "x_in", "y")),
-          ("with SP, the activations: x, x_in, y", (True,), ("x", "x_in", "y")))
-RUN = "the MLP run in DTensor from your placements equals one device (without and with SP)"
-CHECK_NAMES = [g[0] for g in GROUPS] + [RUN]
-GENERAL = ("which dim, if any, does the split cut, and does each rank hold a block, the "
-           "whole tensor, or one term of a sum?")
+CHECK_NAMES = [
+    "tp_placements: every parameter of the Llama block as parallelize_module leaves it (tp = 4)",
+    "local_shape: DTensor's piece on every rank of a 4-rank and a 2 x 2 mesh (uneven, empty, "
+    "a dim sharded twice)",
+    "kept_bytes: each rank's parameter bytes after parallelize_module and fully_shard, "
+    "(dp, tp) = (1, 4), (2, 2), (4, 1)",
+]
+ITEMSIZE = 8  # the block runs in float64
 
-
-def _key(p) -> str:
-    if isinstance(p, Shard):
-        return f"Shard({p.dim})"
-    return {Replicate: "Replicate()", Partial: "Partial()"}.get(type(p), repr(p))
-
-
-# (name, sp or None for both, the learner's placement) -> the slip it is
-SLIPS = {
-    ("fc1.weight", None, "Shard(1)"): "nn.Linear stores its weight as (out_features, "
-    "in_features): a column-parallel layer splits its outputs, so fc1.weight is cut along "
-    "dim 0, not 1",
-    ("fc2.weight", None, "Shard(0)"): "a row-parallel layer splits its inputs; in nn.Linear's "
-    "(out_features, in_features) that is dim 1, not 0",
-    ("fc1.weight", None, "Replicate()"): "each rank holds only its f/tp output rows of fc1's "
-    "weight; Replicate() says every rank holds the whole matrix",
-    ("fc2.weight", None, "Replicate()"): "each rank holds only its f/tp input columns of "
-    "fc2's weight; Replicate() says every rank holds the whole matrix",
-    ("fc1.bias", None, "Replicate()"): "fc1's bias follows its outputs: each rank adds only "
-    "the f/tp entries of its own hidden features",
-    ("fc2.bias", None, "Partial()"): "the bias is added once, to the summed output: Partial() "
-    "would make it a term of the sum, added tp times",
-    ("fc2.bias", None, "Shard(0)"): "every rank adds the whole bias to the whole output (after "
-    "the reduction): nothing of it is split",
-    ("h", None, "Shard(0)"): "fc1 splits the hidden features (h's columns), not the tokens",
-    ("y_partial", None, "Replicate()"): "after the row-parallel matmul each rank holds only its "
-    "term of the output (its hidden features' share): Replicate() would say each already "
-    "holds the whole sum. The sum still to be taken is Partial()",
-    ("y_partial", None, "Shard(1)"): "each rank's product already has the output's full shape "
-    "(tokens, d): it is a term of the sum, Partial(), not a block",
-    ("x", True, "Replicate()"): "under sequence parallelism each rank holds only its 1/tp of "
-    "the token rows outside the MLP: Shard(0), the rows",
-    ("x", True, "Shard(1)"): "sequence parallelism splits the tokens (rows, dim 0 here), not "
-    "the features",
-    ("x", False, "Shard(0)"): "without sequence parallelism every rank holds the whole input",
-    ("x_in", True, "Shard(0)"): "fc1 multiplies every token on every rank: SP's all-gather "
-    "before it makes x_in whole",
-    ("y", True, "Replicate()"): "SP ends the MLP with a reduce-scatter, not an all-reduce: each "
-    "rank keeps its 1/tp of the token rows, Shard(0)",
-    ("y", True, "Partial()"): "after SP's reduce-scatter the sum is taken: each rank holds its "
-    "token rows of it, Shard(0)",
-    ("y", False, "Partial()"): "fc2's all-reduce has taken the sum: every rank holds the whole "
-    "output, Replicate()",
-    ("y", False, "Shard(0)"): "without SP fc2 ends in an all-reduce: every rank holds the "
-    "whole output",
+# (the kind of layer, the learner's placement) -> the slip it is
+PLACEMENT_SLIPS = {
+    ("embedding", "Shard(1)"): "RowwiseParallel splits a module's input; an nn.Embedding's "
+    "input is a token id, which picks a row of its (num_embeddings, embedding_dim) weight: "
+    "rowwise cuts the vocabulary rows, Shard(0), the reverse of an nn.Linear's",
+    ("column", "Shard(1)"): "ColwiseParallel splits a Linear's outputs, and nn.Linear stores "
+    "(out_features, in_features): dim 0",
+    ("row", "Shard(0)"): "RowwiseParallel splits a Linear's inputs: dim 1 of its "
+    "(out_features, in_features) weight",
+    ("norm", "Shard(0)"): "SequenceParallel splits the activations along the sequence, not "
+    "the norm's weight: every rank normalises its tokens with the whole weight, Replicate()",
 }
+KINDS = {"tok_embeddings": "embedding", "wo": "row", "w2": "row"}
 
 
-def _hint(name: str, sp: bool, placement) -> str:
-    key = _key(placement)
-    return SLIPS.get((name, sp, key)) or SLIPS.get((name, None, key)) or GENERAL
+def _kind(name: str) -> str:
+    if "norm" in name:
+        return "norm"
+    return KINDS.get(name.split(".")[-2], "column")
 
 
 def run(module) -> list[Check]:
-    if not hasattr(module, "placements"):
-        return file_lacks(CHECK_NAMES, "placements")
-    chosen = {}
-    for sp in (False, True):
-        try:
-            chosen[sp] = dict(module.placements(sp))
-        except NotImplementedError as exc:
-            return not_written(CHECK_NAMES, "placements", str(exc))
-        except Exception as exc:  # noqa: BLE001  (the learner's code: say what it raised)
-            return crashed(CHECK_NAMES, f"placements(sp={sp})", exc,
-                           "return a dict {name: placement} for every name in NAMES")
-        missing = [n for n in NAMES if n not in chosen[sp]]
-        wrong = [n for n in NAMES if n in chosen[sp] and not isinstance(chosen[sp][n], Placement)]
-        if missing or wrong:
-            what = f"no placement for {missing}" if missing else f"not a placement: {wrong}"
-            return [Check(n, False, f"placements(sp={sp}): {what}",
-                          hint="every name needs Shard(d), Replicate() or Partial()")
-                    for n in CHECK_NAMES]
+    names = ("tp_placements", "local_shape", "kept_bytes")
+    missing = [n for n in names if not hasattr(module, n)]
+    if missing:
+        return file_lacks(CHECK_NAMES, ", ".join(missing))
+    if getattr(module, "SHAPES", None) != SHAPES:
+        return [Check(n, False, "SHAPES is not the exercise's", hint="restore SHAPES as the "
+                      "exercise file gives it: the grader's block is built from those shapes")
+                for n in CHECK_NAMES]
+    blanks = _blanks(module)
+    if all(blanks):  # nothing written yet: no run to wait for
+        return [Check(n, False, f"{f} is not written yet", hint=h)
+                for n, f, h in zip(CHECK_NAMES, names, blanks, strict=True)]
     try:
-        per_rank = launch(_in_rank, WORLD, chosen, timeout=TIMEOUT)
+        truth = launch(in_rank, WORLD, timeout=TIMEOUT)
     except LaunchError as error:
-        return [failure_check(CHECK_NAMES[0], error, "placements")] + [
+        return [failure_check(CHECK_NAMES[0], error, "the grader's own run")] + [
             Check(n, False, "not checked: the run above failed") for n in CHECK_NAMES[1:]]
-    return [_judge_group(group, per_rank) for group in GROUPS] + [_judge_run(per_rank)]
+    judges = (_judge_placements, _judge_shapes, _judge_bytes)
+    checks = []
+    for i, judge in enumerate(judges):
+        try:
+            checks.append(judge(module, truth))
+        except Stopped as stop:  # a blank or a crash: this check only
+            checks.append(Check(CHECK_NAMES[i], False, stop.checks[0].detail,
+                                hint=stop.checks[0].hint))
+    return checks
 
 
-def _judge_group(group, per_rank) -> Check:
-    name, cases, tensors = group
-    for sp in cases:
-        for rank, record in enumerate(per_rank):
-            for tensor in tensors:
-                got = record[sp]["tensors"][tensor]
-                if got["ok"]:
-                    continue
-                placed = record[sp]["placed"][tensor]
-                return Check(name, False, f"{'with' if sp else 'without'} SP, {tensor} as "
-                             f"{_key(placed)}: {got['why']}", rank=rank, tensor=tensor,
-                             max_error=got.get("error"), hint=_hint(tensor, sp, placed))
-    return Check(name, True, "every rank's piece, wrapped with your placement and gathered "
-                 "by DTensor, is one device's tensor")
+def _blanks(module) -> list[str | None]:
+    """Each function's NotImplementedError message if it is still a blank, else None."""
+    probes = ((module.tp_placements,), (module.local_shape, (5, 3), [Shard(0)], (4,), (0,)),
+              (module.kept_bytes, 1, WORLD, 0, 0, ITEMSIZE))
+    found = []
+    for function, *args in probes:
+        try:
+            function(*args)
+            found.append(None)
+        except NotImplementedError as exc:
+            found.append(str(exc) or "replace the NotImplementedError with your code")
+        except Exception:  # noqa: BLE001 - written but wrong: the checks will say how
+            found.append(None)
+    return found
 
 
-def _judge_run(per_rank) -> Check:
-    for rank, record in enumerate(per_rank):
-        for sp in (False, True):
-            got = record[sp]["run"]
-            if not got["ok"]:
-                return Check(RUN, False, f"{'with' if sp else 'without'} SP: {got['why']}",
-                             rank=rank, max_error=got.get("error"),
-                             hint="the checks above name the placement to fix first")
-    seen = per_rank[0][False]["run"]
-    worst = max(r[sp]["run"]["error"] for r in per_rank for sp in (False, True))
-    return Check(RUN, True, f"largest error {worst:.1e}; DTensor propagated h as {seen['h']}, "
-                 f"h @ fc2.weight.T as {seen['partial']}", max_error=worst)
+def _call(function, *args, label):
+    return attempt(function, *args, names=CHECK_NAMES[:1], blank=function.__name__,
+                   label=label, hint="see the docstring of the exercise for what it returns")
 
 
-def _pieces(sp: bool, n: int, r: int):
-    """The one-device tensors and this rank's true piece of each (minitp's layout)."""
-    gen = torch.Generator().manual_seed(22)
-    dev = device()
-    x, w1, b1, w2, b2 = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(dev)
-                         for shape in ((TOKENS, D), (F_HIDDEN, D), (F_HIDDEN,), (D, F_HIDDEN),
-                                       (D,)))
-    h = F.gelu(F.linear(x, w1, b1))
-    y = F.linear(h, w2, b2)
-    cols = slice(r * F_HIDDEN // n, (r + 1) * F_HIDDEN // n)
-    rows = slice(r * TOKENS // n, (r + 1) * TOKENS // n)
-    whole = {"x": x, "x_in": x, "fc1.weight": w1, "fc1.bias": b1, "h": h, "fc2.weight": w2,
-             "fc2.bias": b2, "y_partial": y - b2, "y": y}
-    piece = {"x": x[rows] if sp else x, "x_in": x, "fc1.weight": w1[cols], "fc1.bias": b1[cols],
-             "h": h[:, cols], "fc2.weight": w2[:, cols], "fc2.bias": b2,
-             "y_partial": F.linear(h[:, cols], w2[:, cols]), "y": y[rows] if sp else y}
-    return whole, piece
+def _judge_placements(module, truth) -> Check:
+    name = CHECK_NAMES[0]
+    got = _call(module.tp_placements, label="tp_placements()")
+    if not isinstance(got, dict):
+        return Check(name, False, f"tp_placements() returned {type(got).__name__}",
+                     hint="return a dict {parameter name: placement}")
+    for param, shape in SHAPES.items():
+        if param not in got or not isinstance(got[param], Placement):
+            return Check(name, False, f"{param}: no placement" if param not in got else
+                         f"{param}: {got[param]!r} is not a placement",
+                         hint="every name of SHAPES needs Shard(d) or Replicate()")
+        mine, real = key(got[param], len(shape)), truth[0]["placements"][param]
+        if mine != real:
+            slip = PLACEMENT_SLIPS.get((_kind(param), mine))
+            if mine == "Partial()":
+                slip = ("a parameter is never a sum still to be taken: each rank keeps a "
+                        "block of it, or the whole")
+            elif mine == "Replicate()":
+                slip = "this layer's weight is split: each of the tp ranks keeps 1/tp of it"
+            return Check(name, False, f"{param} as {mine}; parallelize_module left {real}",
+                         tensor=param, hint=slip or "which dim holds what the style splits?")
+    return Check(name, True, "every placement is the one PyTorch gave")
 
 
-def _gathered(piece, placement, whole, mesh) -> dict:
-    try:
-        full = DTensor.from_local(piece, mesh, [placement], run_check=False).full_tensor()
-    except Exception as exc:  # noqa: BLE001  (a placement DTensor refuses: say so)
-        return {"ok": False, "why": f"DTensor refused it: {type(exc).__name__}: {exc}"}
-    if full.shape != whole.shape:
-        return {"ok": False, "why": f"the ranks' pieces gather into a {tuple(full.shape)} "
-                f"tensor; one device's is {tuple(whole.shape)}"}
-    error = (full - whole).abs().max().item()
-    if error > TOLERANCE:
-        return {"ok": False, "error": error, "why": f"gathered, it differs from one device's "
-                f"by up to {error:.3g}"}
-    return {"ok": True}
+def _rules(shape, placements, mesh_shape, coord, split, whole=False, reverse=False):
+    """A shape under a cutting rule `split(n, k, i)`: the right one, or a usual slip's
+    (`whole`: every cut from the whole dim; `reverse`: the mesh's last dimension first)."""
+    local, order = list(shape), list(zip(placements, mesh_shape, coord, strict=True))
+    for placement, ranks, at in (order[::-1] if reverse else order):
+        if isinstance(placement, Shard):
+            dim = placement.dim % len(shape)
+            local[dim] = split(shape[dim] if whole else local[dim], ranks, at)
+    return tuple(local)
 
 
-def _run_mlp(p, piece, whole, mesh) -> dict:
-    def wrap(name):
-        return DTensor.from_local(piece[name], mesh, [p[name]], run_check=False)
-
-    try:
-        x_in = wrap("x").redistribute(mesh, [p["x_in"]])
-        h = F.gelu(F.linear(x_in, wrap("fc1.weight"), wrap("fc1.bias")))
-        partial = F.linear(h, wrap("fc2.weight"))
-        y = (partial + wrap("fc2.bias")).redistribute(mesh, [p["y"]])
-        full = y.full_tensor()
-    except Exception as exc:  # noqa: BLE001
-        return {"ok": False, "why": f"DTensor raised {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}"}
-    if full.shape != whole["y"].shape:
-        return {"ok": False, "why": f"the output gathers into {tuple(full.shape)}, one "
-                f"device's is {tuple(whole['y'].shape)}"}
-    error = (full - whole["y"]).abs().max().item()
-    return {"ok": error <= TOLERANCE, "error": error, "h": _key(h.placements[0]),
-            "partial": _key(partial.placements[0]),
-            "why": f"the output differs from one device's by up to {error:.3g}"}
+def _chunk(n, k, i):
+    block = -(-n // k)
+    return max(0, min(block, n - i * block))
 
 
-def _in_rank(chosen):
-    """Runs on every rank: each tensor's piece gathered under the learner's placement, and
-    the MLP in DTensor, without and with SP."""
-    n, r = dist.get_world_size(), dist.get_rank()
-    mesh = DeviceMesh(device().type, list(range(n)))
-    out = {}
-    for sp in (False, True):
-        whole, piece = _pieces(sp, n, r)
-        p = chosen[sp]
-        out[sp] = {"placed": p, "run": _run_mlp(p, piece, whole, mesh),
-                   "tensors": {t: _gathered(piece[t], p[t], whole[t], mesh) for t in NAMES}}
-    return out
+def _floor(n, k, i):
+    return n // k
+
+
+SHAPE_SLIPS = (
+    (dict(split=_floor), "n // k rows each drops the remainder: torch.chunk gives blocks of "
+     "ceil(n / k), the last ones short or empty (5 over 4: 2, 2, 1, 0)"),
+    (dict(split=lambda n, k, i: n // k + (i < n % k)), "that gives the remainder to the first "
+     "ranks (torch.tensor_split, numpy.array_split); torch.chunk gives ceil(n / k) to each "
+     "until the rows run out (5 over 4: 2, 2, 1, 0)"),
+    (dict(split=_chunk, whole=True), "when two mesh dimensions shard the same dim, the "
+     "second cuts the first one's piece, not the whole tensor"),
+    (dict(split=_chunk, reverse=True), "placements go in the mesh's order: the first mesh "
+     "dimension cuts first"),
+)
+
+
+def _judge_shapes(module, truth) -> Check:
+    name = CHECK_NAMES[1]
+    for rank, found in enumerate(truth):
+        for (shape, placements, mesh_shape), (coord, real) in zip(CASES, found["shapes"],
+                                                                  strict=True):
+            label = f"local_shape({shape}, {list(placements)}, {mesh_shape}, {coord})"
+            mine = _call(module.local_shape, shape, placements, mesh_shape, coord, label=label)
+            try:
+                mine = tuple(int(s) for s in mine)
+            except (TypeError, ValueError):
+                return Check(name, False, f"{label} returned {mine!r}",
+                             hint="return the shape as a tuple of ints")
+            if mine != real:
+                hint = next((says for rule, says in SHAPE_SLIPS
+                             if _rules(shape, placements, mesh_shape, coord, **rule) == mine),
+                            "cut each sharded dim in the mesh's order, as torch.chunk would")
+                return Check(name, False, f"{label} gave {mine}; DTensor's rank {rank} holds "
+                             f"{real}", rank=rank, hint=hint)
+    return Check(name, True, f"{len(CASES)} cases on each of the {WORLD} ranks: DTensor's "
+                 "own shapes")
+
+
+def _bytes_under(dp, tp, dp_rank, tp_rank, split=_chunk, norms_split=False):
+    """A rank's bytes under the right rule, or under a usual slip's."""
+    total = 0
+    for param, shape in SHAPES.items():
+        kind = _kind(param)
+        place = Replicate() if kind == "norm" and not norms_split else Shard(int(kind == "row"))
+        piece = list(_rules(shape, [place], [tp], [tp_rank], split=split))
+        piece[0] = split(piece[0], dp, dp_rank)
+        total += math.prod(piece)
+    return total * ITEMSIZE
+
+
+BYTES_SLIPS = (
+    (lambda *at: _bytes_under(*at, norms_split=True), "the norms' weights are whole on every "
+     "tp rank (SequenceParallel splits the tokens, not the weight)"),
+    (lambda *at: _bytes_under(*at, split=_floor), "49 vocabulary rows do not divide: cut as "
+     "torch.chunk does, ceil-sized blocks with the last short"),
+    (lambda dp, tp, *_: sum(map(math.prod, SHAPES.values())) * ITEMSIZE / (dp * tp),
+     "not every parameter divides by dp x tp: the norms are whole on every tp rank and 49 "
+     "rows do not divide evenly; add up each rank's own pieces"),
+)
+
+
+def _judge_bytes(module, truth) -> Check:
+    name = CHECK_NAMES[2]
+    for rank, found in enumerate(truth):
+        for (dp, tp), (coord, real) in zip(MESHES, found["bytes"], strict=True):
+            label = f"kept_bytes({dp}, {tp}, {coord[0]}, {coord[1]}, {ITEMSIZE})"
+            mine = _call(module.kept_bytes, dp, tp, *coord, ITEMSIZE, label=label)
+            if mine != real:
+                hint = next((says for rule, says in BYTES_SLIPS if rule(dp, tp, *coord) == mine),
+                            "for each parameter: TP's piece (its placement on a mesh of tp), "
+                            "then that piece's dim 0 cut over dp; add the elements, times the "
+                            "itemsize")
+                return Check(name, False, f"{label} gave {mine}; rank {rank} holds {real:,} "
+                             "bytes", rank=rank, hint=hint)
+    return Check(name, True, "every rank's bytes, on every mesh, are the ones PyTorch left")
