@@ -39,8 +39,8 @@ def _parser():
 
 def _refuse_before_validation(args, parser) -> None:
     if not (math.isfinite(args.tolerance) and args.tolerance >= NOISE):
-        parser.error(f"--tolerance {args.tolerance!r} is below float64's noise ({NOISE:g}): "
-                     "every module would depart")
+        parser.error(f"--tolerance {args.tolerance!r}: it must be a number of at least "
+                     f"float64's noise, {NOISE:g} (below it every module would depart)")
     if getattr(args, "impl", "minitp") == "torch":
         parser.error("--impl torch: PyTorch's modules are not minitp's, so their results "
                      "have no plain-model names to compare by")

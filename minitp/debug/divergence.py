@@ -19,6 +19,7 @@ Parameter gradients are compared at ZeRO stage 0 (at stages 1-3 they live in dp 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -31,6 +32,7 @@ from ..model import GPT
 from ..parallelize import parallelize
 from ..pipeline.stages import Skipped
 from ..rules import check_parallel_config, model_chunks
+from ..rules.fp8_groups import check_fp8_config
 from ..runtime._device import device
 from ..runtime.launch import launch
 from ..runtime.mesh import Mesh
@@ -73,8 +75,8 @@ def check_divergence_input(cfg, mesh_sizes: dict, tolerance: float, microbatches
     """Everything refused before a process starts, each in one line; returns the world size."""
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance)
             and tolerance >= NOISE):
-        raise ValueError(f"tolerance {tolerance!r} is below float64's noise ({NOISE:g}): "
-                         "every module would depart")
+        raise ValueError(f"tolerance {tolerance!r}: it must be a number of at least "
+                         f"float64's noise, {NOISE:g} (below it every module would depart)")
     unknown = sorted(set(mesh_sizes) - set(AXES))
     if unknown:
         raise ValueError(f"mesh sizes {unknown} are not axes; the axes are {', '.join(AXES)}")
@@ -84,11 +86,20 @@ def check_divergence_input(cfg, mesh_sizes: dict, tolerance: float, microbatches
     if cfg.dropout:
         raise ValueError(f"dropout={cfg.dropout}: each rank draws its own masks, so nothing "
                          "would match one device; compare with dropout=0")
+    known = set(inspect.signature(parallelize).parameters) - {"ref", "mesh", "validated"}
+    if set(options) - known:
+        raise ValueError(f"{sorted(set(options) - known)} are not mt.parallelize's options; "
+                         f"it takes {', '.join(sorted(known))}")
     sizes = {axis: int(mesh_sizes.get(axis, 1)) for axis in AXES}
-    plan = {k: v for k, v in options.items() if k not in ("fp8", "fp8_local_scales",
-                                                           "fp8_all_gather", "validated")}
+    plan = {k: v for k, v in options.items() if not k.startswith("fp8") and k != "bucket_bytes"}
     check_parallel_config(cfg, **sizes, microbatches=microbatches, batch_size=rows,
                           schedule=schedule, **plan)
+    fp8 = {k: options.get(k) for k in ("fp8", "fp8_local_scales", "fp8_all_gather")}
+    if any(fp8.values()):
+        check_fp8_config(fp8["fp8"], bool(fp8["fp8_local_scales"]),
+                         tp_overlap=options.get("tp_overlap", False),
+                         recompute=options.get("recompute"), all_gather=bool(fp8["fp8_all_gather"]),
+                         zero_stage=options.get("zero_stage", 0))
     return sizes["dp"] * sizes["pp"] * sizes["cp"] * sizes["tp"]
 
 
@@ -229,9 +240,13 @@ def first_divergence(cfg, mesh_sizes: dict, *, batch=None, tolerance: float = 1e
 
     cfg: the GPTConfig (dropout 0); batch: (x, y) or packed (x, y, positions), the global
     batch (default: random ids, 2 rows per dp rank and microbatch, from `seed`, which also
-    seeds the weights); parallelize_options: `mt.parallelize`'s (``sequence_parallel=True``,
-    ``cp_comm="a2a"``, ``fp8="tensorwise"``...). A tolerance below float64's noise, or a
-    mesh the model cannot split, is refused in one line before any process starts."""
+    seeds the weights); tolerance: the largest absolute difference (float64) that is not a
+    departure; microbatches, schedule: `mt.train_step`'s; spoil(model): run on every rank on
+    its parallel model before the step (a bug put in on purpose, as the lessons' traps are);
+    parallelize_options: `mt.parallelize`'s (``sequence_parallel=True``, ``cp_comm="a2a"``,
+    ``fp8="tensorwise"``...). A tolerance below float64's noise, a mesh the model cannot
+    split, an option parallelize does not take, bf16 (``param_dtype``) or dropout: refused
+    in one line (ValueError) before any process starts."""
     rows = batch[0].shape[0] if batch is not None else 2 * mesh_sizes.get("dp", 1) * microbatches
     world = check_divergence_input(cfg, mesh_sizes, tolerance, microbatches, rows,
                                    parallelize_options, schedule)

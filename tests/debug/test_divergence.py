@@ -143,7 +143,7 @@ def test_the_command_line_names_fp8s_local_scales_at_the_first_fp8_layer():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(tolerance=1e-16), "below float64's noise"),
+    (dict(tolerance=1e-16), "at least float64's noise"),
     (dict(sizes=dict(tp=3)), "not divisible by tp=3"),
 ])
 def test_bad_input_is_refused_before_any_process_starts(kw, match):
