@@ -13,7 +13,11 @@ keeps the earliest: forward in execution order, then backward in execution order
 module's input gradients, then its parameters' gradients), the lowest rank on a tie. The
 earliest departure is where the bug is: every later module inherits it.
 
-Parameter gradients are compared at ZeRO stage 0 (at stages 1-3 they live in dp shards).
+Parameter gradients are compared at ZeRO stage 0 only: at stages 1-3 they are
+reduce-scattered into dp shards (at stage 1 by the optimizer's step, after which a rank's
+``.grad`` is still its own unreduced one). "Execution order" is the order in which the hooks
+fire: a module's forward hook when its forward returns (a layer before the block holding it),
+its backward hook when its input gradients are computed.
 """
 
 from __future__ import annotations
