@@ -66,7 +66,7 @@ def diverge(argv) -> dict:
     batch = batch_of(args, cfg, train_tokens, 0)
     try:
         check_divergence_input(cfg, sizes, args.tolerance, args.microbatches,
-                               batch[0].shape[0], options, args.schedule)
+                               batch[0].shape[0], options, args.schedule, packed=len(batch) == 3)
     except ValueError as exc:
         parser.error(str(exc))
     found = first_divergence(cfg, sizes, batch=batch, tolerance=args.tolerance,

@@ -75,7 +75,7 @@ def _stats(t: torch.Tensor) -> dict:
 
 
 def check_divergence_input(cfg, mesh_sizes: dict, tolerance: float, microbatches: int,
-                           rows: int, options: dict, schedule=None) -> int:
+                           rows: int, options: dict, schedule=None, packed: bool = False) -> int:
     """Everything refused before a process starts, each in one line; returns the world size."""
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance)
             and tolerance >= NOISE):
@@ -99,6 +99,9 @@ def check_divergence_input(cfg, mesh_sizes: dict, tolerance: float, microbatches
     check_parallel_config(cfg, **sizes, microbatches=microbatches, batch_size=rows,
                           schedule=schedule, **plan)
     fp8 = {k: options.get(k) for k in ("fp8", "fp8_local_scales", "fp8_all_gather")}
+    if fp8["fp8"] is not None and packed:
+        raise ValueError("fp8 with a packed batch: FP8's one-process step (minitp.fp8.accumulate)"
+                         " takes no positions; compare FP8 on an unpacked batch")
     if any(fp8.values()):
         check_fp8_config(fp8["fp8"], bool(fp8["fp8_local_scales"]),
                          tp_overlap=options.get("tp_overlap", False),
@@ -253,7 +256,8 @@ def first_divergence(cfg, mesh_sizes: dict, *, batch=None, tolerance: float = 1e
     in one line (ValueError) before any process starts."""
     rows = batch[0].shape[0] if batch is not None else 2 * mesh_sizes.get("dp", 1) * microbatches
     world = check_divergence_input(cfg, mesh_sizes, tolerance, microbatches, rows,
-                                   parallelize_options, schedule)
+                                   parallelize_options, schedule,
+                                   packed=batch is not None and len(batch) == 3)
     run = launch(compare_on_rank, world, cfg, dict(mesh_sizes), batch, tolerance, microbatches,
                  schedule, seed, spoil, timeout=timeout, **parallelize_options)
     return earliest(run)
