@@ -3,9 +3,10 @@ first step that departs from one device's (`minitp.debug.first_divergence`).
 
 The flags are `python -m minitp.train`'s (its parser and every check of it, `--help` lists
 them), with ``--tolerance`` added; the step is the run's first (its batch, its seed's weights),
-in float64 whatever ``--dtype`` says. What cannot be compared is refused in one line, exit
-code 2, before any process starts: a tolerance below float64's noise, a mesh the model cannot
-split, bf16 mixed precision, ``--impl torch``, ``--load``. The last line printed is one JSON
+in float64 whatever ``--dtype`` says; the flags of later steps (``--steps``, ``--lr``, evaluation,
+the sample) change nothing in it. What cannot be compared is refused in one line, exit code 2,
+before any process starts: a tolerance below float64's noise, a mesh the model cannot split,
+bf16 mixed precision, ``--impl torch``, ``--load``, ``--save``. The last line printed is one JSON
 object: ``{"module", "rank", "phase", "tensor", "difference"}``, ``module`` null where nothing
 departs (the exit code is 0 either way: the run itself worked).
 """
@@ -44,8 +45,9 @@ def _refuse_before_validation(args, parser) -> None:
     if getattr(args, "impl", "minitp") == "torch":
         parser.error("--impl torch: PyTorch's modules are not minitp's, so their results "
                      "have no plain-model names to compare by")
-    if args.load:
-        parser.error("--load: the finder compares a fresh model's first step")
+    if args.load or args.save:
+        parser.error(f"--{'load' if args.load else 'save'}: the finder compares a fresh model's "
+                     "first step and writes no checkpoint")
     if uses_mixed_precision(args):
         parser.error("--dtype bfloat16: the finder compares in float64 (bf16 departs from one "
                      "device by its own rounding)")
