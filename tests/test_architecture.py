@@ -45,7 +45,8 @@ FLOORS = [
     (9, ["course.viz"]),
     (10, ["course.labs"]),
     (11, ["course.graders", "course.make_exercises"]),
-    (12, ["course", "train", "generate"]),  # the front ends: the grader, the doctor, the CLIs
+    (12, ["course", "train", "generate", "debug"]),  # the front ends: the grader, the doctor,
+    # the CLIs, and the debugging tools (they run the library's steps and read the train CLI)
 ]
 ROOF = "minitp"
 

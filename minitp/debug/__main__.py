@@ -1,0 +1,5 @@
+"""``python -m minitp.debug diverge <minitp.train flags>`` (`minitp.debug.cli`)."""
+
+from .cli import main
+
+main()
