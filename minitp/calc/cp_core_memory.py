@@ -21,8 +21,9 @@ and head (it recomputes the probabilities); the all-gather keeps Q, K and V whol
 queries' rows of the probabilities and of the causal mask (a byte each); Ulysses keeps
 1/c of one device's: Q, K, V and the probabilities of h/c heads at all s, and the whole
 s×s mask. The all-gather that gathers again (TransformerEngine's) keeps only Q, K and V at
-s/c and the scale (minitp checkpoints its core) and rebuilds in backward what the kept all-gather kept:
-the gathered K and V, the probabilities and the mask's rows. The hybrid's ring runs on h/U heads at U·s/c positions: the ring's kept bytes.
+s/c and the scale (minitp checkpoints its core) and rebuilds in backward what the kept
+all-gather kept: the gathered K and V, the probabilities and the mask's rows. The hybrid's
+ring runs on h/U heads at U·s/c positions: the ring's kept bytes.
 
 Backward's working set, on top of what is kept (the peak is in backward for every core):
 the gradient of the probabilities and of the scores (two score matrices; the ring: three

@@ -40,9 +40,9 @@ backward 2(cp−1) sends of K/V and 2·cp of dK/dV (cp hops, the last one home).
 `apply_context_parallel` swaps the plain GPT's pieces for these (the model holds
 no parallel code): the attention core for `RingAttention` (or, by ``cp_comm``,
 `AllGatherAttention`, its K/V kept or gathered again, or `UlyssesAttention`:
-`minitp.rules.cp_comm`), the position embedding for `ContextParallelPositions` (each rank's global positions), the
-loss for `ContextParallelLoss` (the mean over every token of the cp group).
-The gradients of every parameter are then partial over cp — each rank saw its
+`minitp.rules.cp_comm`), the position embedding for `ContextParallelPositions` (each
+rank's global positions), the loss for `ContextParallelLoss` (the mean over every token
+of the cp group). The gradients of every parameter are then partial over cp — each rank saw its
 tokens only — and are summed over dp×cp (`Mesh.dp_cp`) with the data-parallel
 ones, as Megatron folds cp into its data-parallel gradient group.
 

@@ -1,5 +1,6 @@
 """Context parallelism's other attentions — all-gather (its K/V kept, or gathered again in
-backward: TransformerEngine's), Ulysses (a2a) and the hybrid (a2a+ring) — equal one device, and send what their byte model says.
+backward: TransformerEngine's), Ulysses (a2a) and the hybrid (a2a+ring) — equal one
+device, and send what their byte model says.
 
 * the rules: what each refuses, in one line (no processes);
 * the hybrid's chunk order (no processes): the U ranks' chunks, put in ring order, are the
