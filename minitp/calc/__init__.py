@@ -64,7 +64,7 @@ from .context_parallel import (
     kv_heads_per_tp_rank,
 )
 from .cp_core_memory import CoreBytes, cp_core_bytes
-from .cp_overlap import attention_seconds, cp_exposed_seconds
+from .cp_overlap import attention_seconds, cp_exposed_seconds, ring_hop_and_block
 from .flops import (
     bubble,
     flops_per_iteration,
@@ -165,6 +165,7 @@ __all__ = [
     "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
     "CoreBytes", "attention_kept_bytes", "cp_core_bytes", "cp_crossover", "cp_layer_seconds",
     "cp_variants", "kv_heads_per_tp_rank", "attention_seconds", "cp_exposed_seconds",
+    "ring_hop_and_block",
     "LLAMA3_405B", "FailureRecord", "SavePlan", "daly_interval", "expected_seconds",
     "failure_rate", "job_mtbf_seconds", "lost_fraction", "save_plan", "save_seconds",
     "young_interval",

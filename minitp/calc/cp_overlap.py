@@ -60,3 +60,23 @@ def cp_exposed_seconds(cluster: Cluster, cp_comm: str, *, rows: int, seq_len: in
                                             **{**shape, "seq_len": seq_len * u // cp})
     hidden = min(ring_comm, compute * (ring - 1) / ring)
     return {"comm": comm, "compute": compute, "hidden": hidden, "exposed": comm - hidden}
+
+
+def ring_hop_and_block(cluster: Cluster, *, tokens: int, heads: int, kv_heads: int,
+                       head_dim: int, span: int, rows: int = 1, bytes_per_value: int = 2,
+                       efficiency: float = 0.5) -> dict[str, float]:
+    """MODEL: one forward step of the ring on one rank holding ``tokens`` = s/c positions:
+    ``"hop"``, the seconds to pass one rank's K and V to the next rank (α + bytes/β over a
+    ``span``-wide group: inside a node or across nodes); ``"block"``, the seconds of the
+    attention it hides behind — the rank's queries against one other rank's keys, of whose
+    four chunk pairs the causal mask keeps two under the load-balanced split:
+    2·b·n²·h·d FLOPs; ``"tokens_to_hide"``: the least s/c whose block covers its hop (the
+    block grows as n², the hop as n, so every longer sequence hides too)."""
+    alpha, beta = cluster.link(span)
+    per_token = 2 * rows * kv_heads * head_dim * bytes_per_value / beta  # K and V, a token
+    per_pair = 2 * rows * heads * head_dim / (cluster.peak_flops * efficiency)
+    hop = alpha + per_token * tokens
+    block = per_pair * tokens ** 2
+    # per_pair·n² = α + per_token·n, solved for n
+    least = (per_token + (per_token ** 2 + 4 * per_pair * alpha) ** 0.5) / (2 * per_pair)
+    return {"hop": hop, "block": block, "tokens_to_hide": least}

@@ -47,3 +47,18 @@ def test_the_hybrid_hides_its_ring_and_pays_its_all_to_alls():
     a2a = calc.cp_layer_seconds(calc.H100_80GB, "a2a", **{**kw, "seq_len": 131072 // 2,
                                                           "cp": 8})
     assert hybrid["exposed"] == pytest.approx(a2a, rel=1e-12) and hybrid["hidden"] > 0
+
+
+def test_a_ring_block_covers_its_hop_from_the_least_tokens_on():
+    kw = dict(heads=64, kv_heads=8, head_dim=128)
+    for span in (8, 16):  # inside a DGX H100 node, and across two
+        least = calc.ring_hop_and_block(calc.H100_80GB, tokens=1, span=span, **kw)[
+            "tokens_to_hide"]
+        at = calc.ring_hop_and_block(calc.H100_80GB, tokens=least, span=span, **kw)
+        assert at["hop"] == pytest.approx(at["block"], rel=1e-9)
+        shorter = calc.ring_hop_and_block(calc.H100_80GB, tokens=least / 2, span=span, **kw)
+        assert shorter["block"] < shorter["hop"]
+    # NVLink's 450 GB/s against the network's 50: the network needs several times the tokens
+    inside, across = (calc.ring_hop_and_block(calc.H100_80GB, tokens=1, span=s, **kw)[
+        "tokens_to_hide"] for s in (8, 16))
+    assert 4 < across / inside < 9
