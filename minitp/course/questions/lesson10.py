@@ -142,7 +142,7 @@ def _a2a_trend(p, kv_sent) -> str:
             f"({share:.0%} of the all-to-alls' bytes here, a larger share as c grows).")
 
 
-# Megatron-LM's four (--cp-comm-type p2p, all_gather, a2a, a2a+p2p) as TransformerEngine
+# Megatron-LM's four (--cp-comm-type p2p, allgather, a2a, a2a+p2p) as TransformerEngine
 # runs them: its all-gather gathers K and V again in backward, minitp's "allgather-regather"
 CHOICES = {"a": ("ring", None), "b": ("allgather-regather", None), "c": ("a2a", None),
            "d": ("a2a+ring", 2)}  # the hybrid's all-to-all over c/2 ranks (2: its ring)
@@ -200,7 +200,7 @@ def pick(seed=None) -> Question:
                         f"{p['c']} context-parallel ranks, with Megatron-LM's attentions as "
                         "TransformerEngine runs them. Which sends the fewest bytes per GPU "
                         "and layer, forward and backward together? Answer 'a', 'b', 'c' or "
-                        "'d': (a) p2p, the ring (cp_comm='ring'); (b) all_gather, K and V "
+                        "'d': (a) p2p, the ring (cp_comm='ring'); (b) allgather, K and V "
                         "gathered again in backward (cp_comm='allgather-regather'); (c) a2a "
                         f"(cp_comm='a2a'); (d) a2a+p2p (cp_comm='a2a+ring', cp_a2a_size="
                         f"{p['c'] // 2})."),
