@@ -45,6 +45,8 @@ def cp_exposed_seconds(cluster: Cluster, cp_comm: str, *, rows: int, seq_len: in
     """MODEL: ``{"comm", "compute", "hidden", "exposed"}`` seconds for one layer on one rank
     (see the module): the messages' time, attention's compute, what of the messages hides
     behind it and what the step still waits for."""
+    if cp_comm == "a2a+ring" and cp_a2a_size is None:
+        raise ValueError("cp_comm='a2a+ring' needs cp_a2a_size: which part is the ring's")
     shape = dict(rows=rows, seq_len=seq_len, heads=heads, kv_heads=kv_heads,
                  head_dim=head_dim, tp=tp, bytes_per_value=bytes_per_value)
     comm = cp_layer_seconds(cluster, cp_comm, cp=cp, cp_a2a_size=cp_a2a_size, **shape)

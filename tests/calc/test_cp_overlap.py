@@ -47,6 +47,8 @@ def test_the_hybrid_hides_its_ring_and_pays_its_all_to_alls():
     a2a = calc.cp_layer_seconds(calc.H100_80GB, "a2a", **{**kw, "seq_len": 131072 // 2,
                                                           "cp": 8})
     assert hybrid["exposed"] == pytest.approx(a2a, rel=1e-12) and hybrid["hidden"] > 0
+    with pytest.raises(ValueError, match="needs cp_a2a_size"):
+        calc.cp_exposed_seconds(calc.H100_80GB, "a2a+ring", **kw)
 
 
 def test_a_ring_block_covers_its_hop_from_the_least_tokens_on():
