@@ -26,7 +26,8 @@ and tp size), `hierarchy` (a two-level network, NVLink inside a node and InfiniB
 collectives' bytes and time per level, hierarchical all-reduce, FSDP against HSDP's bytes
 across node boundaries, the level each axis lands on), `context_parallel` (context
 parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
-messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s),
+messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `cp_overlap`
+(what of those messages a step waits for once the ring hides its own behind attention),
 `checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
 rate and the save's bytes).
 """
@@ -63,6 +64,7 @@ from .context_parallel import (
     kv_heads_per_tp_rank,
 )
 from .cp_core_memory import CoreBytes, cp_core_bytes
+from .cp_overlap import attention_seconds, cp_exposed_seconds, ring_hop_and_block
 from .flops import (
     bubble,
     flops_per_iteration,
@@ -162,7 +164,8 @@ __all__ = [
     "vision_crossover", "vision_encoder_params", "vision_forward_flops", "vision_layout",
     "vision_step_time", "VisionStageCost", "projector_params", "vision_encoder_stage",
     "CoreBytes", "attention_kept_bytes", "cp_core_bytes", "cp_crossover", "cp_layer_seconds",
-    "cp_variants", "kv_heads_per_tp_rank",
+    "cp_variants", "kv_heads_per_tp_rank", "attention_seconds", "cp_exposed_seconds",
+    "ring_hop_and_block",
     "LLAMA3_405B", "FailureRecord", "SavePlan", "daly_interval", "expected_seconds",
     "failure_rate", "job_mtbf_seconds", "lost_fraction", "save_plan", "save_seconds",
     "young_interval",

@@ -8,7 +8,8 @@ the traces' model bytes and `minitp.calc.cp_comm_bytes` read too); the time here
 
 * "ring" over R ranks: 2(3R−2) point-to-point sends (`cp_comm_bytes`);
 * "allgather": two all-gathers forward (K, V) and two reduce-scatters backward (dK, dV),
-  each c−1 ring steps: 4(c−1) messages;
+  each c−1 ring steps: 4(c−1) messages; "allgather-regather" gathers K and V again in
+  backward: 6(c−1);
 * "a2a" over U ranks: four all-to-alls forward (Q, K, V in, O out) and four backward,
   each U−1 messages a rank: 8(U−1), inside tp·U consecutive ranks;
 * "a2a+ring": the all-to-all over U, then the ring over cp/U groups (tp·cp ranks wide).
@@ -37,7 +38,8 @@ def attention_kept_bytes(cfg, micro_batch: int, tp: int = 1, cp: int = 1,
       at all s: 1/c either way;
     * "k_and_v": K and V widened to the core's query heads (its repeat under GQA), 2sbh/t
       values: 1/c of them under the ring and Ulysses (whole s, 1/c of the heads), whole
-      under "allgather" (every rank holds the gathered K and V). Selective recomputation
+      under "allgather" (every rank holds the gathered K and V; "allgather-regather" keeps
+      its own and gathers them again in backward, 1/c like the ring). Selective recomputation
       reruns the whole attention, its collectives included: it keeps the core's inputs,
       this rank's K/V heads at s/c, under every variant;
     * "probabilities": the softmax output, a·s²·b/t values over c: s/c query rows against
@@ -95,8 +97,9 @@ def cp_layer_seconds(cluster: Cluster, cp_comm: str, *, rows: int, seq_len: int,
     sent = cp_attention_bytes(cp_comm, seq_len=seq_len, cp=cp, cp_a2a_size=cp_a2a_size,
                               **shape)
     total = sent["fwd"] + sent["bwd"]
-    if cp_comm == "allgather":
-        return _seconds(cluster, 4 * (cp - 1), total, tp * cp)
+    if cp_comm in ("allgather", "allgather-regather"):  # 2 or 3 collectives of K and V
+        steps = 4 if cp_comm == "allgather" else 6
+        return _seconds(cluster, steps * (cp - 1), total, tp * cp)
     u = ulysses_size(cp_comm, cp, cp_a2a_size)
     a2a = 0
     if u > 1:  # the all-to-alls alone: a2a over U ranks of s·U/c positions

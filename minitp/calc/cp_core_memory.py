@@ -20,7 +20,10 @@ Kept (what backward reads): the ring keeps Q, K, V, O at s/c and a log-sum-exp p
 and head (it recomputes the probabilities); the all-gather keeps Q, K and V whole, its
 queries' rows of the probabilities and of the causal mask (a byte each); Ulysses keeps
 1/c of one device's: Q, K, V and the probabilities of h/c heads at all s, and the whole
-s×s mask. The hybrid's ring runs on h/U heads at U·s/c positions: the ring's kept bytes.
+s×s mask. The all-gather that gathers again (TransformerEngine's) keeps only Q, K and V at
+s/c and the scale (minitp checkpoints its core) and rebuilds in backward what the kept
+all-gather kept: the gathered K and V, the probabilities and the mask's rows. The hybrid's
+ring runs on h/U heads at U·s/c positions: the ring's kept bytes.
 
 Backward's working set, on top of what is kept (the peak is in backward for every core):
 the gradient of the probabilities and of the scores (two score matrices; the ring: three
@@ -74,10 +77,14 @@ def cp_core_bytes(cp_comm: str, *, rows: int, seq_len: int, heads: int, head_dim
         out = _ring(m, lse, block)
         return CoreBytes(out.kept, out.working + 3 * m,
                          {**out.terms, "dQ, dK, dV regrouped (a2a back)": 3 * m})
-    if cp_comm == "allgather":
+    if cp_comm in ("allgather", "allgather-regather"):
         kept = {"Q": m, "K and V whole": 2 * cp * m, "probabilities": scores,
                 "mask (its rows)": mask // cp, "scale": scale}
         working = {"dP and dS": 2 * scores, "dQ": m, "dK and dV whole": 2 * cp * m}
+        if cp_comm == "allgather-regather":  # the forward's kept tensors, rebuilt in backward
+            working = {**{f"recomputed: {k}": v for k, v in kept.items()
+                          if k not in ("Q", "scale")}, **working}
+            kept = {"Q, K, V (its own)": 3 * m, "scale": scale}
     else:  # "a2a": whole sequences of h/c heads
         kept = {"Q, K, V": 3 * m, "probabilities": scores, "mask (whole)": mask,
                 "scale": scale}

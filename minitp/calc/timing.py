@@ -96,7 +96,8 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
     * cp (cp > 1): per microbatch and layer, the attention ``cp_comm``'s messages and
       bytes (`minitp.calc.context_parallel.cp_layer_seconds`, the bytes
       `minitp.calc.cp_comm_bytes`'): the ring's 2(3c−2) sends of one rank's K or V
-      (its K/V heads only, under GQA), the all-gather's 4(c−1) steps, the all-to-all's
+      (its K/V heads only, under GQA), the all-gather's 4(c−1) steps (6(c−1) gathering
+      again), the all-to-all's
       8(U−1) messages a rank (inside tp·U ranks; "a2a+ring": then the ring over c/U),
       none hidden behind compute (minitp's ring overlaps them: an upper bound);
       each rank then holds s/c tokens, so the tp and pp messages are 1/c the

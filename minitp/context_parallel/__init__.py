@@ -4,7 +4,8 @@
   2·cp − 1 − r, so causal attention's work is even) and its inverse.
 * `ring`: ring attention, each rank's queries meeting every rank's keys and
   values, merged by online softmax (`merge_partials`).
-* `allgather`: K and V gathered once over cp, each rank's queries against all of them;
+* `allgather`: K and V gathered once over cp, each rank's queries against all of them
+  (kept for backward, or gathered again there: TransformerEngine's);
 * `ulysses`: the all-to-all that trades the sequence split for a head split (Ulysses),
   and its hybrid with the ring (USP);
 * `plan`: the plan table that makes a plain GPT context-parallel, by ``cp_comm``;

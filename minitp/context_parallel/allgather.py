@@ -9,6 +9,15 @@ cp−1 others). Backward: every rank's queries produced a gradient for every key
 gathered K's and V's gradients are partial sums; a reduce-scatter sums them and hands
 each rank its own chunks' — SP's gather pair (`tensor_parallel.mappings`), along the
 sequence. The rank keeps the whole K and V for backward: s, not s/cp, positions of them.
+
+``regather=True`` (cp_comm "allgather-regather") is TransformerEngine's
+``AttnFuncWithCPAndKVAllGather`` (transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py, what Megatron-LM's ``allgather`` runs): backward all-gathers K and V
+again, so only the rank's own K and V are kept — 1/cp of them for 1.5 times the bytes,
+6(cp−1) shares of K or V where the kept variant sends 4(cp−1). Here the core runs under
+non-reentrant checkpointing, which keeps its inputs (Q, K, V at s/cp) and reruns gather and
+attention in backward; TE's flash kernel keeps its output and log-sum-exp as well and reruns
+only the gather and the probabilities (flash attention recomputes those anyway).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..model.attention_core import keep_mask
 from ..runtime import trace
@@ -46,10 +56,18 @@ def masked_attention(q, k, v, keep: torch.Tensor, attention: str = "math"):
     return F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
 
 
-def allgather_attention(q, k, v, cp: Axis, attention: str = "math", positions=None):
+def allgather_attention(q, k, v, cp: Axis, attention: str = "math", positions=None,
+                        regather: bool = False):
     """Causal attention of this cp rank's queries (its two chunks, (B, nh, 2c, hs)) over
     the whole sequence's K and V, gathered once (k, v (B, nkv, 2c, hs), nkv dividing nh).
-    positions: packed documents', (B, s) the whole sequence's: masked within documents too."""
+    positions: packed documents', (B, s) the whole sequence's: masked within documents too.
+    regather: keep only this rank's K and V and gather them again in backward (the module)."""
+    if regather and torch.is_grad_enabled():
+        # Backward reruns this inside autograd, long after the forward's trace label
+        # ended: carry the label along, as `minitp.recompute.Recomputed` does. No random
+        # draw inside (no dropout), so there is no generator state to keep.
+        return checkpoint(_relabelled, trace.recorder().label, q, k, v, cp, attention,
+                          positions, use_reentrant=False, preserve_rng_state=False)
     with trace.label("allgather K/V"):
         k, v = gather_keys(k, cp), gather_keys(v, cp)
     mine = global_positions(q.shape[-2], cp, q.device)
@@ -59,16 +77,23 @@ def allgather_attention(q, k, v, cp: Axis, attention: str = "math", positions=No
     return masked_attention(q, k, v, keep, attention)
 
 
+def _relabelled(label, q, k, v, cp, attention, positions):
+    with trace.relabel(label):
+        return allgather_attention(q, k, v, cp, attention, positions)
+
+
 class AllGatherAttention(nn.Module):
     """The attention core of a context-parallel rank, K/V all-gathered (replaces
-    `AttentionCore`; keeps its "math" or "sdpa")."""
+    `AttentionCore`; keeps its "math" or "sdpa"); regather: gathered again in backward."""
 
-    def __init__(self, cp: Axis, attention: str = "math"):
+    def __init__(self, cp: Axis, attention: str = "math", regather: bool = False):
         super().__init__()
-        self.cp, self.attention = cp, attention
+        self.cp, self.attention, self.regather = cp, attention, regather
 
     def forward(self, q, k, v, positions=None):  # each (B, h, 2c, hs)
-        return allgather_attention(q, k, v, self.cp, self.attention, positions)
+        return allgather_attention(q, k, v, self.cp, self.attention, positions, self.regather)
 
     def extra_repr(self) -> str:
-        return f"K/V all-gathered over {self.cp.name} ranks {list(self.cp.ranks)}, {self.attention}"
+        again = ", gathered again in backward" if self.regather else ""
+        return (f"K/V all-gathered over {self.cp.name} ranks {list(self.cp.ranks)}, "
+                f"{self.attention}{again}")

@@ -39,10 +39,10 @@ backward 2(cp−1) sends of K/V and 2·cp of dK/dV (cp hops, the last one home).
 
 `apply_context_parallel` swaps the plain GPT's pieces for these (the model holds
 no parallel code): the attention core for `RingAttention` (or, by ``cp_comm``,
-`AllGatherAttention` or `UlyssesAttention`: `minitp.rules.cp_comm`), the position
-embedding for `ContextParallelPositions` (each rank's global positions), the
-loss for `ContextParallelLoss` (the mean over every token of the cp group).
-The gradients of every parameter are then partial over cp — each rank saw its
+`AllGatherAttention`, its K/V kept or gathered again, or `UlyssesAttention`:
+`minitp.rules.cp_comm`), the position embedding for `ContextParallelPositions` (each
+rank's global positions), the loss for `ContextParallelLoss` (the mean over every token
+of the cp group). The gradients of every parameter are then partial over cp — each rank saw its
 tokens only — and are summed over dp×cp (`Mesh.dp_cp`) with the data-parallel
 ones, as Megatron folds cp into its data-parallel gradient group.
 
@@ -177,8 +177,9 @@ def _core_maker(cp_comm: str, axes):
     """The plan's maker of the attention core for `cp_comm` (`minitp.rules.CP_COMMS`)."""
     if cp_comm == "ring":
         return _ring
-    if cp_comm == "allgather":
-        return lambda m, cp, model: AllGatherAttention(cp, m.attention)
+    if cp_comm in ("allgather", "allgather-regather"):
+        regather = cp_comm == "allgather-regather"
+        return lambda m, cp, model: AllGatherAttention(cp, m.attention, regather)
     group, ring = axes  # a2a: (cp, one rank); a2a+ring: `hybrid_axes`
     return lambda m, cp, model: UlyssesAttention(group, m, ring)
 
@@ -186,9 +187,9 @@ def _core_maker(cp_comm: str, axes):
 def apply_context_parallel(model: nn.Module, cp: Axis, cp_comm: str = "ring",
                            axes: tuple[Axis, Axis] | None = None) -> None:
     """Make `model` (a GPT, after tensor parallelism; changed in place) run on this cp
-    rank's part of the sequence, its attention by `cp_comm` ("ring", "allgather", "a2a",
-    "a2a+ring"; the last two need `axes`, the all-to-all group and the ring:
-    `attention_axes`). Nothing to do on an axis of one rank."""
+    rank's part of the sequence, its attention by `cp_comm` ("ring", "allgather",
+    "allgather-regather", "a2a", "a2a+ring"; the last two need `axes`, the all-to-all group
+    and the ring: `attention_axes`). Nothing to do on an axis of one rank."""
     if cp.size > 1:
         rotary = model.cfg.positions == "rope"  # positions inside attention, not in wpe
         plan = [(pattern, _core_maker(cp_comm, axes) if pattern.endswith("core") else make)

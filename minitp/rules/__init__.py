@@ -12,8 +12,8 @@ axes, the calculator, the runtime and the CLI alike.
   packing's refusal;
 * `loss_chunks`: how many tokens' logits the loss widens to float32 at once;
 * `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL;
-* `cp_comm`: context parallelism's attention variants (ring, allgather, a2a, a2a+ring) and
-  what each needs; `cp_bytes`: their byte MODEL.
+* `cp_comm`: context parallelism's attention variants (ring, allgather, a2a, a2a+ring,
+  allgather-regather) and what each needs; `cp_bytes`: their byte MODEL.
 """
 
 from .cp_bytes import (

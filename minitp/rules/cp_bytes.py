@@ -10,6 +10,8 @@ the output O) is q = rows·(seq_len/cp)·heads·head_dim·w bytes, of K (or V) k
   hops); backward 2(R−1)·m again and 2R·m of dK/dV (R hops, the last one home);
 * allgather: forward the all-gather of K and V, (cp−1)/cp of cp·kv each: 2(cp−1)·kv;
   backward the reduce-scatter of their gradients, the same 2(cp−1)·kv;
+* allgather-regather: the same, and backward gathers K and V again first: 2(cp−1)·kv
+  forward, 4(cp−1)·kv backward;
 * a2a over U ranks: forward all-to-alls of Q, K, V in and O out, each sending (U−1)/U of
   this rank's tensor; backward dO in and dQ, dK, dV out, the same four. K and V go as
   kv_heads heads where U divides them, else widened to U heads first (one copy each:
@@ -41,8 +43,9 @@ def cp_attention_bytes(cp_comm: str, *, rows: int, seq_len: int, heads: int, kv_
     if cp == 1:
         return {"fwd": 0, "bwd": 0}
     local = rows * (seq_len // cp) * head_dim * bytes_per_value  # one head of this rank
-    if cp_comm == "allgather":
-        return {"fwd": 2 * (cp - 1) * kv_heads * local, "bwd": 2 * (cp - 1) * kv_heads * local}
+    if cp_comm in ("allgather", "allgather-regather"):
+        gather = 2 * (cp - 1) * kv_heads * local  # K and V to the cp−1 others (or dK, dV back)
+        return {"fwd": gather, "bwd": gather * (2 if cp_comm == "allgather-regather" else 1)}
     u = ulysses_size(cp_comm, cp, cp_a2a_size)
     sent_kv = kv_heads if kv_heads % u == 0 else u  # "replicated": widened to u heads
     a2a = (u - 1) * (2 * heads + 2 * sent_kv) * local // u  # Q, K, V in; O out (or dO; dQ, dK, dV)

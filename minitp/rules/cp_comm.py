@@ -2,9 +2,16 @@
 takes, and what each needs of the mesh and the heads. Megatron-LM's
 ``--cp-comm-type p2p|a2a|allgather|a2a+p2p`` (megatron/training/arguments.py) names the
 same four; its hierarchical sizes put the all-to-all on adjacent ranks, as here.
+Megatron's ``allgather`` runs TransformerEngine's ``AttnFuncWithCPAndKVAllGather``, which is
+minitp's "allgather-regather"; minitp's "allgather" keeps what it gathered instead.
 
 * "ring": K and V travel the cp ring, one rank's block per step (`context_parallel.ring`);
-* "allgather": K and V gathered once over cp, their gradients reduce-scattered back;
+* "allgather": K and V gathered once over cp, their gradients reduce-scattered back; the
+  gathered K and V are kept for backward (whole s);
+* "allgather-regather": the same, but only the rank's own K and V are kept and they are
+  gathered again in backward (TransformerEngine's ``AttnFuncWithCPAndKVAllGather``, in
+  transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): 1.5 times
+  the bytes, 1/cp of the K and V kept;
 * "a2a": Ulysses (DeepSpeed's ``ulysses_sp.py``): an all-to-all trades the sequence split
   for a head split, attention runs whole on 1/cp of the heads, an all-to-all trades back;
 * "a2a+ring": USP's hybrid — the all-to-all inside groups of `cp_a2a_size` consecutive cp
@@ -16,13 +23,13 @@ from __future__ import annotations
 from .heads import check_ulysses_heads
 from .sizes import check_positive_int
 
-CP_COMMS = ("ring", "allgather", "a2a", "a2a+ring")
+CP_COMMS = ("ring", "allgather", "a2a", "a2a+ring", "allgather-regather")
 NO_CP = "without context parallelism no attention is split"
 
 
 def ulysses_size(cp_comm: str, cp: int, cp_a2a_size: int | None = None) -> int:
     """How many ranks one all-to-all spans: cp for "a2a", cp_a2a_size for "a2a+ring", one
-    (no all-to-all) for "ring" and "allgather"."""
+    (no all-to-all) for the ring and the all-gathers."""
     if cp_comm == "a2a":
         return cp
     return cp_a2a_size if cp_comm == "a2a+ring" else 1

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="context parallelism's attention (needs --cp > 1): ring (K/V passed round the cp "
            "ranks, default), allgather (K/V gathered once), a2a (Ulysses: an all-to-all "
            "trades the sequence split for a head split), a2a+ring (the all-to-all inside "
-           "groups of --cp-a2a-size ranks, the ring across them)")
+           "groups of --cp-a2a-size ranks, the ring across them), allgather-regather "
+           "(K/V gathered again in backward: TransformerEngine's)")
     a("--cp-a2a-size", type=int, default=None, metavar="U",
       help="--cp-comm a2a+ring's all-to-all group: U consecutive cp ranks (U divides --cp "
            "and the heads)")

@@ -46,6 +46,8 @@ def test_each_variant_sends_its_collectives_bytes():
     assert head == 512
     # all-gather K and V (8 heads each; 3 of 4 shares leave), reduce-scatter dK, dV back
     assert calc.cp_comm_bytes(cfg, b, cp, cp_comm="allgather") == 2 * (2 * 3 * 8 * head)
+    # TransformerEngine's: K and V all-gathered again in backward, before the reduce-scatter
+    assert calc.cp_comm_bytes(cfg, b, cp, cp_comm="allgather-regather") == 3 * (2 * 3 * 8 * head)
     # eight all-to-alls (Q, K, V, O; dO, dQ, dK, dV), 3/4 of 8 heads each
     assert calc.cp_comm_bytes(cfg, b, cp, cp_comm="a2a") == 8 * 6 * head
     # over 2: eight all-to-alls of half of 8 heads; then a ring of 2 holding 4 heads at
@@ -64,7 +66,7 @@ def test_the_all_gather_keeps_k_and_v_whole_and_ulysses_the_rings_count():
                for comm in mt.rules.CP_COMMS}
         k_and_v = 4 * s * b * h // tp  # 16-bit K and V of this rank's heads, whole s
         assert per["allgather"] - per["ring"] == k_and_v - k_and_v // cp
-        assert per["a2a"] == per["a2a+ring"] == per["ring"]
+        assert per["a2a"] == per["a2a+ring"] == per["allgather-regather"] == per["ring"]
         for recompute in ("selective", "full"):  # the attention reruns: local inputs only
             kept = {calc.activation_bytes_per_layer(cfg, b, tp, cp=cp, cp_comm=comm,
                                                     recompute=recompute)
@@ -163,6 +165,7 @@ def test_the_crossover_on_a_case_computed_by_hand():
     times = calc.cp_crossover(calc.A100_80GB, seq_len=8192, cp=4, heads=32, head_dim=128)
     assert times["ring"] == pytest.approx(20 * (alpha + kv / beta))  # 2(3·4−2) sends
     assert times["allgather"] == pytest.approx(12 * alpha + 12 * kv / beta)  # 4 of 3 steps
+    assert times["allgather-regather"] == pytest.approx(18 * alpha + 18 * kv / beta)  # 6 of 3
     assert times["a2a"] == pytest.approx(24 * alpha + 8 * 0.75 * kv / beta)  # 8 of 3 messages
     assert times["refused"] == {}
     assert times["a2a"] < times["allgather"] < times["ring"]
@@ -180,14 +183,15 @@ def test_the_planner_tries_the_ring_alone_at_cp_1():
 
 def test_the_planner_tries_each_variant_the_heads_allow():
     assert calc.cp_variants(4) == [("ring", None), ("allgather", None), ("a2a", None),
-                                   ("a2a+ring", 2)]
+                                   ("a2a+ring", 2), ("allgather-regather", None)]
     kw = dict(global_batch=8, n_gpus=8, cp=4, micro_batches=(1,), recompute=(None,))
     tried = {(c.cp_comm, c.cp_a2a_size) for c in calc.plan(gpt(), calc.A100_80GB,
                                                            **kw).candidates}
     assert tried == set(calc.cp_variants(4))
     # 6 heads: no all-to-all over 4; over 2 only where tp leaves an even count (tp 1)
     found = calc.plan(gpt(n_head=6, d_model=48), calc.A100_80GB, **kw)
-    assert {c.cp_comm for c in found.candidates} == {"ring", "allgather", "a2a+ring"}
+    assert {c.cp_comm for c in found.candidates} == {"ring", "allgather", "a2a+ring",
+                                                     "allgather-regather"}
     assert all(c.tp == 1 for c in found.candidates if c.cp_comm == "a2a+ring")
     best = found.best
     assert best.time.total == calc.step_time(
@@ -200,7 +204,7 @@ def test_every_configuration_lists_the_variants_at_cp_above_1():
 
     every = every_configuration(gpt(n_head=6, d_model=48), calc.A100_80GB, 8, 8,
                                 memory_cap=80 * 2**30, cp=4)
-    assert {c.cp_comm for c in every} == {"ring", "allgather", "a2a+ring"}
+    assert {c.cp_comm for c in every} == {"ring", "allgather", "a2a+ring", "allgather-regather"}
     assert all(c.dp * c.pp * c.tp * 4 == 8 for c in every)
     assert len({c.key() for c in every}) == len(every)
 
@@ -217,6 +221,10 @@ def test_the_core_model_counts_each_cores_terms_by_hand():
     assert core("ring") == (4 * 256 + 64, 3 * 64 + 9 * 256)
     assert core("allgather") == (256 + 4 * 256 + 512 + 32 + 8, 2 * 512 + 256 + 4 * 256)
     assert core("a2a") == (3 * 256 + 512 + 64 + 8, 2 * 512 + 3 * 256)
+    # its own Q, K, V (and the scale) kept; backward rebuilds the kept all-gather's K, V,
+    # probabilities and mask rows
+    assert core("allgather-regather") == (3 * 256 + 8, 4 * 256 + 512 + 32 + 2 * 512 + 256
+                                          + 4 * 256)
     # cp 4 as 2 x 2: the ring of 2 on 1 head at 8 positions a rank: blocks of 4 x 4
     assert core("a2a+ring", seq_len=16, cp=4, cp_a2a_size=2) == (
         4 * 256 + 64, 3 * 128 + 9 * 256 + 3 * 256)

@@ -1,5 +1,6 @@
-"""Context parallelism's other attentions — all-gather, Ulysses (a2a) and the hybrid
-(a2a+ring) — equal one device, and send what their byte model says.
+"""Context parallelism's other attentions — all-gather (its K/V kept, or gathered again in
+backward: TransformerEngine's), Ulysses (a2a) and the hybrid (a2a+ring) — equal one
+device, and send what their byte model says.
 
 * the rules: what each refuses, in one line (no processes);
 * the hybrid's chunk order (no processes): the U ranks' chunks, put in ring order, are the
@@ -15,7 +16,8 @@
   parameter after 3 AdamW steps, float64 to 1e-10 — with tp (and SP), with pp and with
   recomputation in the mix for some — and its trace's cp bytes, the formula's;
 * what each attention core keeps for backward (the ledger, measured) beside a formula:
-  the ring 1/cp of Q, K, V; the all-gather K and V whole; Ulysses 1/cp of the heads.
+  the ring 1/cp of Q, K, V; the all-gather K and V whole (gathered again: its own Q, K, V
+  alone); Ulysses 1/cp of the heads.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ def _bytes_by_hand(comm, rows, seq, heads, kv, dim, cp, u, w):
         return 2 * (cp - 1) * m, 2 * (cp - 1) * m + 2 * cp * m
     if comm == "allgather":  # all-gather K and V: each rank sends its share to cp−1 others
         return 2 * (cp - 1) * kv * per_head, 2 * (cp - 1) * kv * per_head  # bwd: reduce-scatter
+    if comm == "allgather-regather":  # bwd: the all-gather again, then the reduce-scatter
+        return 2 * (cp - 1) * kv * per_head, 4 * (cp - 1) * kv * per_head
     u = cp if comm == "a2a" else u
     sent_kv = kv if kv % u == 0 else u
     q_like = heads * per_head * (u - 1) // u  # Q (O, dO, dQ): all but 1/u of it leaves
@@ -123,6 +127,7 @@ def _bytes_by_hand(comm, rows, seq, heads, kv, dim, cp, u, w):
 
 def test_the_byte_model_is_the_formula_and_the_ring_is_calcs():
     for comm, cp, u in (("ring", 4, None), ("allgather", 4, None), ("a2a", 4, None),
+                        ("allgather-regather", 4, None),
                         ("a2a+ring", 4, 2), ("a2a+ring", 8, 2), ("a2a", 2, None)):
         for kv in (4, 2, 1):
             model = cp_attention_bytes(comm, rows=2, seq_len=64, heads=4, kv_heads=kv,
@@ -146,7 +151,7 @@ def test_the_byte_model_is_the_formula_and_the_ring_is_calcs():
 # --------------------------------------------------------------------------- attention alone
 # the hybrid at its ends too: an all-to-all over one rank (the ring) and over all of cp (a2a)
 VARIANTS = [("ring", None), ("allgather", None), ("a2a", None), ("a2a+ring", 1),
-            ("a2a+ring", 2), ("a2a+ring", 4)]
+            ("a2a+ring", 2), ("a2a+ring", 4), ("allgather-regather", None)]
 B, H, T, D = 2, 4, 128, 32  # one all-to-all row at cp 4: 2·1·32·32 float64 values, 16 KiB
 
 
@@ -175,8 +180,8 @@ def _attention_alone():
                 before = len(mt.trace.events())
                 if comm == "ring":
                     y = cpar.ring_attention(*mine, cp)
-                elif comm == "allgather":
-                    y = cpar.allgather_attention(*mine, cp)
+                elif comm.startswith("allgather"):
+                    y = cpar.allgather_attention(*mine, cp, regather=comm != "allgather")
                 else:
                     y = cpar.UlyssesAttention(axes[0], AttentionCore(0.0), axes[1])(*mine)
                 y.backward(cpar.split_sequence(g, cp, dim=2))
@@ -201,7 +206,7 @@ def alone():
     """Every rank's results of `_attention_alone`, one launch for the three tests below."""
     run = mt.launch(_attention_alone, 4, timeout=120)
     for result in run:
-        assert len(result) == 5 * 3 + 6 * 3, sorted(result)  # hybrid over 4: cp 4 only
+        assert len(result) == 6 * 3 + 7 * 3, sorted(result)  # hybrid over 4: cp 4 only
     return [(rank, key, *value) for rank, result in enumerate(run)
             for key, value in result.items()]
 
@@ -230,14 +235,15 @@ def test_the_collectives_measured_bytes_are_their_model(alone):
     """The all-gather's and the all-to-all's bytes as the kernel counted them (the ring's
     sends overlap, so no window of theirs is measured alone: `io_counters.Window`)."""
     for rank, (cp, comm, u, kv), _, sent in alone:
-        if comm not in ("allgather", "a2a"):
+        if comm not in ("allgather", "allgather-regather", "a2a"):
             continue
         if None in (sent["fwd"][1], sent["bwd"][1]):
             pytest.skip("the ranks ran on GPUs: NCCL's bytes are not the process's writes")
         fwd, bwd = _bytes_by_hand(comm, B, T, H, kv, D, cp, u, 8)
         # gloo's reduce-scatter is no ring: it sends an all-reduce's bytes, twice the ring
         # model (tests/runtime/test_wire_bytes.py); NCCL's would send the model
-        on_gloo = 2 * bwd if comm == "allgather" else bwd
+        reduce_scatter = fwd if comm.startswith("allgather") else 0  # dK, dV: K, V's bytes
+        on_gloo = bwd + reduce_scatter
         for phase, expected in (("fwd", fwd), ("bwd", on_gloo)):
             measured = sent[phase][1]  # gloo adds a few dozen header bytes a message
             assert expected <= measured <= 1.02 * expected, (
@@ -307,12 +313,15 @@ CONFIGS = {
             ({"cp": 2}, LLAMA, {"cp_comm": "allgather", "recompute": "selective"}, 2),
             ({"cp": 2}, {**LLAMA, "n_kv_head": 1}, {"cp_comm": "a2a"}, 1),  # K/V replicated
             ({"cp": 2}, {**GPT2, "attention": "sdpa"}, {"cp_comm": "allgather"}, 1),
-            ({"cp": 2}, {**LLAMA, "attention": "sdpa"}, {"cp_comm": "a2a"}, 1)],
+            ({"cp": 2}, {**LLAMA, "attention": "sdpa"}, {"cp_comm": "a2a"}, 1),
+            ({"cp": 2}, LLAMA, {"cp_comm": "allgather-regather"}, 2)],
     "cp4": [({"cp": 4}, LLAMA, {"cp_comm": "a2a", "recompute": "full"}, 1),  # 2 K/V over 4
             ({"cp": 4}, GPT2, {"cp_comm": "allgather"}, 1),
             ({"cp": 4}, LLAMA, {"cp_comm": "a2a+ring", "cp_a2a_size": 2}, 1)],
     "cp_tp": [({"cp": 2, "tp": 2}, GPT2, {"cp_comm": "a2a", "sequence_parallel": True}, 1),
               ({"cp": 2, "tp": 2}, LLAMA, {"cp_comm": "allgather"}, 1),
+              ({"cp": 2, "tp": 2}, GPT2, {"cp_comm": "allgather-regather",
+                                          "sequence_parallel": True}, 1),
               # one K/V head a tp rank (split over tp), copied to both all-to-all ranks
               ({"cp": 2, "tp": 2}, LLAMA, {"cp_comm": "a2a"}, 1),
               # one K/V head in all: replicated over tp, then over the all-to-all
@@ -341,7 +350,7 @@ def _core_bytes():
     out = {}
     for sizes in ({"dp": 4}, {"dp": 2, "cp": 2}, {"cp": 4}):
         mesh = mt.Mesh(**sizes)
-        for comm in ("ring", "allgather", "a2a"):
+        for comm in ("ring", "allgather", "a2a", "allgather-regather"):
             torch.manual_seed(0)
             cfg = mt.GPTConfig(**{**GPT2, "seq_len": 32})
             model = mt.GPT(cfg).to(device=mt.device(), dtype=torch.float64)
@@ -369,6 +378,9 @@ def test_what_each_attention_keeps_for_backward():
                 "allgather": qkv // 3 // cp + 2 * qkv // 3 + probs // cp + mask // cp + 8,
                 # whole sequences of h/cp heads: 1/cp of everything but the s×s mask
                 "a2a": (qkv + probs) // cp + mask + 8,
+                # checkpointed: its inputs alone, Q, K, V at s/cp (one storage), and
+                # the scale
+                "allgather-regather": qkv // cp + 8,
             }
             for comm, expected in keeps.items():
                 assert result[(cp, comm)] == expected, (cp, comm, result[(cp, comm)], expected)

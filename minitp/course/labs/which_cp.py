@@ -1,5 +1,6 @@
-"""Lab: which context parallelism — the ring, the all-gather, Ulysses' all-to-all and the
-hybrid, side by side on one sequence (lesson 10).
+"""Lab: which context parallelism — the ring, the all-gather (its K and V kept, or gathered
+again in backward as TransformerEngine does), Ulysses' all-to-all and the hybrid, side by
+side on one sequence (lesson 10).
 
 `side_by_side`: one launch of 4 ranks, ``Mesh(cp=4)``. For each variant the same plain GPT
 (float64) is made context-parallel with `mt.parallelize(cp_comm=...)` and takes one training
@@ -30,7 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-VARIANTS = (("ring", None), ("allgather", None), ("a2a", None), ("a2a+ring", 2))
+# TransformerEngine's all-gather ("allgather-regather") last: the first four keep their places
+VARIANTS = (("ring", None), ("allgather", None), ("a2a", None), ("a2a+ring", 2),
+            ("allgather-regather", None))
 # The labels the attention variants give their collectives (minitp.context_parallel)
 ATTENTION_LABELS = ("ring K/V", "ring dK/dV", "allgather K/V", "a2a Q/K/V", "a2a O")
 MEASURABLE = ("all_gather", "reduce_scatter", "all_to_all")  # not overlapped: counted alone
@@ -40,7 +43,7 @@ MEASURABLE = ("all_gather", "reduce_scatter", "all_to_all")  # not overlapped: c
 class VariantRun:
     """One variant on one rank."""
 
-    name: str  # "ring", "allgather", "a2a", "a2a+ring (U=2)"
+    name: str  # "ring", "allgather", "a2a", "a2a+ring (U=2)", "allgather-regather"
     loss_error: float  # |loss - the plain GPT's|, MEASURED
     grad_error: float  # the largest difference of any gradient, MEASURED
     model_bytes: dict  # phase -> bytes, the trace's model of each collective, summed

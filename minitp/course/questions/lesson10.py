@@ -1,6 +1,7 @@
 """Lesson 10's questions: the bytes Ulysses' all-to-alls send when tp has left fewer K/V
 heads than cp ranks, the ring's bytes over the all-to-all's, and which context
-parallelism sends least for a Llama 3 model at a given c."""
+parallelism, as Megatron-LM and TransformerEngine run them, sends least for a Llama 3 model
+at a given c."""
 
 from __future__ import annotations
 
@@ -141,24 +142,37 @@ def _a2a_trend(p, kv_sent) -> str:
             f"({share:.0%} of the all-to-alls' bytes here, a larger share as c grows).")
 
 
-CHOICES = {"a": ("ring", None), "b": ("allgather", None), "c": ("a2a", None),
+# Megatron-LM's four (--cp-comm-type p2p, allgather, a2a, a2a+p2p) as TransformerEngine
+# runs them: its all-gather gathers K and V again in backward, minitp's "allgather-regather"
+CHOICES = {"a": ("ring", None), "b": ("allgather-regather", None), "c": ("a2a", None),
            "d": ("a2a+ring", 2)}  # the hybrid's all-to-all over c/2 ranks (2: its ring)
 
 
 def _sent(p, letter):
     """MODEL: bytes one GPU sends per layer (fwd + bwd) with option `letter`."""
-    comm, ring = CHOICES[letter]
+    comm, ring = CHOICES[letter] if letter in CHOICES else (letter, None)
     b = cp_attention_bytes(comm, rows=1, seq_len=p["s"], heads=p["heads"], kv_heads=p["kv"],
                            head_dim=p["d"] // p["heads"], cp=p["c"],
                            cp_a2a_size=p["c"] // ring if ring else None)
     return b["fwd"] + b["bwd"]
 
 
+def _one_least(model, c) -> bool:
+    """Whether one option alone sends least (405B at c = 16 is a tie: the all-to-all over
+    16 copies its 8 K/V heads to 16, the hybrid's over 8 splits them, the same bytes)."""
+    name, heads, kv, d = model
+    p = {"heads": heads, "kv": kv, "d": d, "c": c, "s": 131072}
+    sent = sorted(_sent(p, letter) for letter in CHOICES)
+    return sent[0] < sent[1]
+
+
+DRAWS = [(model, c) for model in LLAMA3 for c in (4, 8, 16, 32) if _one_least(model, c)]
+
+
 def pick(seed=None) -> Question:
     def draw(rng):
-        name, heads, kv, d = rng.choice(LLAMA3)
-        return {"name": name, "heads": heads, "kv": kv, "d": d, "c": rng.choice((4, 8, 16, 32)),
-                "s": 131072}
+        (name, heads, kv, d), c = rng.choice(DRAWS)
+        return {"name": name, "heads": heads, "kv": kv, "d": d, "c": c, "s": 131072}
 
     def right(p):
         return min(CHOICES, key=lambda letter: _sent(p, letter))
@@ -166,21 +180,39 @@ def pick(seed=None) -> Question:
     def heads_worth(p, letter):  # in units of one head at s/c positions
         return _sent(p, letter) / (p["s"] // p["c"] * (p["d"] // p["heads"]) * 2)
 
+    def kept(p):  # minitp's all-gather that keeps K and V: 2/3 of (b)'s bytes
+        return heads_worth(p, "allgather")
+
+    def flip(p):
+        if kept(p) > min(heads_worth(p, letter) for letter in CHOICES):
+            return ""
+        if right(p) == "b":
+            return (" minitp's all-gather that keeps K and V (cp_comm='allgather') would send "
+                    f"less still: {kept(p):,.0f}.")
+        return (f" Had the all-gather kept its K and V (minitp's cp_comm='allgather', "
+                f"{kept(p):,.0f}), it would have sent least: the answer flips with the "
+                "accounting.")
+
     return Question(
         key="10.pick", seed=seed, draw=draw, kind="choice",
         text=lambda p: (f"{p['name']} ({p['heads']} query heads, {p['kv']} K/V heads) trains "
                         f"on s = {p['s']:,} tokens without tensor parallelism, over c = "
-                        f"{p['c']} context-parallel ranks. Which attention sends the fewest "
-                        "bytes per GPU and layer, forward and backward together? Answer 'a', "
-                        "'b', 'c' or 'd': (a) cp_comm='ring'; (b) cp_comm='allgather'; (c) "
-                        f"cp_comm='a2a'; (d) cp_comm='a2a+ring', cp_a2a_size={p['c'] // 2}."),
+                        f"{p['c']} context-parallel ranks, with Megatron-LM's attentions as "
+                        "TransformerEngine runs them. Which sends the fewest bytes per GPU "
+                        "and layer, forward and backward together? Answer 'a', 'b', 'c' or "
+                        "'d': (a) p2p, the ring (cp_comm='ring'); (b) allgather, K and V "
+                        "gathered again in backward (cp_comm='allgather-regather'); (c) a2a "
+                        f"(cp_comm='a2a'); (d) a2a+p2p (cp_comm='a2a+ring', cp_a2a_size="
+                        f"{p['c'] // 2})."),
         right=right,
         wrong=[
             Wrong(lambda p: "a", "the ring sends each K and V block 2(3c-2) times in all, "
-                                 "never fewer than the all-gather's 4(c-1)"),
+                                 "two more than the all-gather's 6(c-1) when it gathers "
+                                 "again in backward"),
             Wrong(lambda p: "c" if right(p) == "b" else "b",
-                  "compare the two at this c: the all-gather sends n_kv heads' worth 4(c-1) "
-                  "times, growing with c; the all-to-all sends 2(c-1)/c·(2h + 2n_kv), Q and O "
+                  "compare the two at this c: this all-gather sends n_kv heads' worth 6(c-1) "
+                  "times (forward, again in backward, and the gradients' reduce-scatter), "
+                  "growing with c; the all-to-all sends 2(c-1)/c·(2h + 2n_kv), Q and O "
                   "included and K/V copied to c heads where c exceeds them, falling with c"),
             Wrong(lambda p: "d", "the hybrid sends the all-to-all's Q and O over its U ranks "
                                  "and adds a ring of K and V over the c/U groups: at least "
@@ -190,11 +222,11 @@ def pick(seed=None) -> Question:
             "in units of one head at s/c positions (MODEL: `minitp.rules.cp_attention_bytes`): "
             + ", ".join(f"({letter}) {CHOICES[letter][0]} {heads_worth(p, letter):,.0f}"
                         for letter in CHOICES)
-            + f": ({right(p)}) sends least. The all-gather's 4(c-1)·n_kv grows with c; the "
-            "all-to-all's 2(c-1)/c·(2h + 2n_kv) tends to a constant (K/V copied to c heads "
-            "once c exceeds them): the more ranks, the better the all-to-all, and the more "
-            "query heads per K/V head, the later it wins. Bytes are not all: the all-gather "
-            "keeps K and V whole, and the ring hides its sends behind compute."),
+            + f": ({right(p)}) sends least.{flip(p)} The all-gather's 6(c-1)·n_kv grows "
+            "with c; the all-to-all's 2(c-1)/c·(2h + 2n_kv) tends to a constant (K/V copied "
+            "to c heads once c exceeds them): the more ranks, the better the all-to-all, and "
+            "the more query heads per K/V head, the later it wins. Bytes are not all: the "
+            "ring hides its sends behind attention's compute, the others are paid whole."),
     )
 
 

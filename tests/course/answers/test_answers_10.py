@@ -36,9 +36,10 @@ def _ring_sent(kv_heads, c):
     return kv_heads * (2 * (c - 1) + 2 * (c - 1) + 2 * c)
 
 
-def _allgather_sent(kv_heads, c):
-    """K and V to the c-1 others forward; their gradients' reduce-scatter backward."""
-    return kv_heads * (2 * (c - 1) + 2 * (c - 1))
+def _allgather_sent(kv_heads, c, again=False):
+    """K and V to the c-1 others forward; their gradients' reduce-scatter backward; with
+    `again` (TransformerEngine's), K and V gathered a second time in backward first."""
+    return kv_heads * (2 * (c - 1) + 2 * (c - 1) + (2 * (c - 1) if again else 0))
 
 
 def _runs_a2a(heads, kv, tp, u):
@@ -81,18 +82,39 @@ def test_09_ring_over_a2a_worked_answer_keeps_copied_kv_from_falling():
             share = 4 * kv * (c - 1) / c / _a2a_sent(p["heads"], kv, c)
             assert f"({share:.0%} of the all-to-alls' bytes here" in worked, worked
 
+def _pick_sent(p):
+    """Heads' worth each option sends: (b) is the all-gather as TransformerEngine runs it."""
+    heads, kv, c = p["heads"], p["kv"], p["c"]  # no tensor parallelism
+    sent = {"a": _ring_sent(kv, c), "b": _allgather_sent(kv, c, again=True)}
+    if _runs_a2a(heads, kv, 1, c):
+        sent["c"] = _a2a_sent(heads, _kv_sent(kv, c), c)
+    u = c // 2
+    if _runs_a2a(heads, kv, 1, u):  # the all-to-all over U, then a ring of c/U groups
+        kv_u = _kv_sent(kv, u)
+        # the ring's blocks: kv_u/U heads at U·s/c positions = kv_u heads' worth
+        sent["d"] = _a2a_sent(heads, kv_u, u) + _ring_sent(kv_u, c // u)
+    return sent
+
+
 def test_09_pick_is_the_fewest_bytes_among_what_runs():
     for _, p, right in asked("10.pick"):
-        heads, kv, c = p["heads"], p["kv"], p["c"]  # no tensor parallelism
-        sent = {"a": _ring_sent(kv, c), "b": _allgather_sent(kv, c)}
-        if _runs_a2a(heads, kv, 1, c):
-            sent["c"] = _a2a_sent(heads, _kv_sent(kv, c), c)
-        u = c // 2
-        if _runs_a2a(heads, kv, 1, u):  # the all-to-all over U, then a ring of c/U groups
-            kv_u = _kv_sent(kv, u)
-            # the ring's blocks: kv_u/U heads at U·s/c positions = kv_u heads' worth
-            sent["d"] = _a2a_sent(heads, kv_u, u) + _ring_sent(kv_u, c // u)
+        sent = _pick_sent(p)
         best = min(sent.values())
         assert [k for k, v in sent.items() if v == best] == [right], (p, sent)
     answers = {right for _, _, right in asked("10.pick")}
     assert answers == {"b", "c"}, answers  # the numbers decide, not the question
+
+
+def test_09_pick_worked_answer_says_when_the_kept_all_gather_flips_it():
+    # minitp's all-gather that keeps K and V sends 2/3 of (b)'s: below every option for
+    # some draws (Llama 3 70B at c = 8: 896 MiB against the all-to-all's 1,008)
+    flipped = 0
+    for q, p, right in asked("10.pick"):
+        sent, worked = _pick_sent(p), q.worked(p)
+        kept = _allgather_sent(p["kv"], p["c"])
+        below = kept < min(sent.values())
+        assert ("the answer flips" in worked) == (below and right != "b"), (p, worked)
+        assert ("would send less still" in worked) == (below and right == "b"), (p, worked)
+        assert f"({right}) sends least" in worked, worked
+        flipped += below and right != "b"
+    assert flipped, "no draw where the accounting decides"
