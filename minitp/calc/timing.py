@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, check_zero_bubble
 from .cluster import Cluster
 from .comm import tp_collectives_per_layer
-from .context_parallel import cp_layer_seconds
+from .cp_overlap import cp_exposed_seconds
 from .flops import bubble as bubble_fraction
 from .flops import flops_per_iteration
 from .params import params_per_rank
@@ -98,8 +98,11 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       `minitp.calc.cp_comm_bytes`'): the ring's 2(3c−2) sends of one rank's K or V
       (its K/V heads only, under GQA), the all-gather's 4(c−1) steps (6(c−1) gathering
       again), the all-to-all's
-      8(U−1) messages a rank (inside tp·U ranks; "a2a+ring": then the ring over c/U),
-      none hidden behind compute (minitp's ring overlaps them: an upper bound);
+      8(U−1) messages a rank (inside tp·U ranks; "a2a+ring": then the ring over c/U);
+      what the step waits for of them: the ring's hide behind (c−1)/c of attention's
+      compute, the all-gathers' and all-to-alls' are exposed
+      (`minitp.calc.cp_overlap.cp_exposed_seconds`, so a plan ranks the variants as
+      lesson 10 does once communication hides);
       each rank then holds s/c tokens, so the tp and pp messages are 1/c the
       size and the gradients are all-reduced over dp·cp;
     * bubble: (p−1)/(v·m) × the stage's busy time per iteration (compute, tp, pp);
@@ -125,10 +128,10 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
         send = cluster.collective_seconds("send", activation / (tp if sp else 1), 2,
                                           span=tp * cp * dp * pp)
         pp_time = 2 * m * virtual * send
-    cp_time = m * (cfg.n_layer // pp) * cp_layer_seconds(
+    cp_time = m * (cfg.n_layer // pp) * cp_exposed_seconds(
         cluster, cp_comm, rows=micro_batch, seq_len=cfg.seq_len, heads=cfg.n_head,
         kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, cp=cp, tp=tp, cp_a2a_size=cp_a2a_size,
-        bytes_per_value=bytes_per_value)
+        bytes_per_value=bytes_per_value, efficiency=efficiency)["exposed"]
     grads = dp * cp  # the group the gradients are summed (and ZeRO shards) over
     gradients = params_per_rank(cfg, tp, pp) * grad_bytes
     dp_time = cluster.collective_seconds("all_reduce", gradients, grads, span=tp * cp * dp)
