@@ -166,7 +166,10 @@ def _one_least(model, c) -> bool:
     return sent[0] < sent[1]
 
 
-DRAWS = [(model, c) for model in LLAMA3 for c in (4, 8, 16, 32) if _one_least(model, c)]
+# 70B is left out: the lesson's table prints its bytes per GPU at every c, so a 70B draw
+# would be a lookup; 8B and 405B must be worked out from the variants' rules.
+DRAWS = [(model, c) for model in LLAMA3 for c in (4, 8, 16, 32)
+         if "70B" not in model[0] and _one_least(model, c)]
 
 
 def pick(seed=None) -> Question:
