@@ -27,6 +27,7 @@ collectives' bytes and time per level, hierarchical all-reduce, FSDP against HSD
 across node boundaries, the level each axis lands on), `context_parallel` (context
 parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
 messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s),
+`muon` (Muon's model-state bytes under ZeRO, and what each distributed strategy sends),
 `checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
 rate and the save's bytes).
 """
@@ -100,6 +101,7 @@ from .moe import (
     moe_step_time,
     node_limited_bytes,
 )
+from .muon import MUON_OPTIMIZERS, muon_comm_bytes, muon_state_bytes
 from .params import (
     exact_param_count,
     expert_params_per_stage,
@@ -165,7 +167,7 @@ __all__ = [
     "cp_variants", "kv_heads_per_tp_rank",
     "LLAMA3_405B", "FailureRecord", "SavePlan", "daly_interval", "expected_seconds",
     "failure_rate", "job_mtbf_seconds", "lost_fraction", "save_plan", "save_seconds",
-    "young_interval",
+    "young_interval", "MUON_OPTIMIZERS", "muon_comm_bytes", "muon_state_bytes",
     "B200_180GB", "B200_XDR", "DPStep", "LevelCost", "axis_levels", "collective",
     "crossing_ratio", "dp_step",
     "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "critical_batch",

@@ -1,0 +1,111 @@
+"""Muon over a parallel model equals one device's Muon (Muon for the linear weights, AdamW
+for the rest) in float64: every strategy on sampled meshes, ZeRO 0-3, tp ± SP, pp, a 3D
+mesh; the loss of every step and every parameter after 3 steps to 1e-10. One launch per
+world size runs all of its settings. The same runs count what each rank sent for Muon (the
+trace's bytes, beside `mt.calc.muon_comm_bytes`, a MODEL) and the Newton–Schulz FLOPs each
+rank ran (duplicated under gather, spread under owner).
+
+Not covered here: ep (expert banks are 3-D, stepped by AdamW; no Muon matrix is an expert's),
+cp (its dp×cp group is the same code path as dp), bf16 (refused).
+"""
+
+import functools
+
+import pytest
+import torch
+from helpers import random_batches, train_side_by_side
+
+import minitp as mt
+
+TOLERANCE = 1e-10
+CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
+OPTIONS = dict(lr=0.02, weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01)
+
+# (mesh sizes, ZeRO stage, sequence parallel, strategy): sampled, one launch per world
+SETTINGS = {
+    2: [(dict(dp=2), 0, False, "owner"), (dict(dp=2), 1, False, "gather"),
+        (dict(dp=2), 1, False, "owner"), (dict(dp=2), 3, False, "gather"),
+        (dict(dp=2), 3, False, "owner"), (dict(tp=2), 0, False, "gather"),
+        (dict(tp=2), 0, True, "tp"), (dict(tp=2), 0, True, "owner"),
+        (dict(pp=2), 1, False, "owner")],
+    4: [(dict(dp=2, tp=2), 2, True, "tp"), (dict(dp=2, tp=2), 1, False, "owner"),
+        (dict(dp=2, tp=2), 3, True, "gather")],
+    8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp")],
+}
+
+
+def _train(settings):
+    """On every rank, per setting: (loss error, (parameter error, name), Newton–Schulz
+    FLOPs of the last step, Muon's bytes sent in the last step (trace MODEL), the whole
+    matrices of this rank's stage as (rows, cols, split_dim[, elements each dp rank holds]))."""
+    from minitp.optim import muon_with_adamw
+
+    out = []
+    for sizes, zero, sp, strategy in settings:
+        mesh = mt.Mesh(**sizes)
+        cfg = mt.GPTConfig(**CFG)
+        torch.manual_seed(0)
+        ref = mt.GPT(cfg).double()
+        model = mt.parallelize(ref, mesh, sequence_parallel=sp, zero_stage=zero)
+        opt = mt.make_optimizer(model, mesh, "muon", strategy=strategy, **OPTIONS)
+        sent = []
+
+        def count(step, events, sent=sent):
+            sent.append(sum(e.model_bytes for e in events if e.label.startswith("muon")))
+
+        pp = sizes.get("pp", 1)
+        loss_error, worst, _ = train_side_by_side(
+            ref, model, mesh, random_batches(3, cfg, 2 * pp * sizes.get("dp", 1)),
+            microbatches=pp, optimizers=(muon_with_adamw(ref, **OPTIONS), opt),
+            after_step=count)
+        inner = getattr(opt, "inner", opt)
+        shapes = [(*p.dense_shape, p.split_dim) if p.ranges is None else
+                  (*p.dense_shape, p.split_dim, [b - a for a, b in p.ranges])
+                  for p in inner.pieces]
+        out.append((loss_error, worst, inner.ns_flops, sent[-1], shapes))
+    return out
+
+
+@functools.cache
+def _run(world):
+    return mt.launch(_train, world, SETTINGS[world], timeout=300)
+
+
+@pytest.mark.parametrize("world", sorted(SETTINGS))
+def test_every_strategy_equals_one_device_muon_float64(world):
+    for rank, results in enumerate(_run(world)):
+        for setting, (loss_error, (param_error, name), *_) in zip(SETTINGS[world], results,
+                                                                   strict=True):
+            where = f"rank {rank}, {setting}"
+            assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
+            assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"
+
+
+def _one_device_flops(shapes):
+    return sum(mt.optim.ns_flops(rows, cols) for rows, cols, *_ in shapes)
+
+
+def test_newton_schulz_work_duplicated_under_gather_spread_under_owner():
+    """dp 2 at ZeRO-1: gather runs every matrix on both ranks; owner splits them, the two
+    ranks' FLOPs adding up to one device's, neither rank doing all."""
+    run, settings = _run(2), SETTINGS[2]
+    gather, owner = settings.index((dict(dp=2), 1, False, "gather")), settings.index(
+        (dict(dp=2), 1, False, "owner"))
+    whole = _one_device_flops(run[0][gather][4])
+    assert [r[gather][2] for r in run] == [whole, whole]
+    assert sum(r[owner][2] for r in run) == whole
+    assert max(r[owner][2] for r in run) < whole
+
+
+def test_bytes_beside_the_model():
+    """What each strategy sent (the trace's ring MODEL, mean over ranks) equals
+    `calc.muon_comm_bytes`, given where ZeRO's shards cut each matrix."""
+    for world, settings in SETTINGS.items():
+        run = _run(world)
+        for i, (sizes, zero, _, strategy) in enumerate(settings):
+            measured = sum(r[i][3] for r in run) / len(run)
+            model = sum(mt.calc.muon_comm_bytes(r[i][4], strategy, sizes.get("dp", 1),
+                                                sizes.get("tp", 1), zero, bytes_per=8)["total"]
+                        for r in run) / len(run)
+            where = f"{sizes}, ZeRO-{zero}, {strategy}: {measured} bytes, model {model}"
+            assert measured == model, where
