@@ -24,13 +24,11 @@ OPTIONS = dict(lr=0.02, weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01
 # (mesh sizes, ZeRO stage, sequence parallel, strategy): sampled, one launch per world
 SETTINGS = {
     2: [(dict(dp=2), 0, False, "owner"), (dict(dp=2), 1, False, "gather"),
-        (dict(dp=2), 1, False, "owner"), (dict(dp=2), 3, False, "gather"),
-        (dict(dp=2), 3, False, "owner"), (dict(tp=2), 0, False, "gather"),
-        (dict(tp=2), 0, True, "tp"), (dict(tp=2), 0, True, "owner"),
+        (dict(dp=2), 1, False, "owner"), (dict(dp=2), 3, False, "owner"),
+        (dict(tp=2), 0, False, "gather"), (dict(tp=2), 0, True, "tp"),
         (dict(pp=2), 1, False, "owner")],
-    4: [(dict(dp=2, tp=2), 2, True, "tp"), (dict(dp=2, tp=2), 1, False, "owner"),
-        (dict(dp=2, tp=2), 3, True, "gather")],
-    8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp")],
+    8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp"), (dict(dp=2, pp=2, tp=2), 2, False, "owner"),
+        (dict(dp=2, pp=2, tp=2), 3, True, "gather")],
 }
 
 
