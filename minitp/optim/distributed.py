@@ -17,9 +17,19 @@ import torch
 
 from ..calc.muon import ns_flops
 from ..mixed_precision import is_mixed
+from ..rules import model_chunks
 from ..runtime.mesh import Axis, Mesh
-from .muon import MUON_DEFAULTS, apply_update, check_muon_options, momentum_input, split_options
-from .newton_schulz import newton_schulz, newton_schulz_tp
+from .muon import (
+    MUON_DEFAULTS,
+    apply_update,
+    check_muon_options,
+    check_qkv_split,
+    head_rows,
+    lr_shape,
+    momentum_input,
+    split_options,
+)
+from .newton_schulz import newton_schulz_blocks, newton_schulz_tp
 from .pieces import flat_pieces, module_paths, whole_pieces, zero_flats
 from .strategies import ORTHOGONALISE, STRATEGIES
 
@@ -58,9 +68,10 @@ class DistributedMuon:
                 "adamw": self.adamw.state_dict() if self.adamw else None}
 
     def ns(self, piece, dense: torch.Tensor) -> torch.Tensor:
-        g = self.group
-        self.ns_flops += ns_flops(*dense.shape, steps=g["ns_steps"])
-        return newton_schulz(dense, g["ns_coefficients"], g["ns_steps"], g["eps"], g["ns_dtype"])
+        g, rows = self.group, piece.block_rows or dense.shape[0]
+        self.ns_flops += ns_flops(rows, dense.shape[1], g["ns_steps"]) * (dense.shape[0] // rows)
+        return newton_schulz_blocks(dense, piece.block_rows, g["ns_coefficients"], g["ns_steps"],
+                                    g["eps"], g["ns_dtype"])
 
     def ns_tp(self, piece, block: torch.Tensor) -> torch.Tensor:
         g = self.group
@@ -83,7 +94,7 @@ class DistributedMuon:
         self.ns_flops = 0
         updates = ORTHOGONALISE[self.strategy](self, inputs)
         for piece, update in zip(self.pieces, updates, strict=True):
-            apply_update(piece.values(), update, g, piece.dense_shape)
+            apply_update(piece.values(), update, g, lr_shape(piece.dense_shape, piece.block_rows))
         for view, (shard, lo, hi) in zip(self.views, self.runs, strict=True):
             view.grad = shard.grad[lo:hi]
         if self.adamw is not None:
@@ -102,21 +113,25 @@ def check_muon(model, mesh: Mesh, strategy: str) -> None:
                         "build it in float32 or float64")
 
 
-def make_muon(model, mesh: Mesh, zero_optimizer=None, strategy: str = "gather", **options):
+def make_muon(model, mesh: Mesh, zero_optimizer=None, strategy: str = "gather",
+              qkv_split: str | None = None, **options):
     """Muon (hidden matrices) and AdamW (the rest) for a model from ``mt.parallelize``: a
     `DistributedMuon` over the parameters (ZeRO stage 0, `zero_optimizer` None), or put
     inside `zero_optimizer`, the ZeRO optimizer of the model's stage (1-3), in place of its
-    inner optimizer. Options: Muon's (`MUON_DEFAULTS`) and AdamW's prefixed ``adamw_``.
+    inner optimizer. Options: Muon's (`MUON_DEFAULTS`) and AdamW's prefixed ``adamw_``;
+    ``qkv_split="heads"``: the attention projections orthogonalised head by head.
     Called by ``mt.make_optimizer(model, mesh, "muon", strategy=..., **options)``."""
     check_muon(model, mesh, strategy)
+    check_qkv_split(qkv_split)
+    rows = {k: v for c in model_chunks(model) for k, v in head_rows(c).items()} if qkv_split else {}
     if zero_optimizer is None:
-        pieces, rest = whole_pieces(model, mesh.tp)
+        pieces, rest = whole_pieces(model, mesh.tp, rows)
         # the dp ranks all hold every matrix: gather has nothing to gather over dp, owner
         # still spreads the Newton–Schulz work over them
         return DistributedMuon(pieces, rest, mesh.dp_cp, mesh.tp, strategy, **options)
     paths, pieces, rest, axes = module_paths(model), [], [], {}
     for shard, axis, layout in zero_flats(model, zero_optimizer):
-        found, runs = flat_pieces(shard, axis, layout, mesh.tp, paths)
+        found, runs = flat_pieces(shard, axis, layout, mesh.tp, paths, rows)
         pieces += found
         rest += [(shard, lo, hi) for lo, hi in runs]
         axes.update({axis.ranks: axis} if found else {})

@@ -16,12 +16,13 @@ import torch
 import torch.nn as nn
 
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, adjusted_lr, newton_schulz
+from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, adjusted_lr, newton_schulz_blocks
 
 LINEARS = (nn.Linear, ColumnParallelLinear, RowParallelLinear)
 MUON_DEFAULTS = dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                      ns_coefficients=NS_COEFFICIENTS, eps=NS_EPS, ns_steps=NS_STEPS,
-                     adjust_lr_fn=None, ns_dtype=None)
+                     adjust_lr_fn=None, ns_dtype=None, block_rows=None)
+QKV_SPLITS = (None, "heads")
 
 
 def is_hidden_matrix(module: nn.Module, attr: str, shape) -> bool:
@@ -29,6 +30,15 @@ def is_hidden_matrix(module: nn.Module, attr: str, shape) -> bool:
     ZeRO-3 has emptied the parameter). Embeddings, the (tied) head, norms and biases are
     not: AdamW steps them."""
     return attr == "weight" and isinstance(module, LINEARS) and len(shape) == 2
+
+
+def head_rows(model: nn.Module) -> dict[int, int]:
+    """id(projection) -> head_dim for the attention projections whose output rows run head by
+    head (the GPT's fused ``qkv``; Llama's ``q`` and ``kv``): the blocks a per-head split
+    orthogonalises alone. Tensor parallelism splits them by whole heads, so a tp rank's
+    rows are whole blocks."""
+    return {id(child): m.head_dim for m in model.modules() if hasattr(m, "head_dim")
+            for name, child in m.named_children() if name in ("qkv", "q", "kv")}
 
 
 def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -57,6 +67,11 @@ def apply_update(param: torch.Tensor, update: torch.Tensor, group: dict, shape) 
     param.mul_(1 - group["lr"] * group["weight_decay"])
     param.add_(update.to(param.dtype), alpha=-adjusted_lr(group["lr"], group["adjust_lr_fn"],
                                                           shape))
+
+
+def lr_shape(shape, block_rows: int | None) -> tuple[int, int]:
+    """The shape torch's lr adjustment reads: the matrix's, or one block's under a split."""
+    return (block_rows, shape[1]) if block_rows else tuple(shape)
 
 
 def check_muon_options(options: dict) -> dict:
@@ -93,9 +108,9 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p.grad)
                 x = momentum_input(p.grad, state["momentum_buffer"], group["momentum"],
                                    group["nesterov"])
-                o = newton_schulz(x, group["ns_coefficients"], group["ns_steps"], group["eps"],
-                                  group["ns_dtype"])
-                apply_update(p, o, group, p.shape)
+                o = newton_schulz_blocks(x, group["block_rows"], group["ns_coefficients"],
+                                         group["ns_steps"], group["eps"], group["ns_dtype"])
+                apply_update(p, o, group, lr_shape(p.shape, group["block_rows"]))
 
 
 ADAMW_PREFIX = "adamw_"  # make_optimizer's AdamW options: adamw_lr=..., adamw_weight_decay=...
@@ -131,11 +146,24 @@ class Combined:
         return [o.state_dict() for o in self.optimizers]
 
 
-def muon_with_adamw(model: nn.Module, **options) -> Combined:
+def check_qkv_split(qkv_split) -> None:
+    if qkv_split not in QKV_SPLITS:
+        raise ValueError(f"qkv_split must be None (whole matrices) or 'heads', got {qkv_split!r}")
+
+
+def muon_with_adamw(model: nn.Module, qkv_split: str | None = None, **options) -> Combined:
     """One device: `Muon` over `model`'s hidden matrices, torch's AdamW over the rest
-    (options ``adamw_lr``, ``adamw_weight_decay``, ...; AdamW's lr defaults to Muon's)."""
+    (options ``adamw_lr``, ``adamw_weight_decay``, ...; AdamW's lr defaults to Muon's).
+    ``qkv_split="heads"``: the attention projections orthogonalised head by head."""
+    check_qkv_split(qkv_split)
     muon_options, adamw_options = split_options(options)
     matrices, rest = split_parameters(model)
     adamw_options.setdefault("lr", muon_options.get("lr", MUON_DEFAULTS["lr"]))
-    return Combined(Muon(matrices, **muon_options) if matrices else None,
-                    torch.optim.AdamW(rest, **adamw_options) if rest else None)
+    rows = head_rows(model) if qkv_split else {}
+    owner = {id(p): id(m) for m in model.modules() for p in m._parameters.values()}
+    groups = {}
+    for p in matrices:
+        groups.setdefault(rows.get(owner[id(p)]), []).append(p)
+    muon = Muon([{"params": ps, "block_rows": r} for r, ps in groups.items()],
+                **muon_options) if matrices else None
+    return Combined(muon, torch.optim.AdamW(rest, **adamw_options) if rest else None)

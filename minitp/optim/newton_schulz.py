@@ -61,6 +61,17 @@ def newton_schulz(g: torch.Tensor, coefficients=NS_COEFFICIENTS, steps: int = NS
     return x.T if tall else x
 
 
+def newton_schulz_blocks(g: torch.Tensor, block_rows: int | None, coefficients=NS_COEFFICIENTS,
+                         steps: int = NS_STEPS, eps: float = NS_EPS,
+                         dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`newton_schulz` of each block of `block_rows` rows alone (None: the whole `g`): the
+    per-head split of an attention projection whose rows run head by head ("Muon Split")."""
+    rows = block_rows or g.shape[0]
+    if g.shape[0] % rows:
+        raise ValueError(f"per-head split: {g.shape[0]} rows are not blocks of {rows}")
+    return torch.cat([newton_schulz(b, coefficients, steps, eps, dtype) for b in g.split(rows)])
+
+
 def newton_schulz_tp(local: torch.Tensor, split_dim: int, axis: Axis,
                      coefficients=NS_COEFFICIENTS, steps: int = NS_STEPS,
                      eps: float = NS_EPS) -> torch.Tensor:

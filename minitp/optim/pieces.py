@@ -37,6 +37,9 @@ class Piece:
     store: torch.Tensor
     lo: int
     hi: int
+    # per-head split: orthogonalised in blocks of this many rows, each a head's (whole on
+    # its tp rank, so such a piece counts as unsplit: no tp rank needs another's)
+    block_rows: int | None = None
 
     @property
     def numel(self) -> int:
@@ -50,6 +53,13 @@ class Piece:
 
     def grad(self) -> torch.Tensor:
         return self.store.grad.view(-1)[self.lo:self.hi]
+
+
+def _split(p, module, tp: Axis, rows: dict[int, int]):
+    """(tp split dim, block rows): a per-head-split projection is treated as unsplit."""
+    if id(module) in rows:
+        return None, rows[id(module)]
+    return (tag(p, "tp_split_dim") if tp.size > 1 else None), None
 
 
 def _dense(shape, split_dim, tp: Axis) -> tuple[int, int]:
@@ -72,8 +82,10 @@ def _owners(model) -> dict[int, tuple[nn.Module, str]]:
             for a, p in m._parameters.items() if p is not None}
 
 
-def whole_pieces(model, tp: Axis) -> tuple[list[Piece], list[nn.Parameter]]:
-    """ZeRO stage 0: each matrix whole on every dp rank; the rest, its parameters."""
+def whole_pieces(model, tp: Axis, rows: dict[int, int]) -> tuple[list[Piece],
+                                                                  list[nn.Parameter]]:
+    """ZeRO stage 0: each matrix whole on every dp rank; the rest, its parameters. rows:
+    id(module) -> block rows for the projections split per head (`head_rows`)."""
     pieces, rest, seen = [], [], set()
     paths = module_paths(model)
     for chunk in model_chunks(model):
@@ -85,17 +97,18 @@ def whole_pieces(model, tp: Axis) -> tuple[list[Piece], list[nn.Parameter]]:
                 if not is_hidden_matrix(module, attr, p.shape):
                     rest.append(p)
                     continue
-                split = tag(p, "tp_split_dim") if tp.size > 1 else None
+                split, block = _split(p, module, tp, rows)
                 pieces.append(Piece(f"{paths[id(module)]}.{attr}", tuple(p.shape),
-                                    _dense(p.shape, split, tp), split, None, p, 0, p.numel()))
+                                    _dense(p.shape, split, tp), split, None, p, 0, p.numel(),
+                                    block))
     return pieces, rest
 
 
 def flat_pieces(shard: torch.Tensor, axis: Axis, layout, tp: Axis,
-                paths: dict[int, str]) -> tuple[list[Piece], list[tuple[int, int]]]:
+                paths: dict[int, str], rows: dict[int, int]) -> tuple[list[Piece], list]:
     """One ZeRO flat vector, sharded over `axis`: the matrices' pieces this rank steps, and
     the [lo, hi) runs of its shard that are the rest. layout: (module, attr, parameter,
-    offset, shape) for each parameter of the vector."""
+    offset, shape) for each parameter of the vector; rows as `whole_pieces`'s."""
     size = shard.numel()
     pieces, covered = [], []
     for module, attr, p, offset, shape in layout:
@@ -108,9 +121,9 @@ def flat_pieces(shard: torch.Tensor, axis: Axis, layout, tp: Axis,
         ranges = [(a, max(a, b)) for a, b in ranges]
         a, b = ranges[axis.rank]
         lo = offset + a - axis.rank * size if b > a else 0
-        split = tag(p, "tp_split_dim") if tp.size > 1 else None
+        split, block = _split(p, module, tp, rows)
         pieces.append(Piece(f"{paths[id(module)]}.{attr}", tuple(shape), _dense(shape, split, tp),
-                            split, ranges, shard, lo, lo + b - a))
+                            split, ranges, shard, lo, lo + b - a, block))
         if b > a:
             covered.append((lo, lo + b - a))
     rest, at = [], 0

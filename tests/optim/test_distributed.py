@@ -21,14 +21,16 @@ TOLERANCE = 1e-10
 CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
 OPTIONS = dict(lr=0.02, weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01)
 
-# (mesh sizes, ZeRO stage, sequence parallel, strategy): sampled, one launch per world
+# (mesh sizes, ZeRO stage, sequence parallel, strategy, qkv_split): sampled, one launch per
+# world; "heads" orthogonalises qkv head by head (whole heads on each tp rank: no tp bytes)
 SETTINGS = {
-    2: [(dict(dp=2), 0, False, "owner"), (dict(dp=2), 1, False, "gather"),
-        (dict(dp=2), 1, False, "owner"), (dict(dp=2), 3, False, "owner"),
-        (dict(tp=2), 0, False, "gather"), (dict(tp=2), 0, True, "tp"),
-        (dict(pp=2), 1, False, "owner")],
-    8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp"), (dict(dp=2, pp=2, tp=2), 2, False, "owner"),
-        (dict(dp=2, pp=2, tp=2), 3, True, "gather")],
+    2: [(dict(dp=2), 0, False, "owner", None), (dict(dp=2), 1, False, "gather", None),
+        (dict(dp=2), 1, False, "owner", None), (dict(dp=2), 3, False, "owner", None),
+        (dict(tp=2), 0, False, "gather", None), (dict(tp=2), 0, True, "tp", None),
+        (dict(pp=2), 1, False, "owner", None), (dict(tp=2), 0, False, "gather", "heads")],
+    8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp", None),
+        (dict(dp=2, pp=2, tp=2), 2, False, "owner", None),
+        (dict(dp=2, pp=2, tp=2), 3, True, "gather", None)],
 }
 
 
@@ -39,13 +41,14 @@ def _train(settings):
     from minitp.optim import muon_with_adamw
 
     out = []
-    for sizes, zero, sp, strategy in settings:
+    for sizes, zero, sp, strategy, qkv_split in settings:
         mesh = mt.Mesh(**sizes)
         cfg = mt.GPTConfig(**CFG)
         torch.manual_seed(0)
         ref = mt.GPT(cfg).double()
         model = mt.parallelize(ref, mesh, sequence_parallel=sp, zero_stage=zero)
-        opt = mt.make_optimizer(model, mesh, "muon", strategy=strategy, **OPTIONS)
+        opt = mt.make_optimizer(model, mesh, "muon", strategy=strategy, qkv_split=qkv_split,
+                                **OPTIONS)
         sent = []
 
         def count(step, events, sent=sent):
@@ -54,7 +57,7 @@ def _train(settings):
         pp = sizes.get("pp", 1)
         loss_error, worst, _ = train_side_by_side(
             ref, model, mesh, random_batches(3, cfg, 2 * pp * sizes.get("dp", 1)),
-            microbatches=pp, optimizers=(muon_with_adamw(ref, **OPTIONS), opt),
+            microbatches=pp, optimizers=(muon_with_adamw(ref, qkv_split, **OPTIONS), opt),
             after_step=count)
         inner = getattr(opt, "inner", opt)
         shapes = [(*p.dense_shape, p.split_dim) if p.ranges is None else
@@ -87,8 +90,8 @@ def test_newton_schulz_work_duplicated_under_gather_spread_under_owner():
     """dp 2 at ZeRO-1: gather runs every matrix on both ranks; owner splits them, the two
     ranks' FLOPs adding up to one device's, neither rank doing all."""
     run, settings = _run(2), SETTINGS[2]
-    gather, owner = settings.index((dict(dp=2), 1, False, "gather")), settings.index(
-        (dict(dp=2), 1, False, "owner"))
+    gather, owner = settings.index((dict(dp=2), 1, False, "gather", None)), settings.index(
+        (dict(dp=2), 1, False, "owner", None))
     whole = _one_device_flops(run[0][gather][4])
     assert [r[gather][2] for r in run] == [whole, whole]
     assert sum(r[owner][2] for r in run) == whole
@@ -100,7 +103,7 @@ def test_bytes_beside_the_model():
     `calc.muon_comm_bytes`, given where ZeRO's shards cut each matrix."""
     for world, settings in SETTINGS.items():
         run = _run(world)
-        for i, (sizes, zero, _, strategy) in enumerate(settings):
+        for i, (sizes, zero, _, strategy, _) in enumerate(settings):
             measured = sum(r[i][3] for r in run) / len(run)
             model = sum(mt.calc.muon_comm_bytes(r[i][4], strategy, sizes.get("dp", 1),
                                                 sizes.get("tp", 1), zero, bytes_per=8)["total"]

@@ -76,3 +76,20 @@ def test_what_muon_cannot_do_is_refused_in_one_line():
         check_muon(_gpt(), Mesh(), "tp")
     with pytest.raises(TypeError, match="unknown option"):
         Muon([torch.nn.Parameter(torch.ones(2, 2))], betas=(0.9, 0.95))
+
+
+def test_the_per_head_split_orthogonalises_each_heads_rows_alone():
+    """qkv_split="heads" (DeepSpeed's Muon blog, GLM's "Muon Split"): qkv's rows run head by
+    head, and each head's block is orthogonalised alone. Not whole-matrix Muon's update; fewer
+    FLOPs; and under tp each rank holds whole heads, so nothing travels over tp for it
+    (tests/optim/test_distributed.py measures that)."""
+    from minitp.calc.muon import ns_flops
+    from minitp.optim.newton_schulz import newton_schulz, newton_schulz_blocks
+
+    g = torch.randn(24, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    heads = newton_schulz_blocks(g, 4)  # head_dim 4: six blocks (2 heads × q, k, v)
+    assert torch.equal(heads[4:8], newton_schulz(g[4:8]))
+    assert (heads - newton_schulz(g)).abs().max() > 1e-2
+    assert 6 * ns_flops(4, 8) < ns_flops(24, 8)
+    with pytest.raises(ValueError, match="qkv_split"):
+        muon_with_adamw(_gpt(), qkv_split="rows")

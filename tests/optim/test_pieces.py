@@ -26,7 +26,7 @@ def test_each_matrix_is_held_once_and_each_shard_is_pieces_and_rest():
     per_rank = []
     for rank in range(ranks):
         axis = types.SimpleNamespace(size=ranks, rank=rank)
-        per_rank.append(flat_pieces(torch.zeros(size), axis, layout, tp, module_paths(model)))
+        per_rank.append(flat_pieces(torch.zeros(size), axis, layout, tp, module_paths(model), {}))
     for piece in per_rank[0][0]:
         starts = [b for _, b in piece.ranges[:-1]]
         assert piece.ranges[0][0] == 0 and piece.ranges[-1][1] == piece.numel
