@@ -60,11 +60,25 @@ def _train(settings):
             microbatches=pp, optimizers=(muon_with_adamw(ref, qkv_split, **OPTIONS), opt),
             after_step=count)
         inner = getattr(opt, "inner", opt)
+        out_state = _state(model, opt, inner)
         shapes = [(*p.dense_shape, p.split_dim) if p.ranges is None else
                   (*p.dense_shape, p.split_dim, [b - a for a, b in p.ranges])
                   for p in inner.pieces]
-        out.append((loss_error, worst, inner.ns_flops, sent[-1], shapes))
+        out.append((loss_error, worst, inner.ns_flops, sent[-1], shapes, out_state))
     return out
+
+
+def _state(model, opt, inner):
+    """(Muon's and AdamW's state bytes measured, the matrix elements this rank steps, the
+    other elements, padding included)."""
+    measured = mt.memory.measure_model_states(model, opt)["optimizer_state"]
+    n_matrix = sum(p.hi - p.lo for p in inner.pieces)
+    stepped = sum(t.numel() for t in ([f.shard for f in opt.flats] if hasattr(opt, "flats") else
+                                      [u.shard for u in getattr(opt, "units", [])]))
+    n_rest = stepped - n_matrix if stepped else sum(p.numel() for p in inner.adamw.param_groups[0]
+                                                    ["params"])
+    return (measured["momentum_buffer"], measured["exp_avg"] + measured["exp_avg_sq"], n_matrix,
+            n_rest)
 
 
 @functools.cache
@@ -96,6 +110,20 @@ def test_newton_schulz_work_duplicated_under_gather_spread_under_owner():
     assert [r[gather][2] for r in run] == [whole, whole]
     assert sum(r[owner][2] for r in run) == whole
     assert max(r[owner][2] for r in run) < whole
+
+
+def test_state_bytes_beside_the_model():
+    """Muon's state measured per rank (one momentum per matrix element, AdamW's two per
+    other element, ZeRO's padding among them) beside `calc.muon_state_bytes` at ZeRO 0, 1
+    and 3 (dp 2, float64: twice its float32 bytes), and summed over the ranks."""
+    run, settings = _run(2), SETTINGS[2]
+    for i, (_, zero, *_) in enumerate(settings[:4]):  # the dp 2 meshes
+        muon, adamw, n_matrix, n_rest = (sum(r[i][5][k] for r in run) for k in range(4))
+        assert (muon, adamw) == (8 * n_matrix, 16 * n_rest), settings[i]
+        model = mt.calc.muon_state_bytes(n_matrix // 2 if zero == 0 else n_matrix,
+                                         n_rest // 2 if zero == 0 else n_rest, dp=2,
+                                         zero_stage=zero)["optimizer"]
+        assert (muon + adamw) / 2 == 2 * model, settings[i]
 
 
 def test_bytes_beside_the_model():
