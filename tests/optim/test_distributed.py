@@ -1,12 +1,12 @@
 """Muon over a parallel model equals one device's Muon (Muon for the linear weights, AdamW
-for the rest) in float64: every strategy on sampled meshes, ZeRO 0-3, tp ± SP, pp, a 3D
+for the rest) in float64: every strategy on sampled meshes, ZeRO 0-3, tp ± SP, pp, ep (MoE), a 3D
 mesh; the loss of every step and every parameter after 3 steps to 1e-10. One launch per
 world size runs all of its settings. The same runs count what each rank sent for Muon (the
 trace's bytes, beside `mt.calc.muon_comm_bytes`, a MODEL) and the Newton–Schulz FLOPs each
 rank ran (duplicated under gather, spread under owner).
 
-Not covered here: ep (expert banks are 3-D, stepped by AdamW; no Muon matrix is an expert's),
-cp (its dp×cp group is the same code path as dp), bf16 (refused).
+With ep the experts' weights (3-D banks) are AdamW's: no Muon matrix is an expert's. Not
+covered here: cp (its dp×cp group is the same code path as dp), bf16 (refused).
 """
 
 import functools
@@ -19,6 +19,7 @@ import minitp as mt
 
 TOLERANCE = 1e-10
 CFG = dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=8)
+MOE = dict(n_experts=2, top_k=1)  # with ep: the experts' 3-D banks are AdamW's, the router Muon's
 OPTIONS = dict(lr=0.02, weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01)
 
 # (mesh sizes, ZeRO stage, sequence parallel, strategy, qkv_split): sampled, one launch per
@@ -26,11 +27,12 @@ OPTIONS = dict(lr=0.02, weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01
 SETTINGS = {
     2: [(dict(dp=2), 0, False, "owner", None), (dict(dp=2), 1, False, "gather", None),
         (dict(dp=2), 1, False, "owner", None), (dict(dp=2), 3, False, "owner", None),
+        (dict(dp=2), 2, False, "gather", None),
         (dict(tp=2), 0, False, "gather", None), (dict(tp=2), 0, True, "tp", None),
-        (dict(pp=2), 1, False, "owner", None), (dict(tp=2), 0, False, "gather", "heads")],
+        (dict(pp=2), 1, False, "owner", None), (dict(tp=2), 0, False, "gather", "heads"),
+        (dict(dp=2, ep=2), 1, False, "owner", None)],
     8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp", None),
-        (dict(dp=2, pp=2, tp=2), 2, False, "owner", None),
-        (dict(dp=2, pp=2, tp=2), 3, True, "gather", None)],
+        (dict(dp=2, pp=2, tp=2), 3, False, "owner", None)],
 }
 
 
@@ -43,7 +45,7 @@ def _train(settings):
     out = []
     for sizes, zero, sp, strategy, qkv_split in settings:
         mesh = mt.Mesh(**sizes)
-        cfg = mt.GPTConfig(**CFG)
+        cfg = mt.GPTConfig(**CFG, **(MOE if "ep" in sizes else {}))
         torch.manual_seed(0)
         ref = mt.GPT(cfg).double()
         model = mt.parallelize(ref, mesh, sequence_parallel=sp, zero_stage=zero)
@@ -114,10 +116,10 @@ def test_newton_schulz_work_duplicated_under_gather_spread_under_owner():
 
 def test_state_bytes_beside_the_model():
     """Muon's state measured per rank (one momentum per matrix element, AdamW's two per
-    other element, ZeRO's padding among them) beside `calc.muon_state_bytes` at ZeRO 0, 1
-    and 3 (dp 2, float64: twice its float32 bytes), and summed over the ranks."""
+    other element, ZeRO's padding among them) beside `calc.muon_state_bytes` at ZeRO 0, 1,
+    2 and 3 (dp 2, float64: twice its float32 bytes), and summed over the ranks."""
     run, settings = _run(2), SETTINGS[2]
-    for i, (_, zero, *_) in enumerate(settings[:4]):  # the dp 2 meshes
+    for i, (_, zero, *_) in enumerate(settings[:5]):  # the dp 2 meshes
         muon, adamw, n_matrix, n_rest = (sum(r[i][5][k] for r in run) for k in range(4))
         assert (muon, adamw) == (8 * n_matrix, 16 * n_rest), settings[i]
         model = mt.calc.muon_state_bytes(n_matrix // 2 if zero == 0 else n_matrix,
