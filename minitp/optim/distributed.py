@@ -67,6 +67,13 @@ class DistributedMuon:
         return {"momentum": [m.clone() for m in self.momentum],
                 "adamw": self.adamw.state_dict() if self.adamw else None}
 
+    def load_state_dict(self, state: dict) -> None:
+        """This rank's state back, as `state_dict` gave it (the same mesh and ZeRO stage)."""
+        for m, saved in zip(self.momentum, state["momentum"], strict=True):
+            m.copy_(saved)
+        if self.adamw is not None:
+            self.adamw.load_state_dict(state["adamw"])
+
     def ns(self, piece, dense: torch.Tensor) -> torch.Tensor:
         g, rows = self.group, piece.block_rows or dense.shape[0]
         self.ns_flops += ns_flops(rows, dense.shape[1], g["ns_steps"]) * (dense.shape[0] // rows)

@@ -78,6 +78,7 @@ def _held_run(piece, block: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def gather(opt, inputs):
+    """Everything to everyone: every rank assembles and orthogonalises every matrix."""
     blocks = blocks_from_dp(opt.pieces, inputs, opt.dp)
     dense = dense_from_tp(opt.pieces, blocks, opt.tp)
     rank = opt.dp.rank
@@ -86,6 +87,7 @@ def gather(opt, inputs):
 
 
 def tp(opt, inputs):
+    """The tp block assembled over dp; Newton–Schulz across the tp ranks, each on its block."""
     blocks = blocks_from_dp(opt.pieces, inputs, opt.dp)
     rank = opt.dp.rank
     return [_held_run(p, opt.ns(p, b) if p.split_dim is None else opt.ns_tp(p, b), rank)
@@ -93,6 +95,8 @@ def tp(opt, inputs):
 
 
 def owner(opt, inputs):
+    """Each matrix to its home (the same LPT map on every rank, from the matrices' FLOPs),
+    orthogonalised there once, and each rank's elements of the result back to it."""
     pieces, dp = opt.pieces, opt.dp
     if not pieces:
         return []
@@ -100,7 +104,8 @@ def owner(opt, inputs):
     owners = lpt_owners([ns_flops(*p.dense_shape) for p in pieces], n)
     mine = [owners[j] == me for j in range(len(pieces))]
     sharded = any(p.ranges is not None for p in pieces) and n > 1
-    if sharded:  # in: each piece to its matrix's home
+    if sharded:  # in: each piece to its matrix's home; from rank r, the pieces of the
+        # matrices homed here, in matrix order (everyone knows every rank's sizes: no counts sent)
         send = [torch.cat([inputs[j] for j in range(len(pieces)) if owners[j] == k]
                           or [inputs[0][:0]]) for k in range(n)]
         recv_sizes = [_sizes(pieces, r, mine) for r in range(n)]

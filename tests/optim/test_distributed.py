@@ -140,3 +140,35 @@ def test_bytes_beside_the_model():
                         for r in run) / len(run)
             where = f"{sizes}, ZeRO-{zero}, {strategy}: {measured} bytes, model {model}"
             assert measured == model, where
+
+
+def test_the_state_saved_and_loaded_steps_on_alike():
+    """In one process (axes of size 1): a DistributedMuon whose state is saved after two
+    steps, loaded into a fresh one, steps on exactly as the original."""
+    import copy
+    import types
+
+    from minitp.optim import DistributedMuon
+    from minitp.optim.pieces import whole_pieces
+
+    one = types.SimpleNamespace(size=1, rank=0)
+    models, optimizers = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(mt.GPT(mt.GPTConfig(**CFG)).double())
+        optimizers.append(DistributedMuon(*whole_pieces(models[-1], one, {}), one, one,
+                                          "gather", **OPTIONS))
+    x = torch.randint(0, 10, (2, 8), generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        for model, opt in zip(models, optimizers, strict=True):
+            if step < 2 and opt is optimizers[1]:
+                continue  # the second model sits out: it takes the first's weights and state
+            opt.zero_grad()
+            model(x, x)[1].backward()
+            opt.step()
+        if step == 1:
+            models[1].load_state_dict(models[0].state_dict())
+            # a copy, as a file would be: torch's AdamW loads state tensors without copying
+            optimizers[1].load_state_dict(copy.deepcopy(optimizers[0].state_dict()))
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
