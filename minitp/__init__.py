@@ -15,7 +15,7 @@ departs from one device), torch_parallel/
 the course (graders, labs, pictures, doctor) in course/, never loaded by ``import minitp``.
 """
 
-from . import calc, checkpoint, context_parallel, data, debug, fp8, memory, rules, serving
+from . import calc, checkpoint, context_parallel, data, debug, fp8, memory, optim, rules, serving
 from .data_parallel import make_optimizer
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
@@ -50,6 +50,8 @@ __all__ = [
     # the model and its split
     "GPT", "GPTConfig", "parallelize", "train_step", "make_optimizer", "check_parallel_config",
     "rules", "data",
+    # optimizers that need the whole matrix (Muon)
+    "optim",
     # the layers, by hand
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
     "vocab_parallel_cross_entropy", "mappings", "context_parallel",

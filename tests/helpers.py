@@ -94,7 +94,8 @@ def live_bytes(model, optimizer) -> int:
 
 # --------------------------------------------------------------------------- side by side
 def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=None,
-                       optimizer_class=None, lr=1e-2, after_step=None, clip_grad=None):
+                       optimizer_class=None, lr=1e-2, after_step=None, clip_grad=None,
+                       optimizers=None):
     """The float64 equivalence loop, written once: train the plain GPT `ref` and the
     parallel `model` (made from it by `mt.parallelize`) on the same `batches`, one
     optimizer step each per batch, and measure how far apart they are.
@@ -106,14 +107,15 @@ def train_side_by_side(ref, model, mesh, batches, *, microbatches=1, schedule=No
     global norm to it (the reference with ``torch.nn.utils.clip_grad_norm_``; the norms
     before clipping are compared too, into the loss error). `after_step(step, events)` runs after
     both models stepped, with the trace events of that `train_step` (``ref``'s ``.grad``
-    still holds this step's gradients)."""
+    still holds this step's gradients). `optimizers`: (the reference's, the parallel
+    model's), made by the caller, in place of `optimizer_class`'s (Muon's split by name)."""
     import minitp as mt
     from minitp.data_parallel import gathered
     from minitp.step import eval_loss
 
     optimizer_class = optimizer_class or torch.optim.AdamW
-    ref_opt = optimizer_class(ref.parameters(), lr=lr)
-    opt = mt.make_optimizer(model, mesh, optimizer_class, lr=lr)
+    ref_opt, opt = optimizers or (optimizer_class(ref.parameters(), lr=lr),
+                                  mt.make_optimizer(model, mesh, optimizer_class, lr=lr))
     loss_error, losses = 0.0, []
     for step, batch in enumerate(batches):  # (x, y), or (x, y, positions): packed documents
         x, y, *packed = batch

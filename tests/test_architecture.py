@@ -39,7 +39,8 @@ FLOORS = [
          "pipeline.schedules",
          "pipeline.on_paper",
          "data_parallel.grad_sync", "data_parallel.zero_stage1"]),
-    (6, ["pipeline", "data_parallel", "expert_parallel"]),  # (pipeline.stages and .executor)
+    # (pipeline.stages and .executor; optim: Muon inside the ZeRO optimizers)
+    (6, ["pipeline", "data_parallel", "expert_parallel", "optim"]),
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory", "serving", "torch_parallel"]),
     (9, ["course.viz"]),

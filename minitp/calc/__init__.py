@@ -28,6 +28,7 @@ across node boundaries, the level each axis lands on), `context_parallel` (conte
 parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
 messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `cp_overlap`
 (what of those messages a step waits for once the ring hides its own behind attention),
+`muon` (Muon's model-state bytes under ZeRO, and what each distributed strategy sends),
 `checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
 rate and the save's bytes).
 """
@@ -102,6 +103,7 @@ from .moe import (
     moe_step_time,
     node_limited_bytes,
 )
+from .muon import MUON_OPTIMIZERS, muon_comm_bytes, muon_state_bytes
 from .params import (
     exact_param_count,
     expert_params_per_stage,
@@ -168,7 +170,7 @@ __all__ = [
     "ring_hop_and_block",
     "LLAMA3_405B", "FailureRecord", "SavePlan", "daly_interval", "expected_seconds",
     "failure_rate", "job_mtbf_seconds", "lost_fraction", "save_plan", "save_seconds",
-    "young_interval",
+    "young_interval", "MUON_OPTIMIZERS", "muon_comm_bytes", "muon_state_bytes",
     "B200_180GB", "B200_XDR", "DPStep", "LevelCost", "axis_levels", "collective",
     "crossing_ratio", "dp_step",
     "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "critical_batch",

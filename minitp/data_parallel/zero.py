@@ -194,7 +194,14 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
     """The optimizer for a model from ``mt.parallelize(ref, mesh, zero_stage=s)``,
     ``optimizer_class(..., **kwargs)`` over what this rank steps: the model's
     parameters (s = 0), this rank's 1/dp slice of them (s = 1: `Zero1Optimizer`),
-    or its units' shards (s = 2, 3: `Zero23Optimizer`)."""
+    or its units' shards (s = 2, 3: `Zero23Optimizer`). ``optimizer_class="muon"``: Muon
+    for the hidden matrices and AdamW for the rest, at any stage, with ``strategy=`` "gather",
+    "owner" or "tp" for Newton–Schulz's whole matrix (`minitp.optim`, docs/muon.md)."""
+    if isinstance(optimizer_class, str):
+        if optimizer_class != "muon":
+            raise ValueError(f"make_optimizer: an optimizer class or 'muon', got "
+                             f"{optimizer_class!r}")
+        return _muon(model, mesh, **kwargs)
     stage = zero_stage_of(model)
     if stage == 0:
         if is_mixed(model):  # float32 masters of the bf16 parameters
@@ -204,6 +211,16 @@ def make_optimizer(model, mesh: Mesh, optimizer_class=torch.optim.AdamW, **kwarg
         return Zero1Optimizer(list(model.parameters()), mesh.dp_cp, optimizer_class,
                               expert_axis=mesh.expert_dp, **kwargs)
     return Zero23Optimizer(model, _units(model), stage, optimizer_class, **kwargs)
+
+
+def _muon(model, mesh: Mesh, strategy: str = "gather", **options):
+    """`minitp.optim`'s Muon: inside the ZeRO optimizer of the model's stage (in place of
+    its inner SGD, which never steps), or over the parameters at stage 0."""
+    from ..optim.distributed import check_muon, make_muon
+
+    check_muon(model, mesh, strategy)
+    outer = make_optimizer(model, mesh, torch.optim.SGD, lr=0.0) if zero_stage_of(model) else None
+    return make_muon(model, mesh, outer, strategy, **options)
 
 
 def stepped_tensors(optimizer) -> list[torch.Tensor]:
@@ -265,6 +282,9 @@ def check_checkpointable(model, optimizer=None) -> None:
                         "float32 to save and resume")
     if optimizer is None:
         return
+    if getattr(getattr(optimizer, "inner", optimizer), "is_muon", False):
+        raise TypeError("checkpoint: Muon's state (momentum pieces, AdamW over runs of the "
+                        "shards) has no dense per-parameter form yet; save with AdamW")
     stage = zero_stage_of(model)
     expected = {1: Zero1Optimizer, 2: Zero23Optimizer, 3: Zero23Optimizer}.get(stage)
     if expected is None:  # stage 0: a plain optimizer
