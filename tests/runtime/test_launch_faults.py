@@ -441,6 +441,14 @@ def test_a_timeout_names_every_waiting_rank_and_its_collective():
         assert sorted(info.value.waiting) == [0, 1], str(info.value)
         assert info.value.waiting[0].startswith("all_reduce on axis dp")
         assert info.value.waiting[1].startswith("all_gather on axis dp")
+        # the hang report keeps the first line, then the table of each rank's last
+        # collectives (the ring, read from shared memory) and the first that differs
+        lines = str(info.value).splitlines()
+        assert lines[0] == "a collective was not joined by every rank within timeout=1 s:"
+        assert lines[-1] == ("the first collective the ranks disagree on: #0 on axis dp "
+                             "ranks [0, 1]: rank 0: all_reduce shape (4,) float32; "
+                             "rank 1: all_gather shape (2,) float32")
+        assert [e.done for r in (0, 1) for e in info.value.last_collectives[r]] == [False] * 2
 
 
 _CUT_SHORT = """
