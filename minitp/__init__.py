@@ -9,12 +9,12 @@ Where each concept lives: model/ (one device, no parallel code), rules/ (what ma
 how, torch-free), runtime/ (launch, mesh, comm, trace), one package per axis
 (tensor_parallel/, context_parallel/, pipeline/, data_parallel/ with ZeRO 1-3,
 expert_parallel/), sharding/ (plain -> shards and back), step/ (mt.train_step), data/,
-memory/ (measured), calc/ (modelled), checkpoint/, fp8/, serving/, torch_parallel/
+memory/ (measured), calc/ (modelled), checkpoint/, fp8/, serving/, debug/, torch_parallel/
 (PyTorch's own DTensor/FSDP2, imported by name), train/ (``python -m minitp.train``);
 the course (graders, labs, pictures, doctor) in course/, never loaded by ``import minitp``.
 """
 
-from . import calc, checkpoint, context_parallel, data, fp8, memory, rules, serving
+from . import calc, checkpoint, context_parallel, data, debug, fp8, memory, rules, serving
 from .data_parallel import make_optimizer
 from .model import GPT, GPTConfig
 from .parallelize import parallelize
@@ -58,6 +58,8 @@ __all__ = [
     "fp8",
     # generation through the KV cache, on one device and over tp and pp ranks
     "serving",
+    # when a run goes wrong: who waited for whom (docs/debugging.md)
+    "debug",
     # the course, imported on first use
     "grade", "question", "viz", "alike",
 ]

@@ -28,7 +28,8 @@ FLOORS = [
          "data.images", "data",
          "runtime._device", "runtime.trace", "runtime.mesh", "runtime.peak", "runtime._pickling",
          "runtime._signals", "runtime._run",
-         "runtime._comm_buffers", "runtime._traced_op", "runtime._collective_checks"]),
+         "runtime._comm_buffers", "runtime._traced_op", "runtime._collective_checks",
+         "runtime._flight_recorder", "runtime.chrome_trace"]),
     (2, ["runtime.comm", "runtime.comm_pending", "runtime._worker", "runtime._forkserver",
          "runtime._failure_report", "fp8.formats"]),
     (3, ["runtime._rank_set", "runtime.launch", "runtime", "sharding", "tensor_parallel.mappings",
@@ -45,7 +46,8 @@ FLOORS = [
     (9, ["course.viz"]),
     (10, ["course.labs"]),
     (11, ["course.graders", "course.make_exercises"]),
-    (12, ["course", "train", "generate"]),  # the front ends: the grader, the doctor, the CLIs
+    (12, ["course", "train", "generate", "debug"]),  # the front ends: the grader, the doctor,
+    # the CLIs, the debugging tools
 ]
 ROOF = "minitp"
 
