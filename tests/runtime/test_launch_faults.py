@@ -137,13 +137,16 @@ _INTERRUPT_TRIALS = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     tmp = Path(os.environ["TMPDIR"])
     me = os.getpid()
-    # A launch's status array lives in multiprocessing's shared-memory heap, which
-    # keeps its first small arena (one /dev/shm file, two descriptors) for the life of
-    # the interpreter. Made here, once, so that the descriptors counted below are the
-    # ones a launch leaves behind, whichever trial is the first to allocate.
+    # A launch's status array and its collectives' rings live in multiprocessing's
+    # shared-memory heap, which keeps its small arenas (one /dev/shm file, two descriptors
+    # each) for the life of the interpreter. Made here, once, so that the descriptors
+    # counted below are the ones a launch leaves behind, whichever trial is the first to
+    # allocate.
     import multiprocessing
+    from minitp.runtime._flight_recorder import RING_BYTES
     from minitp.runtime._worker import STATUS_SLOT_BYTES
-    multiprocessing.get_context("forkserver").RawArray("c", STATUS_SLOT_BYTES * 4)
+    for size in (STATUS_SLOT_BYTES, RING_BYTES):
+        multiprocessing.get_context("forkserver").RawArray("c", size * 4)
 
     def children():
         table = {}
