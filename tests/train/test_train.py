@@ -279,6 +279,7 @@ BAD = [
     (["--cp-comm", "a2a"], "--cp-comm a2a needs --cp > 1"),
     (["--trace-out", "/no/such/folder/trace.json"], "--trace-out: cannot write a trace to"),
     (["--trace-out", "/"], "--trace-out: '/' is a folder, not a file"),
+    (["--impl", "torch", "--trace-out", "t.json"], "--impl torch does not do --trace-out"),
     (["--cp", "2", "--cp-comm", "a2a+ring", "--cp-a2a-size", "3"],
      "cp_a2a_size=3 does not divide cp=2"),
     (["--cp", "4", "--tp", "2", "--cp-comm", "a2a", "--dp", "1"],
