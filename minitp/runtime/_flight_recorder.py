@@ -20,6 +20,7 @@ torchrun there is no launcher to read a ring, and none is kept.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass, replace
 
 from . import trace
@@ -70,24 +71,28 @@ class Ring:
         self._entries: list[Entry | None] = [None] * SLOTS
         self._count = 0
         self._on_group: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._lock = threading.Lock()  # backward's hooks may post collectives from a thread
 
     def entered(self, op: str, axis, shape, dtype, start: float) -> None:
         group = (axis.name, tuple(axis.ranks))
-        k = self._on_group.get(group, 0)
-        self._on_group[group] = k + 1
-        entry = Entry(self._count, k, op, axis.name, tuple(axis.ranks), tuple(shape),
-                      str(dtype).removeprefix("torch."), start, done=False)
-        self._write(self._count % SLOTS, entry)
-        self._count += 1
+        with self._lock:
+            k = self._on_group.get(group, 0)
+            self._on_group[group] = k + 1
+            entry = Entry(self._count, k, op, axis.name, tuple(axis.ranks), tuple(shape),
+                          str(dtype).removeprefix("torch."), start, done=False)
+            self._write(self._count % SLOTS, entry)
+            self._count += 1
 
     def completed(self, op: str, axis) -> None:
         """Mark done the oldest entry of `op` on `axis` not yet done (ops started without
         waiting complete in the order they were posted)."""
-        waiting = [(i, e) for i, e in enumerate(self._entries) if e is not None and not e.done
-                   and e.op == op and e.axis == axis.name and e.ranks == tuple(axis.ranks)]
-        if waiting:
-            i, entry = min(waiting, key=lambda pair: pair[1].n)
-            self._write(i, replace(entry, done=True))
+        with self._lock:
+            waiting = [(i, e) for i, e in enumerate(self._entries)
+                       if e is not None and not e.done and e.op == op
+                       and e.axis == axis.name and e.ranks == tuple(axis.ranks)]
+            if waiting:
+                i, entry = min(waiting, key=lambda pair: pair[1].n)
+                self._write(i, replace(entry, done=True))
 
     def _write(self, i: int, entry: Entry) -> None:
         self._entries[i] = entry
