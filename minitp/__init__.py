@@ -61,7 +61,8 @@ __all__ = [
     "fp8",
     # generation through the KV cache, on one device and over tp and pp ranks
     "serving",
-    # when a run goes wrong: the first module that departs from one device
+    # when a run goes wrong: the first module that departs from one device, who waited
+    # for whom (docs/debugging.md)
     "debug",
     # the course, imported on first use
     "grade", "question", "viz", "alike",

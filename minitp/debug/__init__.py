@@ -1,10 +1,14 @@
-"""When a parallel run goes wrong: tools that say where.
+"""When a parallel run goes wrong: tools that say where (docs/debugging.md,
+docs/debugging-divergence.md).
 
-`first_divergence` (`minitp.debug.divergence`): the first module whose result on a mesh
-departs from one device's, with its rank, phase and tensor;
-``python -m minitp.debug diverge <minitp.train flags>`` from the command line.
+* `first_divergence` (`minitp.debug.divergence`): the first module whose result on a mesh
+  departs from one device's, with its rank, phase and tensor;
+  ``python -m minitp.debug diverge <minitp.train flags>`` from the command line.
+* `stragglers`: from a run's trace, each rank's time computing and waiting, and who
+  waited for whom.
 """
 
 from .divergence import Divergence, first_divergence
+from .stragglers import Stragglers, stragglers
 
-__all__ = ["Divergence", "first_divergence"]
+__all__ = ["Divergence", "first_divergence", "Stragglers", "stragglers"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import _device, trace
+from . import _device, _flight_recorder, trace
 from ._traced_op import TIMEOUT_PATTERN, describe
 from .errors import CollectiveMismatch, RankTimedOut
 from .io_counters import Window
@@ -99,6 +99,8 @@ def agree(op: str, axis: Axis, tensor: torch.Tensor, arg=0, send=None, recv=None
     Returns when this rank entered the op, before the check: the op's Event starts
     there, so time spent waiting for a late peer stays inside the op, as without it."""
     start = trace.recorder().now()
+    if axis.size > 1:  # checked or not: what a timeout's report lists (`_flight_recorder`)
+        _flight_recorder.entered(op, axis, tensor, start)
     if not _enabled or axis.size == 1:
         return start
     n = axis.size

@@ -4,6 +4,7 @@ or a rank that died with what its native side printed and each rank's collective
 
 from __future__ import annotations
 
+from . import _flight_recorder
 from .errors import CollectiveTimeout, LaunchError
 
 _CASCADE_PATTERN = ("Connection closed by peer", "Connection reset", "Broken pipe", "EOF")
@@ -80,12 +81,18 @@ def raise_timeout(launch, waiting: dict[int, str]) -> None:
         lines.append(f"  ranks {finished}: had already returned from the function")
     if others:
         lines.append(f"  ranks {others}: busy outside any collective")
+    # what each rank's ring holds, read from shared memory: a rank that never reported
+    # (stuck in a loop, or timed out after the others) is in the table too
+    rings = _flight_recorder.read(getattr(launch, "flight", None), launch.world_size)
+    table = _flight_recorder.report(rings)
     raise CollectiveTimeout(
         f"a collective was not joined by every rank within timeout={launch.timeout:g} s:\n"
         + "\n".join(lines)
-        + "\nEvery rank of a group must call the same collectives in the same order.",
+        + "\nEvery rank of a group must call the same collectives in the same order."
+        + (f"\n{table}" if table else ""),
         waiting=dict(sorted(waiting.items())),
         finished=finished,
+        last_collectives=rings,
     )
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 from ._failure_report import raise_failure, raise_timeout
+from ._flight_recorder import RING_BYTES
 from ._forkserver import (
     EXIT_WAIT_S,
     RENDEZVOUS_PREFIX,
@@ -96,6 +97,7 @@ class Launch:
         remove_what_dead_launchers_left()
         warm_up(ctx)
         self.status = ctx.RawArray(ctypes.c_char, STATUS_SLOT_BYTES * self.world_size)
+        self.flight = ctx.RawArray(ctypes.c_char, RING_BYTES * self.world_size)  # last collectives
         env = {"OMP_NUM_THREADS": str(_threads_per_rank(self.world_size)), **_console_size_env()}
         interface = _loopback_interface()
         if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -145,7 +147,7 @@ class Launch:
             name=f"minitp-rank{rank}",
             args=(rank, self.world_size, self.payload, store_path, self.backend,
                   self.timeout, _threads_per_rank(self.world_size), child_end,
-                  self.status, started, env, lifeline_in,
+                  self.status, self.flight, started, env, lifeline_in,
                   self._native_stderr_path(rank), sources, _isatty(self.console)),
             daemon=True,
         )
@@ -282,4 +284,4 @@ class Launch:
                 process.close()
         for conn in self.conns.values():
             conn.close()
-        self.processes, self.conns, self.status = [], {}, None
+        self.processes, self.conns, self.status, self.flight = [], {}, None, None

@@ -5,19 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import trace
-from .trace import Event
+from .chrome_trace import Trace
 
 
 class Run(Sequence):
     """What a launch produced: ``run[r]`` is rank r's return value.
 
-    ``run.trace`` holds every rank's `Event` in time order, ``run.stdout[r]``
-    and ``run.stderr[r]`` what rank r printed (kept apart, never interleaved).
+    ``run.trace`` holds every rank's `Event` in time order (a list; its
+    ``to_chrome(path)`` writes it for Perfetto), ``run.stdout[r]`` and ``run.stderr[r]``
+    what rank r printed (kept apart, never interleaved).
     """
 
     def __init__(self, results, events, stdout, stderr, backend, seconds):
         self._results = list(results)
-        self.trace: list[Event] = trace.merge(events)
+        self.trace: Trace = Trace(trace.merge(events))
         self.stdout: list[str] = list(stdout)
         self.stderr: list[str] = list(stderr)
         self.backend = backend

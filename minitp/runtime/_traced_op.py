@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from ..rules import ring_wire_bytes
-from . import trace
+from . import _flight_recorder, trace
 from .errors import RankTimedOut
 from .io_counters import Window
 from .mesh import Axis
@@ -80,6 +80,7 @@ class TracedOp:
             self.rec.leave()
             return False
         self.rec.leave()
+        _flight_recorder.completed(self.op, self.axis)
         self.rec.add(
             op=self.op,
             axis=self.axis.name if self.axis else self.via,

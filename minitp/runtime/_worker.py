@@ -25,7 +25,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import _device, _pickling, trace
+from . import _device, _flight_recorder, _pickling, trace
 from ._pickling import CodeKeepingPickler
 from .errors import RankTimedOut
 
@@ -177,8 +177,8 @@ class _StatusSlot:
         self._raw.value = data[: STATUS_SLOT_BYTES - 1]
 
 
-def main(rank, world_size, payload, store_path, backend, timeout, threads, conn, status, t0, env,
-         lifeline, native_stderr_path, sources, console_isatty):
+def main(rank, world_size, payload, store_path, backend, timeout, threads, conn, status, flight,
+         t0, env, lifeline, native_stderr_path, sources, console_isatty):
     global _console
     _die_with_launcher(lifeline)
     _console = _Console(conn, console_isatty)
@@ -191,6 +191,7 @@ def main(rank, world_size, payload, store_path, backend, timeout, threads, conn,
     sys.stdout, sys.stderr = out, err
     recorder = trace.install(rank, t0)
     recorder.status_slot = _StatusSlot(status, rank)
+    recorder.flight = _flight_recorder.Ring(flight, rank)
     message = {"rank": rank}
     try:
         fn, args, kwargs = cloudpickle.loads(payload)

@@ -17,13 +17,17 @@ class LaunchError(RuntimeError):
 class CollectiveTimeout(LaunchError):
     """Some ranks waited longer than the launch's timeout in a collective that
     not every rank joined. ``waiting`` maps each waiting rank to the op it was in;
-    ``finished`` lists the ranks that had already returned."""
+    ``finished`` lists the ranks that had already returned; ``last_collectives`` maps
+    each rank to its last few collectives (`minitp.runtime._flight_recorder.Entry`),
+    which the message shows as a table, naming the first the ranks disagree on."""
 
-    def __init__(self, message: str, waiting: dict[int, str], finished: list[int]):
+    def __init__(self, message: str, waiting: dict[int, str], finished: list[int],
+                 last_collectives: dict | None = None):
         first = min(waiting) if waiting else None
         super().__init__(message, rank=first)
         self.waiting = waiting
         self.finished = finished
+        self.last_collectives = last_collectives or {}
 
 
 class RankTimedOut(RuntimeError):

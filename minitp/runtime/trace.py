@@ -78,6 +78,7 @@ class Recorder:
         self._local = threading.local()  # phase/label stacks: autograd may run backward in a thread
         # Shared memory the launcher reads if this rank hangs: what it is waiting in.
         self.status_slot = None
+        self.flight = None  # and this rank's last collectives (`_flight_recorder.Ring`)
 
     # -- context -------------------------------------------------------------
     def _stack(self, name: str) -> list[str]:

@@ -139,6 +139,13 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
         out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
         write_run_dir(out, args, cfg, run, summary, start_step,
                       seconds=time.perf_counter() - wall, reference=ref)
+        if args.trace_out:  # checked writable before the run (`values`); a full disk still
+            try:  # answers in one line
+                run.trace.to_chrome(args.trace_out)
+            except ValueError as exc:
+                sys.stderr.write(f"python -m minitp.train: --trace-out: {exc}\n")
+                raise SystemExit(1) from None
+            print(f"trace: {args.trace_out} (open it in https://ui.perfetto.dev)")
         print(f"sampled text (prompt {args.prompt!r}, temperature {args.temperature}):\n"
               f"{lead['sample']}\n")
         print(f"run directory: {out}")

@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="pack documents (the corpus's files; --data's file is one) into the rows, each "
            "token masked to its own document, positions restarting (minitp.data.packing)")
     a("--out", metavar="DIR", help="run directory (default runs/<timestamp>)")
+    a("--trace-out", metavar="FILE", help="the last step's trace (timeline.png's) as a Chrome "
+      "trace-event file: open it in https://ui.perfetto.dev or chrome://tracing")
     a("--check", action="store_true",
       help="also train the single-process GPT on the same batches; report the largest "
            "loss difference")

@@ -15,6 +15,7 @@ import torch
 from .. import checkpoint
 from ..data import MAX_CORPUS_BYTES
 from ..rules import check_timeout
+from ..runtime.chrome_trace import check_writable
 
 SEED_STRIDE = 1_000_003  # a step's seed is seed * SEED_STRIDE + step + 1 (`rank.step_seed`)
 SEED_LIMIT = 2**63 - 1  # torch.manual_seed's int64: larger seeds overflow on every rank
@@ -58,7 +59,8 @@ def check_lr_fits(args) -> None:
 def check_text_and_places(args) -> None:
     """--prompt is text that UTF-8 can encode (bytes that are not UTF-8 reach Python as lone
     surrogates, and the sample at the end of the run could not encode them); --out is
-    a directory this process can create or write into; --data is a file with text in it."""
+    a directory this process can create or write into; --trace-out a file it can write;
+    --data is a file with text in it."""
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
@@ -69,6 +71,11 @@ def check_text_and_places(args) -> None:
             checkpoint.check_save_target(args.out)  # the same test as --save's directory
         except OSError as exc:
             raise ValueError(f"--out: {exc}") from None
+    if args.trace_out is not None:
+        try:
+            check_writable(args.trace_out)
+        except ValueError as exc:
+            raise ValueError(f"--trace-out: {exc}") from None
     if args.data is not None:
         if not os.path.isfile(args.data):
             why = "a directory, not a file" if os.path.isdir(args.data) else "no such file"

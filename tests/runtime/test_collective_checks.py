@@ -269,3 +269,8 @@ def test_a_rank_that_never_comes_is_still_a_timeout_naming_the_op():
         mt.launch(lambda: _skips(dist.get_rank(), 2), 2, timeout=2)
     assert info.value.waiting == {0: "all_reduce on axis world ranks [0, 1], shape (4,)"}
     assert info.value.finished == [1]
+    # the hang report: each rank's last collectives, and the one that rank 1 never called
+    assert str(info.value).endswith(
+        "the first collective the ranks disagree on: #0 on axis world ranks [0, 1]: "
+        "rank 0: all_reduce shape (4,) float32; rank 1: never called it")
+    assert [e.op for e in info.value.last_collectives[0]] == ["all_reduce"]

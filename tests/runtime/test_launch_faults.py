@@ -137,13 +137,16 @@ _INTERRUPT_TRIALS = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     tmp = Path(os.environ["TMPDIR"])
     me = os.getpid()
-    # A launch's status array lives in multiprocessing's shared-memory heap, which
-    # keeps its first small arena (one /dev/shm file, two descriptors) for the life of
-    # the interpreter. Made here, once, so that the descriptors counted below are the
-    # ones a launch leaves behind, whichever trial is the first to allocate.
+    # A launch's status array and its collectives' rings live in multiprocessing's
+    # shared-memory heap, which keeps its small arenas (one /dev/shm file, two descriptors
+    # each) for the life of the interpreter. Made here, once, so that the descriptors
+    # counted below are the ones a launch leaves behind, whichever trial is the first to
+    # allocate.
     import multiprocessing
+    from minitp.runtime._flight_recorder import RING_BYTES
     from minitp.runtime._worker import STATUS_SLOT_BYTES
-    multiprocessing.get_context("forkserver").RawArray("c", STATUS_SLOT_BYTES * 4)
+    for size in (STATUS_SLOT_BYTES, RING_BYTES):
+        multiprocessing.get_context("forkserver").RawArray("c", size * 4)
 
     def children():
         table = {}
@@ -441,6 +444,14 @@ def test_a_timeout_names_every_waiting_rank_and_its_collective():
         assert sorted(info.value.waiting) == [0, 1], str(info.value)
         assert info.value.waiting[0].startswith("all_reduce on axis dp")
         assert info.value.waiting[1].startswith("all_gather on axis dp")
+        # the hang report keeps the first line, then the table of each rank's last
+        # collectives (the ring, read from shared memory) and the first that differs
+        lines = str(info.value).splitlines()
+        assert lines[0] == "a collective was not joined by every rank within timeout=1 s:"
+        assert lines[-1] == ("the first collective the ranks disagree on: #0 on axis dp "
+                             "ranks [0, 1]: rank 0: all_reduce shape (4,) float32; "
+                             "rank 1: all_gather shape (2,) float32")
+        assert [e.done for r in (0, 1) for e in info.value.last_collectives[r]] == [False] * 2
 
 
 _CUT_SHORT = """

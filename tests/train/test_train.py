@@ -36,11 +36,12 @@ def _summary(done) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """One tiny run (dp=1 pp=1 tp=2, 6 steps, --check), shared: its checks below, and
-    the uninterrupted curve the save-and-resume test compares against."""
+    """One tiny run (dp=1 pp=1 tp=2, 6 steps, --check, --trace-out), shared: its checks
+    below, and the uninterrupted curve the save-and-resume test compares against."""
     out = tmp_path_factory.mktemp("tiny") / "run"
     summary = _summary(_cli("--dp", "1", "--pp", "1", "--tp", "2", "--steps", "6", "--check",
-                            "--out", str(out), *TINY))
+                            "--out", str(out), "--trace-out", str(out.parent / "trace.json"),
+                            *TINY))
     return summary, out
 
 
@@ -73,6 +74,22 @@ def test_tiny_run_with_check(tiny_run):
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-10
     for picture in ("loss", "memory", "comm", "timeline"):
         assert (out / f"{picture}.png").stat().st_size > 1000
+
+
+def test_trace_out_holds_the_traced_steps_collectives(tiny_run):
+    """--trace-out's file (Chrome's trace-event JSON) holds the step metrics.json counts:
+    every collective named by its op, with its axis and bytes, adding up to its bytes."""
+    out = tiny_run[1]
+    events = json.loads((out.parent / "trace.json").read_text())["traceEvents"]
+    comm = [e for e in events if e["ph"] == "X" and e["cat"] != "compute"]
+    assert comm and {e["name"] for e in comm} <= {"all_reduce", "all_gather", "reduce_scatter",
+                                                  "broadcast", "all_to_all", "barrier"}
+    assert {e["pid"] for e in comm} == {0, 1} and {e["args"]["axis"] for e in comm} == {"tp"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert sum(e["args"]["model_bytes"] for e in comm) == \
+        metrics["model_bytes_per_axis_one_step"]["tp"]
+    assert sum(e["args"]["sent_bytes"] for e in comm) == \
+        metrics["sent_bytes_per_axis_one_step"]["tp"]
 
 
 def test_save_then_load_at_another_tp_continues_the_curve(tmp_path, tiny_run):
@@ -260,6 +277,9 @@ BAD = [
                                             "use --arch gpt2"),
     (["--schedule", "zbv"], "schedule 'zbv' needs a pipeline of pp >= 2 ranks (got pp=1)"),
     (["--cp-comm", "a2a"], "--cp-comm a2a needs --cp > 1"),
+    (["--trace-out", "/no/such/folder/trace.json"], "--trace-out: cannot write a trace to"),
+    (["--trace-out", "/"], "--trace-out: '/' is a folder, not a file"),
+    (["--impl", "torch", "--trace-out", "t.json"], "--impl torch does not do --trace-out"),
     (["--cp", "2", "--cp-comm", "a2a+ring", "--cp-a2a-size", "3"],
      "cp_a2a_size=3 does not divide cp=2"),
     (["--cp", "4", "--tp", "2", "--cp-comm", "a2a", "--dp", "1"],
