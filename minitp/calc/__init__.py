@@ -29,7 +29,8 @@ parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps,
 messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `cp_overlap`
 (what of those messages a step waits for once the ring hides its own behind attention),
 `checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
-rate and the save's bytes).
+rate and the save's bytes). `accuracy` (not re-exported: ``python -m minitp.calc.accuracy``)
+sets the model beside published runs (`accuracy_rows`) and writes docs/calc-accuracy.md.
 """
 
 from .checkpointing import (
