@@ -135,6 +135,11 @@ def weak_scaling() -> list[tuple]:
             for name, gpus, tp, published in rows.WEAK_SCALING]
 
 
+def _convention_gap(model: str, seq: int) -> float:
+    cfg = config(rows.Published("", "", model, 1, "BF16", 1, 1, seq))
+    return model_flops(cfg, 1) / model_flops(cfg, 1, causal=True) - 1
+
+
 def _err(pred, pub) -> float | None:
     return None if pred is None or pub is None else pred / pub - 1
 
@@ -215,6 +220,17 @@ def markdown() -> str:
                      f"{_layout(r)} | {r.tokens_per_gpu:.0f} | {r.tflops:.0f} | "
                      f"{_num(t, '.1f')} | {_pct(_err(t, r.tflops), 2)} | {within} | "
                      f"{'; '.join(unmodelled(r))} |")
+    lines += ["", "## FLOPs conventions", "",
+              "`calc.flops_per_iteration` and `calc.model_flops` count the core attention "
+              "(QKᵀ and ·V) three ways: by default every row's full s × s (Korthikanti et al. "
+              "2022, Eq. 7: what the course's MFUs use); `causal=True` half of it, as "
+              "Megatron-LM's `num_floating_point_operations` (megatron/training/training.py) "
+              "and so Megatron-Bridge's model TFLOP/s do; `doc_lengths=` packed documents, "
+              "Σ Lᵢ² per row in place of s². Full attention counts these models' FLOPs "
+              "higher by:", ""]
+    lines += [f"- {name} at s = {seq}: {_pct(_convention_gap(name, seq))}"
+              for name, seq in (("LLAMA3_8B", 8192), ("LLAMA3_70B", 8192),
+                                ("LLAMA3.1_405B", 8192), ("LLAMA3.1_405B", 131072))]
     lines += [
         "",
         "## Step time and MFU",

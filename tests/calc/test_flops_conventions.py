@@ -52,3 +52,12 @@ def test_causal_llama_flops_are_megatrons_identity():
 def test_bad_doc_lengths_are_refused(lengths, match):
     with pytest.raises(ValueError, match=match):
         calc.model_flops(CFG, 2, doc_lengths=lengths)
+
+
+def test_step_time_computes_the_causal_half_when_asked():
+    cluster, B = calc.H100_80GB, 4
+    full = calc.step_time(CFG, cluster, micro_batch=B, efficiency=0.5)
+    half = calc.step_time(CFG, cluster, micro_batch=B, efficiency=0.5, causal=True)
+    saved = 12 * B * CFG.n_layer * CFG.seq_len ** 2 * CFG.d_model // 2
+    assert full.compute - half.compute == pytest.approx(saved / (0.5 * cluster.peak_flops))
+    assert full.tp == half.tp and full.dp == half.dp
