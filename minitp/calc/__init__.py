@@ -30,7 +30,8 @@ messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `c
 (what of those messages a step waits for once the ring hides its own behind attention),
 `muon` (Muon's model-state bytes under ZeRO, and what each distributed strategy sends),
 `checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
-rate and the save's bytes).
+rate and the save's bytes). `accuracy` (not re-exported: ``python -m minitp.calc.accuracy``)
+sets the model beside published runs (`accuracy_rows`) and writes docs/calc-accuracy.md.
 """
 
 from .checkpointing import (

@@ -23,8 +23,25 @@ from .params import attention_weights, mlp_weights
 from .vision import vision_forward_flops
 
 
-def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
+def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = False,
+                        doc_lengths=None) -> int:
     """FLOPs the GPUs execute for one iteration of ``global_batch`` sequences.
+
+    Two conventions for the core attention (QKᵀ and ·V), the only term that is not a
+    weight matrix's. The defaults count every row's full s × s scores, as Korthikanti
+    et al.'s Eq. 7 and 8 and Narayanan et al.'s Eq. 3 do, whatever ``cfg.causal``; every
+    number the course prints uses them, and they stay the defaults so none changes:
+
+    * ``causal=True`` halves the core term exactly (s²/2 per row, not s(s+1)/2): the
+      scores a causal mask leaves, as Megatron-LM counts them
+      (``megatron/training/training.py``, ``num_floating_point_operations``: "causal
+      mask (only half of the mask is non-zero)") and so as Megatron-Bridge's published
+      "Model TFLOP/s" does (`minitp.calc.accuracy`);
+    * ``doc_lengths``: packed documents that attend only within themselves. The core
+      term counts Σ Lᵢ² per row in place of s² (halved too when ``causal``). Either one
+      row's lengths (every row packed alike) or one list per row (``global_batch`` of
+      them); each row's lengths are positive and sum to ``cfg.seq_len``. A row of one
+      document is the unpacked count.
 
     One layer's forward is 24Bsh² (the four weight matrices) + 4Bs²h (QKᵀ and
     ·V); the output layer's 2BshV. Forward + backward is 3× the forward:
@@ -65,10 +82,30 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None) -> int:
     B, s, L, h, V = global_batch, cfg.seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size
     passes = 4 if recompute == "full" else 3  # forward passes' worth of the layers
     matrices = passes * B * s * layer_matrix_flops(cfg)
-    attention = {None: 12, "selective": 24, "full": 16}[recompute] * B * L * s * s * h
+    scores = _scores_per_batch(global_batch, s, doc_lengths)  # Σ over rows of s² or Σ Lᵢ²
+    attention = {None: 12, "selective": 24, "full": 16}[recompute] * L * scores * h
+    if causal:  # every coefficient above is even: the half is an exact integer
+        attention //= 2
     output_layer = 3 * 2 * B * s * h * V
     vision = 3 * vision_forward_flops(cfg, B)  # a VLM's encoder (`minitp.calc.vision`)
     return matrices + attention + output_layer + vision
+
+
+def _scores_per_batch(global_batch: int, seq_len: int, doc_lengths) -> int:
+    """Σ over the batch's rows of each row's attention scores: s² unpacked, Σ Lᵢ² packed."""
+    if doc_lengths is None:
+        return global_batch * seq_len * seq_len
+    rows = list(doc_lengths)
+    if rows and not isinstance(rows[0], int):  # one list of lengths per row
+        if len(rows) != global_batch:
+            raise ValueError(f"doc_lengths has {len(rows)} rows for global_batch={global_batch}")
+    else:
+        rows = [rows] * global_batch
+    for row in rows:
+        if not row or sum(row) != seq_len or min(row) < 1:
+            raise ValueError(f"doc_lengths {list(row)} must be positive and sum to "
+                             f"seq_len={seq_len}")
+    return sum(length * length for row in rows for length in row)
 
 
 def layer_matrix_flops(cfg, experts_only: bool = False) -> int:
@@ -100,10 +137,13 @@ def _is_moe_layer(cfg, index: int) -> bool:
     return getattr(cfg, "n_experts", 0) > 0 and cfg.is_moe_layer(index)
 
 
-def model_flops(cfg, global_batch: int) -> int:
+def model_flops(cfg, global_batch: int, causal: bool = False, doc_lengths=None) -> int:
     """The FLOPs the model needs, recomputation not counted (Korthikanti Eq. 7):
-    the numerator of model FLOPs utilisation (MFU)."""
-    return flops_per_iteration(cfg, global_batch, recompute=None)
+    the numerator of model FLOPs utilisation (MFU). The defaults count full attention;
+    ``causal`` and ``doc_lengths`` are `flops_per_iteration`'s conventions (Megatron's
+    MFU is ``causal=True``'s): an MFU should say which it used."""
+    return flops_per_iteration(cfg, global_batch, recompute=None, causal=causal,
+                               doc_lengths=doc_lengths)
 
 
 def mfu(flops: float, seconds: float, n_gpus: int, peak: float) -> float:

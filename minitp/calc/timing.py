@@ -76,10 +76,11 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
               recompute=None, virtual: int = 1, efficiency: float = 0.5,
               bytes_per_value: int = 2, grad_bytes: int = 2, zero_stage: int = 0,
               cp: int = 1, schedule=None, cp_comm: str = "ring",
-              cp_a2a_size: int | None = None) -> StepTime:
+              cp_a2a_size: int | None = None, causal: bool = False) -> StepTime:
     """Predicted seconds per iteration on ``cluster`` for a (dp, pp, cp, tp) run.
 
-    * compute: FLOPs executed (`flops_per_iteration`, recomputation included),
+    * compute: FLOPs executed (`flops_per_iteration`, recomputation included; full
+      attention unless ``causal``, which counts the half a causal kernel computes),
       shared evenly by the dp·pp·tp GPUs, at ``efficiency`` × peak;
     * tp: per microbatch and layer of a stage, `tp_collectives_per_layer`
       all-reduces of bsh values (with sp, each is a reduce-scatter plus an
@@ -117,7 +118,7 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
     m = microbatch_count(global_batch, dp, micro_batch)
     check_zero_bubble(schedule, pp, m, False)
     n_gpus = dp * pp * cp * tp
-    compute = flops_per_iteration(cfg, global_batch, recompute) / n_gpus
+    compute = flops_per_iteration(cfg, global_batch, recompute, causal=causal) / n_gpus
     compute /= cluster.peak_flops * efficiency
     activation = micro_batch * (cfg.seq_len // cp) * cfg.d_model * bytes_per_value
     per_layer = tp_collectives_per_layer(recompute) * cluster.collective_seconds(
