@@ -24,8 +24,16 @@ import torch
 
 from ..rules import ceil_div
 from ..runtime import comm
-from .blocks import (BLOCKS, E2M1, ELEMENTS, block_quantize, decode, mx_encode, nvfp4_encode,
-                     nvfp4_tensor_scale)
+from .blocks import (
+    BLOCKS,
+    E2M1,
+    ELEMENTS,
+    block_quantize,
+    decode,
+    mx_encode,
+    nvfp4_encode,
+    nvfp4_tensor_scale,
+)
 from .formats import E4M3
 
 

@@ -51,7 +51,8 @@ def block_linears(model: nn.Module):
 
 def convert(model: nn.Module, scaling: str, history_len: int = DEFAULT_HISTORY) -> nn.Module:
     """Make every block's linear layer of the plain GPT `model` an `Fp8Linear` with
-    `scaling` ("tensorwise", "delayed", "rowwise", "mxfp8" or "nvfp4"), in place; returns `model`."""
+    `scaling` ("tensorwise", "delayed", "rowwise", "mxfp8" or "nvfp4"), in place; returns
+    `model`."""
     check_fp8_scaling(scaling)
     check_fp8_model(model.cfg)
     check_fp8_blocks(model.cfg, scaling)

@@ -81,9 +81,8 @@ def check_fp8_blocks(cfg, scaling, tp: int = 1, cp: int = 1) -> None:
     for name, width in widths.items():
         if width % (tp * block):
             raise ValueError(f"fp8 {scaling}: {name} {width} over tp={tp} is {width / tp:g} "
-                             f"values a rank, not a whole number of blocks of {block}: a "
-                             "block would be cut between ranks (use widths of tp·"
-                             f"{block})")
+                             f"values a rank, not a whole number of blocks of {block} (a "
+                             f"block would be cut; use widths that are multiples of tp·{block})")
     if cp > 1 and cfg.seq_len % (2 * cp * block):
         raise ValueError(f"fp8 {scaling}: cp={cp} cuts seq_len={cfg.seq_len} into {2 * cp} "
                          f"pieces that are not whole blocks of {block} tokens")

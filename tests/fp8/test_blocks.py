@@ -85,8 +85,7 @@ def test_the_casts_are_torchaos_reference_casts_bit_for_bit():
     the same values in float64: every element code and block-scale code."""
     pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
     from torchao.prototype.mx_formats.mx_tensor import to_mx
-    from torchao.prototype.mx_formats.nvfp4_tensor import (nvfp4_quantize,
-                                                           per_tensor_amax_to_scale)
+    from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 128, generator=g) * torch.exp2(
