@@ -7,8 +7,8 @@ format each block's scale comes from its own 32 (MXFP8) or 16 (NVFP4) values, so
 can cast its shard with no other rank's help, but only if its shard is whole blocks: where
 ZeRO's even split puts a boundary inside a block, each side computes that block's scale
 from its part alone, and the gathered weight is not the one one device casts (Megatron-LM
-PR #5615, which makes the distributed optimizer's shards block-atomic;
-TransformerEngine issue #2797). The fix: every boundary rounded up to a whole block.
+issue #5615, "Support MXFP8 with MFSDP v2 block-atomic sharding"; its PR #7114 shards
+MXFP8 weights ``BlockAtomic(32)``). The fix: every boundary rounded up to a whole block.
 
 A weight (d_out, d_in) is flattened row by row, so with d_in whole blocks its flat vector's
 blocks are its rows' blocks along d_in, the forward GEMM's reduction dimension (the one a
