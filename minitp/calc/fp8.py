@@ -132,7 +132,9 @@ def fp8_linear_inputs_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False
     kept, as Korthikanti et al. 2022 §4.2.2 keep the bf16 one). Scales: per kept tensor,
     from `fp8_tensor_bytes` on its (tokens, width) shape. Rowwise keeps no 8-bit input: its
     weight gradient casts x again, scaled along the axis that GEMM keeps, from the kept
-    high-precision x, so its "fp8" is the bf16 bytes (ratio 1). ``{"fp8", "bf16", "ratio"}``."""
+    high-precision x, so its "fp8" is the bf16 bytes (ratio 1). MXFP8 and NVFP4: the
+    columnwise-quantized copy wgrad reads, as TransformerEngine keeps it (minitp's emulation
+    keeps x in high precision and casts again, as for rowwise). ``{"fp8", "bf16", "ratio"}``."""
     b, s, h = micro_batch, cfg.seq_len, cfg.d_model
     if h % tp or (sp and s % tp):
         raise ValueError(f"tp={tp} must divide d_model={h}" + (f" and seq_len={s}" if sp else ""))

@@ -78,6 +78,26 @@ def shard_errors(weight: torch.Tensor, n: int, recipe: str, atomic: bool) -> lis
     return out
 
 
+def tp_errors(weight: torch.Tensor, tp: int, recipe: str) -> list[dict]:
+    """The tp case: a row-parallel weight (d_out, d_in) split over `tp` ranks along d_in, its
+    forward's reduction dimension, each rank blocking its own d_in/tp columns from their
+    first. Per rank, ``{"differ", "max_error"}`` against its slice of one device's cast:
+    zero where d_in/tp is whole blocks, not where a block straddles two ranks (which
+    `minitp.rules.fp8_groups.check_fp8_blocks` therefore refuses)."""
+    d_in = weight.shape[-1]
+    if d_in % tp:
+        raise ValueError(f"d_in={d_in} does not split over tp={tp}")
+    whole, width = block_quantize(weight, recipe), d_in // tp
+    amax = weight.abs().max()
+    out = []
+    for r in range(tp):
+        local = weight[:, r * width:(r + 1) * width]
+        cast = torch.stack([cast_shard(row, recipe, amax) for row in local])
+        diff = (cast - whole[:, r * width:(r + 1) * width]).abs()
+        out.append({"differ": int((diff > 0).sum()), "max_error": float(diff.max())})
+    return out
+
+
 def gather_cast(weight: torch.Tensor, axis, recipe: str, atomic: bool) -> dict:
     """Across the ranks of `axis` (each holding the same `weight`): each casts its ZeRO-3
     shard, the codes and block scales are all-gathered as bytes (NVFP4 packs two codes a

@@ -25,6 +25,16 @@ def test_a_cut_block_differs_on_the_ranks_beside_the_cut_and_whole_blocks_are_ex
     assert all(r == {"differ": 0, "max_error": 0.0} for r in fixed), fixed
 
 
+def test_a_tp_split_that_cuts_a_block_changes_the_cast_and_whole_blocks_do_not():
+    """d_in 96 over tp=2: 48 values a rank, so rank 1's first MXFP8 block is the tail of one
+    device's second; over tp=3, 32 a rank: exact."""
+    weight = torch.randn(8, 96, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    cut = block_shards.tp_errors(weight, 2, "mxfp8")
+    assert cut[1]["differ"] > 0 and cut[1]["max_error"] > 1e-3, cut
+    assert all(r == {"differ": 0, "max_error": 0.0}
+               for r in block_shards.tp_errors(weight, 3, "mxfp8"))
+
+
 def test_a_tp_split_whose_local_k_is_not_whole_blocks_is_refused():
     """d_model 64 over tp=4: 16 values a rank, half an MXFP8 block (NVFP4's 16 fit)."""
     cfg = mt.GPTConfig(vocab_size=16, seq_len=32, n_layer=1, n_head=4, d_model=64)

@@ -48,10 +48,11 @@ BLOCK_CASES = [
     ("pp2 mxfp8", dict(pp=2), dict(fp8="mxfp8"), 2, dict(BLOCK_CFG, n_layer=2)),
     ("dp2 ZeRO-1 nvfp4", dict(dp=2), dict(zero_stage=1, fp8="nvfp4"), 1, BLOCK_CFG),
     ("dp2 ZeRO-2 mxfp8", dict(dp=2), dict(zero_stage=2, fp8="mxfp8"), 1, BLOCK_CFG),
-    ("dp2 ZeRO-3 nvfp4", dict(dp=2), dict(zero_stage=3, fp8="nvfp4"), 1, BLOCK_CFG),
     ("cp2 nvfp4", dict(cp=2), dict(fp8="nvfp4"), 1, dict(BLOCK_CFG, seq_len=64)),
 ]
 CASES += BLOCK_CASES
+MIXED_BLOCKS = ("dp2 x tp2+SP nvfp4 ZeRO-3", dict(dp=2, tp=2),
+                dict(SP, fp8="nvfp4", zero_stage=3), 1, BLOCK_CFG)  # tensor scales over dp, tp
 TRAP = ("tp2+SP tensorwise, local scales", dict(tp=2),
         dict(SP, fp8="tensorwise", fp8_local_scales=True), 1)
 
@@ -120,13 +121,15 @@ def fp8_run():
 
 @pytest.fixture(scope="module")
 def mixed_run():
-    return mt.launch(_compare, 4, [MIXED], timeout=240)
+    return mt.launch(_compare, 4, [MIXED, MIXED_BLOCKS], timeout=240)
 
 
 def test_a_mixed_mesh_equals_the_one_process_fp8_run(mixed_run):
     for rank, results in enumerate(mixed_run):
-        loss_error, param_error, _ = results[MIXED[0]]
-        assert max(loss_error, param_error) < TOLERANCE, (rank, loss_error, param_error)
+        for name in (MIXED[0], MIXED_BLOCKS[0]):
+            loss_error, param_error, _ = results[name]
+            assert max(loss_error, param_error) < TOLERANCE, (rank, name, loss_error,
+                                                              param_error)
 
 
 def test_every_mesh_equals_the_one_process_fp8_run(fp8_run):
