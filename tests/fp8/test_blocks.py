@@ -2,6 +2,8 @@
 (``float8_e8m0fnu``, ``float8_e4m3fn``, ``float4_e2m1fn_x2``) and, where it is installed,
 torchao's reference casts; the edges: zeros, subnormals, the extremes, NaN and inf."""
 
+import hashlib
+
 import pytest
 import torch
 
@@ -80,26 +82,63 @@ def test_a_reduction_dimension_not_whole_blocks_is_refused():
         blocks.block_quantize(torch.ones(2, 48, dtype=F64), "mxfp8")
 
 
+def _values() -> torch.Tensor:
+    """64 × 128 float32 values built from integers only (the same bits on every machine):
+    a hashed 24-bit mantissa in (−1, 1), a row's power of two from 2^-20 to 2^19, a block
+    of zeros, a block whose largest value reaches 448·2^8, a block holding NaN."""
+    k = torch.arange(64 * 128, dtype=torch.int64)
+    mantissa = ((k * 2654435761) % (1 << 24) - (1 << 23)).float() / (1 << 23)
+    x = (mantissa * torch.exp2(((k // 128) % 40 - 20).float())).reshape(64, 128)
+    x[0, :32], x[1, 5], x[3, 7] = 0.0, 448 * 2.0 ** 8, float("nan")
+    return x
+
+
+def _digest(*tensors) -> str:
+    return hashlib.sha256(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes()
+                                   for t in tensors)).hexdigest()[:16]
+
+
+def _nan_blocks_blanked(scales, codes):
+    """MXFP8 codes with those of a block whose scale is NaN (e8m0 0xFF) set to 0: such a
+    block reads NaN whatever its codes (the MX spec's NaN scale), and torchao leaves x/inf there
+    where minitp writes NaN codes."""
+    codes = codes.view(torch.uint8).reshape(*scales.shape, -1).clone()
+    codes[scales.view(torch.uint8) == 255] = 0
+    return scales.view(torch.uint8), codes.reshape(scales.shape[0], -1)
+
+
+def _minitp_codes(x):
+    """MXFP8 (scales, codes) of x, and NVFP4's of its finite rows 4…, in torchao's layout."""
+    mx_codes, mx_scales, _ = blocks.mx_encode(x.to(F64))
+    y = x[4:].to(F64)
+    nv_codes, nv_scales, _ = blocks.nvfp4_encode(y, y.abs().max())
+    return (*_nan_blocks_blanked(mx_scales, mx_codes), nv_scales,
+            blocks.pack_e2m1(nv_codes).view(torch.uint8))
+
+
+# torchao 0.18.0's to_mx(x, float8_e4m3fn, 32) and nvfp4_quantize(x[4:], 16,
+# per_tensor_amax_to_scale(amax)) of `_values()`, hashed (the live test below recomputes it)
+TORCHAO_DIGEST = "22853042f26f61bf"
+
+
+def test_the_casts_are_torchaos_recorded_codes():
+    assert _digest(*_minitp_codes(_values())) == TORCHAO_DIGEST
+
+
 def test_the_casts_are_torchaos_reference_casts_bit_for_bit():
-    """torchao 0.18's ``to_mx`` and ``nvfp4_quantize`` (float32 in) against minitp's casts of
-    the same values in float64: every element code and block-scale code."""
+    """torchao's ``to_mx`` and ``nvfp4_quantize`` (float32 in) against minitp's casts of the
+    same values in float64: every element code and block-scale code (where torchao is
+    installed: it is not one of minitp's dependencies)."""
     pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
     from torchao.prototype.mx_formats.mx_tensor import to_mx
     from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 128, generator=g) * torch.exp2(
-        torch.randint(-20, 20, (64, 1), generator=g).float())
-    x[0, :32], x[1, 5], x[3, 7] = 0.0, 448 * 2.0 ** 8, float("nan")
-    # (a block below 2^-118 differs: torchao divides by float32's least normal, 2^-126,
-    # where its e8m0 scale says 2^-127; minitp divides by the scale it stores)
-    scales, codes = to_mx(x, torch.float8_e4m3fn, 32)
-    mine, mine_scales, _ = blocks.mx_encode(x.to(F64))
-    assert torch.equal(scales.view(torch.uint8), mine_scales)
-    assert torch.equal(codes.view(torch.uint8)[4:], mine[4:])
-    y = x[4:].nan_to_num()
-    amax = y.abs().max()
-    scales, codes = nvfp4_quantize(y, 16, per_tensor_amax_to_scale(amax))
-    mine, mine_scales, _ = blocks.nvfp4_encode(y.to(F64), amax.to(F64))
-    assert torch.equal(scales.view(torch.uint8), mine_scales)
-    assert torch.equal(codes, blocks.pack_e2m1(mine).view(torch.uint8).reshape(codes.shape))
+    x = _values()
+    mx_scales, mx_codes = to_mx(x, torch.float8_e4m3fn, 32)
+    y = x[4:]
+    nv_scales, nv_codes = nvfp4_quantize(y, 16, per_tensor_amax_to_scale(y.abs().max()))
+    theirs = (*_nan_blocks_blanked(mx_scales, mx_codes), nv_scales, nv_codes)
+    for mine, reference in zip(_minitp_codes(x), theirs, strict=True):
+        assert torch.equal(mine.view(torch.uint8), reference.view(torch.uint8).reshape(
+            mine.shape))
+    assert _digest(*theirs) == TORCHAO_DIGEST
