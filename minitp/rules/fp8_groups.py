@@ -67,12 +67,13 @@ def check_fp8_scaling(scaling) -> None:
         raise ValueError(f"fp8 must be one of {', '.join(SCALINGS)}, got {scaling!r}")
 
 
-def check_fp8_blocks(cfg, scaling, tp: int = 1, cp: int = 1) -> None:
+def check_fp8_blocks(cfg, scaling, tp: int = 1, cp: int = 1, tokens: int | None = None) -> None:
     """Block-scaled recipes: every block whole on one rank, as in one process. A block runs
     along a GEMM's reduction dimension, and each of a layer's dimensions is one (the
     forward's inputs, dgrad's outputs): so every width a rank holds, whole or its tp part
     (each of q, k and v apart), must be whole blocks, and under cp each of the 2·cp pieces of
-    a sequence (wgrad sums over tokens). minitp refuses the rest rather than padding."""
+    a sequence (wgrad sums over tokens), and `tokens`, a rank's microbatch (where known: the
+    CLI; otherwise its cast refuses it). minitp refuses the rest rather than padding."""
     block = BLOCK_SCALINGS.get(scaling)
     if block is None:
         return
@@ -86,6 +87,9 @@ def check_fp8_blocks(cfg, scaling, tp: int = 1, cp: int = 1) -> None:
     if cp > 1 and cfg.seq_len % (2 * cp * block):
         raise ValueError(f"fp8 {scaling}: cp={cp} cuts seq_len={cfg.seq_len} into {2 * cp} "
                          f"pieces that are not whole blocks of {block} tokens")
+    if tokens is not None and tokens % block:
+        raise ValueError(f"fp8 {scaling}: a rank's microbatch holds {tokens} tokens, not whole "
+                         f"blocks of {block} (wgrad's reduction dimension)")
 
 
 def check_fp8_model(cfg, tp: int = 1) -> None:

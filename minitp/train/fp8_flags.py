@@ -49,7 +49,8 @@ def validate_fp8(args, parser, cfg) -> None:
                          recompute=args.recompute, all_gather=args.fp8_all_gather,
                          zero_stage=args.zero_stage)
         check_fp8_model(cfg, args.tp)
-        check_fp8_blocks(cfg, args.fp8, args.tp, args.cp)
+        tokens = args.batch_size // (args.dp * args.microbatches) * cfg.seq_len // args.cp
+        check_fp8_blocks(cfg, args.fp8, args.tp, args.cp, tokens)
     except ValueError as exc:
         parser.error(f"--fp8: {exc}")
     if args.pack:

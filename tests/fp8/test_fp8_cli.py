@@ -34,6 +34,7 @@ def test_fp8_through_the_cli_equals_the_one_process_fp8_run(tmp_path, scaling):
     (["--fp8", "tensorwise", "--arch", "llama", "--n-kv-head", "1"], "replicated"),
     (["--fp8", "delayed", "--zero-stage", "3", "--fp8-all-gather"], "needs fp8 tensorwise"),
     (["--fp8", "mxfp8"], "not a whole number of blocks of 32"),  # d_model 32 over tp=2
+    (["--fp8", "nvfp4", "--batch-size", "2", "--seq-len", "8"], "8 tokens"),
     (["--fp8", "mxfp8", "--zero-stage", "3", "--fp8-all-gather"], "needs fp8 tensorwise"),
 ])
 def test_a_combination_fp8_cannot_run_is_refused(flags, words, capsys, monkeypatch):
