@@ -111,7 +111,8 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     whole sequences of 1/cp of the heads and back), "a2a+ring" (the all-to-all inside groups
     of ``cp_a2a_size`` consecutive cp ranks, the ring across them).
 
-    fp8 (`minitp.fp8`): "tensorwise", "delayed" or "rowwise": every block's linear layer
+    fp8 (`minitp.fp8`): "tensorwise", "delayed", "rowwise", "mxfp8" or "nvfp4" (block
+    scales, every block whole on one rank or refused): every block's linear layer
     computes its GEMMs from FP8 operands (emulated), each amax reduced over the axes that split
     its tensor (`minitp.rules.fp8_groups`), so the model equals `minitp.fp8.convert(ref, fp8)`
     run in one process; fp8_local_scales=True: each rank's own amax instead (the trap);

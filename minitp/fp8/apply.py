@@ -11,7 +11,7 @@ import warnings
 import torch.nn as nn
 
 from ..rules import layer_label
-from ..rules.fp8_groups import amax_axes, check_fp8_model, roles
+from ..rules.fp8_groups import amax_axes, check_fp8_blocks, check_fp8_model, roles
 from ..runtime.mesh import Mesh
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from .casts import LayerScales
@@ -48,6 +48,7 @@ def apply_fp8(model: nn.Module, mesh: Mesh, scaling: str | None, sequence_parall
             raise ValueError("fp8_local_scales needs fp8 (a scaling to localise)")
         return
     check_fp8_model(model.cfg, mesh.tp.size)
+    check_fp8_blocks(model.cfg, scaling, mesh.tp.size, mesh.cp.size)
     if local_scales:
         warnings.warn(LOCAL_SCALES_WARNING, stacklevel=3)
     for index, name, module in block_linears(model):

@@ -35,7 +35,12 @@ again, from the high-precision tensors the forward kept, along the other axis, a
 
 `_RowwiseLinear` is that Function. Its forward casts x after any all-gather (torchtitan
 gathers a rowwise run's sequence-parallel input in high precision), so `cast_input` passes x
-through. Everything else stays in the run's dtype, under every recipe: the bias and its
+through. **mxfp8, nvfp4**: Blackwell's block scales (`minitp.fp8.blocks`) take the same Function:
+a scale a block along each GEMM's reduction dimension, so the backward casts again along the
+other axis, as TransformerEngine's MXFP8BlockScaling keeps a rowwise and a columnwise copy
+(transformer_engine/common/recipe/__init__.py) and torchao's MX training casts ``grad.t()``.
+
+Everything else stays in the run's dtype, under every recipe: the bias and its
 gradient (from the output gradient before its cast, as TransformerEngine's fused dbias),
 and every module that is not a block's linear layer (`minitp.fp8.convert`).
 """
@@ -45,7 +50,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..rules.fp8_groups import RECASTS, ROLES, roles
+from ..rules.fp8_groups import RECASTS, ROLES, recasts, roles
+from .blocks import ELEMENTS
 from .formats import E4M3, E5M2
 from .scaling import DEFAULT_HISTORY, TensorScale
 
@@ -119,14 +125,15 @@ class LayerScales:
     def __init__(self, scaling: str, axes: dict | None = None,
                  history_len: int = DEFAULT_HISTORY, name: str = ""):
         axes = axes or {}
-        rowwise = scaling == "rowwise"
-        grad_format = E4M3 if rowwise else E5M2  # torchao's ROWWISE; TE's HYBRID
+        rowwise = recasts(scaling)  # rowwise, mxfp8, nvfp4: scaled along each GEMM's sum
+        fmt = ELEMENTS.get(scaling, E4M3)  # MXFP8, NVFP4: one element format for all
+        grad_format = fmt if rowwise else E5M2  # torchao's ROWWISE and MX; TE's HYBRID
 
         def scale(role):
-            return TensorScale(scaling, grad_format if role.startswith("grad") else E4M3,
+            return TensorScale(scaling, grad_format if role.startswith("grad") else fmt,
                                axes.get(role, ()), history_len, f"{name} {role}".strip(),
                                along="column" if role in RECASTS else "row",
-                               power_of_2=rowwise)
+                               power_of_2=scaling == "rowwise")
 
         self.scaling, self.name = scaling, name
         self.scales = {role: scale(role) for role in roles(scaling)}
@@ -139,7 +146,7 @@ class LayerScales:
         """x in e4m3 (its gradient unchanged): the layer calls it where its cast belongs
         (a column-parallel layer under SP: before the all-gather). Rowwise: x as it is, cast
         in `linear` (after the all-gather, from which its backward casts again)."""
-        if self.scaling == "rowwise":
+        if recasts(self.scaling):
             return x
         return _CastForward.apply(x, self.input, torch.is_grad_enabled())
 
@@ -147,7 +154,7 @@ class LayerScales:
         """``gemm(x, W_q, None[, layer])`` (x already cast), its output gradient cast to
         e5m2, then the bias in the run's dtype; rowwise: `_RowwiseLinear`, a zero-bubble
         pipeline's deferred weight gradient honoured (``layer.weight_grads``)."""
-        if self.scaling == "rowwise":
+        if recasts(self.scaling):
             store = getattr(layer, "weight_grads", None)
             y = (_RowwiseLinear.apply(x, weight, self, None, None) if store is None else
                  _RowwiseLinear.apply(x, weight.detach(), self, store, (weight,)))

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..rules import layer_label
-from ..rules.fp8_groups import check_fp8_model, check_fp8_scaling
+from ..rules.fp8_groups import check_fp8_blocks, check_fp8_model, check_fp8_scaling
 from .casts import LayerScales
 from .scaling import DEFAULT_HISTORY
 
@@ -51,9 +51,11 @@ def block_linears(model: nn.Module):
 
 def convert(model: nn.Module, scaling: str, history_len: int = DEFAULT_HISTORY) -> nn.Module:
     """Make every block's linear layer of the plain GPT `model` an `Fp8Linear` with
-    `scaling` ("tensorwise", "delayed" or "rowwise"), in place; returns `model`."""
+    `scaling` ("tensorwise", "delayed", "rowwise", "mxfp8" or "nvfp4"), in place; returns
+    `model`."""
     check_fp8_scaling(scaling)
     check_fp8_model(model.cfg)
+    check_fp8_blocks(model.cfg, scaling)
     for index, name, module in block_linears(model):
         module.__class__ = Fp8Linear
         module.fp8 = LayerScales(scaling, None, history_len, f"{layer_label(index)}.{name}")

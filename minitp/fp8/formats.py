@@ -34,10 +34,11 @@ class Format:
     dtype: torch.dtype
     max: float       # the largest finite value
     mantissa_bits: int
+    min_exp: int = 0  # the smallest normal number's exponent (below it: subnormals)
 
 
-E4M3 = Format("e4m3", torch.float8_e4m3fn, 448.0, 3)
-E5M2 = Format("e5m2", torch.float8_e5m2, 57344.0, 2)
+E4M3 = Format("e4m3", torch.float8_e4m3fn, 448.0, 3, -6)
+E5M2 = Format("e5m2", torch.float8_e5m2, 57344.0, 2, -14)
 FORMATS = {f.name: f for f in (E4M3, E5M2)}
 
 

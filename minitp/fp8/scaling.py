@@ -17,6 +17,11 @@
   (a feature's tokens, a weight column's outputs), for the backward's re-casts
   (`minitp.fp8.casts`).
 
+* ``mxfp8``, ``nvfp4`` — Blackwell's block scales (`minitp.fp8.blocks`), blocks along the
+  GEMM's reduction dimension as rowwise's rows (``along`` the same); a block's scale needs
+  no other rank (`minitp.rules.fp8_groups.check_fp8_blocks` keeps every block on one), so
+  only NVFP4's one tensor scale reduces an amax.
+
 Every amax is reduced with MAX over the axes that split the tensor (`minitp.rules.fp8_groups`)
 before it makes a scale: then each rank's piece is cast with the scale of the whole tensor,
 as one process would cast it.
@@ -26,8 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from ..rules.fp8_groups import SCALINGS
+from ..rules.fp8_groups import BLOCK_SCALINGS, SCALINGS
 from ..runtime import comm, trace
+from .blocks import block_quantize
 from .formats import Format, quantize, round_down_to_power_of_2, scale_from_amax
 
 DEFAULT_HISTORY = 16  # TransformerEngine's default is 1024 (recipe.DelayedScaling); minitp's
@@ -97,11 +103,15 @@ class TensorScale:
         return scale
 
     def cast(self, x: torch.Tensor, record: bool = True) -> torch.Tensor:
+        if self.scaling in BLOCK_SCALINGS:  # NVFP4's tensor scale: the whole tensor's amax
+            self.last_scale = self.amax(x) if self.scaling == "nvfp4" else None
+            return block_quantize(x, self.scaling, self.last_scale, self.along)
         self.last_scale = self.scale(x, record)
         return quantize(x, self.last_scale, self.fmt)
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{a.name}={a.size}" for a in self.axes) or "none"
-        how = f"rowwise along each {self.along}" if self.scaling == "rowwise" else self.scaling
+        how = (f"{self.scaling} along each {self.along}"
+               if self.scaling == "rowwise" or self.scaling in BLOCK_SCALINGS else self.scaling)
         how += ", powers of 2" if self.power_of_2 else ""
         return f"TensorScale({self.name}: {how}, {self.fmt.name}, amax over {axes})"

@@ -41,7 +41,10 @@ from __future__ import annotations
 
 from .heads import kv_layout
 
-SCALINGS = ("tensorwise", "delayed", "rowwise")
+SCALINGS = ("tensorwise", "delayed", "rowwise", "mxfp8", "nvfp4")
+# Blackwell's block-scaled recipes (`minitp.fp8.blocks`): a scale a block of values along the
+# GEMM's reduction dimension, so, like rowwise, the backward casts again along the other axis
+BLOCK_SCALINGS = {"mxfp8": 32, "nvfp4": 16}  # the values a scale covers
 ROLES = ("input", "weight", "grad")  # grad: the output gradient
 # rowwise's backward casts along the other axis (torchao's cast_config_weight_for_grad_input,
 # _input_for_grad_weight, _grad_output_for_grad_weight)
@@ -51,12 +54,42 @@ LAYERS = ("column", "row")
 
 def roles(scaling: str) -> tuple[str, ...]:
     """The casts a layer makes under `scaling`: three, or rowwise's six."""
-    return ROLES + RECASTS if scaling == "rowwise" else ROLES
+    return ROLES + RECASTS if recasts(scaling) else ROLES
+
+
+def recasts(scaling: str) -> bool:
+    """Whether `scaling` scales along the reduction dimension, so the backward casts again."""
+    return scaling == "rowwise" or scaling in BLOCK_SCALINGS
 
 
 def check_fp8_scaling(scaling) -> None:
     if scaling not in SCALINGS:
         raise ValueError(f"fp8 must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+
+
+def check_fp8_blocks(cfg, scaling, tp: int = 1, cp: int = 1, tokens: int | None = None) -> None:
+    """Block-scaled recipes: every block whole on one rank, as in one process. A block runs
+    along a GEMM's reduction dimension, and each of a layer's dimensions is one (the
+    forward's inputs, dgrad's outputs): so every width a rank holds, whole or its tp part
+    (each of q, k and v apart), must be whole blocks, and under cp each of the 2·cp pieces of
+    a sequence (wgrad sums over tokens), and `tokens`, a rank's microbatch (where known: the
+    CLI; otherwise its cast refuses it). minitp refuses the rest rather than padding."""
+    block = BLOCK_SCALINGS.get(scaling)
+    if block is None:
+        return
+    widths = {"d_model": cfg.d_model, "the MLP's width": cfg.ffn_width,
+              "the K/V width": cfg.kv_heads * cfg.head_dim}
+    for name, width in widths.items():
+        if width % (tp * block):
+            raise ValueError(f"fp8 {scaling}: {name} {width} over tp={tp} is {width / tp:g} "
+                             f"values a rank, not a whole number of blocks of {block} (a "
+                             f"block would be cut; use widths that are multiples of tp·{block})")
+    if cp > 1 and cfg.seq_len % (2 * cp * block):
+        raise ValueError(f"fp8 {scaling}: cp={cp} cuts seq_len={cfg.seq_len} into {2 * cp} "
+                         f"pieces that are not whole blocks of {block} tokens")
+    if tokens is not None and tokens % block:
+        raise ValueError(f"fp8 {scaling}: a rank's microbatch holds {tokens} tokens, not whole "
+                         f"blocks of {block} (wgrad's reduction dimension)")
 
 
 def check_fp8_model(cfg, tp: int = 1) -> None:
@@ -103,8 +136,21 @@ def amax_axes(layer: str, role: str, scaling: str, sequence_parallel: bool = Fal
     >>> amax_axes("row", "input_wgrad", "rowwise")
     ('dp', 'cp')
 
+    MXFP8 reduces nothing (every scale is one block's); NVFP4 only its tensor scale, over
+    the axes that split the tensor as its cast sees it (a column layer's input cast after
+    SP's all-gather, as rowwise; a re-cast is of the forward's tensor):
+
+    >>> amax_axes("row", "input_wgrad", "nvfp4", sequence_parallel=True)
+    ('dp', 'cp', 'tp')
+
     local_scales: the trap, each rank its own amax — nothing reduced."""
     check_fp8_scaling(scaling)
+    if scaling in BLOCK_SCALINGS:
+        if scaling == "mxfp8" or local_scales:
+            return ()
+        base = {"weight_dgrad": "weight", "input_wgrad": "input",
+                "grad_wgrad": "grad"}.get(role, role)
+        return sum(split_axes(layer, base, False), ())
     if role in RECASTS and scaling == "rowwise":
         # weight_dgrad: one scale a column of W, its amax over W's rows (split over tp in a
         # column layer); input_wgrad, grad_wgrad: one a feature, over the tokens (dp, cp)

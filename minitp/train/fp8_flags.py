@@ -15,7 +15,7 @@ import sys
 from ..fp8.apply import LOCAL_SCALES_WARNING
 from ..fp8.convert import convert
 from ..fp8.reference import accumulate
-from ..rules.fp8_groups import SCALINGS, check_fp8_config, check_fp8_model
+from ..rules.fp8_groups import SCALINGS, check_fp8_blocks, check_fp8_config, check_fp8_model
 
 
 def add_fp8_flags(parser) -> None:
@@ -24,7 +24,9 @@ def add_fp8_flags(parser) -> None:
       help="the blocks' linear layers in FP8, emulated exactly (docs/fp8.md): tensorwise "
            "(this step's amax) and delayed (an amax history), e4m3 forward and e5m2 gradients; "
            "rowwise (torchao's: one power-of-two scale a row, e4m3 throughout, the backward "
-           "cast again); --check compares with the one-process FP8 run")
+           "cast again); mxfp8 and nvfp4 (Blackwell's block scales: 32 e4m3 values an e8m0 "
+           "scale; 16 e2m1 values an e4m3 scale under a tensor scale); --check compares with "
+           "the one-process FP8 run")
     a("--fp8-local-scales", action="store_true",
       help="with --fp8: each rank scales its piece of a split tensor by its own amax — the "
            "trap, on purpose (a warning says so; --check --dtype float64 shows the drift)")
@@ -47,6 +49,8 @@ def validate_fp8(args, parser, cfg) -> None:
                          recompute=args.recompute, all_gather=args.fp8_all_gather,
                          zero_stage=args.zero_stage)
         check_fp8_model(cfg, args.tp)
+        tokens = args.batch_size // (args.dp * args.microbatches) * cfg.seq_len // args.cp
+        check_fp8_blocks(cfg, args.fp8, args.tp, args.cp, tokens)
     except ValueError as exc:
         parser.error(f"--fp8: {exc}")
     if args.pack:

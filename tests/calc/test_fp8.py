@@ -53,6 +53,22 @@ def test_an_fp8_all_gather_sends_half_of_bf16_plus_the_scales_by_hand():
     assert calc.fp8_all_gather_bytes(8, 16, 1)["fp8"] == 0  # one rank sends nothing
 
 
+def test_block_formats_all_gather_bytes_by_hand():
+    """8 x 64 over n = 4, each rank sending 3 of 4 shards (384 values): MXFP8 one byte a value
+    and one e8m0 byte a block of 32; NVFP4 half a byte and one e4m3 byte a block of 16, and
+    its tensor scale's float32 amax all-reduce (2 · 3/4 · 4 bytes)."""
+    mx = calc.fp8_all_gather_bytes(8, 64, 4, "mxfp8")
+    assert (mx["values"], mx["scales"], mx["amax"]) == (384, 12, 0)
+    nv = calc.fp8_all_gather_bytes(8, 64, 4, "nvfp4")
+    assert (nv["values"], nv["scales"], nv["amax"]) == (192, 24, 6)
+    big = {s: calc.fp8_all_gather_bytes(4096, 4096, 8, s)["ratio"] for s in ("mxfp8", "nvfp4")}
+    assert big["mxfp8"] == (8 + 8 / 32) / 16 and abs(big["nvfp4"] - (4 + 8 / 16) / 16) < 1e-6
+    held = calc.fp8_tensor_bytes(8, 64, "nvfp4")  # a tensor held: its tensor scale too
+    assert (held["values"], held["scales"]) == (256, 32 + 4)
+    with pytest.raises(ValueError, match="not whole blocks of 32"):
+        calc.fp8_all_gather_bytes(8, 48, 4, "mxfp8")
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_the_kept_linear_inputs_are_the_values_counted_layer_by_layer(sp):
     cfg = mt.GPTConfig(vocab_size=64, seq_len=32, n_layer=1, n_head=4, d_model=64)

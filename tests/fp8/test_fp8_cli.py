@@ -14,9 +14,11 @@ TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
         "--sample-tokens", "4", "--dtype", "float64", "--no-progress", "--steps", "2"]
 
 
-def test_fp8_through_the_cli_equals_the_one_process_fp8_run(tmp_path):
-    """tp=2 with SP and 2 microbatches: --check's one-process run casts the same microbatches."""
-    done = run_cli(*TINY, "--dp", "1", "--pp", "1", "--tp", "2", "--sp", "--fp8", "tensorwise",
+@pytest.mark.parametrize("scaling", ["tensorwise", "nvfp4"])
+def test_fp8_through_the_cli_equals_the_one_process_fp8_run(tmp_path, scaling):
+    """tp=2 with SP: --check's one-process run casts the same microbatches (nvfp4: blocks of
+    16 along d_model/tp = 16, its tensor scales' amax reduced over tp)."""
+    done = run_cli(*TINY, "--dp", "1", "--pp", "1", "--tp", "2", "--sp", "--fp8", scaling,
                    "--check", "--out", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["max_loss_diff"] < 1e-9
@@ -31,6 +33,9 @@ def test_fp8_through_the_cli_equals_the_one_process_fp8_run(tmp_path):
     (["--fp8", "blockwise"], "invalid choice"),
     (["--fp8", "tensorwise", "--arch", "llama", "--n-kv-head", "1"], "replicated"),
     (["--fp8", "delayed", "--zero-stage", "3", "--fp8-all-gather"], "needs fp8 tensorwise"),
+    (["--fp8", "mxfp8"], "not a whole number of blocks of 32"),  # d_model 32 over tp=2
+    (["--fp8", "nvfp4", "--batch-size", "2", "--seq-len", "8"], "8 tokens"),
+    (["--fp8", "mxfp8", "--zero-stage", "3", "--fp8-all-gather"], "needs fp8 tensorwise"),
 ])
 def test_a_combination_fp8_cannot_run_is_refused(flags, words, capsys, monkeypatch):
     def no_launch(*args, **kwargs):
