@@ -31,6 +31,7 @@ messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s),
 rate and the save's bytes).
 """
 
+from .allreduce import ALLREDUCE_ALGORITHMS, AllReduceTime, allreduce_time
 from .checkpointing import (
     LLAMA3_405B,
     FailureRecord,
@@ -171,6 +172,7 @@ __all__ = [
     "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "critical_batch",
     "decode_bytes_per_step", "decode_flops_per_token", "decode_intensity", "decode_step_time",
     "decode_vs_tp", "kv_cache_bytes_per_token", "max_decode_batch", "prefill_flops",
-    "tp_stops_paying", "weight_params_read", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
+    "tp_stops_paying", "weight_params_read", "ALLREDUCE_ALGORITHMS", "AllReduceTime",
+    "allreduce_time", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
     "fp8_scale_count", "fp8_tensor_bytes",
 ]
