@@ -16,8 +16,10 @@ their bytes, decides what more tensor parallelism costs.
 
 vLLM picks the one-shot kernel at t = 2 always, and with every GPU on NVLink below 512 KiB
 at t ≤ 4 or 256 KiB at t ≤ 8 (``CustomAllreduce::allreduce``); above those sizes a two-stage
-kernel (reduce-scatter, then all-gather, through the same buffers). It runs only inside one
-node, so the one-shot price is refused for t beyond a node.
+kernel (reduce-scatter, then all-gather, through the same buffers). vLLM's Python side
+(``vllm/distributed/device_communicators/custom_all_reduce.py``, ``CustomAllreduce``) uses
+the custom kernels only inside one node, at 2, 4, 6 or 8 GPUs, below 8 MiB
+(``should_custom_ar``); NCCL otherwise. So the one-shot price is refused for t beyond a node.
 """
 
 from __future__ import annotations
