@@ -34,6 +34,7 @@ rate and the save's bytes). `accuracy` (not re-exported: ``python -m minitp.calc
 sets the model beside published runs (`accuracy_rows`) and writes docs/calc-accuracy.md.
 """
 
+from .allreduce import ALLREDUCE_ALGORITHMS, AllReduceTime, allreduce_time
 from .checkpointing import (
     LLAMA3_405B,
     FailureRecord,
@@ -177,6 +178,7 @@ __all__ = [
     "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "critical_batch",
     "decode_bytes_per_step", "decode_flops_per_token", "decode_intensity", "decode_step_time",
     "decode_vs_tp", "kv_cache_bytes_per_token", "max_decode_batch", "prefill_flops",
-    "tp_stops_paying", "weight_params_read", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
+    "tp_stops_paying", "weight_params_read", "ALLREDUCE_ALGORITHMS", "AllReduceTime",
+    "allreduce_time", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
     "fp8_scale_count", "fp8_tensor_bytes",
 ]

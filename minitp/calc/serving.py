@@ -18,9 +18,11 @@ Time per step is the Scaling Book's model (Austin et al. 2025, "How to Scale You
 estimates for LLM latency and throughput"): the cache read at bandwidth, plus the larger of
 the weights' FLOPs at peak and the weights' read at bandwidth; to which tensor parallelism
 adds its two all-reduces of B·h values per layer (after attention, after the MLP) at the
-cluster's α–β cost. tp divides the weights and the cache a rank reads (its K/V heads:
-`minitp.rules.kv_layout`), not the all-reduces: where their latency outgrows the reads it
-saves, more tp stops paying. Everything here is a MODEL: peaks, not measured kernels.
+cluster's α–β cost, priced as a ring (2(t−1) hops) or as vLLM's one-shot all-reduce (one
+hop, every peer's buffer read: `minitp.calc.allreduce`). tp divides the weights and the
+cache a rank reads (its K/V heads: `minitp.rules.kv_layout`), not the all-reduces: where
+their cost outgrows the reads it saves, more tp stops paying — a ring's latency grows with
+t, a one-shot's does not. Everything here is a MODEL: peaks, not measured kernels.
 
 Shapes: `LLAMA3_8B` and `LLAMA3_70B` (Meta, "The Llama 3 Herd of Models", Dubey et al.
 2024, arXiv 2407.21783, Table 3).
@@ -33,6 +35,7 @@ from fractions import Fraction
 
 from ..rules import kv_layout
 from ._util import number
+from .allreduce import allreduce_time
 from .cluster import Cluster
 from .params import params_per_rank
 
@@ -172,6 +175,7 @@ class DecodeTime:
     weight_seconds: float
     compute_seconds: float
     comm_seconds: float
+    allreduce: str = "ring"
 
     @property
     def seconds(self) -> float:
@@ -189,15 +193,16 @@ class DecodeTime:
         return max(parts, key=parts.get)
 
     def __repr__(self) -> str:
-        return (f"DecodeTime(model: B={self.batch}, tp={self.tp}: "
+        return (f"DecodeTime(model: B={self.batch}, tp={self.tp}, {self.allreduce} all-reduces: "
                 f"{self.seconds * 1e3:.3f} ms a step, {self.tokens_per_second:,.0f} tokens/s, "
                 f"{self.bound}-bound)")
 
 
 def decode_step_time(cfg, cluster: Cluster, batch: int, context: int, tp: int = 1,
-                     bytes_per_value: int = 2) -> DecodeTime:
+                     bytes_per_value: int = 2, allreduce: str = "ring") -> DecodeTime:
     """The modelled time of one decode step at ``batch`` sequences of ``context`` cached
-    positions over ``tp`` ranks of one node (see the module docstring)."""
+    positions over ``tp`` ranks of one node, its all-reduces priced by ``allreduce``
+    (``"ring"`` or ``"one_shot"``: `minitp.calc.allreduce`; see the module docstring)."""
     _check(batch=batch, context=context, tp=tp)
     bandwidth = cluster.memory_bandwidth
     if bandwidth is None:
@@ -205,22 +210,25 @@ def decode_step_time(cfg, cluster: Cluster, batch: int, context: int, tp: int = 
     cache = batch * context * kv_cache_bytes_per_token(cfg, bytes_per_value, tp)
     weights = weight_params_read(cfg, tp)
     activation = batch * cfg.d_model * bytes_per_value
-    comm = 2 * cfg.n_layer * cluster.collective_seconds("all_reduce", activation, tp, tp)
+    comm = 2 * cfg.n_layer * allreduce_time(cluster, activation, tp, allreduce).seconds
     return DecodeTime(batch, tp, cache / bandwidth, weights * bytes_per_value / bandwidth,
-                      2 * batch * weights / cluster.peak_flops, comm)
+                      2 * batch * weights / cluster.peak_flops, comm, allreduce)
 
 
 def decode_vs_tp(cfg, cluster: Cluster, batch: int, context: int,
-                 tps=(1, 2, 4, 8), bytes_per_value: int = 2) -> list[DecodeTime]:
+                 tps=(1, 2, 4, 8), bytes_per_value: int = 2,
+                 allreduce: str = "ring") -> list[DecodeTime]:
     """`decode_step_time` at each tp of ``tps`` (a model)."""
-    return [decode_step_time(cfg, cluster, batch, context, tp, bytes_per_value) for tp in tps]
+    return [decode_step_time(cfg, cluster, batch, context, tp, bytes_per_value, allreduce)
+            for tp in tps]
 
 
 def tp_stops_paying(cfg, cluster: Cluster, batch: int, context: int,
-                    tps=(1, 2, 4, 8), bytes_per_value: int = 2) -> int:
+                    tps=(1, 2, 4, 8), bytes_per_value: int = 2, allreduce: str = "ring") -> int:
     """The tp of ``tps`` (ascending) after which the next one no longer shortens the
-    modelled step: the all-reduces' cost has overtaken the reads it divides."""
-    times = decode_vs_tp(cfg, cluster, batch, context, tps, bytes_per_value)
+    modelled step: the all-reduces' cost has overtaken the reads it divides. The last of
+    ``tps`` when every step shortens (it has not stopped paying within them)."""
+    times = decode_vs_tp(cfg, cluster, batch, context, tps, bytes_per_value, allreduce)
     for here, there in zip(times, times[1:], strict=False):
         if there.seconds >= here.seconds:
             return here.tp

@@ -82,6 +82,14 @@ def test_tp_stops_paying_where_the_all_reduces_latency_outgrows_the_reads():
     assert step.bound == "communication" and "model" in repr(step)
 
 
+@pytest.mark.parametrize("shape", [LLAMA3_8B, LLAMA3_70B])
+def test_a_one_shot_all_reduce_keeps_tp_paying_where_a_ring_stops(shape):
+    # batch 8, 4096 cached: the ring's 2(t−1) hops (the default price, unchanged) stop tp
+    # after 4; one hop whatever t keeps tp gaining up to a node's 8 GPUs
+    assert tp_stops_paying(shape, calc.H100_80GB, 8, 4096) == 4
+    assert tp_stops_paying(shape, calc.H100_80GB, 8, 4096, allreduce="one_shot") == 8
+
+
 def test_bad_input_is_one_clear_line():
     with pytest.raises(ValueError, match="batch must be a positive int"):
         decode_step_time(LLAMA3_8B, calc.H100_80GB, 0, 4096)

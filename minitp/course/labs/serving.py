@@ -1,6 +1,6 @@
 """Lab: serving a model across ranks (lesson 18) — the KV cache grown, prefill and decode on
 the timeline, tensor parallelism's collectives per token, and tokens per second against
-the batch beside the roofline's model.
+the batch beside the roofline's model, on panels of their own.
 
 Every run uses `minitp.serving` (the cache, `Decoder`, `tp_model`, `pp_generate`) on a tiny
 Llama-style GPT (`CFG`: 4 query heads, 2 K/V heads) on `mt.device()`:
@@ -15,8 +15,9 @@ Llama-style GPT (`CFG`: 4 query heads, 2 K/V heads) on `mt.device()`:
 * `throughput`: decode tokens per second against the batch at each tp, MEASURED on this
   machine by `minitp.serving.decode_throughput` (its CPU, not a GPU: its balance point is
   another);
-* `roofline`: the picture — a GPU's roofline for a Llama 3 model from `mt.calc.serving`
-  (a MODEL), and the measured tokens per second beside the model's shape.
+* `roofline` (`serving_roofline`): the picture — a GPU's roofline and tokens per second
+  for a Llama 3 model from `mt.calc.serving` (a MODEL), and the tokens per second measured
+  here, each on its own panel.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ...model.kv_cache import KVCache
 from ...runtime._device import device
 from ...runtime.launch import launch
 from ..viz._style import _new_figure
+from .serving_roofline import roofline  # noqa: F401  (lab.roofline, lesson 18)
 
 CFG = GPTConfig.llama(vocab_size=64, seq_len=32, n_layer=2, n_head=4, d_model=32,
                       n_kv_head=2)
@@ -169,41 +171,3 @@ def throughput(cfg: GPTConfig, batches=(1, 4, 16, 64), tps=(1, 2, 4), repeats: i
 
     runs = [decode_throughput(cfg, batches, tps) for _ in range(repeats)]
     return {tp: {b: max(run[tp][b] for run in runs) for b in batches} for tp in tps}
-
-
-def roofline(measured: dict, shape=model_of.LLAMA3_8B, cluster=calc.H100_80GB,
-             context: int = 4096):
-    """Left: a GPU's roofline for `shape` (a MODEL): attainable FLOP/s against arithmetic
-    intensity, the decode steps at batch 1..1024 placed on it. Right: tokens per second
-    against the batch — MEASURED here at each tp, and the model's shape on the GPU."""
-    fig = _new_figure((11, 4))
-    left, right = fig.subplots(1, 2)
-    bw, peak = cluster.memory_bandwidth, cluster.peak_flops
-    xs = [2 ** (i / 4) for i in range(4 * 12)]
-    left.loglog(xs, [min(peak, x * bw) for x in xs], color="#555555")
-    left.axvline(cluster.balance_point, color="#D55E00", lw=1, ls="--")
-    left.text(cluster.balance_point, peak / 30, f" balance point\n {cluster.balance_point:.0f} "
-              "FLOP/byte", color="#D55E00", fontsize=8)
-    batches = [1, 4, 16, 64, 256, 1024]
-    for ctx, marker in ((1, "o"), (context, "s")):
-        pts = [model_of.decode_intensity(shape, b, ctx) for b in batches]
-        left.scatter(pts, [min(peak, x * bw) for x in pts], marker=marker, zorder=3,
-                     label=f"decode, {ctx:,} cached position{'s' * (ctx > 1)}")
-        for b, x in zip(batches, pts, strict=True):
-            left.annotate(f"B={b}", (x, min(peak, x * bw)), fontsize=7,
-                          textcoords="offset points", xytext=(3, -9))
-    left.set(xlabel="arithmetic intensity (FLOPs per byte read)", ylabel="FLOP/s",
-             title=f"MODEL: {shape.name} decoding on one {cluster.name.split(', ')[-1][3:]}")
-    left.legend(fontsize=8, loc="lower right")
-    for tp, series in measured.items():
-        right.plot(list(series), list(series.values()), marker="o",
-                   label=f"MEASURED here, tp={tp}")
-    shapes = [model_of.decode_step_time(shape, cluster, b, context).tokens_per_second
-              for b in batches]
-    scale = list(measured[min(measured)].values())[0] / shapes[0]
-    right.plot(batches, [s * scale for s in shapes], color="#555555", ls="--",
-               label=f"MODEL's shape ({shape.name} on the GPU, scaled to meet tp=1 at B=1)")
-    right.set(xscale="log", yscale="log", xlabel="batch (sequences decoding together)",
-              ylabel="decode tokens per second", title="tokens per second against the batch")
-    right.legend(fontsize=7)
-    return fig
