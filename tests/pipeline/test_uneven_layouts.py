@@ -2,7 +2,7 @@
 float64: every step's loss and every parameter after 2 AdamW steps, on 4 real ranks, in one
 launch. 5 layers (which no pp here divides) over stages of 3 and 2, 4 and 1, an
 embedding-only first stage, interleaved chunks of 2, 1, 1, 1 and a V of 1, 2, 1, 1; between
-them GPipe, 1F1B, interleaved and ZBV, tp with sequence parallelism, dp with ZeRO-1 and
+them GPipe, 1F1B, interleaved, ZB-H1 and ZBV, tp with sequence parallelism, dp with ZeRO-1 and
 ZeRO-3, cp, ep (a mixture of experts), full recomputation and the vision-language model's
 encoder on its first stage (3 layers as 1 and 2); and a checkpoint saved at one layout loads
 at another.
@@ -26,7 +26,7 @@ SETTINGS = [
     (dict(pp=2, dp=2, ep=2), dict(pipeline_layout=[3, 2], zero_stage=1), "1f1b", 2,
      dict(n_experts=4)),
     (dict(pp=2, tp=2), dict(SP, pipeline_layout="Et*4|tL", recompute="full"), "gpipe", 2, {}),
-    (dict(pp=4), dict(pipeline_layout="E|tt|tt|tL"), "1f1b", 4, {}),
+    (dict(pp=4), dict(pipeline_layout="E|tt|tt|tL"), "zb-h1", 4, {}),
     (dict(pp=2, dp=2), dict(pipeline_layout=[2, 1, 1, 1], virtual_stages=2, zero_stage=3),
      "interleaved", 2, {}),
     (dict(pp=2, cp=2), dict(pipeline_layout=[[0], [1, 2], [3], [4]], virtual_stages=2,
