@@ -28,8 +28,9 @@ across node boundaries, the level each axis lands on), `context_parallel` (conte
 parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
 messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `cp_overlap`
 (what of those messages a step waits for once the ring hides its own behind attention),
-`checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
-rate and the save's bytes).
+`pipeline_layout` (the layout of layers over pipeline stages whose slowest stage is
+fastest, each stage within a memory limit), `checkpointing` (how often to save: Young's and
+Daly's intervals from a cluster's failure rate and the save's bytes).
 """
 
 from .checkpointing import (
@@ -112,6 +113,7 @@ from .params import (
     params_per_stage,
     vision_params,
 )
+from .pipeline_layout import LayoutChoice, pipeline_layout
 from .plan import Candidate, Plan, cp_variants, expert_parallel_sizes, plan
 from .serving import (
     LLAMA3_8B,
@@ -176,4 +178,5 @@ __all__ = [
     "decode_vs_tp", "kv_cache_bytes_per_token", "max_decode_batch", "prefill_flops",
     "tp_stops_paying", "weight_params_read", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
     "fp8_scale_count", "fp8_tensor_bytes",
+    "LayoutChoice", "pipeline_layout",
 ]
