@@ -4,6 +4,10 @@ docs/pipeline-layouts.md):
 
     python -m minitp.train --dp 1 --pp 2 --tp 2 --n-layer 5 --pipeline-layout "Et*3|ttL"
 
+``--pipeline-layout auto`` takes `minitp.calc.pipeline_layout`'s choice (a model: the layout
+whose slowest stage has the fewest training FLOPs per token); the run's metrics.json records
+the layout chosen in its args.
+
 Refused before any process starts (exit 2, one line) where the layout cannot run: a layer
 dropped or repeated, a stage count other than --pp × --virtual-stages, a symbol minitp does
 not read, or torch's path (--impl torch has no pipeline).
@@ -16,7 +20,8 @@ from ..rules.layouts import layout_stages
 HELP = ("which layers each of the --pp x --virtual-stages stages holds, in model order, as "
         "Megatron-LM writes it: E the embedding, t a layer, L the head, | between stages, "
         "t*3 and (tt|)*2 repeat; e.g. 'Et*3|ttL' puts 3 layers and the embedding on the first "
-        "of 2 stages, 2 and the head on the second (default: n-layer/stages each)")
+        "of 2 stages, 2 and the head on the second; auto: minitp.calc.pipeline_layout's "
+        "choice, the slowest stage's FLOPs least (default: n-layer/stages each)")
 
 
 def add_layout_flag(parser) -> None:
@@ -29,6 +34,10 @@ def validate_layout(args, cfg, parser) -> None:
         return
     if args.impl == "torch":
         parser.error("--pipeline-layout needs --impl minitp: torch's path here has no pipeline")
+    if args.pipeline_layout == "auto":  # the model's choice, before the ranks need it
+        from ..calc.pipeline_layout import pipeline_layout
+
+        args.pipeline_layout = pipeline_layout(cfg, args.pp, args.virtual_stages).layout
     try:
         layout_stages(args.pipeline_layout, cfg.n_layer, args.pp, args.virtual_stages)
     except ValueError as exc:

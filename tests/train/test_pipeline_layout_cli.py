@@ -9,6 +9,7 @@ import sys
 import pytest
 from helpers import run_cli
 
+import minitp as mt
 from minitp import train
 
 TINY = ["--n-layer", "3", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
@@ -45,3 +46,14 @@ def test_a_layout_that_cannot_run_is_one_line_before_any_process(flags, message,
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def test_auto_runs_the_balancers_choice(monkeypatch):
+    """--pipeline-layout auto: `mt.calc.pipeline_layout`'s layout, in args before any rank
+    starts (7 layers over pp 3, the CLI's byte vocabulary: the head lighter than a layer)."""
+    parser = train.build_parser()
+    args = parser.parse_args([*TINY, "--n-layer", "7", "--dp", "1", "--pp", "3", "--tp", "1",
+                              "--microbatches", "3", "--batch-size", "3",
+                              "--pipeline-layout", "auto"])
+    cfg = train.validate(args, parser)[0]
+    assert args.pipeline_layout == mt.calc.pipeline_layout(cfg, 3).layout == "Ett|t*3|ttL"
