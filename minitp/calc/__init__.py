@@ -13,7 +13,8 @@ measures.
 
 Modules: `params` (counts), `memory` (model states, activations), `loss` (the loss's
 bytes, chunked or not), `comm` (bytes
-per axis), `flops` (FLOPs, MFU, the bubble of every schedule, training time), `cluster`
+per axis), `flops` (FLOPs, MFU, the bubble of every schedule, training time),
+`pipeline_layout` (the layers over pipeline stages whose slowest stage is fastest), `cluster`
 (hardware presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
 saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
 tensor parallelism of one linear layer: bytes, collectives, latency terms), `moe`
@@ -28,9 +29,8 @@ across node boundaries, the level each axis lands on), `context_parallel` (conte
 parallelism's attentions — ring, all-gather, Ulysses, hybrid: what each keeps, its
 messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `cp_overlap`
 (what of those messages a step waits for once the ring hides its own behind attention),
-`pipeline_layout` (the layout of layers over pipeline stages whose slowest stage is
-fastest, each stage within a memory limit), `checkpointing` (how often to save: Young's and
-Daly's intervals from a cluster's failure rate and the save's bytes).
+`checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
+rate and the save's bytes).
 """
 
 from .checkpointing import (
