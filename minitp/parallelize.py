@@ -76,7 +76,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
                 vision_layout: str = "replicated", cp_comm: str = "ring",
                 cp_a2a_size: int | None = None, fp8: str | None = None,
                 fp8_local_scales: bool = False, fp8_all_gather: bool = False,
-                validated: bool = False) -> ParallelGPT | PipelineGPT:
+                pipeline_layout=None, validated: bool = False) -> ParallelGPT | PipelineGPT:
     """This rank's part of `ref` (weights copied from it) for the whole mesh.
 
     tp: every layer is sharded by the plan table. pp: the layers are cut into
@@ -119,6 +119,11 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     fp8_all_gather=True (tensorwise, zero_stage=3): the weights gathered in 8 bits with
     their scale (`minitp.fp8.gather`).
 
+    pipeline_layout: which layers each of the pp·virtual_stages stages holds, when not
+    n_layer/(pp·virtual_stages) each: a string like Megatron-LM's, ``"Et*3|t*2L"``, a list of
+    layer counts per stage, ``[3, 2]``, or of each stage's layers (`minitp.rules.layouts`,
+    docs/pipeline-layouts.md); the embedding on the first stage, the head on the last.
+
     validated: the parent already ran `mt.check_parallel_config` with these sizes before
     any process started (the CLI, a checkpoint's load), so this rank trusts them; left
     False, this rank checks them here, once, before it builds anything.
@@ -130,7 +135,7 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
                               zero_stage=zero_stage, param_dtype=dtype_name(param_dtype),
                               tp_overlap=tp_overlap, placement=placement,
                               vision_layout=vision_layout, cp_comm=cp_comm,
-                              cp_a2a_size=cp_a2a_size)
+                              cp_a2a_size=cp_a2a_size, pipeline_layout=pipeline_layout)
     model = copy.deepcopy(ref)
     if param_dtype is not None:
         model.to(param_dtype)
@@ -145,7 +150,8 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     apply_expert_parallel(model, mesh, sequence_parallel)
     apply_recompute(model, recompute)
     label_pieces(model)
-    stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel, placement)
+    stages = split_into_stages(model, mesh, virtual_stages, sequence_parallel, placement,
+                               pipeline_layout)
     for stage in stages:
         trace.forward_phase_module(stage)
         stage.tp_overlap = tp_overlap
@@ -164,4 +170,5 @@ def parallelize(ref: GPT, mesh: Mesh, sequence_parallel: bool = False, recompute
     # the dense parameters as this model holds them: in param_dtype when it cast them (the
     # pipeline broadcasts each from its stage into buffers of this dtype on every rank)
     dense = {name: (tuple(p.shape), param_dtype or p.dtype) for name, p in ref.named_parameters()}
-    return PipelineGPT(stages, mesh, embedding_axis(mesh, placement), dense, placement)
+    return PipelineGPT(stages, mesh, embedding_axis(mesh, placement), dense, placement,
+                       pipeline_layout)

@@ -13,7 +13,8 @@ measures.
 
 Modules: `params` (counts), `memory` (model states, activations), `loss` (the loss's
 bytes, chunked or not), `comm` (bytes
-per axis), `flops` (FLOPs, MFU, the bubble of every schedule, training time), `cluster`
+per axis), `flops` (FLOPs, MFU, the bubble of every schedule, training time),
+`pipeline_layout` (the layers over pipeline stages whose slowest stage is fastest), `cluster`
 (hardware presets), `timing` (`step_time`), `tp_overlap` (what overlapping TP communication
 saves), `plan` (enumerate, fit, rank), `two_d` (1D vs 2D
 tensor parallelism of one linear layer: bytes, collectives, latency terms), `moe`
@@ -116,6 +117,7 @@ from .params import (
     params_per_stage,
     vision_params,
 )
+from .pipeline_layout import LayoutChoice, pipeline_layout
 from .plan import Candidate, Plan, cp_variants, expert_parallel_sizes, plan
 from .serving import (
     LLAMA3_8B,
@@ -181,4 +183,5 @@ __all__ = [
     "tp_stops_paying", "weight_params_read", "ALLREDUCE_ALGORITHMS", "AllReduceTime",
     "allreduce_time", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
     "fp8_scale_count", "fp8_tensor_bytes",
+    "LayoutChoice", "pipeline_layout",
 ]

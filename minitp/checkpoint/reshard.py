@@ -177,13 +177,14 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
          virtual_stages: int = 1, optimizer_factory=None, device=None, zero_stage: int = 0,
          tp_overlap: bool = False, placement: str = "loop", vision_layout: str = "replicated",
          config: GPTConfig | None = None, validated: bool = False, cp_comm: str = "ring",
-         cp_a2a_size: int | None = None):
+         cp_a2a_size: int | None = None, pipeline_layout=None):
     """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
 
     device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
     zero_stage: the ZeRO stage to resume at, whatever stage wrote the file.
-    tp_overlap, placement, vision_layout, cp_comm, cp_a2a_size: as `mt.parallelize`'s (they
-    change how a step runs, not what is saved), validated: as `mt.parallelize`'s. config: as
+    tp_overlap, placement, vision_layout, cp_comm, cp_a2a_size, pipeline_layout: as
+    `mt.parallelize`'s (they change how a step runs, not what is saved: the dense state
+    loads at any pipeline layout), validated: as `mt.parallelize`'s. config: as
     `load_dense`'s.
 
     optimizer_factory: called with the tensors this rank steps (e.g.
@@ -197,7 +198,7 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
     plan = dict(sequence_parallel=sequence_parallel, recompute=recompute,
                 virtual_stages=virtual_stages, zero_stage=zero_stage, tp_overlap=tp_overlap,
                 placement=placement, vision_layout=vision_layout, cp_comm=cp_comm,
-                cp_a2a_size=cp_a2a_size)
+                cp_a2a_size=cp_a2a_size, pipeline_layout=pipeline_layout)
     model = parallelize(ref, mesh, **plan, validated=validated)
     optimizer = None
     if optimizer_factory is not None:

@@ -64,7 +64,8 @@ def diverge(argv) -> dict:
                    virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
                    tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
                    placement=placement_of(args.schedule), vision_layout=args.vision_layout,
-                   cp_comm=args.cp_comm, cp_a2a_size=args.cp_a2a_size, **fp8_plan(args))
+                   cp_comm=args.cp_comm, cp_a2a_size=args.cp_a2a_size,
+                   pipeline_layout=args.pipeline_layout, **fp8_plan(args))
     batch = batch_of(args, cfg, train_tokens, 0)
     try:
         check_divergence_input(cfg, sizes, args.tolerance, args.microbatches,

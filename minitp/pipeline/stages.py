@@ -1,7 +1,8 @@
 """Pipeline parallelism: the layers cut into stages, microbatches flowing through.
 
 `split_into_stages` cuts a (tensor-parallel) GPT into this rank's stages: with
-pp ranks and v virtual stages per rank, pp·v equal runs of layers, rank r
+pp ranks and v virtual stages per rank, pp·v runs of layers (equal, or as a pipeline
+layout says: `minitp.rules.layouts`), rank r
 holding runs r, r+pp, r+2pp, … (Megatron-LM's round-robin, placement "loop"), or, with
 two chunks in a V (placement "v"), runs r and 2pp−1−r (`minitp.rules.schedules`). Every stage is a
 `ParallelGPT` with the model's one forward; where a stage lacks the embedding
@@ -22,6 +23,7 @@ import torch.nn as nn
 from ..mixed_precision import grad_of, set_grad
 from ..parallel_gpt import ParallelGPT
 from ..rules import rank_and_chunk, stage_of
+from ..rules.layouts import layout_stages
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis, Mesh, layout
 from ..tensor_parallel.partial_grads import sum_partial_grads
@@ -43,16 +45,18 @@ class Skipped(nn.Module):
 
 def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
                       sequence_parallel: bool = False,
-                      placement: str = "loop") -> list[ParallelGPT]:
+                      placement: str = "loop", pipeline_layout=None) -> list[ParallelGPT]:
     """This rank's stages of `model` (a GPT after tensor parallelism): one per
-    virtual stage, in chunk order. Without a pipeline: one stage, the whole model."""
+    virtual stage, in chunk order. Without a pipeline: one stage, the whole model.
+    pipeline_layout: each stage's layers (`minitp.rules.layouts`; None: equal runs)."""
     pp, n_stages = mesh.pp.size, mesh.pp.size * virtual_stages
-    per_stage = model.cfg.n_layer // n_stages
+    layers_of = layout_stages(pipeline_layout, model.cfg.n_layer, pp, virtual_stages)
     stages = []
     for k in range(virtual_stages):
         g = stage_of(pp, mesh.pp.rank, k, placement)  # this stage's place in the whole model
         first, last = g == 0, g == n_stages - 1
-        pieces = {"blocks": nn.ModuleList(model.blocks[g * per_stage:(g + 1) * per_stage])}
+        layers = layers_of[g]
+        pieces = {"blocks": nn.ModuleList(model.blocks[layers.start:layers.stop])}
         for name in ("wte", "vision", "wpe", "dropout"):
             pieces[name] = getattr(model, name) if first else Skipped()
         for name in ("ln_f", "head", "loss"):
@@ -65,8 +69,8 @@ def split_into_stages(model: nn.Module, mesh: Mesh, virtual_stages: int = 1,
             memo = {id(mesh.tp): mesh.tp}
             wte, pieces["head"] = copy.deepcopy((model.wte, model.head), memo)
             pieces["wte"] = Skipped(wte)
-        stages.append(ParallelGPT(model.cfg, mesh, sequence_parallel, pieces,
-                                  range(g * per_stage, (g + 1) * per_stage), first, last))
+        stages.append(ParallelGPT(model.cfg, mesh, sequence_parallel, pieces, layers, first,
+                                  last))
     return stages
 
 
@@ -92,10 +96,13 @@ class PipelineGPT(nn.Module):
     chunks, as in Megatron-LM), each a `ParallelGPT` over the tensor-parallel axis."""
 
     def __init__(self, chunks, mesh: Mesh, embedding: Axis | None, dense: dict,
-                 placement: str = "loop"):
+                 placement: str = "loop", pipeline_layout=None):
         super().__init__()
         self.chunks, self.mesh, self.embedding = nn.ModuleList(chunks), mesh, embedding
         self.placement = placement
+        # every stage's layers, in model order (`minitp.rules.layouts`), this rank's and not
+        self.stage_layers = layout_stages(pipeline_layout, chunks[0].cfg.n_layer, mesh.pp.size,
+                                          len(chunks))
         self._dense = dense  # plain name -> (shape, dtype) of the dense model's parameters
         self.cfg, self.sequence_parallel = chunks[0].cfg, chunks[0].sequence_parallel
 
@@ -139,8 +146,8 @@ class PipelineGPT(nn.Module):
         return self._gather(lambda c: c.full_grad_dict())
 
     def _gather(self, dense_of) -> dict[str, torch.Tensor]:
-        pp, per_chunk = self.mesh.pp, len(self.chunks[0].blocks)
-        last_stage = pp.size * len(self.chunks) - 1
+        pp, last_stage = self.mesh.pp, len(self.stage_layers) - 1
+        stage_of_layer = {i: g for g, layers in enumerate(self.stage_layers) for i in layers}
         mine = {}
         for c in self.chunks:  # the first chunk first: in a V, rank 0's lookup copy of the
             for name, value in dense_of(c).items():  # tied embedding, not the head's copy
@@ -149,7 +156,7 @@ class PipelineGPT(nn.Module):
         with trace.paused():
             for name, (shape, dtype) in self._dense.items():
                 if name.startswith("blocks."):
-                    stage = int(name.split(".")[1]) // per_chunk
+                    stage = stage_of_layer[int(name.split(".")[1])]
                     owner = rank_and_chunk(pp.size, stage, self.placement)[0]
                 elif name.startswith(("ln_f.",)):
                     owner = rank_and_chunk(pp.size, last_stage, self.placement)[0]

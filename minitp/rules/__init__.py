@@ -12,6 +12,8 @@ axes, the calculator, the runtime and the CLI alike.
   packing's refusal;
 * `loss_chunks`: how many tokens' logits the loss widens to float32 at once;
 * `labels`: the trace's layer labels; `ring_bytes`: the ring algorithm's byte MODEL;
+* `layouts`: pipeline layouts, which layers each stage holds (a Megatron-style string, counts
+  or lists), every layer placed exactly once;
 * `cp_comm`: context parallelism's attention variants (ring, allgather, a2a, a2a+ring,
   allgather-regather) and what each needs; `cp_bytes`: their byte MODEL.
 """
@@ -43,6 +45,12 @@ from .labels import (
     LAYER_LABEL,
     layer_label,
     parse_layer_label,
+)
+from .layouts import (
+    check_every_layer_once,
+    layout_stages,
+    layout_text,
+    parse_layout,
 )
 from .loss_chunks import (
     loss_chunk_rows,
@@ -138,6 +146,7 @@ __all__ = [
     "check_context_split",
     "check_cp_comm",
     "check_ep_divides_dp_cp",
+    "check_every_layer_once",
     "check_expert_parallel",
     "check_microbatches",
     "check_moe_config",
@@ -168,11 +177,14 @@ __all__ = [
     "kv_heads_per_rank",
     "kv_layout",
     "layer_label",
+    "layout_stages",
+    "layout_text",
     "loss_chunk_rows",
     "minimum_microbatches",
     "model_chunks",
     "model_placement",
     "parse_layer_label",
+    "parse_layout",
     "parse_unit_label",
     "placement_of",
     "rank_and_chunk",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from .cp_comm import check_cp_comm
 from .experts import check_expert_parallel
 from .heads import check_tp_widths
+from .layouts import layout_stages
 from .schedules import (
     check_placement,
     check_schedule,
@@ -88,7 +89,8 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                           batch_size: int | None = None, zero_stage: int = 0, ep: int = 1,
                           param_dtype: str | None = None, tp_overlap: bool = False,
                           placement: str = "loop", vision_layout: str = "replicated",
-                          cp_comm: str = "ring", cp_a2a_size: int | None = None) -> None:
+                          cp_comm: str = "ring", cp_a2a_size: int | None = None,
+                          pipeline_layout=None) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way: the one validator of a parallel configuration, run once per launch.
 
@@ -101,7 +103,8 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     ep: `minitp.rules.experts.check_expert_parallel`. placement: where the pipeline's
     chunks sit ("loop" or "v": `minitp.rules.schedules`). vision_layout: a
     vision-language model's encoder over tp (`minitp.rules.vision`). cp_comm, cp_a2a_size:
-    context parallelism's attention (`minitp.rules.cp_comm`)."""
+    context parallelism's attention (`minitp.rules.cp_comm`). pipeline_layout: which layers
+    each stage holds, when not n_layer/(pp·virtual_stages) each (`minitp.rules.layouts`)."""
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size
@@ -129,10 +132,12 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     # a schedule that names a pipeline shape is checked against pp first: its message then
     # speaks of what the user asked for, not of the placement it implies
     check_schedule_fits_pipeline(schedule, pp)
-    if cfg.n_layer % (pp * virtual_stages):
+    if pipeline_layout is not None:
+        layout_stages(pipeline_layout, cfg.n_layer, pp, virtual_stages)  # every layer once
+    elif cfg.n_layer % (pp * virtual_stages):
         raise ValueError(
-            f"n_layer={cfg.n_layer} is not divisible by pp*virtual_stages={pp * virtual_stages}"
-        )
+            f"n_layer={cfg.n_layer} is not divisible by pp*virtual_stages={pp * virtual_stages} "
+            "(for stages of unequal layers, give a pipeline_layout)")
     if virtual_stages > 1 and pp == 1:
         raise ValueError(f"virtual_stages={virtual_stages} needs a pipeline (pp > 1): interleaving "
                          "splits each pipeline rank's layers into several chunks")

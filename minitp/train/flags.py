@@ -26,6 +26,7 @@ from ..rules.vision import VISION_LAYOUTS
 from . import model_flags, values
 from .fp8_flags import add_fp8_flags, validate_fp8
 from .impl_flags import ZERO_STAGE_LEFT_OUT, add_impl_flags, validate_impl
+from .layout_flags import add_layout_flag, validate_layout
 from .machine import (
     available_memory,
     memory_needed,
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "that still overlap the two stages)")
     a("--virtual-stages", type=int, default=1,
       help="per pipeline rank, for --schedule interleaved (default 1; zbv, dualpipev: 2)")
+    add_layout_flag(p)  # --pipeline-layout (`minitp.train.layout_flags`)
     a("--steps", type=int, default=400, help="optimizer steps in all (default 400)")
     a("--seed", type=int, default=0)
     a("--data", metavar="FILE", help="train on this text file instead of the embedded corpus")
@@ -218,6 +220,7 @@ def validate(args, parser):
         values.check_lr_fits(args)  # in the dtype the run now has (--load's, say)
     except ValueError as exc:
         parser.error(str(exc))
+    validate_layout(args, cfg, parser)  # before the rules: its message names the flag
     world = world_size_of(args)
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
         product = "dp*pp*cp*tp" if args.cp > 1 else "dp*pp*tp"
@@ -233,7 +236,7 @@ def validate(args, parser):
                               ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
                               placement=placement_of(args.schedule),
                               vision_layout=args.vision_layout, cp_comm=args.cp_comm,
-                              cp_a2a_size=args.cp_a2a_size)
+                              cp_a2a_size=args.cp_a2a_size, pipeline_layout=args.pipeline_layout)
     except ValueError as exc:
         parser.error(str(exc))
     try:

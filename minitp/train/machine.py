@@ -3,6 +3,7 @@ world size the flags ask for, GPUs, and whether the run's memory (a model) fits.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -41,6 +42,7 @@ def memory_needed(args, cfg) -> dict:
     are left out: the check is for runs that cannot fit, not a close call.
     """
     from .. import calc
+    from .layout_flags import layers_per_rank_bound
 
     # bf16 with float32 gradients and masters: the 18-byte layout
     mixed = uses_mixed_precision(args)
@@ -48,7 +50,9 @@ def memory_needed(args, cfg) -> dict:
     scale = 1 if mixed else torch.tensor([], dtype=dtype).element_size() / 4
     world = world_size_of(args)
     micro = max(1, args.batch_size // (args.dp * args.microbatches))
-    on_rank = calc.memory_per_gpu(cfg, micro, args.dp, args.pp, args.tp, args.sp,
+    # an uneven --pipeline-layout: every rank charged as the busiest (calc's model is even)
+    busiest = dataclasses.replace(cfg, n_layer=layers_per_rank_bound(args, cfg.n_layer))
+    on_rank = calc.memory_per_gpu(busiest, micro, args.dp, args.pp, args.tp, args.sp,
                                   args.recompute, args.zero_stage,
                                   "megatron" if mixed else "adam-fp32", args.virtual_stages,
                                   args.microbatches, cp=args.cp, schedule=args.schedule,

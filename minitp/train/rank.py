@@ -85,7 +85,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
                 virtual_stages=args.virtual_stages, zero_stage=args.zero_stage,
                 tp_overlap=args.tp_overlap, placement=placement_of(args.schedule),
                 vision_layout=args.vision_layout, cp_comm=args.cp_comm,
-                cp_a2a_size=args.cp_a2a_size,
+                cp_a2a_size=args.cp_a2a_size, pipeline_layout=args.pipeline_layout,
                 validated=True)  # the parent checked every flag before any rank started
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16
