@@ -39,7 +39,7 @@ from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
-from . import divergence, fp8_flags, save_flags
+from . import divergence, fp8_flags, optim_flags, save_flags
 from .flags import build_parser, sizes_text, validate
 from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
@@ -66,7 +66,7 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
     else:
         torch.manual_seed(args.seed)
         ref = fp8_flags.one_process(GPT(cfg).to(dtype), args)  # FP8: its one-process run
-        optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
+        optimizer = optim_flags.one_process(ref, args)  # Adam, or Muon+AdamW
     losses = []
     steps = range(start_step, args.steps)
     if not args.no_progress:
