@@ -48,7 +48,9 @@ def validate_optim(args, parser) -> None:
             meta = checkpoint.read_meta(args.load)
         except (OSError, ValueError):
             meta = None  # refused next, in `validate`'s own words
-        saved = meta and meta["has_optimizer"] and meta["extra"].get("optimizer", "adam")
+        # a sharded checkpoint (no "has_optimizer") always holds the optimizer's elements
+        saved = meta and meta.get("has_optimizer", True) and meta["extra"].get("optimizer",
+                                                                              "adam")
         if saved and saved != args.optimizer:  # checkpoints before the flag: Adam's
             parser.error(f"--load {args.load}: the checkpoint holds {saved}'s optimizer "
                          f"state, which --optimizer {args.optimizer} cannot resume from")
