@@ -42,7 +42,7 @@ from minitp.optim import Muon, split_parameters
 
 PRESETS = {  # one process: (d_model, n_layer, reps); ranks: (d_model, n_layer, steps, dp)
     "cpu": ((128, 4, 41), (128, 4, 12, 4)),
-    "quick": ((32, 1, 2), (16, 1, 2, 2)),
+    "quick": ((32, 1, 2), (16, 1, 1, 2)),
 }
 LR = 0.02  # Muon's (torch's example); AdamW's below is 1e-3
 ROWS = ("torch.optim.Muon (Newton–Schulz in bf16)", "minitp Muon, ns_dtype=bf16",
