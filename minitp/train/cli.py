@@ -60,7 +60,7 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
     dtype = torch.float64 if uses_mixed_precision(args) else getattr(torch, args.dtype or DTYPE)
     if args.load:  # cfg: the checkpoint's, with the routing flags given (model_flags)
         ref, _, dense_optim = checkpoint.load_dense(args.load, config=cfg)
-        optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
+        optimizer = optim_flags.one_process(ref, args)
         if dense_optim is not None:
             checkpoint.load_dense_optimizer(ref, optimizer, dense_optim)
     else:

@@ -3,7 +3,8 @@
 
 `add_optim_flags(parser)` adds them; `validate_optim(args, parser)` refuses, in one line
 (exit 2) before any process starts, what Muon cannot pair with; `make(...)` is the optimizer
-a rank steps and `one_process(ref, args)` --check's, the same optimizer on one process.
+a rank steps (`load_options`: the one --load resumes) and `one_process(ref, args)` --check's,
+the same optimizer on one process.
 
 One --lr serves both halves of Muon+AdamW: Muon's update is scaled by Moonlight's
 0.2·√max(A, B) ("match_rms_adamw", Liu et al. 2025, arXiv 2502.16982 §2.2), which gives it
@@ -62,10 +63,9 @@ def validate_optim(args, parser) -> None:
     if args.muon_strategy == "tp" and args.tp == 1:
         parser.error("--muon-strategy tp splits Newton-Schulz over the tp ranks: it needs "
                      "--tp > 1 (use gather or owner)")
-    not_yet = "Muon's checkpoints are not written yet (`minitp.checkpoint` refuses its state)"
     refused = {  # why each: the library refuses it, or it would change what Muon steps
-        "--save": (args.save, not_yet),
-        "--load": (args.load, not_yet),
+        "--save-every": (args.save_every is not None, "sharded saves of Muon's state are not "
+                         "written yet (--save alone writes a dense checkpoint)"),
         "--dtype bfloat16": (args.dtype == "bfloat16", "a mixed-precision Muon is not "
                              "supported yet (use float32 or float64)"),
         "--impl torch": (args.impl == "torch", "torch's path here steps torch's Adam"),
@@ -84,6 +84,13 @@ def make(args, model, mesh, make_optimizer, adam_factory):
         return make_optimizer(model, mesh, "muon", strategy=args.muon_strategy,
                               **muon_options(args))
     return make_optimizer(model, mesh, adam_factory)
+
+
+def load_options(args, adam_factory) -> dict:
+    """`checkpoint.load`'s keyword for the optimizer the checkpoint's state goes into."""
+    if args.optimizer == "muon":
+        return dict(muon=dict(strategy=args.muon_strategy, **muon_options(args)))
+    return dict(optimizer_factory=adam_factory)
 
 
 def one_process(ref, args):

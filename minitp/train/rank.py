@@ -90,8 +90,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16
     if args.load:
-        model, optimizer, _ = checkpoint.load(args.load, mesh, optimizer_factory=new_optimizer,
-                                              config=cfg, **plan)  # the routing flags applied
+        model, optimizer, _ = checkpoint.load(  # the routing flags applied; Adam's or Muon's
+            args.load, mesh, config=cfg, **optim_flags.load_options(args, new_optimizer), **plan)
     else:
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan, **fp8_plan(args))
