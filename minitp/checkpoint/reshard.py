@@ -58,6 +58,7 @@ import torch
 from ..data_parallel import zero
 from ..model import GPT, GPTConfig
 from ..optim import state as muon_state
+from ..optim.muon import Combined
 from ..parallelize import parallelize
 from ..rules import model_chunks
 from ..runtime import _device, comm, trace
@@ -174,7 +175,7 @@ def load_dense(directory: str, config: GPTConfig | None = None
 def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
     """Put dense Adam state into `optimizer` over the plain GPT `ref`'s parameters (Muon's
     into `mt.optim.muon_with_adamw(ref)`'s)."""
-    if muon_state.MOMENTUM in dense:
+    if _saved_by_muon(dense, isinstance(optimizer, Combined)):
         return muon_state.load_one_process(ref, optimizer, dense)
     for name, p in ref.named_parameters():
         optimizer.state[p] = {"step": dense["step"].clone(),
@@ -210,12 +211,11 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
                 cp_a2a_size=cp_a2a_size)
     model = parallelize(ref, mesh, **plan, validated=validated)
     optimizer = None
+    if dense_optim is not None and (muon is not None or optimizer_factory is not None):
+        _saved_by_muon(dense_optim, muon is not None)
     if muon is not None:
         optimizer = zero.make_optimizer(model, mesh, "muon", **muon)
         if dense_optim is not None:
-            if muon_state.MOMENTUM not in dense_optim:
-                raise ValueError(f"checkpoint {directory}: its optimizer state is Adam's, "
-                                 "not Muon's")
             muon_state.load_tensors(model, optimizer, {
                 key: _shard_like(ref, dense_optim[key], mesh, plan, device)
                 for key in muon_state.KEYS}, dense_optim["step"])
@@ -228,6 +228,16 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
                 optimizer.state[t] = {"step": dense_optim["step"].clone(),
                                       **{k: shards[k][index] for k in ADAM_STATE}}
     return model, optimizer, meta
+
+
+def _saved_by_muon(dense: dict, muon: bool) -> bool:
+    """Whether `dense` is Muon's state; one line if it is not the optimizer's own kind (each
+    holds zeros where the other optimizer steps an element: never a silent restart)."""
+    saved = muon_state.MOMENTUM in dense
+    if saved != muon:
+        raise ValueError(f"checkpoint: its optimizer state is {'Muon' if saved else 'Adam'}'s, "
+                         f"not {'Muon' if muon else 'Adam'}'s")
+    return saved
 
 
 def _shard_like(ref: GPT, dense: dict, mesh, plan: dict, device):

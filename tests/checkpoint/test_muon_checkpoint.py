@@ -1,8 +1,10 @@
 """A Muon run's dense checkpoint (`minitp.optim.state`: its momentum and AdamW's moments laid
 out per parameter, as Adam's) saved at dp 2 under ZeRO-1 with the owner strategy resumes at
 tp 2 with the tp strategy, and in one process, exactly: float64, every parameter after the
-third step within 1e-10 of one device's Muon+AdamW trained straight through."""
+third step within 1e-10 of one device's Muon+AdamW trained straight through; and is refused
+by Adam."""
 
+import pytest
 import torch
 from helpers import random_batches
 
@@ -38,9 +40,15 @@ def _step(ref, opt, batch):
     opt.step()
 
 
-def test_saved_at_dp_2_zero_1_resumes_at_tp_2_and_in_one_process(tmp_path):
-    directory = str(tmp_path / "ckpt")
-    resumed = mt.launch(_save_then_resume, 2, directory)[0]
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(the checkpoint, rank 0's parameters after resuming it at tp 2 for one step)."""
+    directory = str(tmp_path_factory.mktemp("muon") / "ckpt")
+    return directory, mt.launch(_save_then_resume, 2, directory)[0]
+
+
+def test_saved_at_dp_2_zero_1_resumes_at_tp_2_and_in_one_process(saved):
+    directory, resumed = saved
     batches = random_batches(3, CFG, 4)
     straight = _plain()
     opt = muon_with_adamw(straight, **OPTIONS)
@@ -53,3 +61,11 @@ def test_saved_at_dp_2_zero_1_resumes_at_tp_2_and_in_one_process(tmp_path):
     for name, want in straight.state_dict().items():
         for where, got in (("tp 2", resumed[name]), ("one process", one.state_dict()[name])):
             assert (got - want).abs().max() < 1e-10, f"{where}: {name}"
+
+
+def test_muons_state_is_not_loaded_into_adam(saved):
+    """Each kind holds zeros where the other optimizer steps an element: refused, never a
+    silent restart of the moments."""
+    one, _, dense = mt.checkpoint.load_dense(saved[0])
+    with pytest.raises(ValueError, match="its optimizer state is Muon's, not Adam's"):
+        mt.checkpoint.load_dense_optimizer(one, torch.optim.Adam(one.parameters()), dense)
