@@ -26,6 +26,7 @@ Files in the directory (one rank writes, every rank reads)::
 
     model.pt      dense parameters        torch.save of {name: tensor}
     optimizer.pt  dense Adam state        {"step": tensor, "exp_avg": {name: tensor}, ...}
+                  (Muon's: "momentum_buffer" too, `minitp.optim.state`)
     meta.json     config, step, topology that wrote it, anything in `extra`, and the
                   size and SHA-256 of every other file (the manifest)
 
@@ -56,6 +57,8 @@ import torch
 
 from ..data_parallel import zero
 from ..model import GPT, GPTConfig
+from ..optim import state as muon_state
+from ..optim.muon import Combined
 from ..parallelize import parallelize
 from ..rules import model_chunks
 from ..runtime import _device, comm, trace
@@ -83,7 +86,10 @@ def dense_optimizer_state(model, optimizer) -> dict:
     every rank calls it). Returns {"step": tensor, "exp_avg": {...}, "exp_avg_sq": {...}}.
     At ZeRO stage 3 call it inside `zero.gathered(model)` (the parameters whole)."""
     params = list(model.parameters())
-    by_param = zero.per_parameter_state(model, optimizer)
+    muon = getattr(getattr(optimizer, "inner", optimizer), "is_muon", False)
+    keys = muon_state.KEYS if muon else ADAM_STATE  # Muon's laid out as Adam's is
+    by_param = zero.per_parameter_state(model, optimizer, muon_state.by_tensor(model, optimizer)
+                                        if muon else None)
     states = [by_param.get(p, {}) for p in params]
     if not all(all(k in s for k in ADAM_STATE) for s in states):
         raise ValueError("the optimizer has no Adam state for every parameter yet: take at "
@@ -94,7 +100,7 @@ def dense_optimizer_state(model, optimizer) -> dict:
                 "this optimizer's state is not shaped like its parameters (a ZeRO-sharded "
                 "optimizer?): checkpoint.save can only gather per-parameter Adam state")
     dense = {"step": states[0]["step"].detach().clone()}
-    for key in ADAM_STATE:
+    for key in keys:
         with _parameters_replaced_by(model, {p: s[key] for p, s in zip(params, states,
                                                                           strict=True)}):
             dense[key] = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
@@ -167,7 +173,10 @@ def load_dense(directory: str, config: GPTConfig | None = None
 
 
 def load_dense_optimizer(ref: GPT, optimizer, dense: dict) -> None:
-    """Put dense Adam state into `optimizer` over the plain GPT `ref`'s parameters."""
+    """Put dense Adam state into `optimizer` over the plain GPT `ref`'s parameters (Muon's
+    into `mt.optim.muon_with_adamw(ref)`'s)."""
+    if _saved_by_muon(dense, isinstance(optimizer, Combined)):
+        return muon_state.load_one_process(ref, optimizer, dense)
     for name, p in ref.named_parameters():
         optimizer.state[p] = {"step": dense["step"].clone(),
                               **{k: dense[k][name].clone().to(p) for k in ADAM_STATE}}
@@ -177,7 +186,7 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
          virtual_stages: int = 1, optimizer_factory=None, device=None, zero_stage: int = 0,
          tp_overlap: bool = False, placement: str = "loop", vision_layout: str = "replicated",
          config: GPTConfig | None = None, validated: bool = False, cp_comm: str = "ring",
-         cp_a2a_size: int | None = None, pipeline_layout=None):
+         cp_a2a_size: int | None = None, pipeline_layout=None, muon: dict | None = None):
     """Rebuild a checkpoint for this rank of `mesh`: returns (model, optimizer, meta).
 
     device: where this rank's shard lives (default `mt.device()`: its GPU under NCCL).
@@ -191,6 +200,8 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
     ``lambda params: torch.optim.Adam(params, lr=1e-3)``): the parallel model's
     parameters, or at a ZeRO stage its shards (through `mt.make_optimizer`);
     the saved Adam state is resharded into it. None: no optimizer (returned as None).
+    muon: ``mt.make_optimizer(model, mesh, "muon", **muon)`` instead, the saved Muon state
+    resharded into it (`minitp.optim.state`).
     """
     ref, meta, dense_optim = load_dense(directory, config)
     device = _device.device() if device is None else device
@@ -201,7 +212,15 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
                 cp_a2a_size=cp_a2a_size, pipeline_layout=pipeline_layout)
     model = parallelize(ref, mesh, **plan, validated=validated)
     optimizer = None
-    if optimizer_factory is not None:
+    if dense_optim is not None and (muon is not None or optimizer_factory is not None):
+        _saved_by_muon(dense_optim, muon is not None)
+    if muon is not None:
+        optimizer = zero.make_optimizer(model, mesh, "muon", **muon)
+        if dense_optim is not None:
+            muon_state.load_tensors(model, optimizer, {
+                key: _shard_like(ref, dense_optim[key], mesh, plan, device)
+                for key in muon_state.KEYS}, dense_optim["step"])
+    elif optimizer_factory is not None:
         optimizer = zero.make_optimizer(model, mesh, optimizer_factory)
         if dense_optim is not None:
             shards = {key: _shard_like(ref, dense_optim[key], mesh, plan, device)
@@ -210,6 +229,16 @@ def load(directory: str, mesh: Mesh, sequence_parallel: bool = False, recompute=
                 optimizer.state[t] = {"step": dense_optim["step"].clone(),
                                       **{k: shards[k][index] for k in ADAM_STATE}}
     return model, optimizer, meta
+
+
+def _saved_by_muon(dense: dict, muon: bool) -> bool:
+    """Whether `dense` is Muon's state; one line if it is not the optimizer's own kind (each
+    holds zeros where the other optimizer steps an element: never a silent restart)."""
+    saved = muon_state.MOMENTUM in dense
+    if saved != muon:
+        raise ValueError(f"checkpoint: its optimizer state is {'Muon' if saved else 'Adam'}'s, "
+                         f"not {'Muon' if muon else 'Adam'}'s")
+    return saved
 
 
 def _shard_like(ref: GPT, dense: dict, mesh, plan: dict, device):

@@ -94,6 +94,9 @@ class Saver:
 
     def __init__(self, model, optimizer, mesh, directory: str, plan: dict, keep: int = 2,
                  asynchronous: bool = False, extra: dict | None = None, timeout: float = 300.0):
+        if getattr(getattr(optimizer, "inner", optimizer), "is_muon", False):
+            raise TypeError("checkpoint: sharded saves of Muon's state are not written yet "
+                            "(a dense checkpoint.save is)")
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.directory = os.path.abspath(directory)
         self.keep, self.asynchronous = keep, asynchronous

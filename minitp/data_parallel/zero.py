@@ -246,18 +246,20 @@ def _flat_layouts(optimizer):
                              in zip(u.layout, u.shapes, strict=True)]) for u in optimizer.units]
 
 
-def per_parameter_state(model, optimizer) -> dict[nn.Parameter, dict]:
+def per_parameter_state(model, optimizer, state=None) -> dict[nn.Parameter, dict]:
     """Each of the model's parameters' optimizer state, shaped like the parameter:
     the state as it is (stage 0), or each flat shard's state all-gathered over dp
     and cut back into parameters (stages 1-3; collective over dp, untraced).
     Scalars (Adam's ``step``) are shared by a shard's parameters. A parameter
-    without state maps to {}."""
+    without state maps to {}. state: {stepped tensor: its state} in the optimizer's
+    place (Muon's, laid out so by `minitp.optim.state.by_tensor`)."""
+    state = optimizer.state if state is None else state
     if not isinstance(optimizer, ZeroOptimizerBase):
-        return {p: optimizer.state.get(p, {}) for p in model.parameters()}
-    out = {}
+        return {p: state.get(p, {}) for p in model.parameters()}
+    out, states = {}, state
     with trace.paused():
         for shard, axis, params in _flat_layouts(optimizer):
-            state = optimizer.state.get(shard, {})
+            state = states.get(shard, {})
             whole = {k: comm.all_gather(v, axis) if torch.is_tensor(v) and v.shape == shard.shape
                      else v for k, v in state.items()}
             for p, offset, shape in params:
@@ -282,9 +284,6 @@ def check_checkpointable(model, optimizer=None) -> None:
                         "float32 to save and resume")
     if optimizer is None:
         return
-    if getattr(getattr(optimizer, "inner", optimizer), "is_muon", False):
-        raise TypeError("checkpoint: Muon's state (momentum pieces, AdamW over runs of the "
-                        "shards) has no dense per-parameter form yet; save with AdamW")
     stage = zero_stage_of(model)
     expected = {1: Zero1Optimizer, 2: Zero23Optimizer, 3: Zero23Optimizer}.get(stage)
     if expected is None:  # stage 0: a plain optimizer

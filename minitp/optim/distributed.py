@@ -41,7 +41,7 @@ class DistributedMuon:
     ``ns_flops``: the Newton–Schulz FLOPs this rank computed in its last step (counted as
     they run, not modelled: duplicated under gather, spread under owner)."""
 
-    is_muon = True  # what `minitp.checkpoint` refuses (its state has no dense form yet)
+    is_muon = True  # `minitp.checkpoint` writes its state by `minitp.optim.state`
 
     def __init__(self, pieces, rest, dp: Axis, tp: Axis, strategy: str, **options):
         muon_options, adamw_options = split_options(options)

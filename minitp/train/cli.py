@@ -39,7 +39,7 @@ from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
-from . import divergence, fp8_flags, save_flags
+from . import divergence, fp8_flags, optim_flags, save_flags
 from .flags import build_parser, sizes_text, validate
 from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
@@ -60,13 +60,13 @@ def train_one_process(args, cfg, train_tokens, start_step: int = 0) -> tuple[GPT
     dtype = torch.float64 if uses_mixed_precision(args) else getattr(torch, args.dtype or DTYPE)
     if args.load:  # cfg: the checkpoint's, with the routing flags given (model_flags)
         ref, _, dense_optim = checkpoint.load_dense(args.load, config=cfg)
-        optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
+        optimizer = optim_flags.one_process(ref, args)
         if dense_optim is not None:
             checkpoint.load_dense_optimizer(ref, optimizer, dense_optim)
     else:
         torch.manual_seed(args.seed)
         ref = fp8_flags.one_process(GPT(cfg).to(dtype), args)  # FP8: its one-process run
-        optimizer = torch.optim.Adam(ref.parameters(), lr=args.lr)
+        optimizer = optim_flags.one_process(ref, args)  # Adam, or Muon+AdamW
     losses = []
     steps = range(start_step, args.steps)
     if not args.no_progress:

@@ -37,6 +37,7 @@ from .machine import (
 )
 from .model_flags import DTYPE, MODEL_SIZES, capacity_factor
 from .model_options import ARCHS
+from .optim_flags import add_optim_flags, validate_optim
 from .save_flags import add_save_flags, validate_save
 
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
@@ -139,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         a(f"--{flag}", type=int, default=None, help=f"(default {default}; with --load, the "
                                                     "checkpoint's)")
     a("--batch-size", type=int, default=64, help="global batch, in sequences (default 64)")
-    a("--lr", type=float, default=2e-3, help="Adam's peak learning rate (default 2e-3)")
+    a("--lr", type=float, default=2e-3, help="the peak learning rate: Adam's, or under "
+                                              "--optimizer muon Muon's and AdamW's (default 2e-3)")
     a("--clip-grad", type=float, default=None, metavar="NORM",
       help="clip the gradients' global norm (over the whole mesh) to NORM (default: none)")
     a("--warmup", type=int, default=0, help="steps of linear warm-up to --lr (default 0)")
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-progress", action="store_true", help="no progress bar")
     add_fp8_flags(p)
     add_impl_flags(p)  # --impl torch, --hsdp (`minitp.train.impl_flags`)
+    add_optim_flags(p)  # --optimizer muon, --muon-strategy (`minitp.train.optim_flags`)
     return p
 
 
@@ -197,6 +200,7 @@ def validate(args, parser):
     if args.lr_decay_steps is not None and args.lr_decay_steps < 1:
         parser.error(f"--lr-decay-steps must be at least 1, got {args.lr_decay_steps}")
     validate_save(args, parser)  # args.load: the checkpoint --load means (or None)
+    validate_optim(args, parser)  # --optimizer muon: what it cannot pair with; --load's state
     start_step = 0
     if args.load:
         try:

@@ -18,7 +18,7 @@ from ..data import packing
 from ..model import GPT
 from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
-from . import divergence, save_flags
+from . import divergence, optim_flags, save_flags
 from .flags import TEMPERATURE
 from .fp8_flags import one_process as fp8_one_process
 from .fp8_flags import plan_options as fp8_plan
@@ -90,12 +90,12 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     if uses_mixed_precision(args):
         plan["param_dtype"] = torch.bfloat16
     if args.load:
-        model, optimizer, _ = checkpoint.load(args.load, mesh, optimizer_factory=new_optimizer,
-                                              config=cfg, **plan)  # the routing flags applied
+        model, optimizer, _ = checkpoint.load(  # the routing flags applied; Adam's or Muon's
+            args.load, mesh, config=cfg, **optim_flags.load_options(args, new_optimizer), **plan)
     else:
         torch.manual_seed(args.seed)
         model = parallelize(GPT(cfg).to(device, dtype), mesh, **plan, **fp8_plan(args))
-        optimizer = make_optimizer(model, mesh, new_optimizer)
+        optimizer = optim_flags.make(args, model, mesh, make_optimizer, new_optimizer)
     with save_flags.reported():  # a directory another writer took: one line in the parent
         saver = save_flags.saver_for(args, model, optimizer, mesh, plan)  # with --save-every
     dense = fp8_one_process(GPT(cfg).to(dtype), args)  # on the CPU: evaluation and sampling
@@ -177,7 +177,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
             saver.close()  # an asynchronous write still running (a good step's)
         elif args.save and not stopped:
             checkpoint.save(model, args.save, args.steps, optimizer,
-                            extra={"seed": args.seed, "lr": args.lr})
+                            extra={"seed": args.seed, "lr": args.lr,
+                                   "optimizer": args.optimizer})
     result = {"memory": {**memory.measure_model_states(model, optimizer),
                          "activations": ledger.total_bytes if ledger else 0}}
     if stopped:

@@ -139,7 +139,8 @@ def saver_for(args, model, optimizer, mesh, plan: dict) -> Saver | None:
     if args.save_every is None:
         return None
     return Saver(model, optimizer, mesh, args.save, plan, keep=args.keep,
-                 asynchronous=args.async_save, extra={"seed": args.seed},
+                 asynchronous=args.async_save,
+                 extra={"seed": args.seed, "optimizer": args.optimizer},
                  timeout=args.timeout)
 
 
