@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from helpers import run_cli
 
 import minitp as mt
 from minitp import checkpoint, data, train
@@ -163,9 +164,10 @@ def test_one_process_run_is_quiet_and_a_resumed_run_uses_its_routing(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stderr == ""
     assert (tmp_path / "first" / "comm.png").stat().st_size > 1000
-    resumed = _cli(*TINY, "--steps", "4", "--load", ckpt, "--top-k", "1", "--capacity-factor",
-                   "1.0", "--balance", "bias", "--check", "--save", again,
-                   "--out", str(tmp_path / "resumed"))
+    # the resume reads no stderr: in this process (`run_cli`), no second Python start
+    resumed = run_cli(*TINY, "--steps", "4", "--load", ckpt, "--top-k", "1",
+                      "--capacity-factor", "1.0", "--balance", "bias", "--check",
+                      "--save", again, "--out", str(tmp_path / "resumed"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["max_loss_diff"] < 1e-10
     metrics = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
@@ -289,7 +291,6 @@ def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_finite_checkpoint(
     """--lr 1e9 (float32): the second step's loss is NaN. The run stops there with one line
     naming the step and the loss, exit 1; it never reaches the end-of-run sample; and the
     checkpoint of the step before survives --keep 1 (NaN ones once rotated it out)."""
-    from helpers import run_cli
 
     ckpt = tmp_path / "ckpt"
     tiny32 = [f for f in TINY if f not in ("--dtype", "float64")]
