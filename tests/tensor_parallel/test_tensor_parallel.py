@@ -4,7 +4,8 @@ Equivalence: after 3 Adam steps, the loss of every step and every parameter
 (gathered back from the shards) equal the single-device model's, in float64 to
 1e-10, for tp in 1..4, sequence parallelism on and off, recomputation none /
 selective / full (each tp above 1 runs half of those six, alternating: `settings_at`),
-with a vocabulary that 3 and 4 do not divide and ignored targets. In float32 the same holds to FLOAT32_LOSS / FLOAT32_PARAMS (below).
+with a vocabulary that 3 and 4 do not divide and ignored targets. In float32 the same
+holds to FLOAT32_LOSS / FLOAT32_PARAMS (below).
 
 Collectives per transformer layer, read from the trace (labels "layerK"):
   without SP: 2 all-reduces forward, 2 backward;
