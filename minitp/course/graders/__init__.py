@@ -27,9 +27,9 @@ from . import (
     ex18,
     ex19,
     ex20,
-    ex21,
     ex22,
-    ex23,
+    ex24,
+    ex25,
 )
 
 
@@ -81,11 +81,11 @@ EXERCISES = {
                      "and training days", ex19.run),
     "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
                      "storage, refill it in place for backward, free it again", ex20.run),
-    "ex21": Exercise("ex21_amax_groups.py", "FP8's amax groups: which ranks share each scale "
-                     "of a tensor-parallel MLP, with and without SP", ex21.run),
-    "ex22": Exercise("ex22_dtensor_placements.py", "what each rank keeps of a Llama block "
+    "ex22": Exercise("ex22_amax_groups.py", "FP8's amax groups: which ranks share each scale "
+                     "of a tensor-parallel MLP, with and without SP", ex22.run),
+    "ex24": Exercise("ex24_dtensor_placements.py", "what each rank keeps of a Llama block "
                      "under PyTorch's TP plan and FSDP2: placements, local shapes, bytes",
-                     ex22.run),
-    "ex23": Exercise("ex23_moe_dispatch.py", "expert parallelism's dispatch and combine",
-                     ex23.run),
+                     ex24.run),
+    "ex25": Exercise("ex25_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex25.run),
 }

@@ -1,225 +1,190 @@
-"""Checks for ex22: what each rank keeps of a Llama block under PyTorch's tensor-parallel
-plan and FSDP2, read from DTensor's placements.
+"""Checks for ex22: the amax groups of a tensor-parallel FP8 MLP, with and without SP.
 
-The learner's three functions are pure: they are called here, in this process. The truth
-is PyTorch's own, from one launch of 4 ranks (gloo, float64) that runs nothing of the
-learner's: every rank applies the plan of `pytorch/tutorials`'
-`intermediate_source/TP_tutorial.rst` (`parallelize_module`) and FSDP2 (`fully_shard`) to
-the block for real, on meshes (dp, tp) = (1, 4), (2, 2) and (4, 1), and reports the
-placements PyTorch gave, the bytes it holds, and the shape `distribute_tensor(...)
-.to_local()` leaves it for each of `CASES`. Any correct answer passes: a placement is
-compared as the piece it names (Shard(-1) of a matrix is Shard(1)); shapes and bytes are
-numbers. Each usual slip is named: the Embedding split like a Linear, a Linear's dims
-swapped, a norm's weight split by sequence parallelism, blocks of n // k or the remainder
-given to the first ranks, a dim sharded twice cut from the whole each time or in the
-reverse order, the norms counted as split, every parameter divided evenly.
+One launch of 4 ranks, a dp = 2 × tp = 2 mesh, float64. The reference is one device's
+FP8 step on the whole batch, written here by hand (each cast scaled by the whole tensor's
+amax, the backward's GEMMs from the casts), never the exercise's code:
+
+* (a) `shared_amax` over dp, over tp and over both, on tensors whose largest magnitude is
+  a negative entry. Named: a local scale (each rank its own amax), a sum (all_reduce's
+  default op), the largest signed value, a reduction over the first axis only;
+* (b) `amax_groups` for both layers with and without SP, against the rule
+  (`minitp.rules.fp8_groups`, the library's, on a mesh without cp, the weights ZeRO-3's:
+  split over dp too). Named: no reduction
+  where the tensor is split (a local scale), a weight reduced over dp where tp splits it
+  (the wrong group: Megatron-LM PR #442), a ZeRO-3 weight left without dp (lesson 22's
+  table copied), SP's column input left without tp (TransformerEngine PR #74). A group
+  that also spans axes holding only copies is correct (Megatron-LM's one tp × dp group):
+  it passes, its cost said;
+* (c) `gradient_gemms` (FP8Linear's backward), with the grader's (a) and (b) installed in
+  their place, so it is judged alone: one forward and backward with and without SP, the
+  output, the input's gradient and both weights' ZeRO-3 pieces against one device.
+  Every `quantize` call is watched; named: the output gradient never cast (a forgotten
+  backward scale), cast to e4m3, cast with this rank's own amax (a local scale) or another;
+* (d) the learner's own (a), (b) and (c) together, the same step: its largest error
+  measured against one device, the drift a wrong group causes.
+
+The run on the ranks is ex22_rank.py; this module judges what it found.
 """
 
 from __future__ import annotations
 
-import math
+from types import SimpleNamespace
 
-from torch.distributed.tensor import Placement, Replicate, Shard
-
-from ...runtime.errors import LaunchError
 from ...runtime.launch import launch
-from .base import Check, Stopped, attempt, failure_check, file_lacks
-from .ex22_truth import CASES, MESHES, SHAPES, WORLD, in_rank, key
+from .base import Check, run_per_size
+from .ex22_rank import AXES, E5M2, ROLES, TOLERANCE, _in_rank, rule
 
+WORLD_SIZES = (4,)
 TIMEOUT = 60.0
-CHECK_NAMES = [
-    "tp_placements: every parameter of the Llama block as parallelize_module leaves it (tp = 4)",
-    "local_shape: DTensor's piece on every rank of a 4-rank and a 2 x 2 mesh (uneven, empty, "
-    "a dim sharded twice)",
-    "kept_bytes: each rank's parameter bytes after parallelize_module and fully_shard, "
-    "(dp, tp) = (1, 4), (2, 2), (4, 1)",
-]
-ITEMSIZE = 8  # the block runs in float64
+NAMES = ["(a) shared_amax: the largest |value| over the ranks of the given axes",
+         "(b) amax_groups: the axes each cast's amax is reduced over, with and without SP",
+         "(c) gradient_gemms: the output gradient cast to e5m2 with its shared scale, both "
+         "GEMMs of the backward from FP8 operands",
+         "(d) your (a), (b) and (c) together: the FP8 MLP on dp = 2 × tp = 2 equals one "
+         "device's FP8 step"]
+HINT_C = ("the gradient has a cast of its own, in its own format, with the amax of the whole "
+          "gradient: quantize(grad, shared_amax(grad, axes), E5M2); then "
+          "∂x = g_q W_q and ∂W = g_qᵀ x_q")
 
-# (the kind of layer, the learner's placement) -> the slip it is
-PLACEMENT_SLIPS = {
-    ("embedding", "Shard(1)"): "RowwiseParallel splits a module's input; an nn.Embedding's "
-    "input is a token id, which picks a row of its (num_embeddings, embedding_dim) weight: "
-    "rowwise cuts the vocabulary rows, Shard(0), the reverse of an nn.Linear's",
-    ("column", "Shard(1)"): "ColwiseParallel splits a Linear's outputs, and nn.Linear stores "
-    "(out_features, in_features): dim 0",
-    ("row", "Shard(0)"): "RowwiseParallel splits a Linear's inputs: dim 1 of its "
-    "(out_features, in_features) weight",
-    ("norm", "Shard(0)"): "SequenceParallel splits the activations along the sequence, not "
-    "the norm's weight: every rank normalises its tokens with the whole weight, Replicate()",
-}
-KINDS = {"tok_embeddings": "embedding", "wo": "row", "w2": "row"}
-
-
-def _kind(name: str) -> str:
-    if "norm" in name:
-        return "norm"
-    return KINDS.get(name.split(".")[-2], "column")
 
 
 def run(module) -> list[Check]:
-    names = ("tp_placements", "local_shape", "kept_bytes")
-    missing = [n for n in names if not hasattr(module, n)]
-    if missing:
-        return file_lacks(CHECK_NAMES, ", ".join(missing))
-    if getattr(module, "SHAPES", None) != SHAPES:
-        return [Check(n, False, "SHAPES is not the exercise's", hint="restore SHAPES as the "
-                      "exercise file gives it: the grader's block is built from those shapes")
-                for n in CHECK_NAMES]
-    blanks = _blanks(module)
-    if all(blanks):  # nothing written yet: no run to wait for
-        return [Check(n, False, f"{f} is not written yet", hint=h)
-                for n, f, h in zip(CHECK_NAMES, names, blanks, strict=True)]
-    try:
-        truth = launch(in_rank, WORLD, timeout=TIMEOUT)
-    except LaunchError as error:
-        return [failure_check(CHECK_NAMES[0], error, "the grader's own run")] + [
-            Check(n, False, "not checked: the run above failed") for n in CHECK_NAMES[1:]]
-    judges = (_judge_placements, _judge_shapes, _judge_bytes)
+    fns = SimpleNamespace(shared_amax=module.shared_amax, amax_groups=module.amax_groups,
+                          FP8Linear=module.FP8Linear, mlp=module.mlp,
+                          gradient_gemms=module.gradient_gemms, quantize=module.quantize)
+    return run_per_size(WORLD_SIZES, lambda n: list(NAMES),
+                        lambda n: launch(_in_rank, n, fns, timeout=TIMEOUT), _judge,
+                        what="the amax groups", size="n")
+
+
+def _raised(function, why, hint):
+    kind, message = why
+    if kind == "blank":
+        return False, f"{function} is not written yet", message or hint
+    verb = "returned" if kind == "returned" else "raised"
+    return False, f"{function} {verb} {message}", hint
+
+
+def _judge(n, names, per_rank) -> list[Check]:
+    parts = (_judge_a, _judge_b, _judge_c, _judge_d)
     checks = []
-    for i, judge in enumerate(judges):
-        try:
-            checks.append(judge(module, truth))
-        except Stopped as stop:  # a blank or a crash: this check only
-            checks.append(Check(CHECK_NAMES[i], False, stop.checks[0].detail,
-                                hint=stop.checks[0].hint))
+    for name, part in zip(names, parts, strict=True):
+        for rank, record in enumerate(per_rank):
+            passed, detail, hint = part(record)
+            if not passed:
+                checks.append(Check(name, False, detail, rank=rank, hint=hint))
+                break
+        else:
+            checks.append(Check(name, True, part(per_rank[0])[1]))
     return checks
 
 
-def _blanks(module) -> list[str | None]:
-    """Each function's NotImplementedError message if it is still a blank, else None."""
-    probes = ((module.tp_placements,), (module.local_shape, (5, 3), [Shard(0)], (4,), (0,)),
-              (module.kept_bytes, 1, WORLD, 0, 0, ITEMSIZE))
-    found = []
-    for function, *args in probes:
-        try:
-            function(*args)
-            found.append(None)
-        except NotImplementedError as exc:
-            found.append(str(exc) or "replace the NotImplementedError with your code")
-        except Exception:  # noqa: BLE001 - written but wrong: the checks will say how
-            found.append(None)
-    return found
+def _judge_a(record):
+    a = record["a"]
+    if "raised" in a:
+        return _raised("shared_amax", a["raised"], "an amax reduced with MAX")
+    for f in a["found"]:
+        over, got = " and ".join(f["names"]), f["got"]
+        if got is not None and abs(got - f["right"]) <= 1e-12 * f["right"]:
+            continue
+        mistakes = {"local": "this rank's own amax, not reduced: a local scale",
+                    "sum": "the sum of the ranks' amaxes: all_reduce sums unless told "
+                           "op=\"max\"", "signed": "the largest value, not the largest "
+                                                   "magnitude: a negative entry is larger here",
+                    "first": f"reduced over {f['names'][0]} only: reduce over every axis given"}
+        why = next((says for key, says in mistakes.items()
+                    if got is not None and abs(got - f[key]) <= 1e-12 * abs(f[key])),
+                   f"got {got}, the whole tensor's amax is {f['right']}")
+        return False, f"over {over}: {why}", "the largest |value| of every rank's piece: " \
+            "t.abs().max(), then all_reduce(..., op=\"max\") over each axis"
+    return True, "over dp, tp and both: the largest magnitude of every rank's piece", ""
 
 
-def _call(function, *args, label):
-    return attempt(function, *args, names=CHECK_NAMES[:1], blank=function.__name__,
-                   label=label, hint="see the docstring of the exercise for what it returns")
+def _judge_b(record):
+    larger = []  # correct groups wider than needed: the same scales, a costlier all-reduce
+    for (layer, sp), got in record["b"].items():
+        if "raised" in got:
+            return _raised("amax_groups", got["raised"], "which axes split each tensor?")
+        want = rule(layer, sp)
+        for role in ROLES:
+            mine, right = got[role], want[role]
+            where = f"{layer} layer{', SP' if sp else ''}, {role}: {mine}, expected {right}"
+            missing = [a for a in right if a not in mine]
+            extra = [a for a in mine if a not in right]
+            if any(a not in AXES for a in mine):
+                return False, f"{where}: the axes are named 'dp' and 'tp'", \
+                    "name the axes that split the tensor"
+            if not missing:  # every rank holding a piece is in; the rest hold copies
+                larger += [f"{layer}{' (SP)' if sp else ''} {role} over {', '.join(extra)}"] \
+                    if extra else []
+                continue
+            if role == "weight" and "tp" in missing:
+                return False, f"{where}: the wrong group — tp splits the weight, and the " \
+                    "tp ranks would scale their pieces apart (Megatron-LM PR #442 reduced " \
+                    "over the data-parallel group only: its FP8 runs of a 40B model at " \
+                    "tp = 8 diverged after about 1,000 iterations)", "which axis holds the " \
+                    "other pieces of W?"
+            if not mine:
+                return False, f"{where}: a local scale — every rank of {right} holds another " \
+                    "piece and would scale it by its own amax", "a split tensor shares one amax"
+            if role == "weight":
+                return False, f"{where}: dp holds other pieces of it here — ZeRO-3 keeps 1/dp " \
+                    "of the weight's rows on each dp rank and casts them before the gather, so " \
+                    "the gather can move 8 bits (lesson 22's table is for a weight whole on " \
+                    "every dp rank)", "what does each dp rank hold of W when its cast runs?"
+            if sp and role == "input" and layer == "column":
+                return False, f"{where}: under SP the input is cast on this rank's sequence " \
+                    "shard, before the all-gather (TransformerEngine PR #74)", "who holds the " \
+                    "other positions of the sequence?"
+            return False, f"{where}: {', '.join(missing)} holds other pieces of it", \
+                "the data-parallel ranks hold other rows of every activation and gradient"
+    said = "both layers, with and without SP: every rank holding a piece is in each group"
+    if not larger:
+        return True, said + ", no more", ""
+    return True, f"{said}. Correct, and larger than needed: {'; '.join(larger)} — those " \
+        "ranks hold copies, so the scales are the same (Megatron-LM's one group over tp × dp " \
+        "for every tensor trains equal to one device too), but each such amax is a " \
+        "one-number all-reduce over 4 ranks where 2 suffice: more hops of latency each " \
+        "step, no bytes worth counting", ""
 
 
-def _judge_placements(module, truth) -> Check:
-    name = CHECK_NAMES[0]
-    got = _call(module.tp_placements, label="tp_placements()")
-    if not isinstance(got, dict):
-        return Check(name, False, f"tp_placements() returned {type(got).__name__}",
-                     hint="return a dict {parameter name: placement}")
-    for param, shape in SHAPES.items():
-        if param not in got or not isinstance(got[param], Placement):
-            return Check(name, False, f"{param}: no placement" if param not in got else
-                         f"{param}: {got[param]!r} is not a placement",
-                         hint="every name of SHAPES needs Shard(d) or Replicate()")
-        mine, real = key(got[param], len(shape)), truth[0]["placements"][param]
-        if mine != real:
-            slip = PLACEMENT_SLIPS.get((_kind(param), mine))
-            if mine == "Partial()":
-                slip = ("a parameter is never a sum still to be taken: each rank keeps a "
-                        "block of it, or the whole")
-            elif mine == "Replicate()":
-                slip = "this layer's weight is split: each of the tp ranks keeps 1/tp of it"
-            return Check(name, False, f"{param} as {mine}; parallelize_module left {real}",
-                         tensor=param, hint=slip or "which dim holds what the style splits?")
-    return Check(name, True, "every placement is the one PyTorch gave")
+def _judge_c(record):
+    for sp, run_ in record["c"].items():
+        label = "with SP" if sp else "without SP"
+        if "raised" in run_:
+            return _raised("gradient_gemms", run_["raised"], HINT_C)
+        casts = [entry for entry in run_["log"] if entry[0] == "bwd"]
+        if not casts:
+            return False, f"{label}: the output gradient was never cast: the backward scale " \
+                "is forgotten (the backward GEMMs read it in full precision)", HINT_C
+        for (_, dtype, amax, local), layer in zip(casts, ("row", "column"), strict=False):
+            whole = run_["amax"][layer]
+            if dtype != E5M2:
+                return False, f"{label}: the {layer} layer's gradient cast to {dtype}: " \
+                    "this exercise's recipe (the classic one, TransformerEngine's HYBRID) " \
+                    "casts gradients to e5m2, for the range", HINT_C
+            if abs(amax - whole) > 1e-12 * whole:
+                why = ("this rank's own amax, a local scale" if abs(amax - local) <= 1e-12 *
+                       local else f"amax {amax:.6g}")
+                return False, f"{label}: the {layer} layer's gradient scaled by {why}; the " \
+                    f"whole gradient's amax is {whole:.6g}", HINT_C
+        tensor, error = max(run_["errors"].items(), key=lambda item: item[1])
+        if error > TOLERANCE:
+            return False, f"{label}: the {tensor} is off by {error:.3g} (relative) though " \
+                "every cast was right: the GEMMs", HINT_C
+    return True, "with and without SP, every output and gradient as one device's", ""
 
 
-def _rules(shape, placements, mesh_shape, coord, split, whole=False, reverse=False):
-    """A shape under a cutting rule `split(n, k, i)`: the right one, or a usual slip's
-    (`whole`: every cut from the whole dim; `reverse`: the mesh's last dimension first)."""
-    local, order = list(shape), list(zip(placements, mesh_shape, coord, strict=True))
-    for placement, ranks, at in (order[::-1] if reverse else order):
-        if isinstance(placement, Shard):
-            dim = placement.dim % len(shape)
-            local[dim] = split(shape[dim] if whole else local[dim], ranks, at)
-    return tuple(local)
-
-
-def _chunk(n, k, i):
-    block = -(-n // k)
-    return max(0, min(block, n - i * block))
-
-
-def _floor(n, k, i):
-    return n // k
-
-
-SHAPE_SLIPS = (
-    (dict(split=_floor), "n // k rows each drops the remainder: torch.chunk gives blocks of "
-     "ceil(n / k), the last ones short or empty (5 over 4: 2, 2, 1, 0)"),
-    (dict(split=lambda n, k, i: n // k + (i < n % k)), "that gives the remainder to the first "
-     "ranks (torch.tensor_split, numpy.array_split); torch.chunk gives ceil(n / k) to each "
-     "until the rows run out (5 over 4: 2, 2, 1, 0)"),
-    (dict(split=_chunk, whole=True), "when two mesh dimensions shard the same dim, the "
-     "second cuts the first one's piece, not the whole tensor"),
-    (dict(split=_chunk, reverse=True), "placements go in the mesh's order: the first mesh "
-     "dimension cuts first"),
-)
-
-
-def _judge_shapes(module, truth) -> Check:
-    name = CHECK_NAMES[1]
-    for rank, found in enumerate(truth):
-        for (shape, placements, mesh_shape), (coord, real) in zip(CASES, found["shapes"],
-                                                                  strict=True):
-            label = f"local_shape({shape}, {list(placements)}, {mesh_shape}, {coord})"
-            mine = _call(module.local_shape, shape, placements, mesh_shape, coord, label=label)
-            try:
-                mine = tuple(int(s) for s in mine)
-            except (TypeError, ValueError):
-                return Check(name, False, f"{label} returned {mine!r}",
-                             hint="return the shape as a tuple of ints")
-            if mine != real:
-                hint = next((says for rule, says in SHAPE_SLIPS
-                             if _rules(shape, placements, mesh_shape, coord, **rule) == mine),
-                            "cut each sharded dim in the mesh's order, as torch.chunk would")
-                return Check(name, False, f"{label} gave {mine}; DTensor's rank {rank} holds "
-                             f"{real}", rank=rank, hint=hint)
-    return Check(name, True, f"{len(CASES)} cases on each of the {WORLD} ranks: DTensor's "
-                 "own shapes")
-
-
-def _bytes_under(dp, tp, dp_rank, tp_rank, split=_chunk, norms_split=False):
-    """A rank's bytes under the right rule, or under a usual slip's."""
-    total = 0
-    for param, shape in SHAPES.items():
-        kind = _kind(param)
-        place = Replicate() if kind == "norm" and not norms_split else Shard(int(kind == "row"))
-        piece = list(_rules(shape, [place], [tp], [tp_rank], split=split))
-        piece[0] = split(piece[0], dp, dp_rank)
-        total += math.prod(piece)
-    return total * ITEMSIZE
-
-
-BYTES_SLIPS = (
-    (lambda *at: _bytes_under(*at, norms_split=True), "the norms' weights are whole on every "
-     "tp rank (SequenceParallel splits the tokens, not the weight)"),
-    (lambda *at: _bytes_under(*at, split=_floor), "49 vocabulary rows do not divide: cut as "
-     "torch.chunk does, ceil-sized blocks with the last short"),
-    (lambda dp, tp, *_: sum(map(math.prod, SHAPES.values())) * ITEMSIZE / (dp * tp),
-     "not every parameter divides by dp x tp: the norms are whole on every tp rank and 49 "
-     "rows do not divide evenly; add up each rank's own pieces"),
-)
-
-
-def _judge_bytes(module, truth) -> Check:
-    name = CHECK_NAMES[2]
-    for rank, found in enumerate(truth):
-        for (dp, tp), (coord, real) in zip(MESHES, found["bytes"], strict=True):
-            label = f"kept_bytes({dp}, {tp}, {coord[0]}, {coord[1]}, {ITEMSIZE})"
-            mine = _call(module.kept_bytes, dp, tp, *coord, ITEMSIZE, label=label)
-            if mine != real:
-                hint = next((says for rule, says in BYTES_SLIPS if rule(dp, tp, *coord) == mine),
-                            "for each parameter: TP's piece (its placement on a mesh of tp), "
-                            "then that piece's dim 0 cut over dp; add the elements, times the "
-                            "itemsize")
-                return Check(name, False, f"{label} gave {mine}; rank {rank} holds {real:,} "
-                             "bytes", rank=rank, hint=hint)
-    return Check(name, True, "every rank's bytes, on every mesh, are the ones PyTorch left")
+def _judge_d(record):
+    worst = {}
+    for sp, run_ in record["d"].items():
+        label = "with SP" if sp else "without SP"
+        if "raised" in run_:
+            return False, f"not checked: {label}, {_raised('your MLP', run_['raised'], '')[1]}", \
+                "write (a), (b) and (c) first"
+        tensor, worst[label] = max(run_["errors"].items(), key=lambda item: item[1])
+        if worst[label] > TOLERANCE:
+            return False, f"{label}: the {tensor} differs from one device's by " \
+                f"{worst[label]:.3g} (relative): the drift of a scale not shared", \
+                "see (a) and (b)"
+    return True, ", ".join(f"{k} largest error {v:.1e}" for k, v in worst.items()), ""

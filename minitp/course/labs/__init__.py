@@ -30,7 +30,7 @@ nothing in the library imports it. Each lab is one module:
 * `moe`: a mixture of experts trained on one device with each way of balancing its
   load (loads and routing step by step), one step of expert parallelism traced on 4
   ranks (all-to-all rows and bytes, each rank's expert compute, a forced straggler),
-  and the mesh against one device in float64 (lesson 23);
+  and the mesh against one device in float64 (lesson 25);
 * `long_sequences`: what sequence parallelism leaves whole, activation memory
   against sequence length with and without context parallelism, the ring's
   trace, and the causal work per rank with and without load balancing (lesson 08);

@@ -1,200 +1,187 @@
-"""Lesson 22's questions: which rows FSDP2 over tensor parallelism leaves a rank (the
-`_StridedShard` lesson 22 printed), FSDP's bytes across nodes against HSDP's when FSDP2
-skips the gradient sync until the last microbatch (a MODEL), and the fewest nodes an HSDP
-shard group needs for its model states to fit."""
+"""Lesson 22's questions: the step between e4m3 values near a number, the bytes of a
+rowwise FP8 all-gather of an MLP weight under ZeRO-3, and which axes one of rowwise's six
+casts reduces its amax over on a (dp, tp) mesh (a setting lesson 22's table, tensorwise,
+does not print: the learner works out what one scale covers and who cuts it)."""
 
 from __future__ import annotations
 
-from ...calc.cluster import Cluster, GiB
-from ...calc.hierarchy import dp_step
-from ...calc.memory import model_state_bytes
+import math
+
+from ...calc.fp8 import fp8_all_gather_bytes
+from ...rules.fp8_groups import amax_axes
 from .form import Question, Wrong
 
-
-def _distinct(q: Question, wrongs) -> list[Wrong]:
-    """The usual mistakes whose answer, at this question's numbers, exists and differs
-    from the right one and from every mistake kept before it."""
-    kept, seen = [], {None, q.right(q.params)}
-    for w in wrongs:
-        if w.value(q.params) not in seen:
-            kept.append(w)
-            seen.add(w.value(q.params))
-    return kept
+MiB = 2**20
+# x for 22.e4m3-step: none of them an e4m3 value, so "the two e4m3 values around x" are one
+# step apart (issue 48: 5.0, 12.0 and 40.0 were drawn, each on the grid, and 4.5 and 5.5
+# around 5.0 are two steps apart); nor an e5m2 or a bfloat16 value, so the steps the usual
+# mistakes name are those formats' gaps around x too; none a tie between two e4m3 values,
+# none near a power of two (where 0.125·x, a usual mistake, would meet a step).
+VALUES = (0.3, 1.7, 5.2, 11.3, 37.1, 90.3, 301.3)
 
 
-ROWS = (4096, 11008, 14336)  # Llama 2 7B's d_model and FFN width; Llama 3 8B's FFN width
+def _binade(v):
+    return math.floor(math.log2(v))
 
 
-def strided_rows(seed=None) -> Question:
-    def draw(rng):
-        while True:
-            p = {"rows": rng.choice(ROWS), "dp": rng.choice((2, 4, 8)),
-                 "tp": rng.choice((2, 4, 8))}
-            p["i"], p["j"] = rng.randrange(p["dp"]), rng.randrange(p["tp"])
-            if p["i"] * p["tp"] + p["j"] != p["j"] * p["dp"] + p["i"]:  # the orders differ
-                return p
+def e4m3_step(seed=None) -> Question:
+    def step(p, mantissa_bits=3):
+        return 2.0 ** (_binade(p["v"]) - mantissa_bits)
 
-    block = lambda p: p["rows"] // (p["dp"] * p["tp"])  # noqa: E731
-    start = lambda p: p["j"] * p["rows"] // p["tp"]  # noqa: E731  (tp's block)
-
-    q = Question(
-        key="22.strided-rows", seed=seed, draw=draw, rel_tol=1e-9,
-        right=lambda p: start(p) + p["i"] * block(p),
-        text=lambda p: (
-            f"On a mesh (dp, tp) = ({p['dp']}, {p['tp']}), tp fastest, a model is given "
-            "`parallelize_module` on tp and then FSDP2's `fully_shard` on dp. One of its "
-            f"column-parallel Linears has a weight of {p['rows']:,} rows (out_features). "
-            "FSDP2 shards each parameter's local tensor, what tensor parallelism left on "
-            "the rank, along dim 0. Which global row (counting from 0) is the first that the "
-            f"rank at dp = {p['i']}, tp = {p['j']} keeps?"),
-        worked=lambda p: (
-            f"tensor parallelism gives tp rank {p['j']} rows {p['j']} × {p['rows']:,}/"
-            f"{p['tp']} = {start(p):,} onward, {p['rows'] // p['tp']:,} of them; FSDP2 cuts "
-            f"that block into {p['dp']} and dp rank {p['i']} starts {p['i']} × {block(p):,} "
-            f"rows into it: row {start(p) + p['i'] * block(p):,}. "
-            "dp cuts inside tp's block, the reverse of DTensor's left-to-right order for "
-            "(Shard(0), Shard(0)): that is why lesson 22 printed `_StridedShard(dim=0)` on dp."),
-    )
-    q.wrong = _distinct(q, (
-        Wrong(lambda p: (p["i"] * p["tp"] + p["j"]) * block(p),
-              "that is (Shard(0), Shard(0)) read in DTensor's order, dp cutting the whole "
-              "weight first; FSDP2 came after tensor parallelism and cuts inside each tp "
-              "rank's block (the `_StridedShard`)"),
-        Wrong(lambda p: p["j"] * p["rows"] // p["tp"],
-              "that is where tensor parallelism's block starts; FSDP2 then cuts it over dp"),
-        Wrong(lambda p: p["i"] * p["rows"] // p["dp"],
-              "that shards the whole weight over dp alone; tensor parallelism cut it first"),
-    ))
-    return q
-
-
-def _cluster(g):
-    return Cluster("question", g, 1e15, 80 * GiB, 450e9, 50e9)
-
-
-def crossing(seed=None) -> Question:
-    def draw(rng):
-        return {"g": rng.choice((4, 8)), "nodes": rng.choice((2, 4, 16)),
-                "m": rng.choice((2, 6, 12))}  # m > 1: the sync flag matters
-
-    def ratio(p, gathers=None, scatters=1, whole=False):
-        n, m = p["g"] * p["nodes"], p["m"]
-        c = _cluster(p["g"])
-        one = dp_step(c, 10**9, n, "fsdp", 1).crossing / 3  # one flat collective's bytes
-        fsdp = one * ((2 * m if gathers is None else gathers) + scatters)
-        hsdp = dp_step(c, 10**9, n, "hsdp", m).crossing * (p["g"] if whole else 1)
-        return fsdp / hsdp
+    def around(p):
+        below = math.floor(p["v"] / step(p)) * step(p)
+        return below, below + step(p)
 
     return Question(
-        key="22.crossing", seed=seed, draw=draw, right=lambda p: ratio(p),
-        text=lambda p: (
-            f"{p['nodes']} nodes of {p['g']} GPUs train one model by sharded data parallelism, "
-            f"{p['m']} microbatches a step. FSDP shards over all {p['g'] * p['nodes']} GPUs "
-            "(each collective a ring across every GPU, in node order); HSDP shards over the "
-            "GPUs of a node and replicates across nodes. Both accumulate gradients the cheap "
-            "way: FSDP2's `set_requires_gradient_sync(False)` on every microbatch but the "
-            "last for FSDP, `set_requires_all_reduce(False)` likewise for HSDP, whose "
-            "across-node all-reduce of each GPU's gradient shard then runs once a step. "
-            "Parameters are re-gathered for each microbatch's forward and backward "
-            "(`reshard_after_forward=True`, the default). Parameters and gradients have the "
-            "same bytes. By what factor are FSDP's bytes across node boundaries per step "
-            "more than HSDP's (ring model, within 1%)?"),
+        key="22.e4m3-step", seed=seed, draw=lambda rng: {"v": rng.choice(VALUES)},
+        text=lambda p: (f"x = {p['v']} is not an e4m3 value (`torch.float8_e4m3fn`: 4 "
+                        "exponent bits, 3 mantissa bits): a cast to e4m3 rounds it to one of "
+                        "the two e4m3 values around it, the largest below x or the smallest "
+                        "above x. How far apart are those two values: the step of e4m3's grid "
+                        "at x? (Within 0.1%.)"),
+        right=step,
         wrong=[
-            Wrong(lambda p: ratio(p, scatters=p["m"]),
-                  "that is FSDP at its worst, a reduce-scatter every microbatch: with the "
-                  "sync off it reduce-scatters on the last microbatch only"),
-            Wrong(lambda p: ratio(p, scatters=0),
-                  "the last microbatch still reduce-scatters the accumulated gradients, "
-                  "across the nodes"),
-            Wrong(lambda p: ratio(p, gathers=2),
-                  "the sync flag skips gradient communication only: each microbatch's "
-                  "forward and backward still gather the parameters, across the nodes"),
-            Wrong(lambda p: ratio(p, whole=True),
-                  "that has HSDP all-reduce the whole gradient across nodes; each GPU "
-                  "all-reduces only its 1/g shard, g rings in parallel"),
+            Wrong(lambda p: step(p, 2), "that is e5m2's step there: 2 mantissa bits, twice as "
+                                        "coarse"),
+            Wrong(lambda p: step(p, 7), "that is bfloat16's step there: 7 mantissa bits"),
+            Wrong(lambda p: step(p) / 2, "that is half the step: the largest rounding error, "
+                                         "x's distance to the nearer value at worst"),
+            Wrong(lambda p: 0.125 * p["v"], "that is the value times e4m3's epsilon (2⁻³): the "
+                                            "step is fixed across a binade, 2^(e-3) for values "
+                                            "in [2^e, 2^(e+1))"),
         ],
-        worked=lambda p: (
-            "a ring over n = g·k GPUs in node order crosses the k node boundaries, each link "
-            "carrying (n−1)/n·S per gather or reduce-scatter. FSDP now makes 2m all-gathers "
-            "and one reduce-scatter a step: (2m+1)·k(n−1)/n·S across. HSDP's rings (one per "
-            "GPU position) carry S/g each, all of their k links across: 2(k−1)·S. The factor "
-            f"(2m+1)·k(n−1)/n / (2(k−1)) = {ratio(p):.3f} (a MODEL), against "
-            f"{ratio(p, scatters=p['m']):.3f} at FSDP's worst: skipping the sync saves "
-            "under a third, since the gathers remain; FSDP2 pays for it in memory, each "
-            "unit's whole gradient kept until the last microbatch."),
+        worked=lambda p: (f"{p['v']} lies in [2^{_binade(p['v'])}, 2^{_binade(p['v']) + 1}); "
+                          "3 mantissa bits cut that binade into 8 steps of 2^(e-3) = "
+                          f"{step(p):g}, so the e4m3 values around x are {around(p)[0]:g} and "
+                          f"{around(p)[1]:g}. The relative step is 1/8 at the binade's start, "
+                          "1/16 at its end (lesson 22's picture)."),
+        rel_tol=0.001,
     )
 
 
-def _states(p, s, per_param=16, unit=GiB):
-    """GiB of model states a GPU keeps in a shard group of s nodes (16 bytes a parameter)."""
-    total = model_state_bytes(p["billions"] * 10**9, s * p["g"], 3)["total"]
-    return total * per_param / 16 / unit
-
-
-def _fewest(p, must_divide=True, **kw):
-    """The fewest nodes a shard group can have (None: none fits)."""
-    return next((s for s in range(1, p["nodes"] + 1)
-                 if (p["nodes"] % s == 0 or not must_divide) and _states(p, s, **kw)
-                 <= p["budget"]), None)
-
-
-def _group_options(p, rng) -> list[int]:
-    """The right group size and three wrong ones: one usual slip (not dividing the nodes,
-    one too small, GiB read as 10⁹ bytes, the next that fits, the bf16 weights alone), then
-    two drawn from the slips and the divisors near it, so that its letter varies."""
-    right, divisors = _fewest(p), [s for s in range(1, p["nodes"] + 1) if p["nodes"] % s == 0]
-    slips = [_fewest(p, must_divide=False), max((d for d in divisors if d < right), default=None),
-             _fewest(p, unit=10**9), min((d for d in divisors if d > right), default=None),
-             _fewest(p, per_param=2)]
-    slips = list(dict.fromkeys(t for t in slips if t not in (None, right)))
-    first = rng.choice(slips)
-    near = [d for d in dict.fromkeys(slips + divisors) if d not in (right, first)
-            and d <= 4 * right]
-    return sorted([right, first, *rng.sample(near, 2)])
-
-
-def hsdp_memory(seed=None) -> Question:
+def gather_bytes(seed=None) -> Question:
     def draw(rng):
-        p = {"billions": rng.choice((70, 180, 405)), "g": 8, "nodes": rng.choice((48, 96)),
-             "budget": rng.choice((20, 30, 40))}
-        return {**p, "options": _group_options(p, rng)}
+        return {"h": rng.choice((2048, 4096, 8192)), "n": rng.choice((8, 16, 64))}
 
-    def says(p, size):
-        if p["nodes"] % size:
-            return (f"{size} does not divide the {p['nodes']} nodes: the replicas must be "
-                    "equal shard groups")
-        if _states(p, size) > p["budget"]:
-            return (f"a group of {size} node{'s' * (size > 1)} keeps {_states(p, size):.1f} "
-                    f"GiB of model states a GPU, over the {p['budget']} GiB left (16 bytes "
-                    "a parameter)")
-        return (f"{size} nodes fit, but a smaller group that divides the {p['nodes']} nodes "
-                "fits too, and its gathers cross fewer node boundaries")
+    def sent(p, kind="fp8", share=None):
+        got = fp8_all_gather_bytes(4 * p["h"], p["h"], p["n"], "rowwise")
+        full = got[kind] / ((p["n"] - 1) / p["n"])
+        return (got[kind] if share is None else full * share) / MiB
 
-    letter = lambda p, size: "abcd"[p["options"].index(size)]  # noqa: E731
-    q = Question(
-        key="22.hsdp-memory", seed=seed, draw=draw, kind="choice",
-        right=lambda p: letter(p, _fewest(p)),
-        text=lambda p: (
-            f"A {p['billions']}B-parameter model trains with mixed-precision Adam (16 bytes "
-            f"a parameter: Rajbhandari et al. 2020, §3.1) on {p['nodes']} nodes of {p['g']} "
-            "GPUs by HSDP: each shard group is a whole number of nodes, the model states "
-            "sharded over its GPUs, and the groups are equal replicas of one another. After "
-            f"activations, each GPU has {p['budget']} GiB left for model states. Fewer nodes "
-            "a group, the fewer node boundaries its gathers cross: how many nodes should a "
-            "shard group have? Answer 'a', 'b', 'c' or 'd': "
-            + "; ".join(f"({'abcd'[i]}) {o}" for i, o in enumerate(p["options"])) + "."),
-        worked=lambda p: (
-            f"a group of s nodes keeps 16Ψ/(s·g) per GPU: {_states(p, 1):.1f}/s GiB here, at "
-            f"most {p['budget']} GiB when s ≥ {_states(p, 1) / p['budget']:.2f}; and s must "
-            f"divide the {p['nodes']} nodes for equal replicas: s = {_fewest(p)}, "
-            f"({letter(p, _fewest(p))}): {_states(p, _fewest(p)):.1f} GiB a GPU, "
-            f"{p['nodes'] // _fewest(p)} replicas. FSDP over all {p['nodes']} nodes would keep "
-            f"{_states(p, p['nodes']):.2f} GiB."),
+    return Question(
+        key="22.gather-bytes", seed=seed, draw=draw,
+        text=lambda p: (f"ZeRO-3 shards the MLP's first weight W (4h × h, h = {p['h']}) by rows "
+                        f"over N = {p['n']} GPUs and all-gathers it before each use in FP8 with "
+                        "rowwise scaling: one byte a value, and one float32 scale per row, "
+                        "sent with the shard. How many MiB does one GPU send for one gather "
+                        "(a ring)? (MiB; within 1%.)"),
+        right=sent,
+        wrong=[
+            Wrong(lambda p: sent(p, "bf16"), "that is bf16's gather, two bytes a value"),
+            Wrong(lambda p: sent(p, share=1), "a GPU does not send the whole tensor: it "
+                                              "forwards N-1 of its N shards, (N-1)/N of it"),
+            Wrong(lambda p: sent(p, share=1 / p["n"]), "that is the GPU's own shard once: on "
+                                                       "a ring each GPU forwards N-1 shards"),
+        ],
+        worked=lambda p: (f"(N-1)/N × (4h·h values × 1 byte + 4h scales × 4 bytes) = "
+                          f"{p['n'] - 1}/{p['n']} × ({4 * p['h'] ** 2:,} + {16 * p['h']:,}) "
+                          f"bytes = {sent(p):.2f} MiB (`calc.fp8_all_gather_bytes`, a MODEL), "
+                          f"against bf16's {sent(p, 'bf16'):.2f} MiB: the scales add "
+                          f"4/h = {4 / p['h']:.2%}, so FP8 sends about half."),
     )
-    q.wrong = [Wrong(lambda p, o=o: letter(p, o), says(q.params, o))
-               for o in q.params["options"] if o != _fewest(q.params)]
-    return q
 
 
-QUESTIONS = {"22.strided-rows": strided_rows, "22.crossing": crossing,
-             "22.hsdp-memory": hsdp_memory}
+LETTERS = {(): "a", ("dp",): "b", ("tp",): "c", ("dp", "tp"): "d"}
+# rowwise's six casts: (the GEMM that reads it, the slice one of its scales covers)
+SLICES = {"input": ("forward, y = x Wᵀ", "one token of x, over its input features"),
+          "weight": ("forward", "one row of W (an output feature), over its inputs"),
+          "grad": ("dgrad, ∂x = g W", "one token of the output gradient g, over its output "
+                                      "features"),
+          "weight_dgrad": ("dgrad", "one column of W (an input feature), over its outputs"),
+          "input_wgrad": ("wgrad, ∂W = gᵀ x", "one input feature of x, over the batch's "
+                                              "tokens"),
+          "grad_wgrad": ("wgrad", "one output feature of g, over the batch's tokens")}
+CASES = [(layer, role, sp) for layer in ("column", "row") for role in SLICES
+         for sp in (False, True)]
+# who holds what of the slice a scale covers, as the cast sees it (the worked answer's words)
+HELD = {("column", "input"): "every tp rank holds x whole{gathered}",
+        ("row", "input"): "each tp rank holds 1/tp of every token's features",
+        ("column", "weight"): "each tp rank holds whole rows of W (its output features)",
+        ("row", "weight"): "each tp rank holds 1/tp of every row (its input columns)",
+        ("column", "grad"): "each tp rank holds 1/tp of every token's output features",
+        ("row", "grad"): "every tp rank holds g whole{gathered_g}",
+        ("column", "weight_dgrad"): "each tp rank holds 1/tp of every column (its rows)",
+        ("row", "weight_dgrad"): "each tp rank holds whole columns of W",
+        ("column", "input_wgrad"): "every tp rank holds x whole{gathered}",
+        ("row", "input_wgrad"): "each tp rank holds its own features, each over every token",
+        ("column", "grad_wgrad"): "each tp rank holds its own output features, each over "
+                                  "every token",
+        ("row", "grad_wgrad"): "every tp rank holds g whole{gathered_g}"}
+
+
+def which_group(seed=None) -> Question:
+    def right_axes(p):
+        return tuple(a for a in amax_axes(p["layer"], p["role"], "rowwise", p["sp"])
+                     if a != "cp")
+
+    def right(p):
+        return LETTERS[right_axes(p)]
+
+    def toggled(p, axis):
+        axes = set(right_axes(p)) ^ {axis}
+        return LETTERS[tuple(a for a in ("dp", "tp") if a in axes)]
+
+    def note(p):  # SP's all-gather is named only where there is one, and the cast sees it
+        if not p["sp"]:
+            return ""
+        if p["layer"] == "column" and p["role"].startswith("input"):
+            return " (after SP's all-gather: rowwise gathers x in high precision)"
+        if p["layer"] == "row" and p["role"].startswith("grad"):
+            return " (SP's all-gather made it whole before the cast)"
+        return ""
+
+    def worked(p):
+        axes = right_axes(p)
+        held = HELD[p["layer"], p["role"]].format(gathered=note(p), gathered_g=note(p))
+        dp = ("the dp ranks hold other tokens, so dp cuts each slice"
+              if p["role"].endswith("wgrad") else "no slice spans tokens of two dp ranks "
+              "(a token, or W, is whole on one), so dp cuts none")
+        tp = "tp cuts each slice" if "tp" in axes else "tp cuts none"
+        return (f"One scale covers {SLICES[p['role']][1]}: {dp}; {held}, so {tp}: answer "
+                f"{right(p)}. A rowwise amax is reduced only over the axes that cut the slice "
+                "its scale covers (along the dimension the GEMM sums over); an axis that holds "
+                "copies, or only decides which slices a rank has, changes nothing.")
+
+    return Question(
+        key="22.which-group", seed=seed, kind="choice",
+        draw=lambda rng: dict(zip(("layer", "role", "sp"), rng.choice(CASES), strict=True)),
+        text=lambda p: (f"A tensor-parallel MLP trains in FP8 with torchao's rowwise recipe on "
+                        f"a dp × tp mesh (each dp rank its own rows of the batch), "
+                        f"{'with' if p['sp'] else 'without'} sequence parallelism. Each GEMM "
+                        "reads its operands scaled along the dimension it sums over, so the "
+                        f"backward casts again. Take the {p['layer']}-parallel layer's cast "
+                        f"for {SLICES[p['role']][0]}: one scale for each "
+                        f"{SLICES[p['role']][1].removeprefix('one ')}{note(p)}. Over which "
+                        "axes must its amax be MAX-reduced, so that every rank casts with the "
+                        "scales one device would use, and over no axis that changes nothing? "
+                        "Answer 'a', 'b', 'c' or 'd': (a) none; (b) dp; (c) tp; (d) dp and tp."),
+        right=right,
+        wrong=[
+            Wrong(lambda p: toggled(p, "tp"), "tp: it counts only where it cuts the slice "
+                                              "one scale covers (a token's features in the "
+                                              "row layer's input and the column layer's "
+                                              "output gradient; a row of the row layer's W; "
+                                              "a column of the column layer's W); where it "
+                                              "holds copies, or only decides which slices a "
+                                              "rank has, it changes nothing"),
+            Wrong(lambda p: toggled(p, "dp"), "dp: its ranks hold other tokens of the batch, "
+                                              "so it counts for a scale taken over the tokens "
+                                              "(wgrad's re-casts of x and g) and for none "
+                                              "taken within one token or within W"),
+        ],
+        worked=worked,
+    )
+
+
+QUESTIONS = {"22.e4m3-step": e4m3_step, "22.gather-bytes": gather_bytes,
+             "22.which-group": which_group}

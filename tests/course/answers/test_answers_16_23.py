@@ -1,4 +1,4 @@
-"""Lessons 16, 17, 19, 20 and 23: scaling, planning, the claims, ZeRO, experts.
+"""Lessons 16, 17, 19, 20 and 25: scaling, planning, the claims, ZeRO, experts.
 
 19.sixteen-bytes, a letter the same for every draw, is in test_answers_choices.py.
 Not checked: none."""
@@ -115,9 +115,9 @@ def test_17_zero_stage_and_break_even():
 
 
 def test_18_experts():
-    for _, p, right in asked("23.capacity"):
+    for _, p, right in asked("25.capacity"):
         assert right == math.ceil(p["f"] * p["T"] * p["k"] / p["E"])  # GShard's capacity
-    for _, p, right in asked("23.a2a-bytes"):
+    for _, p, right in asked("25.a2a-bytes"):
         rows = p["tokens"] * p["k"]  # dispatch and combine, forward and backward: 4 all-to-alls
         assert close(right, 4 * rows * p["d"] * 2 * (p["ep"] - 1) / p["ep"] / 1e6)
 
@@ -127,7 +127,7 @@ def test_18_stats_group():
     # statistics are per sequence: summed over the ranks holding r's sequences, the same dp_i
     # (and tp_i, unless sequence parallelism splits the sequence over tp too). The bias's load
     # is per step: every rank that saw other tokens, the same tp_i unless under sp.
-    for q, p, right in asked("23.stats-group"):
+    for q, p, right in asked("25.stats-group"):
         dp, cp, tp, r = p["dp"], p["cp"], p["tp"], p["rank"]
         coords = {x: (x // (cp * tp), x // tp % cp, x % tp) for x in range(dp * cp * tp)}
         d, _, t = coords[r]

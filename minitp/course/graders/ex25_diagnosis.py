@@ -1,4 +1,4 @@
-"""ex23 on each rank, judging its own run: what the rank should hold at each step of the
+"""ex25 on each rank, judging its own run: what the rank should hold at each step of the
 dispatch and combine (and what each usual mistake gives), and the checks of the split
 sizes, the output and the gradients, as (passed, detail, hint, error) for the parent.
 """

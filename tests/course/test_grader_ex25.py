@@ -1,8 +1,8 @@
-"""The grader of ex23 (expert parallelism's dispatch and combine, lesson 23) names the usual
+"""The grader of ex25 (expert parallelism's dispatch and combine, lesson 25) names the usual
 mistakes: every wrong answer here is the reference solution with one mistake built in,
 and each diagnosis the grader can give has a test. That the solution passes every check
 and the untouched exercise fails every one is tests/course/test_exercises.py's
-(parametrized over every exercise, ex23 included); here the blank's message is checked
+(parametrized over every exercise, ex25 included); here the blank's message is checked
 word for word.
 
 The checks, in order: 0 the split sizes, 1 the output, 2 the gradients (all three at
@@ -16,7 +16,7 @@ import pytest
 from test_exercises import _variant
 
 import minitp as mt
-from minitp.course.graders import ex23
+from minitp.course.graders import ex25
 
 EXCHANGE = "arrived = mt.comm.all_to_all(table, axis, [1] * ep, [1] * ep)"
 SPLITS = "send, recv = table.sum(1).tolist(), arrived.sum(1).tolist()"
@@ -29,11 +29,11 @@ REFUSED = "not checked: the all-to-alls' split sizes do not match (see above)"
 @pytest.fixture
 def alone(monkeypatch):
     """The function alone: no training step."""
-    monkeypatch.setattr(ex23, "STEP_CHECK", False)
+    monkeypatch.setattr(ex25, "STEP_CHECK", False)
 
 
 def _grade(tmp_path, *edits):
-    return mt.grade("ex23", path=_variant(tmp_path, "ex23", *edits)).checks
+    return mt.grade("ex25", path=_variant(tmp_path, "ex25", *edits)).checks
 
 
 def _refused(checks):
@@ -50,7 +50,7 @@ def _output(checks):
 
 
 def test_the_blank_says_what_is_not_written_and_gives_its_hint():
-    checks = mt.grade("ex23").checks
+    checks = mt.grade("ex25").checks
     assert not any(c.passed for c in checks), checks
     assert checks[0].detail == "dispatch_and_combine is not written yet"
     assert checks[0].hint.startswith("Which of your rows does each rank need, in what order")
@@ -142,7 +142,7 @@ def test_rows_sent_by_the_all_to_all_that_carries_no_gradient(tmp_path):
 
 
 def test_the_exercise_text_gives_no_step_away():
-    text = mt.course.grading.exercise_path("ex23").read_text()
+    text = mt.course.grading.exercise_path("ex25").read_text()
     for step in ("1. **permute**", "source_to_expert_major", "index_add over", "counts.view",
                  "splits swapped", "row j is what you send"):
         assert step not in text, step

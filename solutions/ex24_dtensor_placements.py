@@ -1,7 +1,7 @@
-"""Exercise 22: what each rank keeps, read from DTensor's placements, for a model lesson 22
+"""Exercise 24: what each rank keeps, read from DTensor's placements, for a model lesson 24
 did not print.
 
-Lesson 22 printed the placements PyTorch gave minitp's GPT. This model is another: one
+Lesson 24 printed the placements PyTorch gave minitp's GPT. This model is another: one
 Llama block as PyTorch's tensor-parallel tutorial shards it (pytorch/tutorials,
 `intermediate_source/TP_tutorial.rst`, its plan with sequence parallelism), with a
 vocabulary of 49 tokens that no tp divides (GPT-2's 50,257 is odd too). Its parameters,
@@ -30,13 +30,13 @@ The norms are RMSNorms (a weight, no bias).
     documentation says a Shard cuts as `torch.chunk` does: find what that means for 5 rows
     over 4 ranks, and for a dim that two mesh dimensions both shard.
 (c) `kept_bytes(dp, tp, dp_rank, tp_rank, itemsize)`: the bytes of SHAPES' parameters that
-    the rank at (dp_rank, tp_rank) keeps on a mesh (dp, tp), tp fastest as in lesson 22:
+    the rank at (dp_rank, tp_rank) keeps on a mesh (dp, tp), tp fastest as in lesson 24:
     `parallelize_module` with the plan above on tp, then FSDP2's `fully_shard` on dp
     (dp = 1: no fully_shard; tp = 1: no parallelize_module). FSDP2 cuts each parameter's
     *local* tensor, what tensor parallelism left on the rank, along its dim 0, as
-    `torch.chunk` does (that is the `_StridedShard` lesson 22 printed).
+    `torch.chunk` does (that is the `_StridedShard` lesson 24 printed).
 
-Grade it with `mt.grade("ex22")` in a notebook or `python -m minitp.course.grade ex22`: one
+Grade it with `mt.grade("ex24")` in a notebook or `python -m minitp.course.grade ex24`: one
 launch of 4 ranks applies the plan and FSDP2 for real and compares (a) with the placements
 PyTorch gave, (b) with every rank's `distribute_tensor(...).to_local()` on a 4-rank and a
 2 × 2 mesh, and (c) with the bytes each rank holds for meshes (1, 4), (2, 2) and (4, 1).

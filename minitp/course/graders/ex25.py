@@ -1,4 +1,4 @@
-"""Checks for ex23: expert parallelism's dispatch and combine.
+"""Checks for ex25: expert parallelism's dispatch and combine.
 
 One launch of 4 ranks, in float64. First the learner's `dispatch_and_combine`
 alone, at ep = 4 (the whole world; E = 8 experts, 2 per rank, top-2, some
@@ -22,7 +22,7 @@ Then the function is installed as every MoE layer's dispatch of a GPT made by
 `parallelize` on ``Mesh(dp=4, ep=2)`` (E = 4, 2 per rank), and one AdamW step's
 loss and every parameter after it must equal the plain GPT's.
 
-Its parts: ex23_rank.py (the run on the ranks), ex23_diagnosis.py (what a rank should
+Its parts: ex25_rank.py (the run on the ranks), ex25_diagnosis.py (what a rank should
 hold, and its checks of its own run); this module runs them and gathers the verdicts.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ...runtime.launch import launch
 from .base import Check, run_per_size
-from .ex23_rank import _in_rank
+from .ex25_rank import _in_rank
 
 WORLD = 4
 TIMEOUT = 30.0

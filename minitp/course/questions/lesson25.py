@@ -1,4 +1,4 @@
-"""Lesson 23's questions: an expert's capacity per sequence, the all-to-all bytes of expert
+"""Lesson 25's questions: an expert's capacity per sequence, the all-to-all bytes of expert
 parallelism, and which ranks a balancing statistic is summed over on a given mesh."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def capacity_question(seed=None) -> Question:
         return _capacities(p["f"], p["T"], p["k"], p["E"], p["B"])[which]
 
     return Question(
-        key="23.capacity", seed=seed, draw=draw, rel_tol=1e-9,  # a whole number: exact
+        key="25.capacity", seed=seed, draw=draw, rel_tol=1e-9,  # a whole number: exact
         text=lambda p: (f"A mixture of experts routes each token to k = {p['k']} of "
                         f"E = {p['E']} experts, with capacity factor f = {p['f']}. A batch "
                         f"holds B = {p['B']} sequences of T = {p['T']} tokens. With minitp's "
@@ -79,7 +79,7 @@ def a2a_bytes(seed=None) -> Question:
         return both * passes / 2 / MB
 
     return Question(
-        key="23.a2a-bytes", seed=seed, draw=draw,
+        key="25.a2a-bytes", seed=seed, draw=draw,
         text=lambda p: (f"Expert parallelism over ep = {p['ep']} ranks. Each rank routes its "
                         f"{p['tokens']:,} tokens to k = {p['k']} experts each, d = {p['d']}, "
                         "bf16 (2 bytes a value). Routing is uniform: every expert gets as "
@@ -187,10 +187,10 @@ def stats_group(seed=None) -> Question:
                 f"`mt.layout(dp={p['dp']}, tp={p['tp']}, cp={p['cp']})`) rank {p['rank']}'s "
                 f"cp group is {groups['cp']}, its tp group {groups['tp']}, its dp×cp group "
                 f"{groups['dp_cp']}: ({letter(p, 'right')}) {groups[names['right']]}. "
-                "(minitp/expert_parallel/plan.py; lesson 23 computes why.)")
+                "(minitp/expert_parallel/plan.py; lesson 25 computes why.)")
 
     return Question(
-        key="23.stats-group", seed=seed, draw=draw, kind="choice", text=text,
+        key="25.stats-group", seed=seed, draw=draw, kind="choice", text=text,
         right=lambda p: letter(p, "right"),
         wrong=[Wrong(lambda p, role=role: letter(p, role), why[role]) for role in
                ("swapped", "other", "tp", "dp")],
@@ -198,5 +198,5 @@ def stats_group(seed=None) -> Question:
     )
 
 
-QUESTIONS = {"23.capacity": capacity_question, "23.a2a-bytes": a2a_bytes,
-             "23.stats-group": stats_group}
+QUESTIONS = {"25.capacity": capacity_question, "25.a2a-bytes": a2a_bytes,
+             "25.stats-group": stats_group}

@@ -1,4 +1,4 @@
-"""ex23 on the ranks: the learner's `dispatch_and_combine` alone at ep = 4, every
+"""ex25 on the ranks: the learner's `dispatch_and_combine` alone at ep = 4, every
 all-to-all watched (splits that do not match stop every rank, never a hang), then inside
 a MoE GPT on Mesh(dp=4, ep=2) for one AdamW step against the plain GPT.
 """
@@ -17,7 +17,7 @@ from ...runtime import comm
 from ...runtime._device import device
 from ...runtime.mesh import Mesh, world
 from ...step import train_step
-from .ex23_diagnosis import D, E, K, N, _gradients, _output, _plan, _splits
+from .ex25_diagnosis import D, E, K, N, _gradients, _output, _plan, _splits
 
 MODEL = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=8, n_experts=4, top_k=2)
 STEP_TOLERANCE = 1e-10

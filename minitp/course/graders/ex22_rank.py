@@ -1,6 +1,6 @@
-"""ex21 on the ranks: one device's FP8 step written here by hand (the reference), the
+"""ex22 on the ranks: one device's FP8 step written here by hand (the reference), the
 grader's own (a) and (b) to judge (c) alone, and the learner's parts run on a dp = 2 ×
-tp = 2 mesh, each result, blank or crash kept for the parent (ex21.py)."""
+tp = 2 mesh, each result, blank or crash kept for the parent (ex22.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PyTorch's own answers for ex22, found on the ranks: the Llama block under the plan of
+"""PyTorch's own answers for ex24, found on the ranks: the Llama block under the plan of
 `pytorch/tutorials`' `intermediate_source/TP_tutorial.rst` (with sequence parallelism) and
 FSDP2, on meshes (dp, tp) of 4 ranks, and DTensor's local shapes for the shape cases.
 Nothing of the learner's runs here."""

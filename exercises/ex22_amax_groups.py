@@ -1,4 +1,6 @@
-"""Exercise 21: the amax groups of a tensor-parallel FP8 MLP, with and without sequence
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex22
+# Made from solutions/ex22_amax_groups.py by `python -m minitp.course.make_exercises`.
+"""Exercise 22: the amax groups of a tensor-parallel FP8 MLP, with and without sequence
 parallelism — which ranks must agree on each scale, and when each scale is taken.
 
 An FP8 linear layer y = x Wᵀ casts three tensors. In the classic recipe, used here
@@ -18,7 +20,7 @@ Each data-parallel rank holds its own rows of the batch. With sequence paralleli
 column layer's input arrives as this rank's 1/tp of the sequence and is cast *before* its
 all-gather (so the gather could move 8 bits: TransformerEngine does this, its PR #74), and
 the row layer's output is reduce-scattered; its output gradient comes back all-gathered,
-whole on every tp rank, before its cast. One thing differs from lesson 21's table: the
+whole on every tp rank, before its cast. One thing differs from lesson 22's table: the
 weights are ZeRO-3's (lesson 20). Each dp rank keeps 1/dp of its tp shard's rows, casts
 that piece to e4m3, and all-gathers the casts over dp before the GEMM, so the gather moves
 8 bits (torchao's float8 all-gather for FSDP); the weight's gradient is reduce-scattered
@@ -40,7 +42,7 @@ Your parts:
 
 What you may need: ``mt.comm.all_reduce(t, axis, op="max")``; ``t.abs().max()``.
 
-Grade it with `mt.grade("ex21")` in a notebook or `python -m minitp.course.grade ex21`: on
+Grade it with `mt.grade("ex22")` in a notebook or `python -m minitp.course.grade ex22`: on
 4 ranks (dp = 2, tp = 2), (a) over dp, tp and both; (b) for both layers with and without
 SP, any correct group accepted; (c) with the grader's (a) and (b) in place, one forward and
 backward of the MLP in float64 against one device's FP8 step on the whole batch; (d) all
@@ -66,26 +68,21 @@ def quantize(t: torch.Tensor, amax: torch.Tensor, dtype) -> torch.Tensor:
 def shared_amax(t: torch.Tensor, axes) -> torch.Tensor:
     """The largest |value| of the whole tensor `t` is a piece of: this rank's, MAX-reduced
     over every axis in `axes`."""
-    # BEGIN SOLUTION
     # hint: an amax is a magnitude; and which reduction does all_reduce do unless told?
-    amax = t.detach().abs().max()
-    for axis in axes:
-        amax = mt.comm.all_reduce(amax, axis, op="max")
-    return amax
-    # END SOLUTION
+    raise NotImplementedError(
+        'an amax is a magnitude; and which reduction does all_reduce do unless told?'
+    )
 
 
 def amax_groups(layer: str, sequence_parallel: bool) -> dict:
     """role ("input", "weight", "grad") -> the axis names ("dp", "tp") its amax is reduced
     over, for the "column" or "row" layer of the MLP."""
-    # BEGIN SOLUTION
     # hint: for each tensor as its cast sees it, which axes hold other pieces of it? Here
     # hint: a weight is cast before ZeRO-3's gather: what does each dp rank hold of it?
-    split_input = layer == "row" or sequence_parallel  # the features, or the sequence shard
-    return {"input": ("dp", "tp") if split_input else ("dp",),
-            "weight": ("dp", "tp"),
-            "grad": ("dp", "tp") if layer == "column" else ("dp",)}
-    # END SOLUTION
+    raise NotImplementedError(
+        'for each tensor as its cast sees it, which axes hold other pieces of it? Here a '
+        "weight is cast before ZeRO-3's gather: what does each dp rank hold of it?"
+    )
 
 
 class FP8Linear(torch.autograd.Function):
@@ -129,14 +126,12 @@ def gradient_gemms(grad, xq, wq, axes):
     """The backward of y = x Wᵀ from FP8 operands: the output gradient `grad` cast to e5m2
     with the scale of the whole gradient (its amax shared over `axes`), then ∂x = g_q W_q
     and ∂W = g_qᵀ x_q (`xq`, `wq`: the forward's e4m3 casts). Returns (∂x, ∂W)."""
-    # BEGIN SOLUTION
     # hint: the gradient has its own format, its own amax and its own group; then
     # hint: both GEMMs read FP8 operands only: which saved cast pairs with it in each?
-    gq = quantize(grad, shared_amax(grad, axes), E5M2)
-    dx = gq @ wq
-    dw = gq.reshape(-1, gq.shape[-1]).T @ xq.reshape(-1, xq.shape[-1])
-    return dx, dw
-    # END SOLUTION
+    raise NotImplementedError(
+        'the gradient has its own format, its own amax and its own group; then both GEMMs '
+        'read FP8 operands only: which saved cast pairs with it in each?'
+    )
 
 
 def mlp(x, w1, w2, mesh, sequence_parallel=False):

@@ -1,4 +1,6 @@
-"""Exercise 23: expert parallelism's dispatch and combine.
+# Fill in the NotImplementedError lines, then grade: python -m minitp.course.grade ex25
+# Made from solutions/ex25_moe_dispatch.py by `python -m minitp.course.make_exercises`.
+"""Exercise 25: expert parallelism's dispatch and combine.
 
 A rank of the ep group (`axis`, ep ranks) holds E/ep of the E experts, a run of
 them: rank j holds experts j·E/ep … (j+1)·E/ep − 1 (`expert_module`, whose
@@ -39,7 +41,7 @@ What you may use:
 Work one rank's view out on paper first (ep = 2, two experts each, three tokens):
 what does it send, what arrives, in which order, and where does each row go back to?
 
-Grade it with `mt.grade("ex23")` in a notebook or `python -m minitp.course.grade ex23`:
+Grade it with `mt.grade("ex25")` in a notebook or `python -m minitp.course.grade ex25`:
 on 4 ranks in float64, your function against the one-device layer (the split
 sizes of each all-to-all, the output, the gradients), then installed in a
 MoE GPT on ``Mesh(dp=4, ep=2)`` for a training step against one device.
@@ -74,29 +76,13 @@ def dispatch_and_combine(tokens: torch.Tensor, experts: torch.Tensor, gates: tor
     token_of = torch.arange(N, device=tokens.device).unsqueeze(1).expand(N, k)[keep]
     expert_of = experts[keep]
 
-    # BEGIN SOLUTION
     # hint: Which of your rows does each rank need, in what order, and how does a receiver
     # hint: learn how many rows to expect from each rank before they arrive? Rows arrive from
     # hint: several senders: are they grouped the way expert_module wants them? When the
     # hint: results come back, which token is each one's, and with what weight?
-    # The rows sorted by expert (stably): the rows for rank j's experts are one run.
-    order = torch.argsort(expert_of, stable=True)
-    rows = tokens[token_of[order]]
-    counts = torch.bincount(expert_of, minlength=n_experts)  # (E,), int64
-    # Only senders know their counts: arrived[s, e], the rows rank s sends local expert e.
-    table = counts.view(ep, local)
-    arrived = mt.comm.all_to_all(table, axis, [1] * ep, [1] * ep)
-    send, recv = table.sum(1).tolist(), arrived.sum(1).tolist()
-    got = all_to_all(rows, axis, send, recv, "dispatch")
-    # What arrived is source-major ([from rank 0: expert 0's, expert 1's, …], [from rank 1:
-    # …]); the experts want it expert-major: sort the rows by local expert, stably.
-    expert_of_row = torch.arange(local, device=arrived.device).repeat(ep)
-    regroup = torch.argsort(torch.repeat_interleave(expert_of_row, arrived.flatten()),
-                            stable=True)
-    out = expert_module(got[regroup], arrived.sum(0).tolist())
-    # The results back in the order the rows arrived, and back to their ranks.
-    back = all_to_all(out[inverse(regroup)], axis, recv, send, "combine")
-    # Row i of back is assignment order[i]: back in assignment order, weighted, summed.
-    weighted = back[inverse(order)] * gates[keep].unsqueeze(1)
-    return tokens.new_zeros(N, tokens.shape[1]).index_add(0, token_of, weighted)
-    # END SOLUTION
+    raise NotImplementedError(
+        'Which of your rows does each rank need, in what order, and how does a receiver learn'
+        ' how many rows to expect from each rank before they arrive? Rows arrive from several'
+        ' senders: are they grouped the way expert_module wants them? When the results come '
+        "back, which token is each one's, and with what weight?"
+    )
