@@ -22,7 +22,7 @@ import time
 import torch
 
 import minitp as mt
-from minitp.calc.pipeline_layout import end_flops, layer_flops
+from minitp.calc.planning.pipeline_layout import end_flops, layer_flops
 from minitp.course.labs import load_free
 from minitp.rules import parse_unit_label
 from minitp.rules.layouts import even_layout, layout_stages, layout_text

@@ -158,7 +158,7 @@ def test_the_map_sees_a_real_edge():
     """The parser must see the edges that exist, or every test above passes vacuously."""
     assert "minitp.rules" in GRAPH["minitp.step.train"]
     assert "minitp.tensor_parallel.plan" in GRAPH["minitp.parallelize"]
-    assert "minitp.calc.params" in GRAPH["minitp.calc.memory"]
+    assert "minitp.calc.counts.params" in GRAPH["minitp.calc.footprint.memory"]
 
 
 MAX_LINES = 300

@@ -13,7 +13,7 @@ a parallel model, where ZeRO's "each rank steps its own slice" no longer holds.
 See docs/muon.md.
 """
 
-from ..calc.muon import ns_flops
+from ..calc.footprint.muon import ns_flops
 from . import traps
 from .distributed import DistributedMuon, make_muon
 from .muon import Muon, muon_with_adamw, split_parameters

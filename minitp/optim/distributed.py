@@ -15,7 +15,7 @@ from collections import ChainMap
 
 import torch
 
-from ..calc.muon import ns_flops
+from ..calc.footprint.muon import ns_flops
 from ..mixed_precision import is_mixed
 from ..rules import model_chunks
 from ..runtime.mesh import Axis, Mesh

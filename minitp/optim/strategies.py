@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..calc.muon import lpt_owners, ns_flops
+from ..calc.footprint.muon import lpt_owners, ns_flops
 from ..runtime import comm, trace
 from ..runtime.mesh import Axis
 

@@ -35,7 +35,7 @@ def validate_layout(args, cfg, parser) -> None:
     if args.impl == "torch":
         parser.error("--pipeline-layout needs --impl minitp: torch's path here has no pipeline")
     if args.pipeline_layout == "auto":  # the model's choice, before the ranks need it
-        from ..calc.pipeline_layout import pipeline_layout
+        from ..calc.planning.pipeline_layout import pipeline_layout
 
         args.pipeline_layout = pipeline_layout(cfg, args.pp, args.virtual_stages).layout
     try:

@@ -1,10 +1,10 @@
-"""minitp.calc.allreduce: a ring's latency grows with t, a one-shot's does not; the ring is
+"""minitp.calc.network.allreduce: a ring's latency grows with t, a one-shot's does not; the ring is
 the price every other collective in `minitp.calc` pays."""
 
 import pytest
 
 import minitp.calc as calc
-from minitp.calc.allreduce import allreduce_time
+from minitp.calc.network.allreduce import allreduce_time
 
 H100 = calc.H100_80GB
 ALPHA, BETA = H100.intra_latency, H100.intra_bandwidth

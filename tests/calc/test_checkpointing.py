@@ -1,7 +1,7 @@
-"""minitp.calc.checkpointing (issue 42): how often to save. Young's interval is the minimum
-of its own first-order cost, found here by search; Daly's is set beside the minimum of the
-exact expected run time under Poisson failures, computed here from its renewal sum; the
-Llama 3 failure rate is recomputed from the paper's counts."""
+"""minitp.calc.reliability.checkpointing (issue 42): how often to save. Young's interval is
+the minimum of its own first-order cost, found here by search; Daly's is set beside the
+minimum of the exact expected run time under Poisson failures, computed here from its
+renewal sum; the Llama 3 failure rate is recomputed from the paper's counts."""
 
 import math
 

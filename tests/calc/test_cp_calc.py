@@ -205,7 +205,7 @@ def test_the_planner_tries_each_variant_the_heads_allow():
 
 
 def test_every_configuration_lists_the_variants_at_cp_above_1():
-    from minitp.calc.search import every_configuration
+    from minitp.calc.planning.search import every_configuration
 
     every = every_configuration(gpt(n_head=6, d_model=48), calc.A100_80GB, 8, 8,
                                 memory_cap=80 * 2**30, cp=4)

@@ -1,4 +1,4 @@
-"""minitp.calc.cp_overlap: what of context parallelism's messages a step waits for once the
+"""minitp.calc.network.cp_overlap: what of context parallelism's messages a step waits for once the
 ring hides its own behind attention (a MODEL; in process, no ranks)."""
 
 from __future__ import annotations

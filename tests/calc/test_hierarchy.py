@@ -1,4 +1,4 @@
-"""The two-level network (minitp.calc.hierarchy, a MODEL): the sourced node figures, the
+"""The two-level network (minitp.calc.network.hierarchy, a MODEL): the sourced node figures, the
 hierarchical all-reduce's bytes per level, FSDP's and HSDP's bytes across node boundaries
 counted link by link, and the level each axis of a plan lands on."""
 
@@ -7,8 +7,8 @@ from fractions import Fraction
 import pytest
 
 import minitp as mt
-from minitp.calc import hierarchy as hi
-from minitp.calc.cluster import B200_180GB, B200_XDR, GB, H100_80GB, Cluster
+from minitp.calc.network import hierarchy as hi
+from minitp.calc.network.cluster import B200_180GB, B200_XDR, GB, H100_80GB, Cluster
 
 TWO_BY_TWO = Cluster("two nodes of two", 2, 1e12, 10**9, 100 * GB, 10 * GB)
 

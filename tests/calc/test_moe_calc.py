@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import minitp as mt
 from minitp import calc
-from minitp.calc.search import every_configuration
+from minitp.calc.planning.search import every_configuration
 
 GiB = 2**30
 SMALL = dict(vocab_size=17, seq_len=8, n_layer=4, n_head=2, d_model=8, n_experts=4)

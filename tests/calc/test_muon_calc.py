@@ -1,10 +1,10 @@
-"""Muon's model (`mt.calc.muon`): its state bytes per rank under ZeRO 0-3, the FLOPs of
+"""Muon's model (`mt.calc.footprint.muon`): its state bytes per rank under ZeRO 0-3, the FLOPs of
 Newton–Schulz, the longest-processing-time owners, and what each strategy sends."""
 
 import pytest
 
 import minitp as mt
-from minitp.calc.muon import lpt_owners, ns_flops
+from minitp.calc.footprint.muon import lpt_owners, ns_flops
 
 
 def test_a_matrix_parameter_costs_12_bytes_not_adams_16():

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 import minitp as mt
-from minitp.calc.pipeline_layout import end_flops, layer_flops, stage_memory
+from minitp.calc.planning.pipeline_layout import end_flops, layer_flops, stage_memory
 
 CFG = dict(vocab_size=256, seq_len=64, n_layer=7, n_head=4, d_model=64)
 

@@ -1,4 +1,4 @@
-"""The brute force (`minitp.calc.search.every_configuration`) and the planner
+"""The brute force (`minitp.calc.planning.search.every_configuration`) and the planner
 (`calc.plan`) agree on the best configuration, and the brute force lists every valid
 one; `labs.planning.machine` turns a measured all-reduce fit into a cluster whose
 ring model gives that fit back. Pure arithmetic: no processes."""
@@ -10,7 +10,7 @@ import pytest
 
 import minitp as mt
 from minitp import calc
-from minitp.calc.search import every_configuration
+from minitp.calc.planning.search import every_configuration
 from minitp.course.labs.planning import machine
 
 GiB = 2**30

@@ -1,4 +1,4 @@
-"""minitp.calc.serving: prefill and decode, against the figures the sources publish.
+"""minitp.calc.inference.serving: prefill and decode, against the figures the sources publish.
 
 * the KV cache's bytes: the Scaling Book's 6.7 GB for one 8192-token LLaMA 2-13B sequence
   (§7, inference.md, "What about memory?") and 160 kB a token for LLaMA 3-70B in int8
@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 import minitp.calc as calc
-from minitp.calc.serving import (
+from minitp.calc.inference.serving import (
     LLAMA3_8B,
     LLAMA3_70B,
     DecoderShape,

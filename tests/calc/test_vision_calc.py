@@ -1,4 +1,4 @@
-"""minitp.calc.vision, vision_time, vision_stage: a vision-language model's encoder
+"""minitp.calc.architectures.vision, vision_time, vision_stage: a vision-language model's encoder
 replicated, split over tp, or on a pipeline stage of its own; trained or frozen.
 
 Pure arithmetic but for tiny torch builds: the parameter count against a module built
@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import minitp as mt
 from minitp import calc
-from minitp.calc.vision import LLAVA15_VISION, VisionEncoderShape
+from minitp.calc.architectures.vision import LLAVA15_VISION, VisionEncoderShape
 
 TINY = [VisionEncoderShape("tiny", layers=2, width=12, heads=3, patches=5, d_model=16),
         VisionEncoderShape("one layer", layers=1, width=8, heads=4, patches=7, d_model=6)]

@@ -16,7 +16,7 @@ import pytest
 
 import minitp as mt
 from minitp import calc
-from minitp.calc.search import every_configuration
+from minitp.calc.planning.search import every_configuration
 from minitp.pipeline.on_paper import simulate
 
 GiB = 2**30

@@ -124,7 +124,7 @@ def test_calling_the_planner_is_refused_however_it_was_imported(tmp_path):
 
 def test_reading_the_answer_off_the_brute_force_search_is_refused_too(tmp_path):
     path = _written(tmp_path, (
-        "from minitp.calc.search import every_configuration\n"
+        "from minitp.calc.planning.search import every_configuration\n"
         "def choose_plan(cfg, cluster, n_gpus, global_batch, memory_cap):\n"
         "    c = next(c for c in every_configuration(cfg, cluster, n_gpus, global_batch,\n"
         "                                            memory_cap) if c.fits)\n"
@@ -132,7 +132,7 @@ def test_reading_the_answer_off_the_brute_force_search_is_refused_too(tmp_path):
         "            'zero_stage': c.zero_stage}\n"))
     report = mt.grade("ex17", path=path)
     assert not report.checks[5].passed, str(report)
-    assert "calc.search.every_configuration" in report.checks[5].detail
+    assert "calc.planning.search.every_configuration" in report.checks[5].detail
     import sys
     assert sys.getprofile() is None  # the grader took its hook away
 

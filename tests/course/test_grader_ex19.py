@@ -10,7 +10,7 @@ from test_exercises import _variant
 
 import minitp as mt
 from minitp import calc
-from minitp.calc import memory
+from minitp.calc.footprint import memory
 
 LAYOUT = "weights, master, momentum, variance = 2, 4, 4, 4"
 GRADIENTS = '4 if optimizer == "megatron" else 2'

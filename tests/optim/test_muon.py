@@ -83,7 +83,7 @@ def test_the_per_head_split_orthogonalises_each_heads_rows_alone():
     head, and each head's block is orthogonalised alone. Not whole-matrix Muon's update; fewer
     FLOPs; and under tp each rank holds whole heads, so nothing travels over tp for it
     (tests/optim/test_distributed.py measures that)."""
-    from minitp.calc.muon import ns_flops
+    from minitp.calc.footprint.muon import ns_flops
     from minitp.optim.newton_schulz import newton_schulz, newton_schulz_blocks
 
     g = torch.randn(24, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)

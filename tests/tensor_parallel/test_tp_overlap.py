@@ -154,7 +154,7 @@ def _overlapped_row_without_sp():
 # --------------------------------------------------------------------------- the model
 def test_model_of_the_saving_by_hand():
     from minitp.calc import A100_80GB
-    from minitp.calc.tp_overlap import tp_overlap_model
+    from minitp.calc.network.tp_overlap import tp_overlap_model
     # GPT-3's layer on A100s (h 12288, s 2048, t 8, b 1, bf16): one hop moves 2048/8·12288·2
     # bytes over 300 GB/s after 5 µs; 8 collectives of 7 hops, none hidden without overlap
     m = tp_overlap_model(12288, 2048, 8, A100_80GB)
@@ -185,7 +185,7 @@ def test_model_against_megatrons_plain_baseline():
     # reduce-scatters of QKV and FC, beside their weight-gradient GEMMs): the baseline
     # exposes 6·(t−1) hops, the overlapped side is unchanged, and the saving is smaller.
     from minitp.calc import A100_80GB
-    from minitp.calc.tp_overlap import MEGATRON_PLAIN_OVERLAPPED, tp_overlap_model
+    from minitp.calc.network.tp_overlap import MEGATRON_PLAIN_OVERLAPPED, tp_overlap_model
     assert MEGATRON_PLAIN_OVERLAPPED == 2
     for efficiency, saving in ((1.0, 0.106), (0.5, 0.056)):  # the issue's 10.6% and 5.6%
         none = tp_overlap_model(12288, 2048, 8, A100_80GB, gemm_efficiency=efficiency)

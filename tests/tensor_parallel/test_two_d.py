@@ -1,5 +1,5 @@
 """2D (SUMMA) tensor parallelism: the layer equals the dense one, and its bytes on
-the wire, measured, stand beside the formulas of `minitp.calc.two_d` and beside
+the wire, measured, stand beside the formulas of `minitp.calc.network.two_d` and beside
 1D (Megatron) tensor parallelism of the same layer.
 
 Equivalence: at 4 ranks (a 2 × 2 grid), float64, a two-layer network (Linear2D,
@@ -20,7 +20,7 @@ import cloudpickle
 import pytest
 
 import minitp as mt
-from minitp.calc import two_d as model
+from minitp.calc.network import two_d as model
 from minitp.course.labs import two_d
 from minitp.runtime import io_counters as _io_counters
 from minitp.tensor_parallel.two_d import Grid, Linear2D, grid_layout

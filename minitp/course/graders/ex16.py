@@ -19,7 +19,7 @@ from __future__ import annotations
 from itertools import product
 
 from ... import calc
-from ...calc import cluster as cluster_module
+from ...calc.network import cluster as cluster_module
 from ..labs.scaling import megatron_family
 from .base import Check, Stopped, attempt, no_shortcut
 

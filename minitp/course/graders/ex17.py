@@ -18,7 +18,7 @@ measured with the calculator, as the exercise states, and:
   "heads", "cost": exactly) and the bubble (p − 1)/m within `BUBBLE_TOLERANCE`; a wrong
   number is named in a sentence (GB for GiB, the states without activations, ZeRO
   forgotten, the bubble as a share of the step, m for the whole batch, ...);
-* was reasoned, not searched: neither `calc.plan` nor `calc.search.every_configuration`
+* was reasoned, not searched: neither `calc.plan` nor `calc.planning.search.every_configuration`
   runs, and `calc.memory_per_gpu` and `calc.step_time` together run at most
   `CALLS_PER_RUN` times per run. The reference makes at most 3 (one step_time, two
   memory checks); a search makes one or two per configuration, dozens to hundreds
@@ -34,8 +34,8 @@ calculator's verdict on a plan), ex17_checks.py (the six checks); this module ru
 from __future__ import annotations
 
 from ... import calc
-from ...calc import search
-from ...calc.cluster import GiB
+from ...calc.network.cluster import GiB
+from ...calc.planning import search
 from .base import Check, Stopped, attempt
 from .ex17_cases import CASES, KEYS, NAMES
 from .ex17_checks import _fast, _fits, _memory_why, _reasoned, _stop_and_bubble, _valid
@@ -44,7 +44,7 @@ from .watch import CallWatch
 
 # The calculator's functions a plan is checked with (counted) or found by (forbidden).
 WATCHED = {calc.plan: "calc.plan",
-           search.every_configuration: "calc.search.every_configuration",
+           search.every_configuration: "calc.planning.search.every_configuration",
            calc.memory_per_gpu: "calc.memory_per_gpu", calc.step_time: "calc.step_time"}
 
 

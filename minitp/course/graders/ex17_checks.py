@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...calc.cluster import GiB
+from ...calc.network.cluster import GiB
 from .base import Check
 from .ex17_cases import (
     BUBBLE_TOLERANCE,
@@ -193,7 +193,7 @@ def _stop_and_bubble(judged) -> Check:
 
 def _reasoned(runs: list[Counter]) -> Check:
     planner = sorted({name for calls in runs for name in calls
-                      if name in ("calc.plan", "calc.search.every_configuration")})
+                      if name in ("calc.plan", "calc.planning.search.every_configuration")})
     if planner:
         return Check(NAMES[5], False, f"your code called {', '.join(planner)}", hint=SHORTCUT)
     counted = [sum(calls.values()) for calls in runs]

@@ -5,7 +5,7 @@ its memory and step time, the fastest plan `calc.plan` finds, and the justificat
 from __future__ import annotations
 
 from ... import calc
-from ...calc.cluster import GiB
+from ...calc.network.cluster import GiB
 from ...rules import check_parallel_config
 from .ex17_cases import KEYS, TOLERANCE
 

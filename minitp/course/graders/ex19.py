@@ -27,8 +27,8 @@ from itertools import combinations
 from numbers import Real
 
 from ... import calc
-from ...calc import flops as flops_module
-from ...calc import memory as memory_module
+from ...calc.counts import flops as flops_module
+from ...calc.footprint import memory as memory_module
 from ...model import GPTConfig
 from .base import Check
 

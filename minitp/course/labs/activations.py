@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ...calc.memory import activation_bytes_per_layer
+from ...calc.footprint.memory import activation_bytes_per_layer
 from ...memory.activations import ActivationLedger, Saved, _text_table
 from ...rules import check_parallel_config, layer_label
 

@@ -28,7 +28,7 @@ import warnings
 import torch
 
 from ... import fp8
-from ...calc.fp8 import fp8_all_gather_bytes
+from ...calc.footprint.fp8 import fp8_all_gather_bytes
 from ...data_parallel import make_optimizer
 from ...model import GPT, GPTConfig
 from ...parallelize import parallelize

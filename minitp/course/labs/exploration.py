@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ... import calc
-from ...calc.cluster import Cluster, GiB
+from ...calc.network.cluster import Cluster, GiB
 from ...model import GPTConfig
 from ...rules import check_parallel_config, check_positive_int
 

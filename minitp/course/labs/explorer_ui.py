@@ -11,7 +11,7 @@ import io
 
 import ipywidgets as widgets
 
-from ...calc.cluster import GiB
+from ...calc.network.cluster import GiB
 from .exploration import GPUS, MODELS, Exploration, explore, figure
 
 # The controls, in the order they are the widget's children (the output area is last).

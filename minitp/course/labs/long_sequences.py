@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...calc.memory import activation_bytes_per_layer
+from ...calc.footprint.memory import activation_bytes_per_layer
 from ...memory.activations import ActivationLedger
 from ...rules import cp_chunks, layer_label
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import calc
-from ...calc.cluster import GiB
+from ...calc.network.cluster import GiB
 from ...model import GPT
 from ...parallelize import parallelize
 from ...runtime import comm

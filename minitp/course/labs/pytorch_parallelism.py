@@ -20,7 +20,7 @@ One data-parallel step's collectives of a vector of ``n_values`` float64 paramet
   gradient with its peer in the other node (rings {0, 2} and {1, 3}: everything crosses).
 
 Each collective's result is checked against the plain sum or concatenation (MEASURED
-error), and the counted bytes stand beside `minitp.calc.hierarchy.dp_step`'s MODEL for a
+error), and the counted bytes stand beside `minitp.calc.network.hierarchy.dp_step`'s MODEL for a
 cluster of nodes of 2 (`crossing_ratio(4, 2)` = 2.25).
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...calc.cluster import GB, Cluster
-from ...calc.hierarchy import dp_step
+from ...calc.network.cluster import GB, Cluster
+from ...calc.network.hierarchy import dp_step
 from ...runtime import comm, trace
 from ...runtime._device import device
 from ...runtime.launch import launch
@@ -128,7 +128,7 @@ class TwoLevelBytes:
     n_values: int
     measured: dict  # strategy -> {"inside", "across"}: the kernel's count, summed over ranks
     payload: dict  # strategy -> {"inside", "across"}: the messages' payload bytes
-    model: dict  # strategy -> bytes across, `calc.hierarchy.dp_step` (a MODEL)
+    model: dict  # strategy -> bytes across, `calc.network.hierarchy.dp_step` (a MODEL)
     errors: dict  # collective -> largest |result − the plain one| over the ranks
 
     @property
@@ -238,7 +238,7 @@ def side_by_side(steps: int = 3, lr: float = 1e-2) -> dict:
 
 def hsdp_or_fsdp(clusters, n_params: int, nodes=(2, 16, 128), microbatches=(1, 8),
                  units: int = 32) -> list[dict]:
-    """A MODEL (`calc.hierarchy.dp_step`): FSDP and HSDP's bytes each GPU sends across
+    """A MODEL (`calc.network.hierarchy.dp_step`): FSDP and HSDP's bytes each GPU sends across
     nodes and their seconds per step, for each cluster, node count and microbatch count,
     ``units`` FSDP units (a layer each), 16-bit parameters and gradients."""
     rows = []

@@ -15,14 +15,14 @@ and draws it:
 * `save_timeline`: rank 0's steps with no save, a synchronous and an asynchronous one,
   and the checkpoint's snapshot and write events (MEASURED on this machine);
 * `intervals`: how often a real cluster should save, by Young's and Daly's intervals
-  from `minitp.calc.checkpointing` (a MODEL, sourced there).
+  from `minitp.calc.reliability.checkpointing` (a MODEL, sourced there).
 """
 
 from __future__ import annotations
 
 import re
 
-from ...calc import checkpointing as ckpt
+from ...calc.reliability import checkpointing as ckpt
 from ..viz._style import COMPUTE_COLOR, _new_figure, human_bytes, rank_color
 
 FAMILIES = ("model", "exp_avg", "exp_avg_sq")
@@ -190,7 +190,7 @@ def intervals(record: ckpt.FailureRecord = ckpt.LLAMA3_405B, gb_per_gpu=(0.5, 1,
               write_bytes_per_s: float = 2e12) -> list[dict]:
     """For a job of `record.units` GPUs failing at the record's rate: per GB written by
     each GPU, the save's seconds, Young's and Daly's intervals and the first-order fraction
-    of the run lost at Daly's. A MODEL (`minitp.calc.checkpointing`)."""
+    of the run lost at Daly's. A MODEL (`minitp.calc.reliability.checkpointing`)."""
     rows = []
     for gb in gb_per_gpu:
         plan = ckpt.save_plan(record.units * gb * 1e9, write_bytes_per_s, record.units,

@@ -16,7 +16,7 @@ Llama-style GPT (`CFG`: 4 query heads, 2 K/V heads) on `mt.device()`:
   machine by `minitp.serving.decode_throughput` (its CPU, not a GPU: its balance point is
   another);
 * `roofline` (`serving_roofline`): the picture — a GPU's roofline and tokens per second
-  for a Llama 3 model from `mt.calc.serving` (a MODEL), and the tokens per second measured
+  for a Llama 3 model from `mt.calc.inference.serving` (a MODEL), and the tokens per second measured
   here, each on its own panel.
 """
 
@@ -28,7 +28,7 @@ import torch
 from matplotlib.patches import Rectangle
 
 from ... import calc
-from ...calc import serving as model_of
+from ...calc.inference import serving as model_of
 from ...model import GPT, GPTConfig
 from ...model.kv_cache import KVCache
 from ...runtime._device import device
@@ -105,7 +105,7 @@ def gqa_table(shapes=(model_of.LLAMA3_8B, model_of.LLAMA3_70B), context: int = 8
               cluster=calc.H100_80GB, tp: int = 8) -> list:
     """(name, kind, KiB a token in bf16, the most sequences of `context` tokens whose cache
     fits beside the weights on a GPU of tp ranks) for each shape as published (GQA) and with
-    a K/V head per query head (MHA): a MODEL, `mt.calc.serving`."""
+    a K/V head per query head (MHA): a MODEL, `mt.calc.inference.serving`."""
     from dataclasses import replace
 
     rows = []

@@ -2,7 +2,7 @@
 separate panels, so that neither reads as the other's confirmation.
 
 * left, MODEL: a GPU's roofline (attainable FLOP/s = min(peak, intensity · bandwidth)) with
-  a decoder's steps at batch 1..1024 placed on it (`mt.calc.serving`);
+  a decoder's steps at batch 1..1024 placed on it (`mt.calc.inference.serving`);
 * middle, MODEL: that decoder's tokens per second against the batch on one GPU, in its own
   units, never scaled onto a measurement;
 * right, MEASURED: decode tokens per second here (a CPU, another machine with another
@@ -16,7 +16,7 @@ is labelled above-left of its points, the long-context one below-right, and poin
 from __future__ import annotations
 
 from ... import calc
-from ...calc import serving as model_of
+from ...calc.inference import serving as model_of
 from ..viz._style import _new_figure
 
 BATCHES = (1, 4, 16, 64, 256, 1024)

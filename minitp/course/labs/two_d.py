@@ -19,7 +19,7 @@ library's `Linear2D` saves them). For each rank and scheme it returns the bytes
 measured (each collective's ``sent_bytes``: what the kernel counted the rank
 writing to its sockets, `minitp.runtime.io_counters`), the trace's ring model of the
 same events, the collectives counted, the time spent in them, and the bytes autograd
-kept for backward (`minitp.memory.ActivationLedger`); `minitp.calc.two_d` has the
+kept for backward (`minitp.memory.ActivationLedger`); `minitp.calc.network.two_d` has the
 formulas.
 """
 

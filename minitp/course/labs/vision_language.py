@@ -24,7 +24,7 @@ forward and backward times from the trace, beside the same decoder reading no im
 batches, once shown the images and once a blank picture, and scores held-out batches at
 the positions the image shows and at the rest (a minute and more on a CPU: recorded by
 `bench/vlm_reads.py`, shown by `show_reading`). Everything here is measured; the formulas
-beside it in the lesson (`mt.calc.vision`) are a MODEL.
+beside it in the lesson (`mt.calc.architectures.vision`) are a MODEL.
 """
 
 from __future__ import annotations

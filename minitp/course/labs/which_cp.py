@@ -149,7 +149,7 @@ def kept_model(comm: str, *, rows: int, seq_len: int, heads: int, head_dim: int,
     projection's one output), the s×s probabilities, the s×s causal mask (a byte each) and
     the scale; the hybrid keeps what the ring keeps (its ring runs on 1/U of the heads at
     U times the positions)."""
-    from ...calc.cp_core_memory import cp_core_bytes
+    from ...calc.footprint.cp_core_memory import cp_core_bytes
 
     u = 2 if comm == "a2a+ring" else None
     return cp_core_bytes(comm, rows=rows, seq_len=seq_len, heads=heads, head_dim=head_dim,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...calc.comm import ring_wire_bytes, tp_comm_bytes
+from ...calc.network.comm import ring_wire_bytes, tp_comm_bytes
 from .form import Question, Wrong
 
 BF16 = 2  # bytes a value

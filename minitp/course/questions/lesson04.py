@@ -3,7 +3,7 @@ and why the loss needs three all-reduces and not one local cross-entropy."""
 
 from __future__ import annotations
 
-from ...calc.comm import ring_wire_bytes
+from ...calc.network.comm import ring_wire_bytes
 from ...rules import round_up
 from .form import Question, Wrong
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...calc.memory import activation_bytes_per_layer
+from ...calc.footprint.memory import activation_bytes_per_layer
 from ...rules import ring_wire_bytes
 from .form import Question, Wrong
 

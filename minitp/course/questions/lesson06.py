@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...calc.two_d import (
+from ...calc.network.two_d import (
     layernorm2d_latency,
     tp1d_linear_bytes,
     tp2d_linear_bytes,
@@ -53,7 +53,8 @@ def two_d_bytes(seed=None) -> Question:
             f"the row's X blocks are T/q × d/q = {p['T'] // p['q']} × {p['d'] // p['q']}, the "
             f"column's W blocks d/q × d/q; forward gathers q - 1 = {p['q'] - 1} of each, "
             "backward reduce-scatters the same shapes: 2(q-1)/q²·(Td + d²)·2 bytes = "
-            f"{saved(p):,.0f} bytes, a MODEL (`minitp.calc.two_d.tp2d_linear_bytes`, bias=False). "
+            f"{saved(p):,.0f} bytes, a MODEL (`minitp.calc.network.two_d.tp2d_linear_bytes`, "
+            "bias=False). "
             f"1D over {p['q'] ** 2} ranks would send "
             f"{tp1d_linear_bytes(p['T'], p['d'], p['d'], p['q'] ** 2):,.0f}: 2D sends fewer "
             f"bytes exactly when d < qT, and here d/T = {p['d'] / p['T']:.3g}, q = {p['q']}."),
@@ -111,7 +112,8 @@ def alpha_terms(seed=None) -> Question:
             f"{ring(p)}: 6(q - 1) = {linears(p) // 2}. The LayerNorm: Σx and Σx² forward, Σg "
             f"and Σg·x̂ backward, all-reduced along the row, and dγ, dβ along the column: six "
             f"all-reduces, 12(q - 1) = {norm(p)}. In all 2·6(q - 1) + 12(q - 1) = 24(q - 1) = "
-            f"{linears(p) + norm(p)} α terms (a MODEL: `minitp.calc.two_d.tp_linear_latency` and "
+            f"{linears(p) + norm(p)} α terms (a MODEL: "
+            "`minitp.calc.network.two_d.tp_linear_latency` and "
             "`layernorm2d_latency`): the LayerNorm pays as many as the two linear layers. "
             f"1D's MLP over N ranks pays 4(N - 1) = "
             f"{2 * tp_linear_latency('1d', p['q'] ** 2)['alpha']}, and no LayerNorm collective."),
@@ -152,7 +154,8 @@ def which_split(seed=None) -> Question:
             f"2·(1/4)·(Td + d²)·2 = {tp2d_linear_bytes(p['T'], p['d'], p['d'], 2, bias=False):,}; "
             "2D re-gathered "
             f"{tp2d_linear_bytes(p['T'], p['d'], p['d'], 2, bias=False, regather=True):,} (a "
-            f"MODEL, `minitp.calc.two_d`, no bias). With d/T = {p['d'] // p['T']}, above both "
+            f"MODEL, `minitp.calc.network.two_d`, no bias). With d/T = {p['d'] // p['T']}, "
+            "above both "
             "crossovers (2 saved, 1 re-gathered), 1D+SP is the better deal inside a node."),
     )
 

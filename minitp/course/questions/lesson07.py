@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...calc.cluster import GB, H100_80GB
-from ...calc.flops import flops_per_iteration, model_flops
-from ...calc.memory import activation_bytes, activation_bytes_per_layer, model_state_bytes
-from ...calc.params import params_per_rank
+from ...calc.counts.flops import flops_per_iteration, model_flops
+from ...calc.counts.params import params_per_rank
+from ...calc.footprint.memory import activation_bytes, activation_bytes_per_layer, model_state_bytes
+from ...calc.network.cluster import GB, H100_80GB
 from .form import Question, Wrong
 
 # (layers l, hidden h, heads a) of published models, sequence length 2048 and a vocabulary of

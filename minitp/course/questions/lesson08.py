@@ -3,7 +3,7 @@ split, and which axis to add when a long sequence does not fit."""
 
 from __future__ import annotations
 
-from ...calc.comm import cp_comm_bytes
+from ...calc.network.comm import cp_comm_bytes
 from ...model import GPTConfig
 from ...rules import cp_chunks
 from .form import Question, Wrong

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...calc.comm import cp_comm_bytes
+from ...calc.network.comm import cp_comm_bytes
 from .form import Question, Wrong
 
 # (name, n_head, n_kv, d_model): Llama 3's 8B and 70B (Meta, "The Llama 3 Herd of Models"

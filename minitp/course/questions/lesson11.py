@@ -3,7 +3,7 @@ which change halves the bubble within a stage's memory and stays synchronous."""
 
 from __future__ import annotations
 
-from ...calc.flops import bubble as bubble_fraction
+from ...calc.counts.flops import bubble as bubble_fraction
 from ...pipeline.schedules import SCHEDULES
 from .form import Question, Wrong
 

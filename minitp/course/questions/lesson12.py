@@ -3,7 +3,7 @@ schedule gives the shortest step when the global gradient norm makes every stage
 
 from __future__ import annotations
 
-from ...calc.flops import pipeline_idle
+from ...calc.counts.flops import pipeline_idle
 from .form import Question, Wrong
 
 

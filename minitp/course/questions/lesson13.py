@@ -3,8 +3,8 @@ how many buckets hide the gradient sum best."""
 
 from __future__ import annotations
 
-from ...calc.cluster import GB
-from ...calc.memory import model_state_bytes
+from ...calc.footprint.memory import model_state_bytes
+from ...calc.network.cluster import GB
 from .form import Question, Wrong
 
 

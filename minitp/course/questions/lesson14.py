@@ -4,7 +4,7 @@ save stall."""
 
 from __future__ import annotations
 
-from ...calc.checkpointing import job_mtbf_seconds, save_seconds, young_interval
+from ...calc.reliability.checkpointing import job_mtbf_seconds, save_seconds, young_interval
 from .form import Question, Wrong
 
 

@@ -3,7 +3,7 @@ parallelism, frozen or trained; what a tensor-parallel encoder's all-reduces car
 which layout the model finds faster. The frozen case is LLaVA's recipe (Liu et al. 2023,
 arXiv 2304.08485, §4.2: the visual encoder's weights stay frozen; LLaVA-1.5 keeps it), the
 trained one as in Qwen2-VL's second stage (Wang et al. 2024, arXiv 2409.12191, §2.2:
-every parameter unfrozen). `mt.calc.vision` prices both (a MODEL);
+every parameter unfrozen). `mt.calc.architectures.vision` prices both (a MODEL);
 `minitp.tensor_parallel.vision` runs both layouts, trained."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ...calc.cluster import H100_80GB
-from ...calc.vision import LLAVA15_VISION, vision_encoder_params, vision_layout
-from ...calc.vision_time import vision_crossover
+from ...calc.architectures.vision import LLAVA15_VISION, vision_encoder_params, vision_layout
+from ...calc.architectures.vision_time import vision_crossover
+from ...calc.network.cluster import H100_80GB
 from .form import Question, Wrong
 
 LETTERS = "abcd"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...calc.cluster import DGX2H_V100, H100_80GB
-from ...calc.flops import flops_per_iteration
-from ...calc.timing import step_time
+from ...calc.counts.flops import flops_per_iteration
+from ...calc.network.cluster import DGX2H_V100, H100_80GB
+from ...calc.planning.timing import step_time
 from ..labs.scaling import megatron_family, strong_efficiency, weak_efficiency
 from .form import Question, Wrong
 

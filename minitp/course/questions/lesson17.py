@@ -3,9 +3,9 @@ when a plan does not fit."""
 
 from __future__ import annotations
 
-from ...calc.cluster import A100_80GB, GiB
-from ...calc.memory import activation_bytes, activation_bytes_per_layer, memory_per_gpu
-from ...calc.timing import step_time
+from ...calc.footprint.memory import activation_bytes, activation_bytes_per_layer, memory_per_gpu
+from ...calc.network.cluster import A100_80GB, GiB
+from ...calc.planning.timing import step_time
 from .form import Question, Wrong
 from .models import gpt
 

@@ -6,7 +6,7 @@ decode step under a ring or a one-shot all-reduce (at batches the lesson does no
 from __future__ import annotations
 
 from ...calc import A100_80GB, H100_80GB
-from ...calc.serving import (
+from ...calc.inference.serving import (
     LLAMA3_8B,
     LLAMA3_70B,
     critical_batch,

@@ -3,8 +3,8 @@ Narayanan et al.'s rule, and a 16-bytes-per-parameter claim judged."""
 
 from __future__ import annotations
 
-from ...calc.flops import training_seconds
-from ...calc.memory import OPTIMIZERS, model_state_bytes
+from ...calc.counts.flops import training_seconds
+from ...calc.footprint.memory import OPTIMIZERS, model_state_bytes
 from .form import Question, Wrong
 
 GB, GiB, DAY = 10**9, 2**30, 86400

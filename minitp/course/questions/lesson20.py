@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from ...calc.cluster import GiB
-from ...calc.comm import dp_comm_bytes, tp_comm_bytes
-from ...calc.memory import model_state_bytes
+from ...calc.footprint.memory import model_state_bytes
+from ...calc.network.cluster import GiB
+from ...calc.network.comm import dp_comm_bytes, tp_comm_bytes
 from .form import Question, Wrong
 from .models import gpt
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ...calc.fp8 import fp8_all_gather_bytes
+from ...calc.footprint.fp8 import fp8_all_gather_bytes
 from ...rules.fp8_groups import amax_axes
 from .form import Question, Wrong
 

@@ -5,9 +5,9 @@ shard group needs for its model states to fit."""
 
 from __future__ import annotations
 
-from ...calc.cluster import Cluster, GiB
-from ...calc.hierarchy import dp_step
-from ...calc.memory import model_state_bytes
+from ...calc.footprint.memory import model_state_bytes
+from ...calc.network.cluster import Cluster, GiB
+from ...calc.network.hierarchy import dp_step
 from .form import Question, Wrong
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ...calc.comm import moe_all_to_all_bytes
+from ...calc.network.comm import moe_all_to_all_bytes
 from ...model.routing import capacity
 from ...runtime.mesh import layout
 from .form import Question, Wrong

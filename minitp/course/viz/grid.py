@@ -6,7 +6,7 @@ from __future__ import annotations
 import matplotlib.ticker as mticker
 from matplotlib.patches import Rectangle
 
-from ...calc.two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp_linear_latency
+from ...calc.network.two_d import tp1d_linear_bytes, tp2d_linear_bytes, tp_linear_latency
 from ._style import _DARK, OKABE_ITO, _new_figure, _tint, human_bytes
 
 
@@ -65,7 +65,7 @@ def _feasible(ns, tokens: int, d: int, heads: int | None):
 
 def bytes_vs_n(shapes, ns=range(2, 1025), bytes_per_value: int = 2, measured=None,
                gloo: bool = False):
-    """Per linear layer, forward + backward, all from `minitp.calc.two_d` (a MODEL):
+    """Per linear layer, forward + backward, all from `minitp.calc.network.two_d` (a MODEL):
     left, the bytes one rank sends against N; middle, the latency terms (α, one per
     sequential ring/chain step); right, the collectives. One colour per shape in
     `shapes`: (tokens, d) for a bare layer or (tokens, d, heads), d_in = d_out = d.

@@ -1,6 +1,6 @@
 """Lesson 15: vision-language models.
 
-Every question checked, each from first principles rather than `mt.calc.vision`: the
+Every question checked, each from first principles rather than `mt.calc.architectures.vision`: the
 parameter counts from minitp's own model built at the question's sizes (on the meta
 device: shapes only, no memory), the all-reduces from the layouts' rules as the lesson
 states them, and the times from FLOPs at half the peak plus the ring's wire bytes

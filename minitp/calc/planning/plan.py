@@ -10,13 +10,13 @@ communication (stage 3: 1.5× per microbatch).
 A mixture of experts (``cfg.n_experts`` > 0) adds expert parallelism to the search:
 every ep that divides dp·cp and the experts (`minitp.rules.experts.check_expert_parallel`,
 through `check_parallel_config`, decides), with the experts' memory divided by ep
-(`memory_per_gpu`) and the all-to-alls' time (`minitp.calc.moe.moe_step_time`). A
+(`memory_per_gpu`) and the all-to-alls' time (`minitp.calc.architectures.moe.moe_step_time`). A
 dense config is searched and ranked exactly as before.
 
 Pipeline schedules: 1F1B (interleaved where v > 1) unless ``schedules`` names more.
 "zb-h1" and "zb-h2" are tried where pp > 1, v = 1 and their rules hold (ZeRO 0 to 2;
 ZB-H2 m ≥ 2p − 1: `minitp.rules.check_zero_bubble`), with their bubble
-(`minitp.calc.timing.schedule_bubble`) and microbatches in flight
+(`minitp.calc.planning.timing.schedule_bubble`) and microbatches in flight
 (`minitp.calc.microbatches_in_flight`: ZB-H1 p, ZB-H2 2p − 1).
 
 Context parallelism (``cp`` > 1, fixed): each attention of `cp_variants` — ring,
@@ -30,18 +30,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import (
+from ...rules import (
     CP_COMMS,
     ZERO_BUBBLE_SCHEDULES,
     check_parallel_config,
     interleaving_fits,
     placement_of,
 )
-from .cluster import Cluster, GiB
-from .flops import bubble
-from .hierarchy import axis_levels
-from .memory import memory_per_gpu
-from .moe import moe_step_time
+from ..architectures.moe import moe_step_time
+from ..counts.flops import bubble
+from ..footprint.memory import memory_per_gpu
+from ..network.cluster import Cluster, GiB
+from ..network.hierarchy import axis_levels
 from .timing import StepTime, schedule_bubble
 
 
@@ -112,7 +112,7 @@ class Plan:
 
     def levels(self) -> dict[str, str]:
         """The network level each axis of the winner uses, inside a node, across nodes or
-        both (`minitp.calc.hierarchy.axis_levels`, the Mesh's layout: tp fastest)."""
+        both (`minitp.calc.network.hierarchy.axis_levels`, the Mesh's layout: tp fastest)."""
         c = self.best
         return axis_levels(self.cluster, tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp)
 

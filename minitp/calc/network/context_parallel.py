@@ -23,9 +23,9 @@ from __future__ import annotations
 from fractions import Fraction
 from types import SimpleNamespace
 
-from ..rules import CP_COMMS, check_cp_comm, cp_attention_bytes, kv_layout, ulysses_size
+from ...rules import CP_COMMS, check_cp_comm, cp_attention_bytes, kv_layout, ulysses_size
+from ..counts.params import grouped
 from .cluster import Cluster
-from .params import grouped
 
 
 def attention_kept_bytes(cfg, micro_batch: int, tp: int = 1, cp: int = 1,

@@ -1,7 +1,7 @@
 """A vision-language model's encoder over a tensor-parallel group: parameters, bytes,
 FLOPs and memory per rank of its two layouts, with the encoder FROZEN or TRAINED. Every
-number here is a MODEL. (Time and the crossover width: `minitp.calc.vision_time`; the
-encoder on a pipeline stage of its own: `minitp.calc.vision_stage`.)
+number here is a MODEL. (Time and the crossover width: `minitp.calc.architectures.vision_time`; the
+encoder on a pipeline stage of its own: `minitp.calc.architectures.vision_stage`.)
 
 The encoder (`minitp.model.vision`): a patch embedding Linear(8 → w) with bias, learned
 positions (P × w), L GPT-2 blocks w wide (pre-LayerNorm, biases, fused qkv, GELU MLP 4w
@@ -45,7 +45,7 @@ over TP with the LLM (§2.3, "Parallelism"), the "tensor" layout here.
 Parameters: n = L(12w² + 13w) + (9 + P + 2)w + wd + d — per block qkv 3w² + 3w, proj w² + w,
 fc 4w² + 4w, proj 4w² + w, two LayerNorms 4w; patches 9w, positions Pw, final LN 2w,
 projector wd + d. Under "tensor" a rank holds L(12w² + 7w)/t + 6Lw + the rest (as
-`minitp.calc.params.layer_params_per_rank`: the row-parallel biases and LayerNorms whole).
+`minitp.calc.counts.params.layer_params_per_rank`: the row-parallel biases and LayerNorms whole).
 
 Forward FLOPs (2 per multiply-add) per microbatch: L(24bPw² + 4bP²w) for the blocks'
 matrices and QKᵀ, ·V (whole P², not causal), 16bPw the patches, 2bPwd the projector; the
@@ -58,10 +58,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from types import SimpleNamespace
 
-from ..rules import PATCH_H, PATCH_W, check_positive_int
-from ._util import number
-from .memory import activation_bytes_per_layer, model_state_bytes
-from .params import encoder_params
+from ...rules import PATCH_H, PATCH_W, check_positive_int
+from .._util import number
+from ..counts.params import encoder_params
+from ..footprint.memory import activation_bytes_per_layer, model_state_bytes
 
 LAYOUTS = ("replicated", "tensor")
 # minitp's patch: one byte of binary pixels (`minitp.model.vision`)

@@ -5,7 +5,7 @@ parallelism, and the planner's step time with ep.
 Every number here is a MODEL. A token uses the dense parameters and k of the E experts
 of every MoE layer: its *active* parameters set the FLOPs (≈ 6 per active parameter
 per token for training, Kaplan et al. 2020 §2.1), while *all* of them set the memory.
-The all-to-all bytes are in `minitp.calc.comm` (`moe_all_to_all_bytes`); the cross-node
+The all-to-all bytes are in `minitp.calc.network.comm` (`moe_all_to_all_bytes`); the cross-node
 share of them under node-limited routing is `node_limited_bytes` here.
 """
 
@@ -14,12 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from math import comb
 
-from ..rules import check_expert_parallel
-from .cluster import Cluster
-from .comm import moe_all_to_all_bytes, ring_wire_bytes
-from .flops import layer_matrix_flops
-from .params import exact_param_count, expert_mlp_params, expert_params_per_stage, params_per_stage
-from .timing import ContextParallelStepTime, microbatch_count, schedule_bubble, step_time
+from ...rules import check_expert_parallel
+from ..counts.flops import layer_matrix_flops
+from ..counts.params import (
+    exact_param_count,
+    expert_mlp_params,
+    expert_params_per_stage,
+    params_per_stage,
+)
+from ..network.cluster import Cluster
+from ..network.comm import moe_all_to_all_bytes, ring_wire_bytes
+from ..planning.timing import ContextParallelStepTime, microbatch_count, schedule_bubble, step_time
 
 
 @dataclass(frozen=True)

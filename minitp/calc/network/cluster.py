@@ -6,7 +6,7 @@ each way. Latencies are order-of-magnitude assumptions (a few µs for a hop
 inside a node, ~10 µs across InfiniBand), not published figures.
 
 ``memory_bandwidth`` is the GPU's own HBM, through which decoding reads its weights and
-KV cache (`minitp.calc.serving`); peak ÷ it is the balance point. The V100's is left
+KV cache (`minitp.calc.inference.serving`); peak ÷ it is the balance point. The V100's is left
 unset: its figure is not verified here.
 """
 

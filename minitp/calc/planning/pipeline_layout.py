@@ -7,7 +7,7 @@ parameter a token uses, the embedding's left out (a lookup multiplies nothing), 
 12·h·s per layer for attention's QKᵀ and ·V (full, not halved for the causal mask), with
 a mixture of experts' layer counting its router, shared expert and k of its E experts.
 So the first stage pays its layers alone (and a vision-language model's encoder, 3× its
-forward: `minitp.calc.vision.vision_forward_flops`), the last stage its layers and the
+forward: `minitp.calc.architectures.vision.vision_forward_flops`), the last stage its layers and the
 head's 6·V·h (the output projection, a matmul even when tied to the embedding) — which is
 why an even split is slow at its ends.
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rules.layouts import layout_text
-from .memory import activation_bytes_per_layer, model_state_bytes
-from .params import (
+from ...rules.layouts import layout_text
+from ..architectures.vision import vision_forward_flops
+from ..counts.params import (
     expert_mlp_params,
     layer_params_per_rank,
     learned_positions,
@@ -34,7 +34,7 @@ from .params import (
     padded_vocab,
     vision_params,
 )
-from .vision import vision_forward_flops
+from ..footprint.memory import activation_bytes_per_layer, model_state_bytes
 
 
 @dataclass(frozen=True)

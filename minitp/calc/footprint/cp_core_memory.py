@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rules import CP_COMMS, ulysses_size
+from ...rules import CP_COMMS, ulysses_size
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ wherever tp > 1, the 1F1B schedule without interleaving.
     every = every_configuration(cfg, calc.A100_80GB, 1024, 1536, memory_cap=72 * GiB)
     best = min((c for c in every if c.fits), key=lambda c: c.time.total)
 
-A mixture of experts: every ep of `minitp.calc.plan.expert_parallel_sizes` too (the key
-gains ep where ep > 1), timed by `minitp.calc.moe.moe_step_time`. ``schedules`` adds
+A mixture of experts: every ep of `minitp.calc.planning.plan.expert_parallel_sizes` too (the key
+gains ep where ep > 1), timed by `minitp.calc.architectures.moe.moe_step_time`. ``schedules`` adds
 "zb-h1" and "zb-h2" where pp > 1 and their rules hold (the key gains the schedule).
 ``cp`` > 1: dp·pp·tp·cp = the GPU count, and every attention of
-`minitp.calc.plan.cp_variants` the heads allow (the key gains cp, cp_comm and the
+`minitp.calc.planning.plan.cp_variants` the heads allow (the key gains cp, cp_comm and the
 all-to-all's size), ring only for a mixture of experts, as `plan`.
 """
 
@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from ..rules import CP_COMMS, ZERO_BUBBLE_SCHEDULES, check_parallel_config, placement_of
-from .cluster import Cluster
-from .memory import memory_per_gpu
-from .moe import moe_step_time
+from ...rules import CP_COMMS, ZERO_BUBBLE_SCHEDULES, check_parallel_config, placement_of
+from ..architectures.moe import moe_step_time
+from ..footprint.memory import memory_per_gpu
+from ..network.cluster import Cluster
 from .plan import cp_variants, expert_parallel_sizes
 from .timing import StepTime
 

@@ -20,7 +20,7 @@ both beside this model (`minitp.memory.peak_allocated`), and lesson 20 a whole b
 
 from __future__ import annotations
 
-from ..rules import ceil_div, loss_chunk_rows
+from ...rules import ceil_div, loss_chunk_rows
 
 
 def loss_bytes(tokens: int, vocab: int, d_model: int, tp: int = 1, logits_bytes: int = 2,

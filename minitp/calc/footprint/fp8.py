@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import ceil_div, ring_send_fraction
-from ._util import number
+from ...rules import ceil_div, ring_send_fraction
+from .._util import number
 
 FP8_BYTES, BF16_BYTES, SCALE_BYTES = 1, 2, 4
 SCALINGS = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "nvfp4")

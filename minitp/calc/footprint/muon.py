@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import check_zero_stage
-from ._util import number
+from ...rules import check_zero_stage
+from .._util import number
 
 # bytes per parameter (parameter, gradient, optimizer state), for a matrix Muon steps and
 # for the rest (AdamW)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import (
+from ...rules import (
     SCHEDULE_NAMES,
     V_SCHEDULES,
     check_recompute,
@@ -18,9 +18,9 @@ from ..rules import (
     default_schedule,
     placement_of,
 )
-from ._util import number
+from .._util import number
+from ..architectures.vision import vision_forward_flops
 from .params import attention_weights, mlp_weights
-from .vision import vision_forward_flops
 
 
 def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = False,
@@ -70,7 +70,7 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = F
     core repeats the K/V heads to all a query heads (grouped-query attention, Ainslie
     et al. 2023, saves the kv projection's FLOPs and the K/V cache, not these).
     A vision-language model (`GPTConfig.vlm`) adds its encoder's, 3× its forward
-    (`minitp.calc.vision.vision_forward_flops`; the decoder counts the image positions
+    (`minitp.calc.architectures.vision.vision_forward_flops`; the decoder counts the image positions
     with the text's).
 
     RMSNorm, the rotary rotation (Su et al. 2021), silu and the gate's product are
@@ -87,7 +87,8 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = F
     if causal:  # every coefficient above is even: the half is an exact integer
         attention //= 2
     output_layer = 3 * 2 * B * s * h * V
-    vision = 3 * vision_forward_flops(cfg, B)  # a VLM's encoder (`minitp.calc.vision`)
+    # a VLM's encoder (`minitp.calc.architectures.vision`)
+    vision = 3 * vision_forward_flops(cfg, B)
     return matrices + attention + output_layer + vision
 
 
@@ -114,7 +115,7 @@ def layer_matrix_flops(cfg, experts_only: bool = False) -> int:
     16h²·(k + shared) + 2hE. ``experts_only``: the routed experts' 16h²·k per MoE
     layer alone.
 
-    Other parts (`minitp.calc.params.attention_weights`, `mlp_weights`): attention
+    Other parts (`minitp.calc.counts.params.attention_weights`, `mlp_weights`): attention
     2·(2h² + 2Kdh) with separate q and kv (the kv projection is 2Kd wide, K/V heads K,
     d = h/a: Ainslie et al. 2023), 8h² fused; the MLP 2·3hf for a SwiGLU (gate and up
     h×f each, proj f×h: Shazeer 2020), 2·2hf for GELU (f = 4h: 16h²). A Llama layer:

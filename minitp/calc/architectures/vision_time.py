@@ -1,6 +1,6 @@
 """A vision-language model's encoder over a tensor-parallel group: the seconds per step of
-its two layouts (`minitp.calc.vision`), frozen or trained, and the encoder width at which
-they cost the same. Every number here is a MODEL.
+its two layouts (`minitp.calc.architectures.vision`), frozen or trained, and the encoder width
+at which they cost the same. Every number here is a MODEL.
 
 Time: FLOPs / (peak · mfu) plus, for every all-reduce of S bytes, the ring's wire bytes
 2(t−1)/t·S (`ring_wire_bytes`) over the tp group's bandwidth β and 2(t−1) hops of its
@@ -36,8 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .cluster import Cluster
-from .comm import ring_wire_bytes
+from ..network.cluster import Cluster
+from ..network.comm import ring_wire_bytes
 from .vision import (
     LAYOUTS,
     VisionEncoderShape,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, check_zero_bubble
-from .cluster import Cluster
-from .comm import tp_collectives_per_layer
-from .cp_overlap import cp_exposed_seconds
-from .flops import bubble as bubble_fraction
-from .flops import flops_per_iteration
-from .params import params_per_rank
+from ...rules import ZERO_BUBBLE_SCHEDULES, check_parallel_config, check_zero_bubble
+from ..counts.flops import bubble as bubble_fraction
+from ..counts.flops import flops_per_iteration
+from ..counts.params import params_per_rank
+from ..network.cluster import Cluster
+from ..network.comm import tp_collectives_per_layer
+from ..network.cp_overlap import cp_exposed_seconds
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,14 @@ def step_time(cfg, cluster: Cluster, dp: int = 1, pp: int = 1, tp: int = 1,
       1.5× (Rajbhandari et al. 2020, §7); with a B/W-split schedule, m more
       reduce-scatters (each W reduces its unit again: `minitp.tensor_parallel.weight_grad`);
     * cp (cp > 1): per microbatch and layer, the attention ``cp_comm``'s messages and
-      bytes (`minitp.calc.context_parallel.cp_layer_seconds`, the bytes
+      bytes (`minitp.calc.network.context_parallel.cp_layer_seconds`, the bytes
       `minitp.calc.cp_comm_bytes`'): the ring's 2(3c−2) sends of one rank's K or V
       (its K/V heads only, under GQA), the all-gather's 4(c−1) steps (6(c−1) gathering
       again), the all-to-all's
       8(U−1) messages a rank (inside tp·U ranks; "a2a+ring": then the ring over c/U);
       what the step waits for of them: the ring's hide behind (c−1)/c of attention's
       compute, the all-gathers' and all-to-alls' are exposed
-      (`minitp.calc.cp_overlap.cp_exposed_seconds`, so a plan ranks the variants as
+      (`minitp.calc.network.cp_overlap.cp_exposed_seconds`, so a plan ranks the variants as
       lesson 10 does once communication hides);
       each rank then holds s/c tokens, so the tp and pp messages are 1/c the
       size and the gradients are all-reduced over dp·cp;

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import (
+from ...rules import (
     V_SCHEDULES,
     check_recompute,
     check_zero_bubble,
     check_zero_stage,
     interleaving_fits,
 )
-from ._util import number
-from .context_parallel import attention_kept_bytes
-from .params import expert_params_per_stage, ffn_width, params_per_stage, swiglu
+from .._util import number
+from ..counts.params import expert_params_per_stage, ffn_width, params_per_stage, swiglu
+from ..network.context_parallel import attention_kept_bytes
 
 # bytes per parameter: (parameters, gradients, optimizer state)
 OPTIMIZERS = {
@@ -126,7 +126,8 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     recomputes them in backward from the saved log-sum-exp, as flash attention
     does): for it the selective row, divided by c, is the closer model; the
     ledger measures it (tests/context_parallel/test_context_parallel.py: 1/c per rank).
-    The attention's part, by ``cp_comm`` (`minitp.calc.context_parallel.attention_kept_bytes`):
+    The attention's part, by ``cp_comm``
+    (`minitp.calc.network.context_parallel.attention_kept_bytes`):
     "allgather" keeps K and V whole, 4sbh/t (not /c: every rank holds the gathered
     sequence); Ulysses ("a2a", "a2a+ring") keeps 1/c of the heads at the whole s —
     probabilities, Q, K and V alike, the ring's count. Selective recomputation reruns the
@@ -191,7 +192,7 @@ def activation_bytes(cfg, micro_batch: int, tp: int = 1, sp: bool = False, recom
     2(p−1) + (v−1)p forward chunks of l/(pv) layers on the first stage, plus one
     in the steady state. Left out, as the paper finds them negligible (§4.3):
     the embedding's dropout mask and the output layer and loss (the loss's bytes, chunked
-    or not, are `minitp.calc.loss.loss_bytes`'s). ``schedule``: as
+    or not, are `minitp.calc.footprint.loss.loss_bytes`'s). ``schedule``: as
     `microbatches_in_flight` ("interleaved" or None with v > 1); a zero-bubble schedule
     counts each microbatch waiting for its W as a whole one (an upper bound: W needs
     less than B, Qi et al. 2024, Table 1, M_W < M_B). ``cp_comm``: context parallelism's

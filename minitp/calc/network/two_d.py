@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from ._util import number
+from .._util import number
 from .comm import ring_wire_bytes
 
 SCHEMES_1D = ("1d-row", "1d-column", "1d-sp-row", "1d-sp-column")
@@ -65,7 +65,7 @@ def tp1d_linear_bytes(tokens: int, d_in: int, d_out: int, n: int, kind: str = "r
     one all-reduce of Y (``kind="row"``, forward) or of dX (``"column"``, backward).
     ``sequence_parallel``: an all-gather and a reduce-scatter of that tensor instead
     (the same bytes in the ring model). ``gloo``: gloo's reduce-scatter sends an
-    all-reduce's 2(n−1)/n (`minitp.calc.comm`), what CPU ranks measure."""
+    all-reduce's 2(n−1)/n (`minitp.calc.network.comm`), what CPU ranks measure."""
     if kind not in ("row", "column"):
         raise ValueError(f"kind must be 'row' or 'column', got {kind!r}")
     activation = tokens * (d_out if kind == "row" else d_in) * bytes_per_value

@@ -19,15 +19,15 @@ picks: their MLP becomes a router (h×E, no bias), E expert MLPs (h→4h→h, bi
 ``cfg.bias``) and, with ``cfg.shared_expert``, one more dense MLP. minitp splits the
 shared expert over tp like a dense MLP, but not the router nor the routed experts
 (whole on every tp rank); expert parallelism (ep) gives a rank E/ep of the experts
-(`minitp.expert_parallel`). `minitp.calc.moe` counts total and active parameters.
+(`minitp.expert_parallel`). `minitp.calc.architectures.moe` counts total and active parameters.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from ..rules import PATCH_H, PATCH_W, check_parallel_config, kv_layout, round_up
-from ._util import number
+from ...rules import PATCH_H, PATCH_W, check_parallel_config, kv_layout, round_up
+from .._util import number
 
 
 # --------------------------------------------------------------------------- the layer's parts
@@ -154,11 +154,12 @@ def vision_params(cfg) -> int:
 
 
 def encoder_params(layers: int, width, patches: int, d_model: int, split: int = 1):
-    """A vision encoder's parameters on one rank (`minitp.model.vision`; `minitp.calc.vision`'s
-    layouts): L(12w² + 7w)/split in its blocks' matrices and column-parallel biases (split
-    over tp in the "tensor" layout), the rest whole — 6Lw (row-parallel biases, two
-    LayerNorms a block), the patch embedding 8w + w, positions Pw, the final LayerNorm 2w,
-    the projector wd + d. `width` may be a Fraction or a float (`vision_crossover`)."""
+    """A vision encoder's parameters on one rank (`minitp.model.vision`;
+    `minitp.calc.architectures.vision`'s layouts): L(12w² + 7w)/split in its blocks'
+    matrices and column-parallel biases (split over tp in the "tensor" layout), the rest
+    whole — 6Lw (row-parallel biases, two LayerNorms a block), the patch embedding 8w + w,
+    positions Pw, the final LayerNorm 2w, the projector wd + d. `width` may be a Fraction or a
+    float (`vision_crossover`)."""
     L, w, P, d = layers, width, patches, d_model
     return (L * (12 * w * w + 7 * w) / split + 6 * L * w + (PATCH_W * PATCH_H + 1 + P + 2) * w
             + w * d + d)
@@ -227,7 +228,7 @@ def params_per_stage(cfg, tp: int = 1, pp: int = 1, ep: int = 1) -> list[int]:
     step. With p = 1 it is one tensor, counted once. ``ep``: a mixture of experts'
     experts shared out over ep ranks (E/ep per MoE layer on each). A vision-language
     model's encoder sits on the first stage, counted whole (replicated over tp, its
-    default: the split layout holds less, `minitp.calc.vision.vision_layout`).
+    default: the split layout holds less, `minitp.calc.architectures.vision.vision_layout`).
     """
     check_parallel_config(cfg, tp=tp, pp=pp)
     h = cfg.d_model

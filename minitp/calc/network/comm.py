@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from ..rules import check_recompute, cp_attention_bytes, ring_send_fraction
-from ._util import number
-from .params import params_per_rank
+from ...rules import check_recompute, cp_attention_bytes, ring_send_fraction
+from .._util import number
+from ..counts.params import params_per_rank
 
 
 def ring_wire_bytes(op: str, nbytes: int, n: int) -> int | float:

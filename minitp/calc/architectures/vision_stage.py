@@ -1,6 +1,6 @@
 """A vision-language model's encoder on a pipeline stage of its own, over a tensor-parallel
-size of its own: the third layout beside `minitp.calc.vision`'s two. A MODEL; minitp does
-not run it (its encoder lives in the decoder's first stage).
+size of its own: the third layout beside `minitp.calc.architectures.vision`'s two. A MODEL;
+minitp does not run it (its encoder lives in the decoder's first stage).
 
 Megatron-LM had it as ``--encoder-pipeline-model-parallel-size`` and
 ``--encoder-tensor-model-parallel-size`` (megatron/training/arguments.py, from commit
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rules import check_positive_int
-from .cluster import Cluster
+from ...rules import check_positive_int
+from ..network.cluster import Cluster
 from .vision import VisionEncoderShape, VisionLayoutCost, vision_layout
 from .vision_time import layout_seconds
 

@@ -19,7 +19,7 @@ estimates for LLM latency and throughput"): the cache read at bandwidth, plus th
 the weights' FLOPs at peak and the weights' read at bandwidth; to which tensor parallelism
 adds its two all-reduces of B·h values per layer (after attention, after the MLP) at the
 cluster's α–β cost, priced as a ring (2(t−1) hops) or as vLLM's one-shot all-reduce (one
-hop, every peer's buffer read: `minitp.calc.allreduce`). tp divides the weights and the
+hop, every peer's buffer read: `minitp.calc.network.allreduce`). tp divides the weights and the
 cache a rank reads (its K/V heads: `minitp.rules.kv_layout`), not the all-reduces: where
 their cost outgrows the reads it saves, more tp stops paying — a ring's latency grows with
 t, a one-shot's does not. Everything here is a MODEL: peaks, not measured kernels.
@@ -33,11 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..rules import kv_layout
-from ._util import number
-from .allreduce import allreduce_time
-from .cluster import Cluster
-from .params import params_per_rank
+from ...rules import kv_layout
+from .._util import number
+from ..counts.params import params_per_rank
+from ..network.allreduce import allreduce_time
+from ..network.cluster import Cluster
 
 __all__ = [
     "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "decode_flops_per_token",
@@ -202,7 +202,7 @@ def decode_step_time(cfg, cluster: Cluster, batch: int, context: int, tp: int = 
                      bytes_per_value: int = 2, allreduce: str = "ring") -> DecodeTime:
     """The modelled time of one decode step at ``batch`` sequences of ``context`` cached
     positions over ``tp`` ranks of one node, its all-reduces priced by ``allreduce``
-    (``"ring"`` or ``"one_shot"``: `minitp.calc.allreduce`; see the module docstring)."""
+    (``"ring"`` or ``"one_shot"``: `minitp.calc.network.allreduce`; see the module docstring)."""
     _check(batch=batch, context=context, tp=tp)
     bandwidth = cluster.memory_bandwidth
     if bandwidth is None:

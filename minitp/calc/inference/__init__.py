@@ -1,0 +1,1 @@
+"""Serving: prefill and decode's FLOPs, bytes read and time per token (`serving`)."""
