@@ -163,11 +163,14 @@ def pp_decode(cfg: GPTConfig = CFG, pp: int = 2, groups: int = 2, batch: int = 1
     return launch(_pp_in_rank, pp, cfg, groups, batch, prompt, new, timeout=60)
 
 
-def throughput(cfg: GPTConfig, batches=(1, 4, 16, 64), tps=(1, 2, 4), repeats: int = 2) -> dict:
+def throughput(cfg: GPTConfig, batches=(1, 4, 16, 64), tps=(1, 2, 4), repeats: int = 2,
+               tokens: int = 6) -> dict:
     """{tp: {batch: decode tokens per second}}, MEASURED here by
     `minitp.serving.decode_throughput` (float32), the best of `repeats` runs: a shared
-    machine's other load only ever slows a run."""
+    machine's other load only ever slows a run. `tokens` − 1 decode steps a batch: every
+    step of one batch costs the same, so more of them average the same time over longer
+    (at tp 4 a step of gloo's all-reduces takes about 0.1 s here)."""
     from ...serving.throughput import decode_throughput
 
-    runs = [decode_throughput(cfg, batches, tps) for _ in range(repeats)]
+    runs = [decode_throughput(cfg, batches, tps, tokens=tokens) for _ in range(repeats)]
     return {tp: {b: max(run[tp][b] for run in runs) for b in batches} for tp in tps}
