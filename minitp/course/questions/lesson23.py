@@ -10,6 +10,7 @@ from ...fp8.block_shards import shard_bounds
 from ...rules import ceil_div
 from ...rules.fp8_groups import BLOCK_SCALINGS, amax_axes
 from .form import Question, Wrong
+from .lesson22 import ring_gather_wrongs
 
 MiB = 2**20
 RECIPES = tuple(BLOCK_SCALINGS)  # "mxfp8" (blocks of 32), "nvfp4" (blocks of 16)
@@ -93,15 +94,9 @@ def gather_bytes(seed=None) -> Question:
                         "the tensor scale" if p["recipe"] == "nvfp4" else "") + ". How many "
                         "MiB does one GPU send for one gather (a ring)? (MiB; within 1%.)"),
         right=sent,
-        wrong=[
-            Wrong(lambda p: sent(p, "bf16"), "that is bf16's gather, two bytes a value"),
-            Wrong(lambda p: sent(p, share=1), "a GPU does not send the whole tensor: it "
-                                              "forwards N-1 of its N shards, (N-1)/N of it"),
-            Wrong(lambda p: sent(p, share=1 / p["n"]), "that is the GPU's own shard once: on "
-                                                       "a ring each GPU forwards N-1 shards"),
+        wrong=ring_gather_wrongs(sent) + [
             Wrong(lambda p: sent(p, "no scales"), "the block scales travel too: one byte a "
-                                                  "block"),
-        ],
+                                                  "block")],
         worked=lambda p: (f"A value and its share of a block scale are {per_value(p)}: "
                           f"(N-1)/N × 4h·h values = {p['n'] - 1}/{p['n']} × "
                           f"{4 * p['h'] ** 2:,} × {per_value(p)}"
