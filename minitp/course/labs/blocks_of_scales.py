@@ -85,9 +85,10 @@ def draw_cast_errors(errors: dict, ax):
     ax.legend(fontsize=8)
 
 
-def _cast_shard(w: torch.Tensor):
-    """On each of 2 ranks: this rank's columns of `w` (tp's row-parallel split), cast."""
-    mesh = Mesh(tp=2)
+def _cast_shard():
+    """On each of 2 ranks: this rank's columns of the weight (tp's row-parallel split), cast.
+    Every rank makes the weight itself (the same seed): nothing crosses from the parent."""
+    mesh, w = Mesh(tp=2), weight()
     width = w.shape[1] // 2
     mine = w[:, mesh.tp.rank * width:(mesh.tp.rank + 1) * width]
     out = {}
@@ -108,22 +109,22 @@ def _cast_shard(w: torch.Tensor):
 def scales_on_ranks() -> list[dict]:
     """Per rank: (recipe, "local" | "shared") -> (values that differ from one device's
     slice, collectives the cast ran)."""
-    return list(launch(_cast_shard, 2, weight(), timeout=60))
+    return list(launch(_cast_shard, 2, timeout=60))
 
 
-def _trap(w: torch.Tensor):
-    axis = Mesh(dp=3).dp
+def _trap():
+    axis, w = Mesh(dp=3).dp, weight()
     return {(recipe, atomic): block_shards.gather_cast(w, axis, recipe, atomic)
             for recipe in RECIPES for atomic in (False, True)}
 
 
 def zero3_trap() -> list[dict]:
     """Per rank of 3: (recipe, atomic) -> gather_cast's {"differ", "max_error", ...}."""
-    return list(launch(_trap, 3, weight(), timeout=60))
+    return list(launch(_trap, 3, timeout=60))
 
 
-def _gather(w: torch.Tensor):
-    axis = Mesh(dp=4).dp
+def _gather():
+    axis, w = Mesh(dp=4).dp, weight(torch.float32)
     out = {}
     for recipe in RECIPES:
         before = len(trace.events())
@@ -136,7 +137,7 @@ def _gather(w: torch.Tensor):
 def gather_bytes() -> dict:
     """Rank 0's collectives of the block-atomic 8-bit gather of the weight in float32 (its
     amax a float32, as production's), per recipe: [(op, dtype, ring model, kernel's count)]."""
-    return launch(_gather, 4, weight(torch.float32), timeout=60)[0]
+    return launch(_gather, 4, timeout=60)[0]
 
 
 def scale_tiles(rows: int, cols: int, recipe: str) -> dict:
