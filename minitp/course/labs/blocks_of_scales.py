@@ -1,6 +1,9 @@
 """Lab: blocks of scales — MXFP8 and NVFP4 across ranks (lesson 23).
 
 * `formats`: the two block formats' bits a value, from `calc.fp8_tensor_bytes` (a MODEL);
+* `draw_blocks`: one token's features and the largest magnitude each format's scales let
+  them reach: one ceiling a tensor (tensorwise), one a block of 32 (MXFP8, a power of two
+  times 448), one a block of 16 (NVFP4, 6 times an e4m3 block scale times the tensor scale);
 * `cast_errors` / `draw_cast_errors`: one layer input with an outlier feature, cast
   tensorwise (one e4m3 scale), MXFP8 and NVFP4; each block's relative error, MEASURED
   against the float64 tensor;
@@ -55,6 +58,25 @@ def weight(dtype=torch.float64) -> torch.Tensor:
     torch.manual_seed(0)
     model = GPT(GPTConfig(**CFG)).to(device())
     return model.blocks[0].mlp.fc.weight.detach().to(dtype)
+
+
+def draw_blocks(ax, x: torch.Tensor, token: int = 0):
+    """|x[token]| and each format's ceiling per block, the magnitude its scale maps to the
+    format's largest value (tensorwise and NVFP4's tensor scale from the whole of x)."""
+    row, amax = x[token:token + 1].cpu(), x.abs().max().cpu()
+    _, _, mx = fp8.blocks.mx_encode(row, fp8.E4M3, BLOCKS["mxfp8"])
+    _, _, nv = fp8.blocks.nvfp4_encode(row, amax, BLOCKS["nvfp4"])
+    at = torch.arange(row.shape[1])
+    ax.plot(at, row[0].abs(), ".", color="#777777", label="|value|")
+    ceilings = {"tensorwise: the amax, at 448": amax.expand(len(at)),
+                "MXFP8: 448 × 2^k a block of 32": (448 * mx[0]).repeat_interleave(32),
+                "NVFP4: 6 × e4m3 × s_t a block of 16": (6 * nv[0]).repeat_interleave(16)}
+    for (label, ceiling), color in zip(ceilings.items(), ("#0072B2", "#D55E00", "#009E73"),
+                                       strict=True):
+        ax.step(at, ceiling, where="post", color=color, label=label)
+    ax.set(yscale="log", xlabel="feature (blocks counted from 0)", ylabel="magnitude",
+           title=f"token {token}: each format's ceiling, block by block")
+    ax.legend(fontsize=7)
 
 
 def layer_input(outlier: float = 1e5) -> torch.Tensor:
