@@ -29,6 +29,7 @@ BOXES = {
     "serving_across_ranks": 2,       # vLLM's paged cache; its one-shot all-reduce
     "megatron_or_zero": 1,           # FSDP2 shards each parameter on its own
     "eight_bits_across_ranks": 1,    # torchao's rowwise: e4m3 gradients, re-cast in backward
+    "blocks_of_scales": 1,           # Megatron-FSDP gathers MXFP8 codes BlockAtomic(32)
     "mixture_of_experts": 1,         # Megatron-LM's capacity over the rank, by score
 }
 # a file (a name with a source suffix) or a repository of production's (owner/name); not

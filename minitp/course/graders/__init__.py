@@ -28,6 +28,7 @@ from . import (
     ex19,
     ex20,
     ex22,
+    ex23,
     ex24,
     ex25,
 )
@@ -83,6 +84,8 @@ EXERCISES = {
                      "storage, refill it in place for backward, free it again", ex20.run),
     "ex22": Exercise("ex22_amax_groups.py", "FP8's amax groups: which ranks share each scale "
                      "of a tensor-parallel MLP, with and without SP", ex22.run),
+    "ex23": Exercise("ex23_block_atomic_shards.py", "block-atomic shards: where ZeRO-3 may cut "
+                     "a weight that travels in MXFP8 or NVFP4", ex23.run),
     "ex24": Exercise("ex24_dtensor_placements.py", "what each rank keeps of a Llama block "
                      "under PyTorch's TP plan and FSDP2: placements, local shapes, bytes",
                      ex24.run),

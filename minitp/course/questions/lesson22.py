@@ -76,19 +76,23 @@ def gather_bytes(seed=None) -> Question:
                         "sent with the shard. How many MiB does one GPU send for one gather "
                         "(a ring)? (MiB; within 1%.)"),
         right=sent,
-        wrong=[
-            Wrong(lambda p: sent(p, "bf16"), "that is bf16's gather, two bytes a value"),
-            Wrong(lambda p: sent(p, share=1), "a GPU does not send the whole tensor: it "
-                                              "forwards N-1 of its N shards, (N-1)/N of it"),
-            Wrong(lambda p: sent(p, share=1 / p["n"]), "that is the GPU's own shard once: on "
-                                                       "a ring each GPU forwards N-1 shards"),
-        ],
+        wrong=ring_gather_wrongs(sent),
         worked=lambda p: (f"(N-1)/N × (4h·h values × 1 byte + 4h scales × 4 bytes) = "
                           f"{p['n'] - 1}/{p['n']} × ({4 * p['h'] ** 2:,} + {16 * p['h']:,}) "
                           f"bytes = {sent(p):.2f} MiB (`calc.fp8_all_gather_bytes`, a MODEL), "
                           f"against bf16's {sent(p, 'bf16'):.2f} MiB: the scales add "
                           f"4/h = {4 / p['h']:.2%}, so FP8 sends about half."),
     )
+
+
+def ring_gather_wrongs(sent) -> list[Wrong]:
+    """The usual mistakes of a ring all-gather's bytes, `sent(p, key="fp8", share=None)` the
+    right answer's function ("bf16": the same gather in bf16; `share`: of the whole tensor)."""
+    return [Wrong(lambda p: sent(p, "bf16"), "that is bf16's gather, two bytes a value"),
+            Wrong(lambda p: sent(p, share=1), "a GPU does not send the whole tensor: it "
+                                              "forwards N-1 of its N shards, (N-1)/N of it"),
+            Wrong(lambda p: sent(p, share=1 / p["n"]), "that is the GPU's own shard once: on "
+                                                       "a ring each GPU forwards N-1 shards")]
 
 
 LETTERS = {(): "a", ("dp",): "b", ("tp",): "c", ("dp", "tp"): "d"}
