@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ... import fp8
-from ...calc.fp8 import fp8_tensor_bytes
+from ...calc.footprint.fp8 import fp8_tensor_bytes
 from ...fp8 import block_shards
 from ...fp8.blocks import BLOCKS
 from ...model import GPT, GPTConfig

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from ...calc.fp8 import fp8_all_gather_bytes
+from ...calc.footprint.fp8 import fp8_all_gather_bytes
 from ...fp8.block_shards import shard_bounds
 from ...rules import ceil_div
 from ...rules.fp8_groups import BLOCK_SCALINGS, amax_axes
