@@ -165,7 +165,7 @@ def seconds(matrices, strategy: str, dp: int, zero_stage: int, cluster: str = "h
 
 
 def crossover(dp: int, zero_stage: int, cluster: str = "h100", step: int = 64,
-              largest: int = 16384) -> int | None:
+              largest: int = 4096) -> int | None:
     """The smallest GPT width h (a multiple of `step`) from which owner's modelled seconds
     stay below gather's; None if it never does up to `largest`; `step` if it always does."""
     found = None

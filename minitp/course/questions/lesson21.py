@@ -111,10 +111,15 @@ def strategy_bytes(p) -> dict:
             for s in LETTERS if s != "tp" or p["tp"] > 1}
 
 
+def ranked(p) -> list[str]:
+    """The letters from the fewest bytes to the most; "c" last where tp = 1 rules it out."""
+    sent = strategy_bytes(p)
+    return [LETTERS[s] for s in sorted(sent, key=sent.get)] + (["c"] if p["tp"] == 1 else [])
+
+
 def which_strategy(seed=None) -> Question:
     def right(p):
-        sent = strategy_bytes(p)
-        return LETTERS[min(sent, key=sent.get)]
+        return ranked(p)[0]
 
     def worked(p):
         sent = strategy_bytes(p)
@@ -137,14 +142,15 @@ def which_strategy(seed=None) -> Question:
                         "'b' or 'c': (a) gather; (b) owner; (c) tp."),
         right=right,
         wrong=[
-            Wrong(lambda p: "a", "gather all-gathers every matrix's runs over dp (from ZeRO-1 "
-                                 "on) and the tp blocks over tp: every GPU gets every matrix"),
-            Wrong(lambda p: "b", "owner sends each run to its matrix's home and back: at "
-                                 "ZeRO-0 every home must still send its results to the "
-                                 "other dp ranks, where gather sends nothing over dp"),
-            Wrong(lambda p: "c", "tp all-reduces a u×u Gram matrix per iteration, 5 of them: "
-                                 "fewer bytes than gathering a u×s block only when s > 10u, "
-                                 "and nothing saved over dp"),
+            Wrong(lambda p: ranked(p)[1], "that one comes second here: at ZeRO-0 gather "
+                                          "sends nothing over dp (every rank holds every "
+                                          "matrix) and owner must send its results out; "
+                                          "from ZeRO-1 on owner's two all-to-alls carry 2/dp "
+                                          "of gather's all-gather; tp's Gram all-reduces "
+                                          "beat gathering the tp blocks only when s > 10u"),
+            Wrong(lambda p: ranked(p)[2], "that one sends the most here, or (with tp = 1) "
+                                          "does not exist: count each strategy's bytes as "
+                                          "the worked answer does"),
         ],
         worked=worked,
     )
