@@ -5,7 +5,7 @@ passes is its lesson's cell, that the untouched exercise fails every check,
 tests/course/test_exercises.py.
 
 The checks, in order: (a) lpt_owners, (b) owner_update judged alone (the grader's map), (c)
-the two together. Budget: one launch of 4 ranks per test, and one judged in process."""
+the two together. Budget: one launch of 4 ranks per test, and two judged in process."""
 
 from test_exercises import _variant
 
@@ -42,3 +42,14 @@ def test_a_shard_orthogonalised_is_named(tmp_path):
                                 "    return [newton_schulz(m) for m in mine]\n"))
     assert [a.passed, b.passed, c.passed] == [True, False, False]
     assert "a shard orthogonalised" in b.detail, b.detail
+
+
+def test_gathers_pattern_is_named_where_owners_was_asked():
+    # judged in process: the right rows, but by gather's collectives and work
+    owners = ex21.lpt_owners([ex21.ns_flops(r, c) for r, c in ex21.SHAPES], ex21.DP)
+    right = {key: [0.0 if key == "right" else 1.0] * len(ex21.SHAPES)
+             for key in ("right", "partial", "patchwork", "shard")}
+    record = {"errors": right, "ops": ["all_gather"] * len(ex21.SHAPES),
+              "calls": list(ex21.SHAPES), "rank": 0}
+    passed, detail, _ = ex21._judge_update(record, owners, "")
+    assert not passed and "gather's pattern" in detail, detail

@@ -98,9 +98,13 @@ def _judge_update(run_, owners, label):
                     f"off by {error:.3g} from one device's")
         return False, f"{what}: {said}", HINT_B
     homed = sorted(SHAPES[j] for j, home in enumerate(owners) if home == run_["rank"])
-    extra = [op for op in run_["ops"] if op != "all_to_all"]
-    if run_["ops"].count("all_to_all") != 2 or extra:
-        return False, f"{label}collectives {run_['ops']}: the owner strategy sends one " \
+    ops = run_["ops"]
+    if ops.count("all_to_all") != 2 or set(ops) != {"all_to_all"}:
+        ran = ", ".join(f"{ops.count(op)} {op}" for op in dict.fromkeys(ops)) or "none"
+        gather = (" — gather's pattern: every rank gathers every matrix and orthogonalises it, "
+                  "the work repeated on every rank" if "all_to_all" not in ops
+                  and "all_gather" in ops else "")
+        return False, f"{label}collectives: {ran}{gather}; the owner strategy sends one " \
             "all-to-all in and one back, nothing else", HINT_B
     if sorted(run_["calls"]) != homed:
         every = " (every matrix on every rank: gather's work)" if len(run_["calls"]) == len(
