@@ -47,7 +47,7 @@ def slice_or_whole(rows: int = 8, cols: int = 6, ranks: int = 4, seed: int = 0) 
     the update computed on its run alone and its run of the whole's update: Newton–Schulz's,
     and an elementwise one's (g/(|g|+1e-8), Adam's kind of update)."""
     g = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed),
-                    dtype=torch.float64)
+                    dtype=torch.float64).to(device())
     runs, whole = g.chunk(ranks), newton_schulz(g).chunk(ranks)
     def elementwise(t):
         return t / (t.abs() + 1e-8)
