@@ -28,6 +28,7 @@ BOXES = {
     "vision_language": 1,            # Megatron-LM sizes the first and last stages apart
     "serving_across_ranks": 2,       # vLLM's paged cache; its one-shot all-reduce
     "megatron_or_zero": 1,           # FSDP2 shards each parameter on its own
+    "an_optimizer_that_needs_the_whole_matrix": 1,  # Megatron-LM's layer-wise layout: no exchange
     "eight_bits_across_ranks": 1,    # torchao's rowwise: e4m3 gradients, re-cast in backward
     "blocks_of_scales": 1,           # Megatron-FSDP gathers MXFP8 codes BlockAtomic(32)
     "mixture_of_experts": 1,         # Megatron-LM's capacity over the rank, by score

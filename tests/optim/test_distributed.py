@@ -32,7 +32,8 @@ SETTINGS = {
         (dict(pp=2), 1, False, "owner", None), (dict(tp=2), 0, False, "gather", "heads"),
         (dict(dp=2, ep=2), 1, False, "owner", None)],
     8: [(dict(dp=2, pp=2, tp=2), 1, True, "tp", None),
-        (dict(dp=2, pp=2, tp=2), 3, False, "owner", None)],
+        (dict(dp=2, pp=2, tp=2), 3, False, "owner", None),
+        (dict(dp=4, tp=2), 2, False, "owner", None)],  # dp 4: LPT over 4 homes, tp at home
 }
 
 

@@ -27,6 +27,7 @@ from . import (
     ex18,
     ex19,
     ex20,
+    ex21,
     ex22,
     ex23,
     ex24,
@@ -82,6 +83,9 @@ EXERCISES = {
                      "and training days", ex19.run),
     "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
                      "storage, refill it in place for backward, free it again", ex20.run),
+    "ex21": Exercise("ex21_owner_assignment.py", "Muon's owner strategy: each matrix's home "
+                     "by longest processing time first, one all-to-all there and one back",
+                     ex21.run),
     "ex22": Exercise("ex22_amax_groups.py", "FP8's amax groups: which ranks share each scale "
                      "of a tensor-parallel MLP, with and without SP", ex22.run),
     "ex23": Exercise("ex23_block_atomic_shards.py", "block-atomic shards: where ZeRO-3 may cut "

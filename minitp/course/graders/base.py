@@ -127,6 +127,32 @@ def call_kept(fn, *args):
         return None, ("crash", f"{type(exc).__name__}: {exc}")
 
 
+def kept_failure(function: str, why: tuple[str, str], hint: str) -> tuple[bool, str, str]:
+    """(False, detail, hint) for a learner's `function` that `call_kept` caught on a rank:
+    a blank says it is not written yet (with the blank's own hint), a crash what it raised."""
+    kind, message = why
+    if kind == "blank":
+        return False, f"{function} is not written yet", message or hint
+    verb = "returned" if kind == "returned" else "raised"
+    return False, f"{function} {verb} {message}", hint
+
+
+def judge_parts(names: Sequence[str], parts: Sequence[Callable],
+                per_rank: Sequence) -> list[Check]:
+    """One check per name: its part, ``part(record) -> (passed, detail, hint)``, fails at the
+    first rank whose record fails it; else it passes, saying what rank 0's record says."""
+    checks = []
+    for name, part in zip(names, parts, strict=True):
+        for rank, record in enumerate(per_rank):
+            passed, detail, hint = part(record)
+            if not passed:
+                checks.append(Check(name, False, detail, rank=rank, hint=hint))
+                break
+        else:
+            checks.append(Check(name, True, part(per_rank[0])[1]))
+    return checks
+
+
 def failure_check(name: str, error: LaunchError, what: str) -> Check:
     """Turn a failed launch of the learner's code into a polite, specific failed check."""
     if isinstance(error, CollectiveTimeout):

@@ -31,7 +31,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ...runtime.launch import launch
-from .base import Check, run_per_size
+from .base import Check, judge_parts, kept_failure, run_per_size
 from .ex22_rank import AXES, E5M2, ROLES, TOLERANCE, _in_rank, rule
 
 WORLD_SIZES = (4,)
@@ -57,32 +57,14 @@ def run(module) -> list[Check]:
                         what="the amax groups", size="n")
 
 
-def _raised(function, why, hint):
-    kind, message = why
-    if kind == "blank":
-        return False, f"{function} is not written yet", message or hint
-    verb = "returned" if kind == "returned" else "raised"
-    return False, f"{function} {verb} {message}", hint
-
-
 def _judge(n, names, per_rank) -> list[Check]:
-    parts = (_judge_a, _judge_b, _judge_c, _judge_d)
-    checks = []
-    for name, part in zip(names, parts, strict=True):
-        for rank, record in enumerate(per_rank):
-            passed, detail, hint = part(record)
-            if not passed:
-                checks.append(Check(name, False, detail, rank=rank, hint=hint))
-                break
-        else:
-            checks.append(Check(name, True, part(per_rank[0])[1]))
-    return checks
+    return judge_parts(names, (_judge_a, _judge_b, _judge_c, _judge_d), per_rank)
 
 
 def _judge_a(record):
     a = record["a"]
     if "raised" in a:
-        return _raised("shared_amax", a["raised"], "an amax reduced with MAX")
+        return kept_failure("shared_amax", a["raised"], "an amax reduced with MAX")
     for f in a["found"]:
         over, got = " and ".join(f["names"]), f["got"]
         if got is not None and abs(got - f["right"]) <= 1e-12 * f["right"]:
@@ -104,7 +86,7 @@ def _judge_b(record):
     larger = []  # correct groups wider than needed: the same scales, a costlier all-reduce
     for (layer, sp), got in record["b"].items():
         if "raised" in got:
-            return _raised("amax_groups", got["raised"], "which axes split each tensor?")
+            return kept_failure("amax_groups", got["raised"], "which axes split each tensor?")
         want = rule(layer, sp)
         for role in ROLES:
             mine, right = got[role], want[role]
@@ -152,7 +134,7 @@ def _judge_c(record):
     for sp, run_ in record["c"].items():
         label = "with SP" if sp else "without SP"
         if "raised" in run_:
-            return _raised("gradient_gemms", run_["raised"], HINT_C)
+            return kept_failure("gradient_gemms", run_["raised"], HINT_C)
         casts = [entry for entry in run_["log"] if entry[0] == "bwd"]
         if not casts:
             return False, f"{label}: the output gradient was never cast: the backward scale " \
@@ -180,8 +162,8 @@ def _judge_d(record):
     for sp, run_ in record["d"].items():
         label = "with SP" if sp else "without SP"
         if "raised" in run_:
-            return False, f"not checked: {label}, {_raised('your MLP', run_['raised'], '')[1]}", \
-                "write (a), (b) and (c) first"
+            said = kept_failure('your MLP', run_['raised'], '')[1]
+            return False, f"not checked: {label}, {said}", "write (a), (b) and (c) first"
         tensor, worst[label] = max(run_["errors"].items(), key=lambda item: item[1])
         if worst[label] > TOLERANCE:
             return False, f"{label}: the {tensor} differs from one device's by " \

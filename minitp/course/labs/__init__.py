@@ -27,6 +27,8 @@ nothing in the library imports it. Each lab is one module:
 * `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
   same ranks, measured side by side, and ZeRO-3's parameter bytes through a
   step (lesson 20);
+* `muon`: Muon's three strategies (gather, owner, tp) under ZeRO-1 on real ranks beside
+  one device, their bytes, FLOPs and state, and when owner beats gather, a model (lesson 21);
 * `moe`: a mixture of experts trained on one device with each way of balancing its
   load (loads and routing step by step), one step of expert parallelism traced on 4
   ranks (all-to-all rows and bytes, each rank's expert compute, a forced straggler),
