@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ...calc.muon import lpt_owners, ns_flops
+from ...calc.footprint.muon import lpt_owners, ns_flops
 from ...runtime.launch import launch
 from .base import Check, judge_parts, kept_failure, run_per_size
 from .ex21_rank import COSTS, DP, SHAPES, _in_rank

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...calc.muon import lpt_owners, ns_flops
+from ...calc.footprint.muon import lpt_owners, ns_flops
 from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.mesh import Mesh

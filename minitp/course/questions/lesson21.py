@@ -5,7 +5,7 @@ fewest bytes for a setting (a design decision). Every answer is `mt.calc`'s mode
 
 from __future__ import annotations
 
-from ...calc.muon import muon_comm_bytes, muon_state_bytes
+from ...calc.footprint.muon import muon_comm_bytes, muon_state_bytes
 from .form import Question, Wrong
 
 MiB, GiB = 2**20, 2**30
