@@ -83,4 +83,4 @@ def draw(name: str) -> str:
     return BUGS[int.from_bytes(digest[:8], "big") % len(BUGS)].key
 
 
-__all__ = ["BUGS", "MUSEUM", "Bug", "Visit", "draw", "reproduce"]
+__all__ = ["BUGS", "MUSEUM", "WORLD", "Bug", "Visit", "draw", "earliest", "on_rank", "reproduce"]
