@@ -26,8 +26,9 @@ VLM = dict(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=32, n_kv_hea
 
 
 def _packed(lengths):
-    docs = packing.corpus_documents()
-    return lambda: packing.pack([d[:n] for d, n in zip(docs, lengths, strict=False)], seq_len=16)
+    """A packed batch of the corpus's first documents cut to `lengths` (read when run)."""
+    return lambda: packing.pack([d[:n] for d, n in zip(packing.corpus_documents(), lengths,
+                                                        strict=False)], seq_len=16)
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,12 @@ BUGS = [
         Step(_cfg(**MOE), dict(cp=2, tp=2), spoils.aux_statistics_local,
              options=dict(sequence_parallel=True))),
     Bug("packed_rope_under_cp", "NVIDIA/Megatron-LM PR #5243",
-        "a packed batch's positions ignored under CP: RoPE does not restart at documents",
-        "drift", "cp=4, a packed batch, spoil: each rank's chunks of 0..T-1",
-        "rotate by the batch's positions, each cp rank's chunks of them",
+        "under CP a packed row's documents are turned by another row's positions", "drift",
+        "cp=4, a packed batch, spoil: every row rotated by the first row's positions",
+        "rotate each row by its own positions (restarting at its documents), each cp rank's "
+        "chunks of them",
         Step(_cfg(**{**LLAMA, "vocab_size": 256}), dict(cp=4),
-             spoils.packed_positions_ignored, batch=_packed((7, 11, 5, 9, 13, 6, 8, 10)))),
+             spoils.packed_positions_of_the_first_row, batch=_packed((7, 11, 5, 9, 13, 6, 8, 10)))),
     Bug("encoder_not_summed", "NVIDIA/Megatron-LM issue #1446",
         "under SP the replicated vision encoder's gradients stay each rank's part", "drift",
         "tp=4, SP, a VLM, spoil: the encoder left out of the tp sum",

@@ -52,14 +52,14 @@ def rope_at_local_positions(model) -> None:
             module._tables.clear()
 
 
-def packed_positions_ignored(model) -> None:
-    """A packed batch's positions (restarting at each document) ignored under CP: each
-    rank's chunks of 0..T−1 rotate the keys instead."""
+def packed_positions_of_the_first_row(model) -> None:
+    """Under CP every row of a packed batch turned by the first row's positions: its
+    documents' restarts, not the row's own (a constant shift within a document would be
+    harmless, RoPE being relative; other rows' documents start elsewhere)."""
     for module in model.modules():
         if isinstance(module, Rotary):
             right = module.local
-            module.local = lambda p, right=right: right(
-                torch.arange(p.shape[1], device=p.device).expand_as(p))
+            module.local = lambda p, right=right: right(p[:1].expand_as(p))
 
 
 def aux_statistics_local(model) -> None:
