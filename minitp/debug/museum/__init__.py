@@ -27,12 +27,14 @@ WORLD = 4
 
 @dataclass
 class Visit:
-    """What a bug's run showed: `departure` (the largest abs difference from one device,
+    """What a bug's run showed: `context` (what its owner knows of the run, the bug not
+    said), `departure` (the largest abs difference from one device,
     over the ranks), `divergence` (a step bug's first departing module), `losses` (each
     rank's step loss) beside `reference_loss` (one device's), `hung` and `report` (the
     CollectiveTimeout's text) for a hang, `trace` (the launch's events)."""
 
     key: str
+    context: str = ""
     departure: float | None = None
     divergence: Divergence | None = None
     losses: list = field(default_factory=list)
@@ -64,7 +66,7 @@ def visit(key: str, ranks: list) -> Visit:
     """The `Visit` of a run from every rank's `on_rank` result for `key`."""
     first = earliest(ranks) if all("first" in r for r in ranks) else None
     events = sorted((e for r in ranks for e in r["events"]), key=lambda e: e.start)
-    return Visit(key, max(r["departure"] for r in ranks), first,
+    return Visit(key, MUSEUM[key].context(), max(r["departure"] for r in ranks), first,
                  [r.get("loss") for r in ranks], ranks[0].get("reference_loss"),
                  trace=Trace(events))
 
@@ -99,9 +101,9 @@ def reproduce(keys=None, fixed: bool = False, timeout: float = 120.0,
     for key in hangs:
         try:
             run = launch(on_rank, WORLD, [key], fixed, timeout=hang_timeout)
-            out[key] = Visit(key, 0.0, trace=Trace(run[0][key]["events"]))
+            out[key] = visit(key, [r[key] for r in run])
         except CollectiveTimeout as err:
-            out[key] = Visit(key, hung=True, report=str(err))
+            out[key] = Visit(key, MUSEUM[key].context(), hung=True, report=str(err))
     return out
 
 

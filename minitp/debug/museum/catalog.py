@@ -55,6 +55,21 @@ class Step:
         first = out["first"]
         return {**out, "departure": first[2].difference if first else 0.0}
 
+    def context(self) -> str:
+        """What the run's owner knows of it: the model, the mesh, the options, the batch
+        (the spoil or patch, the bug, is not said)."""
+        cfg = self.cfg()
+        kind = ("a vision-language GPT" if cfg.vision_patches else
+                f"a mixture-of-experts GPT ({cfg.n_experts} experts, top-{cfg.top_k}, "
+                "aux loss)" if cfg.n_experts else
+                f"a Llama-style GPT ({cfg.n_head} heads, {cfg.n_kv_head} K/V heads, RoPE)"
+                if cfg.positions == "rope" else "a GPT-2-style GPT")
+        mesh = " x ".join(f"{axis}={n}" for axis, n in self.mesh.items())
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "none"
+        batch = "a packed batch (documents)" if self.batch else "random tokens"
+        return (f"{kind} of {cfg.n_layer} layers on {mesh}; mt.parallelize's options: "
+                f"{options}; {batch}; one step at learning rate 0")
+
 
 @dataclass(frozen=True)
 class Bug:
@@ -68,6 +83,11 @@ class Bug:
     setting: str
     fix: str
     run: Callable[[bool], dict]
+    about: str = ""  # a probe's context (a step bug's is its Step's)
+
+    def context(self) -> str:
+        """What the run's owner knows of it, its bug not said."""
+        return self.about or self.run.context()
 
 
 def _cfg(**kw):
@@ -76,7 +96,7 @@ def _cfg(**kw):
 
 BUGS = [
     Bug("kv_replicas_not_summed", "huggingface/transformers PR #47811 (issue #48307)",
-        "tp exceeds the K/V heads: the copies of one K/V head are never summed, and part",
+        "tp exceeds the K/V heads: the copies of one K/V head never sum their gradients",
         "drift", "tp=4, n_kv_head=2, spoil: the K/V weights left out of the tp sum",
         "sum the K/V copies' gradients over the ranks that hold them",
         Step(_cfg(**LLAMA), dict(tp=4), spoils.kv_replicas_not_summed)),
@@ -145,27 +165,35 @@ BUGS = [
         "Muon orthogonalises a gradient summed on this rank's ZeRO slice only", "drift",
         "dp=4, ZeRO's reduce-scatter, Newton-Schulz of what the rank holds",
         "all-gather the reduced slices first (the 'gather' strategy)",
-        probes.muon_partial_gradient),
+        probes.muon_partial_gradient,
+        "Muon's update of one (8, 12) weight after ZeRO's reduce-scatter of its gradient over "
+        "dp=4, against one device's update"),
     Bug("muon_row_shard", "NVIDIA/Megatron-LM issue #5961",
         "Newton-Schulz run on each tensor-parallel row shard alone", "drift",
         "tp=4, each rank orthogonalises its row block",
         "sum the Gram matrix over tp (newton_schulz_tp, the 'tp' strategy)",
-        probes.muon_row_shard),
+        probes.muon_row_shard,
+        "Muon's update of one (16, 8) weight split by rows over tp=4, against one device's"),
     Bug("mxfp8_block_boundary", "NVIDIA/Megatron-LM issue #5615 (PR #7114)",
         "ZeRO-3's even split cuts MXFP8 blocks: each side scales its half", "drift",
         "dp=4, a (5, 64) weight cast by shard before an 8-bit all-gather",
         "shard block-atomically: every boundary rounded up to 32 values",
-        probes.mxfp8_block_boundary),
+        probes.mxfp8_block_boundary,
+        "ZeRO-3's 8-bit all-gather of one MXFP8 (5, 64) weight over dp=4, against one "
+        "device's cast"),
     Bug("dropout_seed_per_rank", "the Ultra-Scale Playbook (huggingface/nanotron), TP section",
         "replicated activations dropped by masks that differ across tp ranks", "drift",
         "tp=4, dropout=0.25, the generator seeded by tp rank",
         "one seed on every tp rank; only sharded activations offset it by rank",
-        probes.dropout_seed_per_rank),
+        probes.dropout_seed_per_rank,
+        "a GPT-2-style GPT at tp=4 with dropout 0.25, one step; compared: the replicated "
+        "parameters' gradients, which one device holds once"),
     Bug("uneven_steps_hang", "pytorch/pytorch issue #38174",
         "one dp rank's data runs out a step early: the others wait in its all-reduce",
         "hang", "dp=4, rank 3 runs 1 step, the others 2",
         "every rank the same number of steps (the remainder dropped)",
-        probes.uneven_steps),
+        probes.uneven_steps,
+        "a GPT-2-style GPT at dp=4 over a dataset split between the ranks, two steps"),
 ]
 
 MUSEUM = {bug.key: bug for bug in BUGS}

@@ -40,12 +40,13 @@ def collectives(trace) -> list[str]:
 
 def describe(visit) -> str:
     """The lines a learner gets about a broken (or fixed) run."""
+    head = f"the run: {visit.context}"
     if visit.hung:
         kept = [line for line in visit.report.splitlines()
                 if "had already returned" in line or line.startswith(
                     ("a collective was not joined", "the first collective"))]
-        return "\n".join(["it hangs: CollectiveTimeout", *kept])
-    lines = []
+        return "\n".join([head, "it hangs: CollectiveTimeout", *kept])
+    lines = [head]
     if visit.reference_loss is not None:
         gap = max(abs(loss - visit.reference_loss) for loss in visit.losses)
         lines.append(f"the step's loss: one device's {visit.reference_loss:.3f}; the ranks' "
