@@ -30,6 +30,7 @@ BOXES = {
     "megatron_or_zero": 1,           # FSDP2 shards each parameter on its own
     "eight_bits_across_ranks": 1,    # torchao's rowwise: e4m3 gradients, re-cast in backward
     "mixture_of_experts": 1,         # Megatron-LM's capacity over the rank, by score
+    "find_the_bug": 1,               # production diffs two runs (DebugMode, Flight Recorder)
 }
 # a file (a name with a source suffix) or a repository of production's (owner/name); not
 # any a/b, which "$sbh/t$" would be

@@ -1,7 +1,8 @@
 """Lesson 26's questions: the bytes that the walked bug's fix adds to sequence parallelism's
 all-reduce, one device's loss where the dp ranks hold different numbers of real tokens, and
-which rank a hang's report points to. None of them names or hints at a learner's own bug:
-the walked bug is left out of the draw, and the other two are read from a drawn case."""
+what to do first when a hang's report shows a rank that never called a collective. None
+names a learner's own bug: the walked bug is left out of the draw, and the other two are
+read from a drawn case, not from the learner's run."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ LAYERS = (12, 24, 32, 40, 48, 80)
 
 def norm_bytes(seed=None) -> Question:
     def draw(rng):
-        return {"L": rng.choice(LAYERS), "d": rng.choice(WIDTHS), "bytes": rng.choice((2, 4))}
+        return {"L": rng.choice(LAYERS), "d": rng.choice(WIDTHS), "bytes": 4}
 
     def size(p, norms=None, per_norm=2, item=None):
         norms = 2 * p["L"] + 1 if norms is None else norms
         return norms * per_norm * p["d"] * (item or p["bytes"])
 
-    dtype = {2: "bf16", 4: "float32"}
+    dtype = {4: "float32"}
     return Question(
         key="26.norm-bytes", seed=seed, draw=draw,
         text=lambda p: (f"A GPT of {p['L']} layers and width d = {p['d']} has two LayerNorms a "
@@ -27,15 +28,13 @@ def norm_bytes(seed=None) -> Question:
                         "with sequence parallelism, each tp rank must all-reduce its norms' "
                         "gradients (Megatron-LM issue #1446's fix). How many bytes of norm "
                         "gradients does one rank put into that all-reduce per step, in "
-                        f"{dtype[p['bytes']]}? (Bytes; within 1%.)"),
+                        f"{dtype[p['bytes']]}, minitp's main_grad? (Bytes; within 0.1%.)"),
         right=size,
         wrong=[
             Wrong(lambda p: size(p, norms=2 * p["L"]), "that leaves out the final norm "
                                                        "(ln_f): 2L + 1 norms, not 2L"),
             Wrong(lambda p: size(p, per_norm=1), "that counts the weights alone: a LayerNorm "
                                                  "has a bias too"),
-            Wrong(lambda p: size(p, item=6 - p["bytes"]), "those are the other dtype's "
-                                                          "bytes: bf16 is 2 a value, float32 4"),
             Wrong(lambda p: size(p, norms=p["L"] + 1), "that counts one norm a layer: a "
                                                        "block normalises before attention and "
                                                        "before the MLP"),
@@ -43,6 +42,7 @@ def norm_bytes(seed=None) -> Question:
         worked=lambda p: (f"(2·{p['L']} + 1) norms × 2 vectors × {p['d']} values × "
                           f"{p['bytes']} bytes = {size(p):,} bytes. Small beside the model, "
                           "which is why forgetting it costs nothing visible but a drift."),
+        rel_tol=0.001,
     )
 
 
@@ -92,25 +92,41 @@ def _table(p) -> str:
 def hang_rank(seed=None) -> Question:
     def draw(rng):
         world = rng.choice((4, 6, 8))
-        return {"world": world, "left": rng.randrange(1, world), "k": rng.randrange(2, 9),
+        order = ["left", "first", "last", "restart"]
+        rng.shuffle(order)
+        return {"world": world, "left": rng.randrange(1, world - 1), "k": rng.randrange(2, 9),
                 "op": rng.choice(("all_reduce", "all_gather", "reduce_scatter")),
-                "axis": rng.choice(("dp", "tp", "world"))}
+                "axis": rng.choice(("dp", "tp", "world")), "order": order}
 
+    def letter(p, role):
+        return "abcd"[p["order"].index(role)]
+
+    def options(p):
+        said = {"left": f"read rank {p['left']}'s code after its #{p['k'] - 1}",
+                "first": "read rank 0's code: it is named first, waiting",
+                "last": f"read rank {p['world'] - 1}'s code: the last rank, waiting",
+                "restart": "raise the timeout and run again: a slow network, not a bug"}
+        return "; ".join(f"({letter(p, role)}) {said[role]}"
+                         for role in sorted(p["order"], key=lambda role: letter(p, role)))
+
+    why = {"first": "rank 0 is only the first of those waiting: the waiting ranks did what "
+                    "they should; look at the one that never called the collective they wait in",
+           "last": "that rank is waiting too, in the collective every rank should call",
+           "restart": "a slow network delays a collective every rank entered; here one rank "
+                      "never entered it, and no timeout will bring it"}
     return Question(
-        key="26.hang-rank", seed=seed, draw=draw,
+        key="26.hang-rank", seed=seed, draw=draw, kind="choice",
         text=lambda p: (f"A run of {p['world']} ranks stops with a CollectiveTimeout. Each "
                         "rank's last collective on the group of all ranks, as the report's "
-                        f"table lists it (#k: the k-th call on that axis): {_table(p)}. Which "
-                        "rank do you look at first, to find the code that went wrong? "
-                        "(A rank number.)"),
-        right=lambda p: p["left"],
-        wrong=[Wrong(lambda p: 0, "rank 0 is only the first of those waiting: the waiting "
-                                  "ranks did what they should; look at the one that never "
-                                  "called the collective they wait in")],
+                        f"table lists it (#k: the k-th call on that axis): {_table(p)}. What "
+                        f"do you do first? {options(p)}. Answer the letter."),
+        right=lambda p: letter(p, "left"),
+        wrong=[Wrong(lambda p, role=role: letter(p, role), why[role])
+               for role in ("first", "last", "restart")],
         worked=lambda p: (f"Every rank but {p['left']} entered #{p['k']}; rank {p['left']} "
                           f"finished #{p['k'] - 1} and never called #{p['k']}: it skipped a "
-                          "collective, or returned early (its data ran out, say). The others are "
-                          "waiting for it."),
+                          "collective, or returned early (its data ran out, say). The others "
+                          f"are waiting for it: ({letter(p, 'left')})."),
     )
 
 
