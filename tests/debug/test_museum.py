@@ -16,7 +16,8 @@ import minitp as mt
 from minitp.debug import museum
 
 DEPARTS = 1e-4  # every bug lands at least this far from one device (the least: 2.4e-4)
-EXACT = 1e-12  # a fix: float64's rounding of a few sums (Newton–Schulz's: 3e-15)
+EXACT = 1e-12  # a fix: float64's rounding of a few sums (Newton–Schulz's: 3e-15); a step
+# bug's fix is compared module by module at this tolerance (museum.catalog.TOLERANCE)
 
 
 def _spoiled_and_fixed(drifts):

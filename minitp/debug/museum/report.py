@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from .catalog import BUGS
+from .catalog import BUGS, TOLERANCE
 
 FIXES = sorted(bug.fix for bug in BUGS)
-TOLERANCE = 1e-9  # as `first_divergence`'s default: a departure is beyond it
 
 
 def bound(x: float) -> str:
-    """`x` (a difference, ≥ 0): "is within 1e-09 of it", or the decade it departs by."""
+    """`x` (a difference, ≥ 0): "is within 1e-12 of it", or the decade it departs by."""
     if not x > TOLERANCE:
         return f"is within {TOLERANCE:.0e} of it"
     k = math.floor(math.log10(x))
@@ -56,7 +55,8 @@ def describe(visit) -> str:
         lines.append(f"first divergence: {first.module}, {first.phase}, {first.tensor}, "
                      f"on rank {first.rank}: {bound(first.difference)}")
     elif visit.reference_loss is not None:
-        lines.append("first divergence: none (every module within 1e-09 of one device)")
+        lines.append(f"first divergence: none (every module within {TOLERANCE:.0e} of one "
+                     "device)")
     else:
         lines.append("outside the GPT's step: the ranks' result against one device's "
                      f"{bound(visit.departure)}")
