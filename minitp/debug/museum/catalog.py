@@ -1,5 +1,6 @@
-"""The museum's entries: sixteen bugs met in the anchors' trackers, each cited, each run
-at world 4 on a tiny float64 model by one setting of minitp, and each fixed by one.
+"""The museum's entries: sixteen bugs met in the anchors' trackers (one in the Ultra-Scale
+Playbook), each cited, each run at world 4 on a tiny float64 model by one setting of
+minitp, and each fixed by one.
 
 `Bug.run(fixed)` runs on every rank: a step bug (`Step`) through
 `minitp.debug.divergence.compare_on_rank` (the mesh's step beside one device's, the first
