@@ -6,9 +6,12 @@ docs/debugging-divergence.md).
   ``python -m minitp.debug diverge <minitp.train flags>`` from the command line.
 * `stragglers`: from a run's trace, each rank's time computing and waiting, and who
   waited for whom.
+* `museum` (`minitp.debug.museum`): real bugs from the anchors' trackers, each one setting
+  of minitp away, run spoiled or fixed on 4 ranks (lesson 26).
 """
 
+from . import museum
 from .divergence import Divergence, first_divergence
 from .stragglers import Stragglers, stragglers
 
-__all__ = ["Divergence", "first_divergence", "Stragglers", "stragglers"]
+__all__ = ["Divergence", "first_divergence", "Stragglers", "museum", "stragglers"]

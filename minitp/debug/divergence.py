@@ -117,7 +117,7 @@ def _random_batch(cfg, rows: int, seed: int):
 
 
 def _reference(plain, batch, options, dp: int, microbatches: int):
-    """One device's step, recorded, and the global row of each recorded row."""
+    """One device's step, recorded, the global row of each recorded row, and its loss."""
     ref = copy.deepcopy(plain)
     fp8 = options.get("fp8")
     if fp8 is not None:
@@ -126,14 +126,15 @@ def _reference(plain, batch, options, dp: int, microbatches: int):
     x, y, *packed = batch
     order = None
     if fp8 is not None:  # the microbatches the ranks cast together, as `--check` runs them
-        accumulate(ref, (x, y), dp, microbatches)
+        loss = accumulate(ref, (x, y), dp, microbatches)
         rows = torch.arange(x.shape[0])
         order = torch.cat([r for r, _ in one_process_microbatches((rows, rows), dp,
                                                                   microbatches)])
     else:
-        ref(x, y, positions=packed[0] if packed else None)[1].backward()
+        loss = ref(x, y, positions=packed[0] if packed else None)[1]
+        loss.backward()
     recorder.remove()
-    return ref, recorder, order
+    return ref, recorder, order, float(loss)
 
 
 def _partial_inputs(cfg, mesh, options, rec: Recorder):
@@ -202,7 +203,8 @@ def compare_on_rank(cfg, mesh_sizes: dict, batch=None, tolerance: float = 1e-9,
                     microbatches: int = 1, schedule=None, seed: int = 0, spoil=None,
                     **options) -> dict:
     """On every rank: one device's step and this rank's on the mesh, compared. Returns
-    ``{"first": (phase index, order index, Divergence) or None, "compared": n}``;
+    ``{"first": (phase index, order index, Divergence) or None, "compared": n, "loss":
+    the mesh's step's loss, "reference_loss": one device's}``;
     `earliest` of every rank's is the answer. `spoil(model)`: breaks the parallel model
     first (a trap run on purpose)."""
     mesh = Mesh(**mesh_sizes)
@@ -211,13 +213,14 @@ def compare_on_rank(cfg, mesh_sizes: dict, batch=None, tolerance: float = 1e-9,
     batch = tuple(t.to(device()) for t in batch)
     torch.manual_seed(seed)
     plain = GPT(cfg).to(device(), torch.float64)
-    ref, ref_rec, order = _reference(plain, batch, options, mesh.dp.size, microbatches)
+    ref, ref_rec, order, ref_loss = _reference(plain, batch, options, mesh.dp.size, microbatches)
     model = parallelize(plain, mesh, **options)
     if spoil is not None:
         spoil(model)
     rec = Recorder(rank_modules(model))
     optimizer = make_optimizer(model, mesh, torch.optim.SGD, lr=0.0)
-    train_step(model, batch, mesh, optimizer, schedule=schedule, microbatches=microbatches)
+    loss = train_step(model, batch, mesh, optimizer, schedule=schedule,
+                      microbatches=microbatches)
     rec.remove()
     place = Place(rows=batch[0].shape[0], seq_len=batch[0].shape[1], vocab=cfg.vocab_size,
                   dp=mesh.dp.size, dp_rank=mesh.dp.rank, cp=mesh.cp.size, cp_rank=mesh.cp.rank,
@@ -228,7 +231,7 @@ def compare_on_rank(cfg, mesh_sizes: dict, batch=None, tolerance: float = 1e-9,
                              _partial_inputs(cfg, mesh, options, rec))
     if first is not None:
         first[2].rank = mesh.rank
-    return {"first": first, "compared": compared}
+    return {"first": first, "compared": compared, "loss": loss, "reference_loss": ref_loss}
 
 
 def earliest(results) -> Divergence | None:

@@ -32,6 +32,7 @@ from . import (
     ex23,
     ex24,
     ex25,
+    ex26,
 )
 
 
@@ -95,4 +96,6 @@ EXERCISES = {
                      ex24.run),
     "ex25": Exercise("ex25_moe_dispatch.py", "expert parallelism's dispatch and combine",
                      ex25.run),
+    "ex26": Exercise("ex26_find_the_bug.py", "find the bug in a broken run drawn from the "
+                     "museum, and fix it", ex26.run),
 }
