@@ -31,10 +31,12 @@ messages' time per layer, `cp_crossover`; their bytes are `cp_comm_bytes`'s), `c
 (what of those messages a step waits for once the ring hides its own behind attention),
 `muon` (Muon's model-state bytes under ZeRO, and what each distributed strategy sends),
 `checkpointing` (how often to save: Young's and Daly's intervals from a cluster's failure
-rate and the save's bytes). `accuracy` (not re-exported: ``python -m minitp.calc.accuracy``)
-sets the model beside published runs (`accuracy_rows`) and writes docs/calc-accuracy.md.
+rate and the save's bytes). `accuracy` (``python -m minitp.calc.accuracy``) sets the model
+beside published runs (`accuracy_rows`) and writes docs/calc-accuracy.md; its error bands
+per quantity are `accuracy_bands`.
 """
 
+from .accuracy import bands as accuracy_bands
 from .allreduce import ALLREDUCE_ALGORITHMS, AllReduceTime, allreduce_time
 from .checkpointing import (
     LLAMA3_405B,
@@ -183,5 +185,5 @@ __all__ = [
     "tp_stops_paying", "weight_params_read", "ALLREDUCE_ALGORITHMS", "AllReduceTime",
     "allreduce_time", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
     "fp8_scale_count", "fp8_tensor_bytes",
-    "LayoutChoice", "pipeline_layout",
+    "LayoutChoice", "pipeline_layout", "accuracy_bands",
 ]
