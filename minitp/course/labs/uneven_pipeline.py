@@ -1,11 +1,11 @@
 """Lab: a pipeline whose stages do not cost the same, on real ranks (lesson 11).
 
-Each layout of `run`'s ``layouts`` (`mt.parallelize`'s ``pipeline_layout``, two stages) runs in
-one launch of 2 ranks: first one float64 SGD step beside one device (the loss and every
-weight compared), then, the costs SET by sleep — stage r's forward sleeps ``costs[name][r]``
-seconds and its backward twice that (`zero_bubble.unit_costs`, lesson 12's, with the backward
-whole) — one more step whose trace MEASURES the step time and the bubble. What each stage
-should cost is the caller's model (lesson 11: its share of the training FLOPs).
+One launch of 2 ranks runs each layout of `run`'s ``layouts`` (`mt.parallelize`'s
+``pipeline_layout``, two stages) in turn: first one float64 SGD step beside one device (the
+loss and every weight compared), then, the costs SET by sleep — stage r's forward sleeps
+``costs[name][r]`` seconds and its backward twice that (`zero_bubble.unit_costs`, lesson 12's,
+with the backward whole) — one more step whose trace MEASURES the step time and the bubble.
+What each stage should cost is the caller's model (lesson 11: its share of the training FLOPs).
 """
 
 from __future__ import annotations
@@ -23,18 +23,21 @@ from ..viz.pipeline import pipeline_bubble
 from .zero_bubble import unit_costs
 
 
-def _rank(cfg, counts, seconds, m, batch):
+def _rank(cfg, layouts, costs, m, batch):
     mesh = Mesh(pp=2)
-    torch.manual_seed(0)
-    model = parallelize(GPT(cfg).double().to(device()), mesh, pipeline_layout=counts)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = tuple(t.to(device()) for t in batch)
-    loss = train_step(model, batch, mesh, optimizer, microbatches=m)  # float64; a warm-up
-    weights = model.full_state_dict()
-    with unit_costs(model, seconds[mesh.pp.rank], split=False):
-        trace.clear()
-        train_step(model, batch, mesh, optimizer, microbatches=m)
-    return loss, weights, [e for e in trace.events() if e.op == "compute"]
+    out = {}
+    for name, counts in layouts.items():
+        torch.manual_seed(0)
+        model = parallelize(GPT(cfg).double().to(device()), mesh, pipeline_layout=counts)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = train_step(model, batch, mesh, optimizer, microbatches=m)  # float64; warms up
+        weights = model.full_state_dict()
+        with unit_costs(model, costs[name][mesh.pp.rank], split=False):
+            trace.clear()
+            train_step(model, batch, mesh, optimizer, microbatches=m)
+        out[name] = loss, weights, [e for e in trace.events() if e.op == "compute"]
+    return out
 
 
 def one_device(cfg, batch):
@@ -53,11 +56,11 @@ def run(cfg, layouts: dict, costs: dict, m: int, batch) -> dict:
     MEASURED with the costs set, and ``error``: the largest difference of the loss and of
     every weight from one device's after one float64 step."""
     ref_loss, ref = one_device(cfg, batch)
+    ranks = launch(_rank, 2, cfg, layouts, costs, m, batch, timeout=120)
     out = {}
-    for name, counts in layouts.items():
-        ranks = launch(_rank, 2, cfg, counts, costs[name], m, batch, timeout=120)
-        loss, weights, _ = ranks[0]
-        events = [e for _, _, mine in ranks for e in mine]
+    for name in layouts:
+        loss, weights, _ = ranks[0][name]
+        events = [e for rank in ranks for e in rank[name][2]]
         error = max([abs(loss - ref_loss)] + [(weights[n] - q.detach()).abs().max().item()
                                               for n, q in ref.items()])
         out[name] = dict(step=max(e.end for e in events) - min(e.start for e in events),
