@@ -30,10 +30,12 @@ re-exported here, so lessons write ``calc.step_time``, not the path):
                     vision-language model's encoder: its layouts' bytes, FLOPs and time)
     inference/      serving (prefill and decode: FLOPs, bytes read, time per token)
     reliability/    checkpointing (Young's and Daly's intervals from a failure rate)
-    accuracy/       not re-exported: ``python -m minitp.calc.accuracy`` sets the model beside
-                    published runs (`accuracy.rows`) and writes docs/calc-accuracy.md
+    accuracy/       ``python -m minitp.calc.accuracy`` sets the model beside published runs
+                    (`accuracy.rows`) and writes docs/calc-accuracy.md; only its error bands
+                    per quantity are re-exported (`accuracy_bands`)
 """
 
+from .accuracy.report import bands as accuracy_bands
 from .architectures.moe import (
     DEEPSEEK_V3,
     MIXTRAL_8X7B,
@@ -164,6 +166,7 @@ from .reliability.checkpointing import (
 )
 
 __all__ = [
+    "accuracy_bands",
     "A100_80GB", "CLUSTERS", "Candidate", "Cluster", "DEEPSEEK_V3", "DGX2H_V100", "H100_80GB",
     "MIXTRAL_8X7B", "MoEShape", "MoEStepTime", "OPTIMIZERS", "ep_vs_tp", "expert_parallel_sizes",
     "expert_params_per_stage", "layer_matrix_flops", "moe_all_to_all_bytes",

@@ -162,8 +162,24 @@ def _layout(row) -> str:
     return "·".join(parts + ["FSDP"] * bool(row.zero)) or "dp only"
 
 
+_STEP_ROWS = rows.TORCHTITAN + rows.KORTHIKANTI + rows.LLAMA3_PAPER
+
+
+def bands() -> dict[str, list[float]]:
+    """Each quantity's errors (predicted / published − 1) over the rows the model expresses,
+    as docs/calc-accuracy.md's "Error bands" table summarises them (`mt.calc.accuracy_bands`)."""
+    steps = [step_and_mfu(r) for r in _STEP_ROWS]
+    errors = {
+        "model TFLOP/s by the identity (Megatron-Bridge)":
+            [_err(identity_tflops(r), r.tflops) for r in rows.MEGATRON_BRIDGE],
+        "step time (MODEL)": [_err(s["step_pred"], s["step"]) for s in steps],
+        "MFU (MODEL)": [_err(s["mfu_pred"], s["mfu"]) for s in steps],
+        "weak-scaling efficiency (MODEL; t = 1 is the reference, left out)":
+            [_err(pred, pub) for _, gpus, _, pub, pred in weak_scaling() if gpus > 1]}
+    return {quantity: [e for e in values if e is not None] for quantity, values in errors.items()}
+
+
 def _band(errors) -> str:
-    errors = [e for e in errors if e is not None]
     if not errors:
         return "| 0 | — | — | — |"
     return (f"| {len(errors)} | {_pct(min(errors))} | {_pct(statistics.median(errors))} | "
@@ -173,11 +189,8 @@ def _band(errors) -> str:
 def markdown() -> str:
     """docs/calc-accuracy.md, every number recomputed from `rows`."""
     ident = [(r, identity_tflops(r)) for r in rows.MEGATRON_BRIDGE]
-    steps = [(r, step_and_mfu(r))
-             for r in rows.TORCHTITAN + rows.KORTHIKANTI + rows.LLAMA3_PAPER]
+    steps = [(r, step_and_mfu(r)) for r in _STEP_ROWS]
     weak = weak_scaling()
-    step_err = [_err(s["step_pred"], s["step"]) for _, s in steps]
-    mfu_err = [_err(s["mfu_pred"], s["mfu"]) for _, s in steps]
     lines = [
         "# mt.calc against published runs",
         "",
@@ -195,12 +208,7 @@ def markdown() -> str:
         "",
         "| quantity | rows | min | median | max |",
         "|---|---:|---:|---:|---:|",
-        "| model TFLOP/s by the identity (Megatron-Bridge) "
-        + _band([_err(t, r.tflops) for r, t in ident]),
-        "| step time (MODEL) " + _band(step_err),
-        "| MFU (MODEL) " + _band(mfu_err),
-        "| weak-scaling efficiency (MODEL; t = 1 is the reference, left out) "
-        + _band([_err(pred, pub) for _, gpus, _, pub, pred in weak if gpus > 1]),
+        *(f"| {quantity} " + _band(errors) for quantity, errors in bands().items()),
         "",
         "## Megatron-Bridge, 25.11 NeMo Container: model TFLOP/s by the identity",
         "",

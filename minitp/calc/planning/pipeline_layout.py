@@ -55,13 +55,17 @@ class LayoutChoice:
         return max(self.stage_flops)
 
 
+def _moe(cfg) -> bool:  # a `DecoderShape` (calc's published shapes) has no experts field
+    return getattr(cfg, "n_experts", 0) > 0
+
+
 def layer_flops(cfg) -> list[int]:
     """Each layer's training FLOPs per token (torchtitan's count: module docstring)."""
     h, s = cfg.d_model, cfg.seq_len
     out = []
     for i in range(cfg.n_layer):
-        params = layer_params_per_rank(cfg, 1, i if cfg.n_experts else None)
-        if cfg.n_experts and cfg.is_moe_layer(i):  # the experts a token does not visit
+        params = layer_params_per_rank(cfg, 1, i if _moe(cfg) else None)
+        if _moe(cfg) and cfg.is_moe_layer(i):  # the experts a token does not visit
             params -= (cfg.n_experts - cfg.top_k) * expert_mlp_params(cfg)
         out.append(6 * params + 12 * h * s)
     return out
@@ -92,7 +96,7 @@ def stage_memory(cfg, layers: range, g: int, n_stages: int, *, tp=1, dp=1, zero_
     """Bytes stage g (of n_stages, one per rank) holds with `layers` (MODEL)."""
     embedding = padded_vocab(cfg.vocab_size, tp) * cfg.d_model // tp
     if _layer_params is None:  # (the search passes its prefix sums)
-        params = sum(layer_params_per_rank(cfg, tp, i if cfg.n_experts else None)
+        params = sum(layer_params_per_rank(cfg, tp, i if _moe(cfg) else None)
                      for i in layers)
     else:
         params = _layer_params[layers.stop] - _layer_params[layers.start]
@@ -129,7 +133,7 @@ def pipeline_layout(cfg, pp: int, virtual_stages: int = 1, *, memory_limit=None,
     prefix = _prefix(costs)
     if memory_limit is not None:
         memory["_layer_params"] = _prefix(
-            layer_params_per_rank(cfg, memory.get("tp", 1), i if cfg.n_experts else None)
+            layer_params_per_rank(cfg, memory.get("tp", 1), i if _moe(cfg) else None)
             for i in range(cfg.n_layer))
 
     def cost(g, i, j):  # stage g holding layers i..j-1

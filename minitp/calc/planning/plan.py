@@ -23,11 +23,18 @@ Context parallelism (``cp`` > 1, fixed): each attention of `cp_variants` — rin
 all-gather, Ulysses, the hybrid at every all-to-all size — that the heads allow
 (`minitp.rules.check_cp_comm`, through `check_parallel_config`), ranked by the same
 `step_time`, which counts each one's messages and bytes. At cp = 1 nothing changes.
+
+Uneven pipelines (``layouts=True``): a pp whose stages the layers do not divide is tried too
+(v = 1, not in a V, at most one stage a layer), with the layout `minitp.calc.pipeline_layout`
+chooses (`layout_for`; the candidate's ``layout``, what ``--pipeline-layout`` reads). It is
+priced as the even pipeline of its longest stage, every stage holding that many layers: the
+step waits for the slowest stage, and the busiest GPU holds at most that. A MODEL, and an
+upper bound on both memory and time (a shorter stage's GPUs idle, priced as busy).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 from ...rules import (
@@ -42,6 +49,7 @@ from ..counts.flops import bubble
 from ..footprint.memory import memory_per_gpu
 from ..network.cluster import Cluster, GiB
 from ..network.hierarchy import axis_levels
+from .pipeline_layout import pipeline_layout
 from .timing import StepTime, schedule_bubble
 
 
@@ -65,10 +73,12 @@ class Candidate:
     schedule: str | None = None  # None: 1F1B, or the interleaved one where virtual > 1
     cp_comm: str = "ring"  # context parallelism's attention (cp > 1)
     cp_a2a_size: int | None = None  # "a2a+ring": its all-to-all's ranks
+    layout: str | None = None  # an uneven pipeline's stages (`layout_for`); None: even
 
     def __str__(self) -> str:
         zero = f" zero={self.zero_stage}" if self.zero_stage else ""
         zero += f" schedule={self.schedule}" if self.schedule else ""
+        zero += f" layout={self.layout}" if self.layout else ""
         hybrid = f" over {self.cp_a2a_size}" if self.cp_a2a_size else ""
         cp = f" cp={self.cp} ({self.cp_comm}{hybrid})" if self.cp > 1 else ""
         cp += f" ep={self.ep}" if self.ep > 1 else ""
@@ -149,10 +159,23 @@ def cp_variants(cp: int, cp_comms=CP_COMMS) -> list[tuple[str, int | None]]:
     return [(name, u) for name in cp_comms for u in (sizes if name == "a2a+ring" else [None])]
 
 
+def layout_for(cfg, pp: int, chunks: int = 1, placement: str = "loop"):
+    """(layout, the config it is priced as) for pp·chunks stages: (None, cfg) where the
+    layers divide; where they do not, `pipeline_layout`'s layout and cfg with every stage as
+    long as its longest (n_layer = pp·that); (None, None) where no layout is tried (virtual
+    stages, a V, more stages than layers)."""
+    if cfg.n_layer % (pp * chunks) == 0:
+        return None, cfg
+    if chunks > 1 or placement == "v" or pp > cfg.n_layer:
+        return None, None
+    choice = pipeline_layout(cfg, pp)
+    return choice.layout, replace(cfg, n_layer=pp * max(len(r) for r in choice.stages))
+
+
 def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1, 2, 4, 8),
          recompute=(None, "selective", "full"), virtual=(1,), optimizer: str = "megatron",
          zero_stage=0, usable: float = 0.9, efficiency: float = 0.5, cp: int = 1,
-         schedules=(None,), cp_comms=CP_COMMS) -> Plan:
+         schedules=(None,), cp_comms=CP_COMMS, layouts: bool = False) -> Plan:
     """Every split of ``n_gpus`` (dp·pp·tp) that fits in ``usable`` × the GPU's memory,
     ranked by predicted step time. Sequence parallelism is tried wherever tp > 1;
     the interleaved schedule (v > 1) needs m to be a multiple of p, as in Megatron-LM.
@@ -168,11 +191,12 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
     tried where pp > 1, v = 1 and `check_parallel_config` accepts it, and "zbv",
     "dualpipev", which bring their own two chunks per rank in a V (tried once, whatever
     ``virtual``) and are priced where their closed forms hold (F = B = W: not with full
-    recomputation, `pipeline_idle`)."""
+    recomputation, `pipeline_idle`). layouts: also the pp whose stages the layers do not
+    divide, each with `layout_for`'s layout and price (module docstring)."""
     stages = (zero_stage,) if isinstance(zero_stage, int) else tuple(zero_stage)
     if n_gpus % cp:
         raise ValueError(f"n_gpus={n_gpus} is not divisible by cp={cp}")
-    fits, tried = [], 0
+    fits, tried, priced = [], 0, {}
     for tp, pp, b, rc, v, sp, zero in product(_divisors(n_gpus), _divisors(n_gpus),
                                               micro_batches, recompute, virtual, (False, True),
                                               stages):
@@ -196,23 +220,28 @@ def plan(cfg, cluster: Cluster, global_batch: int, n_gpus: int, micro_batches=(1
             if (zb and pp == 1) or (not zb and v > 1 and (pp == 1
                                                           or not interleaving_fits(pp, m))):
                 continue
+            key = (pp, chunks, placement)
+            if key not in priced:
+                priced[key] = (layout_for(cfg, pp, chunks, placement) if layouts
+                               else (None, cfg))
+            layout, as_cfg = priced[key]
             try:
                 check_parallel_config(cfg, dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=sp,
                                       recompute=rc, virtual_stages=chunks, zero_stage=zero,
                                       ep=ep, schedule=schedule, placement=placement,
                                       microbatches=m if zb else None, cp_comm=comm,
-                                      cp_a2a_size=u)
+                                      cp_a2a_size=u, pipeline_layout=layout)
             except ValueError:
                 continue
             tried += 1
-            memory = memory_per_gpu(cfg, b, dp, pp, tp, sp, rc, zero, optimizer, chunks, m,
+            memory = memory_per_gpu(as_cfg, b, dp, pp, tp, sp, rc, zero, optimizer, chunks, m,
                                     cp=cp, ep=ep, schedule=schedule, cp_comm=comm)
             if memory["total"] > usable * cluster.memory:
                 continue
-            time = moe_step_time(cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
+            time = moe_step_time(as_cfg, cluster, dp, pp, tp, b, global_batch, sp, rc, chunks,
                                  efficiency, zero_stage=zero, cp=cp, ep=ep, schedule=schedule,
                                  cp_comm=comm, cp_a2a_size=u)
             fits.append(Candidate(dp, pp, tp, b, m, sp, rc, chunks, memory, time, zero, cp, ep,
-                                  schedule, comm, u))
+                                  schedule, comm, u, layout))
     fits.sort(key=lambda c: c.time.total)
     return Plan(cluster, fits, tried)

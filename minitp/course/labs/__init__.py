@@ -15,6 +15,9 @@ nothing in the library imports it. Each lab is one module:
   (bubbles, the step's gradient-norm all-reduce, each stage's bytes held: the ledger's
   activations and the W passes' stored (x, g)), float64 runs beside one device, and each
   rank's squared gradients for the global norm (lesson 12);
+* `uneven_pipeline`: two stages of unequal cost (a layout, the costs set by sleep in
+  proportion to each stage's modelled FLOPs): the step and the bubble measured, and one
+  float64 step beside one device (lesson 11);
 * `load_free`: a rank's clock that a wait for a core does not move (its CPU time plus
   the sleep its units asked for), and the step replayed on those clocks, so a shared
   machine's waits do not read as bubble (lesson 12);
@@ -53,7 +56,7 @@ from __future__ import annotations
 import importlib
 
 LABS = ("activations", "explorer", "gpu_figures", "long_sequences", "megatron_or_zero", "moe",
-        "pipedream", "planning", "scaling", "step_timing", "zero_bubble")
+        "pipedream", "planning", "scaling", "step_timing", "uneven_pipeline", "zero_bubble")
 
 __all__ = list(LABS)
 

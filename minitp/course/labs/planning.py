@@ -143,3 +143,18 @@ def compare(cfg, sizes, cluster: calc.Cluster, global_batch: int, micro_batch: i
                                efficiency=1.0, bytes_per_value=4, grad_bytes=4)
         rows.append(Prediction(dp, pp, tp, model, seconds))
     return rows
+
+
+def table(rows: list[Prediction]) -> str:
+    """`compare`'s rows as lesson 17 prints them: the MODEL's milliseconds by part beside the
+    MEASURED step and their ratio, then the order each puts them in."""
+    lines = [f"{'':>15} {'MODEL (ms): compute':>20} {'tp':>6} {'pp':>6} {'dp':>6} "
+             f"{'bubble':>7} {'total':>7}   {'MEASURED':>9}  measured/model"]
+    for r in rows:
+        t = r.modelled
+        lines.append(f"d={r.dp} p={r.pp} t={r.tp}:  {t.compute * 1e3:>19.1f} {t.tp * 1e3:>6.1f} "
+                     f"{t.pp * 1e3:>6.1f} {t.dp * 1e3:>6.1f} {t.bubble * 1e3:>7.1f} "
+                     f"{t.total * 1e3:>7.1f}   {r.measured * 1e3:>6.1f} ms  {r.ratio:>8.1f}x")
+    model = [f"{r.dp}{r.pp}{r.tp}" for r in sorted(rows, key=lambda r: r.modelled.total)]
+    measured = [f"{r.dp}{r.pp}{r.tp}" for r in sorted(rows, key=lambda r: r.measured)]
+    return "\n".join(lines) + f"\n\nthe model ranks them {model} (d p t); measured: {measured}"

@@ -1,5 +1,6 @@
-"""Lesson 11's questions: the interleaved bubble, the activations a 1F1B stage holds, and
-which change halves the bubble within a stage's memory and stays synchronous."""
+"""Lesson 11's questions: the interleaved bubble, the activations a 1F1B stage holds,
+which change halves the bubble within a stage's memory and stays synchronous, and how many
+layers the first of two stages holds when the head weighs several layers."""
 
 from __future__ import annotations
 
@@ -134,5 +135,41 @@ def halve_bubble(seed=None) -> Question:
             "(interleaving halves the bubble too, keeping them, for twice the messages)."),
     )
 
+def uneven_stages(seed=None) -> Question:
+    def draw(rng):  # l + H even: one best split, and it differs from the even one
+        return {"l": rng.choice((7, 9, 11, 13)), "H": rng.choice((3, 5))}
 
-QUESTIONS = {"11.bubble": bubble, "11.in-flight": in_flight, "11.halve-bubble": halve_bubble}
+    def best(p):  # the stages cost k and l - k + H layers: the slower is least where equal
+        return (p["l"] + p["H"]) // 2
+
+    return Question(
+        key="11.uneven-stages", seed=seed, draw=draw,
+        text=lambda p: (f"A GPT of l = {p['l']} layers trains on p = 2 pipeline stages. The "
+                        "first stage also holds the embedding (a lookup: no FLOPs to speak of), "
+                        "the last the head, whose output projection over the vocabulary costs "
+                        f"as much as H = {p['H']} layers (training FLOPs per token, a MODEL). "
+                        "How many layers should the first stage hold so that the slower of the "
+                        "two stages is as fast as it can be? (A whole number of layers.)"),
+        right=best,
+        wrong=[
+            Wrong(lambda p: (p["l"] + 1) // 2,
+                  "that splits the layers evenly (the extra one first) and forgets the head: "
+                  "the last stage also runs H layers' worth, and every microbatch waits for it"),
+            Wrong(lambda p: p["l"] - best(p),
+                  "that is how many the last stage should hold: the head's stage gets fewer"),
+            Wrong(lambda p: p["l"],
+                  "with every layer on the first stage, it becomes the slow one"),
+        ],
+        worked=lambda p: (
+            f"the stages cost k and l - k + H = {p['l'] + p['H']} - k layers; the slower of "
+            f"the two is least where they are equal: k = (l + H)/2 = {best(p)}, the last stage "
+            f"holding {p['l'] - best(p)} layers and the head. `mt.calc.pipeline_layout` finds "
+            "the same by trying every split, with each stage's FLOPs from the model's shape "
+            "(this lesson's 7 layers and a head of about 3: 5 and 2). Even, the pipeline "
+            f"would move at {p['l'] - (p['l'] + 1) // 2 + p['H']} layers a microbatch, not "
+            f"{best(p)}."),
+    )
+
+
+QUESTIONS = {"11.bubble": bubble, "11.in-flight": in_flight, "11.halve-bubble": halve_bubble,
+             "11.uneven-stages": uneven_stages}

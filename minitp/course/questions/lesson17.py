@@ -1,9 +1,13 @@
-"""Lesson 17's questions: the first pipeline stage's activations under 1F1B, and what to change
-when a plan does not fit."""
+"""Lesson 17's questions: the first pipeline stage's activations under 1F1B, what to change
+when a plan does not fit, and a published run's model TFLOP/s from its tokens per second."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ...calc.counts.flops import model_flops
 from ...calc.footprint.memory import activation_bytes, activation_bytes_per_layer, memory_per_gpu
+from ...calc.inference.serving import LLAMA3_8B, LLAMA3_70B
 from ...calc.network.cluster import A100_80GB, GiB
 from ...calc.planning.timing import step_time
 from .form import Question, Wrong
@@ -124,5 +128,57 @@ def make_it_fit(seed=None) -> Question:
     )
 
 
+def identity_tflops(seed=None) -> Question:
+    shapes = {"Llama 3 8B": LLAMA3_8B, "Llama 3 70B": LLAMA3_70B}
+
+    def draw(rng):
+        return {"model": rng.choice(tuple(shapes)), "s": rng.choice((4096, 8192)),
+                "tokens": rng.choice((1200, 1600, 2500, 4000, 9000, 14000))}
+
+    def flops(p, causal=True):  # per token
+        cfg = replace(shapes[p["model"]], seq_len=p["s"])
+        return model_flops(cfg, 1, causal=causal) / p["s"]
+
+    def tflops(p, per_token):
+        return p["tokens"] * per_token / 1e12
+
+    def head(p):
+        c = shapes[p["model"]]
+        return 6 * c.vocab_size * c.d_model
+
+    def text(p):
+        c = shapes[p["model"]]
+        kv = c.n_kv_head * c.d_model // c.n_head
+        return (f"A run of {p['model']} (l = {c.n_layer} layers, h = {c.d_model}, K/V "
+                f"projections {kv} wide, a SwiGLU MLP {c.ffn_hidden} wide, vocabulary "
+                f"{c.vocab_size:,}, no biases) at sequence length s = {p['s']} prints "
+                f"{p['tokens']:,} tokens/s per GPU. Its model TFLOP/s per GPU is Megatron-LM's "
+                "count: per token, 6 FLOPs per weight a token multiplies (q, k, v, o, the MLP's "
+                "three matrices, the output head; the embedding's lookup none) plus 6·s·h per "
+                "layer for attention's QKᵀ and ·V, causal. What TFLOP/s per GPU does it "
+                "report? (Within 1%.)")
+
+    return Question(
+        key="17.identity-tflops", seed=seed, draw=draw, text=text,
+        right=lambda p: tflops(p, flops(p)),
+        wrong=[
+            Wrong(lambda p: tflops(p, flops(p, causal=False)),
+                  "that counts full attention, 12·s·h a layer (minitp's default, Korthikanti "
+                  "et al. Eq. 7); Megatron-LM's causal count is half of it"),
+            Wrong(lambda p: tflops(p, flops(p) - head(p)),
+                  "the output head is a matmul every token runs: its 6·V·h counts"),
+            Wrong(lambda p: tflops(p, flops(p)) * 1e3,
+                  "that is in GFLOP/s: the question asks for TFLOP/s (10^12)"),
+        ],
+        worked=lambda p: (
+            f"FLOPs per token: 6 × the weights a token multiplies + 6·s·h·l = "
+            f"{flops(p) / 1e9:.2f} GFLOP (`calc.model_flops(cfg, 1, causal=True) / s`); "
+            f"× {p['tokens']:,} tokens/s = {tflops(p, flops(p)):.1f} TFLOP/s. Full attention "
+            f"would say {tflops(p, flops(p, causal=False)):.1f}: the same run, "
+            f"{flops(p, causal=False) / flops(p) - 1:.1%} apart by convention alone. "
+            "Arithmetic on a printed number, not a MODEL of the run."),
+    )
+
+
 QUESTIONS = {"17.first-stage-activations": first_stage_activations,
-             "17.make-it-fit": make_it_fit}
+             "17.make-it-fit": make_it_fit, "17.identity-tflops": identity_tflops}

@@ -3,7 +3,8 @@
 Every question is checked: the bubble and the in-flight counts from `mt.calc` and the
 schedules' own orders played on paper (`minitp.pipeline.simulate`), the zero-bubble ones
 against Qi et al. 2024 (Table 2; §2.3 for what worker i of ZB-H1 holds); the two design
-questions by playing every option's premise on paper. Not checked: none."""
+questions by playing every option's premise on paper; the uneven stages by trying every split.
+Not checked: none."""
 
 from answers_common import asked, close
 
@@ -59,3 +60,11 @@ def test_10_and_11_pipelines():
         ticks = {name: simulate(name, p["p"], p["m"], costs={k: p[k] for k in "FBW"})["ticks"]
                  for name in ("1f1b", "zb-h1", "zb-h2")}
         assert ticks["zb-h2"] < ticks["zb-h1"] < ticks["1f1b"], (p, ticks)
+
+
+def test_11_uneven_stages():
+    for _, p, right in asked("11.uneven-stages"):
+        # every split of the l layers over the 2 stages, the last also running the head's H
+        # layers' worth: the one split whose slower stage is least, and it is the answer
+        slower = {k: max(k, p["l"] - k + p["H"]) for k in range(p["l"] + 1)}
+        assert [k for k, c in slower.items() if c == min(slower.values())] == [right], p

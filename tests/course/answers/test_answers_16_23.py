@@ -1,4 +1,5 @@
-"""Lessons 16, 17, 19, 20 and 25: scaling, planning, the claims, ZeRO, experts.
+"""Lessons 16, 17, 19, 20 and 25: scaling, planning (and a run's model TFLOP/s), the claims,
+ZeRO, experts.
 
 19.sixteen-bytes, a letter the same for every draw, is in test_answers_choices.py.
 Not checked: none."""
@@ -85,6 +86,16 @@ def test_15_make_it_fit():
                 cost[key] = st.total / batch
         assert right == min(cost, key=cost.get), p
 
+
+def test_17_identity_tflops():
+    # Megatron-LM's FLOPs per token by hand, from Dubey et al. 2024, Table 3's shapes (and
+    # the released vocabulary): 6 per weight of q, k, v, o, the SwiGLU MLP and the head,
+    # plus 6·s·h a layer (causal attention); times the tokens per second
+    shapes = {"Llama 3 8B": (32, 4096, 1024, 14336), "Llama 3 70B": (80, 8192, 1024, 28672)}
+    for _, p, right in asked("17.identity-tflops"):
+        layers, h, kv, ffn = shapes[p["model"]]
+        weights = layers * (2 * h * h + 2 * h * kv + 3 * h * ffn) + 128256 * h
+        assert close(right, p["tokens"] * (6 * weights + 6 * p["s"] * h * layers) / 1e12), p
 
 def test_16_states_and_days():
     bytes_a_parameter = {"adam-mixed": 16, "megatron": 18}
