@@ -45,11 +45,14 @@ FLOORS = [
     (6, ["pipeline", "data_parallel", "expert_parallel", "optim"]),
     (7, ["parallelize"]),
     (8, ["step", "checkpoint", "memory", "serving", "torch_parallel"]),
-    (9, ["course.viz"]),
+    # the debugging tools' library half (they run the library's steps; the grader of lesson
+    # 26 draws a museum bug), below the CLI of `python -m minitp.debug`
+    (9, ["course.viz", "debug.record", "debug.layout", "debug.divergence", "debug.stragglers",
+         "debug.museum"]),
     (10, ["course.labs"]),
     (11, ["course.graders", "course.make_exercises"]),
     (12, ["course", "train", "generate", "debug"]),  # the front ends: the grader, the doctor,
-    # the CLIs, and the debugging tools (they run the library's steps and read the train CLI)
+    # the CLIs (`python -m minitp.debug` reads the train CLI's flags)
 ]
 ROOF = "minitp"
 
