@@ -1,0 +1,364 @@
+"""``mt.session(N)``: ranks that stay alive between calls, each with a namespace of its own.
+
+    s = mt.session(4, mesh="dp=2,tp=2")
+    s.exec("w = torch.full((2,), float(rank))")    # on every rank; `w` stays there
+    s.exec("mt.comm.all_reduce(w, mt.world())")     # -> a Run: run[r], run.trace, run.stdout
+    s.get("w")[2]                                   # rank 2's w
+    s.run(fn, ranks=[0, 2])                         # a function, as mt.launch runs it
+    s.close()
+
+The ranks come from `mt.launch`'s forkserver and join one process group once; each request
+is a message down each rank's pipe and one answer back (`_session_rank`), so a trivial cell
+costs milliseconds, not a launch (bench/session_cell.py). Failures are `mt.launch`'s reports:
+an exception names its rank and line and leaves the group alive; a collective that not every
+rank joins raises `CollectiveTimeout` after ``timeout``; a rank that dies is named. After the
+last two, or an interrupt that caught a rank inside a collective, the group's connections may
+hold half a message, so it is stopped: ``s.restart()`` starts it again, namespaces empty.
+``%load_ext minitp`` gives the same in cells (`minitp.runtime.ranks_magic`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import sys
+import time
+
+from ..rules import check_positive_int, check_timeout
+from . import _forkserver as _fs
+from . import _pickling
+from ._failure_report import raise_failure, raise_timeout, tail
+from ._flight_recorder import RING_BYTES
+from ._rank_set import _cell_sources, _loopback_interface, _threads_per_rank
+from ._run import Run
+from ._session_rank import INTERRUPT_SIGNAL, INTERRUPTED, READY
+from ._session_rank import main as _rank_main
+from ._signals import interrupts_deferred
+from ._worker import LIVE, STATUS_SLOT_BYTES
+from .errors import CollectiveTimeout, LaunchError
+
+MESH_AXES = ("dp", "pp", "tp", "cp", "ep")
+_FAILURE_GRACE_S = 0.25  # after a rank fails, how long the others may take to reach a collective
+_INTERRUPT_WAIT_S = 2.0  # how long interrupted ranks may take to answer
+
+
+def parse_mesh(mesh, world_size: int) -> dict:
+    """``"dp=2,tp=2"`` or ``{"dp": 2, "tp": 2}`` -> the dict each rank builds `Mesh` from."""
+    if mesh is None:
+        return {}
+    if isinstance(mesh, str):
+        try:
+            mesh = {k.strip(): int(v) for k, v in (p.split("=") for p in mesh.split(",") if p)}
+        except ValueError:
+            raise ValueError(f"mesh {mesh!r}: write it as axis=size pairs, e.g. 'dp=2,tp=2'"
+                             ) from None
+    unknown = sorted(set(mesh) - set(MESH_AXES))
+    if unknown or any(not isinstance(v, int) or v < 1 for v in mesh.values()):
+        raise ValueError(f"mesh {mesh}: axes are {', '.join(MESH_AXES)}, each a positive int")
+    size = 1
+    for v in mesh.values():
+        size *= v
+    if size != world_size:
+        raise ValueError(f"mesh {mesh} holds {size} ranks, the session {world_size}")
+    return dict(mesh)
+
+
+class Cell(Run):
+    """A `Run` of one request to a session: ``cell[r]`` is rank r's value (None for a rank
+    not asked), ``cell.ranks`` the ranks that ran it; `show` prints both, labelled by rank."""
+
+    def __init__(self, ranks, *args):
+        super().__init__(*args)
+        self.ranks = list(ranks)
+
+    def show(self, values: bool = True) -> None:
+        for rank in self.ranks:
+            for stream, text in ((sys.stdout, self.stdout[rank]), (sys.stderr, self.stderr[rank])):
+                for line in text.splitlines():
+                    print(f"[rank {rank}] {line}", file=stream)
+            if values and self[rank] is not None:
+                for line in repr(self[rank]).splitlines():
+                    print(f"[rank {rank}] {line}")
+
+
+class Session:
+    """``world_size`` live ranks; see the module's docstring. ``timeout``: seconds a rank
+    may wait in one collective before the request fails with `CollectiveTimeout`."""
+
+    def __init__(self, world_size: int, mesh=None, backend: str = "auto", timeout: float = 30.0):
+        from .launch import _choose_backend
+        check_positive_int("world_size", world_size)
+        check_timeout(timeout)
+        self.world_size, self.timeout = world_size, float(timeout)
+        self.mesh = parse_mesh(mesh, world_size)
+        self.backend = _choose_backend(backend, world_size)
+        self.stopped: str | None = "not started"  # why the group is down, or None: it is up
+        self.processes, self.conns, self.lifeline, self.directory = [], {}, None, None
+        self.messages: dict = {}
+        self.asked: list[int] = []
+        self.start()
+
+    # -- the group -------------------------------------------------------------------
+    def start(self) -> None:
+        ctx = _fs.context()
+        _fs.remove_what_dead_launchers_left()
+        _fs.warm_up(ctx)
+        env = {"OMP_NUM_THREADS": str(_threads_per_rank(self.world_size))}
+        if _loopback_interface() and "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+        with interrupts_deferred():
+            self.status = ctx.RawArray(ctypes.c_char, STATUS_SLOT_BYTES * self.world_size)
+            self.flight = ctx.RawArray(ctypes.c_char, RING_BYTES * self.world_size)
+            self.directory = _fs.make_owned_directory(f"{_fs.RENDEZVOUS_PREFIX}{os.getpid()}-")
+            lifeline_in, self.lifeline = ctx.Pipe(duplex=False)
+            atexit.register(self.close)  # a kernel's shutdown leaves no rank, no directory
+            for rank in range(self.world_size):
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                self.conns[rank] = parent_end
+                process = ctx.Process(target=_rank_main, name=f"minitp-session-rank{rank}", args=(
+                    rank, self.world_size, os.path.join(self.directory, "store"), self.backend,
+                    self.timeout, _threads_per_rank(self.world_size), child_end, self.status,
+                    self.flight, env, lifeline_in, self._native_path(rank), self.mesh),
+                    daemon=True)
+                with _fs.without_main_module():
+                    process.start()
+                self.processes.append(process)
+                child_end.close()
+            lifeline_in.close()
+        self.stopped = None
+        try:
+            self._collect(range(self.world_size), starting=True)
+        except BaseException:
+            self._stop("it failed to start")
+            raise
+
+    def restart(self) -> None:
+        """Stop the ranks (their namespaces go with them) and start a fresh group."""
+        self._stop("restarting")
+        self.start()
+
+    def close(self) -> None:
+        self._stop("closed")
+        atexit.unregister(self.close)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.stopped is None else f"stopped: {self.stopped}"
+        return (f"Session(world_size={self.world_size}, mesh={self.mesh or None}, "
+                f"backend={self.backend!r}, {state})")
+
+    # -- requests --------------------------------------------------------------------
+    def exec(self, code: str, ranks=None, *, name: str = "<ranks>") -> Cell:
+        """Run ``code`` on the ranks (all, or the list ``ranks``) in each one's namespace;
+        ``cell[r]`` is its last line's value if that line is an expression."""
+        if not isinstance(code, str):
+            raise TypeError(f"exec needs the code as a str, got {type(code).__name__}")
+        return self._request("exec", code, ranks, filename=name)
+
+    def run(self, fn, *args, ranks=None, **kwargs) -> Cell:
+        """``fn(*args, **kwargs)`` on the ranks, as `mt.launch` would, on the live group."""
+        if not callable(fn):
+            raise TypeError(f"run needs a function, got {type(fn).__name__}")
+        return self._request("run", _pickling.dumps((fn, args, kwargs)), ranks)
+
+    def get(self, name: str, ranks=None) -> list:
+        """Each rank's value of ``name`` (None for a rank not asked)."""
+        return list(self._request("get", name, ranks))
+
+    def _request(self, kind, body, ranks, filename=None) -> Cell:
+        asked = self._check_ranks(ranks)
+        if self.stopped is not None:
+            raise LaunchError(f"the ranks are stopped ({self.stopped}): s.restart() "
+                              "(%ranks restart) starts them again")
+        started = time.perf_counter()
+        request = {"kind": kind, "body": body, "t0": started, "filename": filename,
+                   "sources": _cell_sources() if kind == "run" else {}}
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        with interrupts_deferred():  # every asked rank gets the request whole, or none
+            for rank in asked:
+                try:
+                    self.conns[rank].send_bytes(data)
+                except OSError:
+                    pass  # it died: its sentinel says so below
+        replies = self._collect(asked)
+        n = self.world_size
+        return Cell(asked, [self._value(r, replies) for r in range(n)],
+                    [replies[r]["events"] if r in replies else [] for r in range(n)],
+                    [replies[r]["stdout"] if r in replies else "" for r in range(n)],
+                    [replies[r]["stderr"] if r in replies else "" for r in range(n)],
+                    self.backend, time.perf_counter() - started)
+
+    def _check_ranks(self, ranks) -> list[int]:
+        if ranks is None:
+            return list(range(self.world_size))
+        asked = sorted({int(r) for r in ranks})
+        if not asked or asked[0] < 0 or asked[-1] >= self.world_size:
+            raise ValueError(f"ranks {list(ranks)}: each must be in 0..{self.world_size - 1}")
+        return asked
+
+    def _value(self, rank, replies):
+        return pickle.loads(replies[rank]["result"]) if rank in replies else None
+
+    def _collect(self, asked, starting=False) -> dict:
+        """Wait for one answer from each asked rank, watching every rank's process."""
+        self.messages, self.asked = {}, list(asked)
+        failed_at = None
+        try:
+            while len(self.messages) < len(self.asked):
+                pending = [r for r in self.asked if r not in self.messages]
+                waiting = {self.conns[r]: r for r in pending}
+                waiting.update({p.sentinel: r for r, p in enumerate(self.processes)})
+                for ready in mp.connection.wait(list(waiting), timeout=0.25 if failed_at else 0.5):
+                    self._read(waiting[ready], from_conn=ready is self.conns[waiting[ready]])
+                if failed_at is None and any(m["status"] != "ok" for m in self.messages.values()):
+                    failed_at = time.perf_counter()
+                stuck = set(self.slots())
+                if failed_at and time.perf_counter() - failed_at > _FAILURE_GRACE_S and \
+                        stuck >= {r for r in self.asked if r not in self.messages}:
+                    self._fail()  # the ranks left are waiting for one that failed
+                if self._overdue():
+                    self._fail(timed_out=True)
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise
+        if starting and any(m["status"] != READY for m in self.messages.values()):
+            self._fail()
+        if not starting and any(m["status"] != "ok" for m in self.messages.values()):
+            self._fail()
+        return self.messages
+
+    def _read(self, rank, from_conn) -> None:
+        with interrupts_deferred():  # a message half read would leave the pipe out of step
+            try:
+                while rank not in self.messages and self.conns[rank].poll():
+                    message = pickle.loads(self.conns[rank].recv_bytes())
+                    if message["status"] == LIVE:
+                        sys.stderr.write(message["text"])  # a rank's console(), as it comes
+                    else:
+                        self.messages[rank] = message
+                if from_conn or self.processes[rank].exitcode is None:
+                    return
+            except (EOFError, OSError):
+                pass
+        self._died(rank)
+
+    def _died(self, rank) -> None:
+        self.processes[rank].join(1.0)
+        code = self.processes[rank].exitcode
+        how = f"was killed by signal {-code}" if code and code < 0 else f"exited with code {code}"
+        native = self.native_stderr(rank).rstrip()
+        said = f", after printing:\n{tail(native, 20)}" if native else ""
+        self._stop(f"rank {rank} died")
+        raise LaunchError(f"rank {rank} of {self.world_size} {how}{said}\nThe other ranks were "
+                          "stopped with it: s.restart() (%ranks restart) starts the group again, "
+                          "with empty namespaces.", rank=rank, remote_traceback=native)
+
+    def _fail(self, timed_out=False) -> None:
+        """Raise the cell's failure; stop the group first unless every rank answered and
+        none timed out (then the failure was the cell's own, and the group is sound)."""
+        statuses = [m["status"] for m in self.messages.values()]
+        sound = (len(self.messages) == len(self.asked) and not timed_out
+                 and "timeout" not in statuses)
+        try:
+            if timed_out:
+                raise_timeout(self, {r: what for r, (_, what) in self.slots().items()})
+            raise_failure(self, {})
+        except LaunchError as error:
+            if not sound:
+                self._stop("a collective was left unfinished")
+                note = ("\nThe group was stopped (its connections may hold half a message): "
+                        "s.restart() (%ranks restart) starts it again, with empty namespaces.")
+                error.args = (str(error) + note,)
+            raise error.with_traceback(None) from None
+
+    def _interrupt(self) -> None:
+        """Stop the cell on every rank still running it; keep the group if all answer and
+        none was inside a collective."""
+        pending = [r for r in self.asked if r not in self.messages]
+        with interrupts_deferred():
+            for rank in pending:
+                os.kill(self.processes[rank].pid, INTERRUPT_SIGNAL)
+            deadline = time.perf_counter() + _INTERRUPT_WAIT_S
+            while pending and time.perf_counter() < deadline:
+                for conn in mp.connection.wait([self.conns[r] for r in pending],
+                                               timeout=deadline - time.perf_counter()):
+                    rank = next(r for r in pending if self.conns[r] is conn)
+                    try:
+                        message = pickle.loads(conn.recv_bytes())
+                    except (EOFError, OSError):
+                        break
+                    if message["status"] != LIVE:
+                        self.messages[rank] = message
+                pending = [r for r in self.asked if r not in self.messages]
+            if pending or self.slots():
+                self._stop("interrupted inside a collective")
+                print("minitp: interrupted inside a collective; the group was stopped: "
+                      "%ranks restart (s.restart()) starts it again", flush=True)
+            else:
+                stopped = [r for r, m in self.messages.items() if m["status"] == INTERRUPTED]
+                print(f"minitp: interrupted on ranks {stopped}; the group and its namespaces "
+                      "are kept", flush=True)
+
+    # -- what the failure reports read -------------------------------------------------
+    def slots(self) -> dict[int, tuple[float, str]]:
+        """What each rank is waiting in right now, and since when (wall clock)."""
+        if self.status is None:
+            return {}
+        raw, slots = self.status.raw, {}
+        for rank in range(self.world_size):
+            chunk = raw[rank * STATUS_SLOT_BYTES:(rank + 1) * STATUS_SLOT_BYTES].split(b"\0")[0]
+            if chunk:
+                since, _, what = chunk.decode(errors="replace").partition("|")
+                slots[rank] = (float(since), what)
+        return slots
+
+    def _overdue(self) -> bool:
+        # A backstop, as in a launch: the backend's own timeout comes first.
+        now = time.time()
+        return any(now - since > self.timeout + 2.0 for since, _ in self.slots().values())
+
+    def _native_path(self, rank: int) -> str:
+        return os.path.join(self.directory, f"rank{rank}.stderr")
+
+    def native_stderr(self, rank: int) -> str:
+        try:
+            with open(self._native_path(rank), errors="replace") as f:
+                return f.read()
+        except (OSError, TypeError):
+            return ""
+
+    def _stop(self, why: str) -> None:
+        """Kill every rank and free what the group held: pipes, shared arrays, directory."""
+        with interrupts_deferred():
+            for process in self.processes:
+                if process.exitcode is None:
+                    process.kill()
+            for process in self.processes:
+                process.join(_fs.EXIT_WAIT_S)
+                if process.exitcode is not None:
+                    process.close()
+            for end in [*self.conns.values(), self.lifeline]:
+                if end is not None:
+                    end.close()
+            if self.directory is not None:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            self.processes, self.conns, self.lifeline, self.directory = [], {}, None, None
+            self.status = self.flight = None
+            self.stopped = why
+
+
+def session(world_size: int, mesh=None, backend: str = "auto", timeout: float = 30.0) -> Session:
+    """Start ``world_size`` ranks that stay alive between calls: see `Session`."""
+    return Session(world_size, mesh=mesh, backend=backend, timeout=timeout)
+
+
+__all__ = ["Cell", "CollectiveTimeout", "Session", "parse_mesh", "session"]
