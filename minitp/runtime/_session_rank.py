@@ -29,6 +29,7 @@ from .errors import RankTimedOut
 
 INTERRUPT_SIGNAL = signal.SIGUSR1  # the session's "stop this cell"; see `_install_signals`
 READY, INTERRUPTED = "ready", "interrupted"
+RENDEZVOUS_S = 60.0  # how long ranks may take to join, whatever the session's timeout
 _running = False  # inside a request: only then does the session's interrupt raise
 
 
@@ -63,10 +64,14 @@ def main(rank, world_size, store_path, backend, timeout, threads, conn, status, 
             torch.cuda.set_device(device)
         _device.set_current(device)
         recorder.enter(lambda: "the rendezvous (joining the process group)")
+        # Joining may take longer than a collective may wait (a session's timeout can be
+        # a second, and forking N ranks on a busy machine takes longer): its own limit.
+        joining = timedelta(seconds=max(timeout, RENDEZVOUS_S))
         store = dist.FileStore(store_path, world_size)
-        store.set_timeout(timedelta(seconds=timeout))
+        store.set_timeout(joining)
         dist.init_process_group(_device.process_group_backend(backend), store=store, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout))
+                                world_size=world_size, timeout=joining)
+        dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=timeout))
         recorder.leave()
         import minitp
         namespace.update(mt=minitp, torch=torch, dist=dist)

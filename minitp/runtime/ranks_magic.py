@@ -19,6 +19,7 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
+from ._session_group import release_all
 from .session import Session
 
 USAGE = ("%ranks start N [--mesh dp=2,tp=2] [--backend auto] [--timeout 30] | "
@@ -99,7 +100,9 @@ class RanksMagics(Magics):
             raise UsageError(f"start the ranks first: {USAGE}")
         RanksMagics.cells += 1
         try:
-            result = self.session.exec(cell, parse_ranks(line), name=f"<ranks cell {self.cells}>")
+            # One line ahead for the "%%ranks" line: a traceback's line is the cell's own.
+            result = self.session.exec("\n" + cell, parse_ranks(line),
+                                       name=f"<ranks cell {self.cells}>")
         except Exception as error:  # the rank's traceback is the message; ours would bury it
             raise error.with_traceback(None) from None
         self.shell.user_ns["_ranks"] = result
@@ -108,6 +111,17 @@ class RanksMagics(Magics):
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(RanksMagics)
+    kernel = getattr(ipython, "kernel", None)  # None in a terminal IPython
+    if kernel is not None and not hasattr(kernel, "_minitp_do_shutdown"):
+        # Before ipykernel's own shutdown signals its children: see `release_all`.
+        kernel._minitp_do_shutdown = kernel.do_shutdown
+
+        def do_shutdown(restart):
+            RanksMagics.session = None
+            release_all()
+            return kernel._minitp_do_shutdown(restart)
+
+        kernel.do_shutdown = do_shutdown
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -165,7 +165,7 @@ class Session(RankGroup):
                 if failed_at and time.perf_counter() - failed_at > _FAILURE_GRACE_S and \
                         stuck >= {r for r in self.asked if r not in self.messages}:
                     self._fail()  # the ranks left are waiting for one that failed
-                if self._overdue():
+                if self._overdue(starting):
                     self._fail(timed_out=True)
         except KeyboardInterrupt:
             self._interrupt()
@@ -244,7 +244,7 @@ class Session(RankGroup):
                 print("minitp: interrupted inside a collective; the group was stopped: "
                       "%ranks restart (s.restart()) starts it again", flush=True)
             else:
-                stopped = [r for r, m in self.messages.items() if m["status"] == INTERRUPTED]
+                stopped = sorted(r for r, m in self.messages.items() if m["status"] == INTERRUPTED)
                 print(f"minitp: interrupted on ranks {stopped}; the group and its namespaces "
                       "are kept", flush=True)
 
