@@ -29,6 +29,7 @@ from .errors import RankTimedOut
 
 INTERRUPT_SIGNAL = signal.SIGUSR1  # the session's "stop this cell"; see `_install_signals`
 READY, INTERRUPTED = "ready", "interrupted"
+PREAMBLE = "import torch\nimport torch.distributed as dist\nimport minitp as mt\n"
 RENDEZVOUS_S = 60.0  # how long ranks may take to join, whatever the session's timeout
 _running = False  # inside a request: only then does the session's interrupt raise
 
@@ -73,10 +74,10 @@ def main(rank, world_size, store_path, backend, timeout, threads, conn, status, 
                                 world_size=world_size, timeout=joining)
         dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=timeout))
         recorder.leave()
-        import minitp
-        namespace.update(mt=minitp, torch=torch, dist=dist)
-        if mesh:
-            namespace["mesh"] = minitp.Mesh(**mesh)
+        # The learner's namespace starts as a notebook's would: these lines run as its
+        # first cell (the library itself never imports its own facade).
+        _exec(PREAMBLE + (f"mesh = mt.Mesh(**{mesh!r})\n" if mesh else ""), namespace,
+              "<session start>")
         reply = {"status": READY}
     except BaseException as exc:  # noqa: BLE001 - the parent reports it, naming this rank
         reply = {"status": "error", "error": _traceback(exc), "stdout": "", "stderr": ""}
