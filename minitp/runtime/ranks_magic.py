@@ -14,7 +14,6 @@ cell's `Cell` (a `Run`: ``_ranks.trace`` for `mt.viz.timeline`, ``_ranks[r]``) i
 from __future__ import annotations
 
 import shlex
-import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -77,11 +76,10 @@ class RanksMagics(Magics):
             world_size, options = parse_start(words[1:])
             if self.session is not None:
                 self.session.close()
-            started = time.perf_counter()
             RanksMagics.session = Session(world_size, **options)
+            # No timing here: a notebook's output must read the same on every run.
             print(f"{world_size} ranks started ({self.session.backend}"
-                  + (f", mesh {self.session.mesh}" if self.session.mesh else "")
-                  + f") in {time.perf_counter() - started:.1f} s")
+                  + (f", mesh {self.session.mesh}" if self.session.mesh else "") + ")")
         elif words[0] in ("stop", "restart"):
             if self.session is None:
                 raise UsageError(f"no ranks to {words[0]}: {USAGE}")
