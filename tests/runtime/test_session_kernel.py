@@ -73,6 +73,13 @@ def test_a_namespace_lives_on_each_rank_and_outputs_are_labelled(kernel):
     assert out.splitlines() == ["[rank 0] tensor([2., 2.])", "[rank 2] tensor([2., 2.])"]
     out, _ = run(client, "[e.op for e in _ranks.trace], _ranks[1]")  # that cell's trace
     assert out.strip() == "(['all_reduce', 'all_reduce'], None)"
+    # the same group from Python: a function defined in the kernel, and a name's values
+    out, error = run(client, "import minitp as mt\n"
+                             "from minitp.runtime.ranks_magic import RanksMagics\n"
+                             "s = RanksMagics.session\n"
+                             "list(s.run(lambda: mt.world().rank + 1, ranks=[1, 3])), "
+                             "s.get('w')[3]")
+    assert error is None and out.strip() == "([None, 2, None, 4], tensor([3., 3.]))", (out, error)
 
 
 def test_a_raising_cell_names_the_rank_and_line_and_the_ranks_stay(kernel):
