@@ -13,6 +13,7 @@ import multiprocessing.resource_tracker as mp_tracker
 import os
 import shutil
 import signal
+import sys
 import time
 import weakref
 
@@ -72,6 +73,22 @@ def parse_mesh(mesh, world_size: int) -> dict:
     return dict(mesh)
 
 
+def hook_kernel_shutdown() -> None:
+    """In a Jupyter kernel: run `release_all` when the kernel is asked to shut down or
+    restart, before ipykernel signals its children. Outside one, nothing."""
+    ipython = sys.modules.get("IPython")  # imported only if the kernel already has it
+    kernel = getattr(ipython.get_ipython(), "kernel", None) if ipython else None
+    if kernel is None or hasattr(kernel, "_minitp_do_shutdown"):
+        return
+    kernel._minitp_do_shutdown = kernel.do_shutdown
+
+    def do_shutdown(restart):
+        release_all()
+        return kernel._minitp_do_shutdown(restart)
+
+    kernel.do_shutdown = do_shutdown
+
+
 class RankGroup:
     """The processes of a session; `Session` adds the requests (and ``_collect``)."""
 
@@ -95,6 +112,7 @@ class RankGroup:
             self.directory = _fs.make_owned_directory(f"{_fs.RENDEZVOUS_PREFIX}{os.getpid()}-")
             lifeline_in, self.lifeline = ctx.Pipe(duplex=False)
             atexit.register(self.close)  # a kernel's shutdown leaves no rank, no directory
+            hook_kernel_shutdown()
             _live.add(self)
             for rank in range(self.world_size):
                 parent_end, child_end = ctx.Pipe(duplex=True)

@@ -18,7 +18,6 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from ._session_group import release_all
 from .session import Session
 
 USAGE = ("%ranks start N [--mesh dp=2,tp=2] [--backend auto] [--timeout 30] | "
@@ -109,17 +108,6 @@ class RanksMagics(Magics):
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(RanksMagics)
-    kernel = getattr(ipython, "kernel", None)  # None in a terminal IPython
-    if kernel is not None and not hasattr(kernel, "_minitp_do_shutdown"):
-        # Before ipykernel's own shutdown signals its children: see `release_all`.
-        kernel._minitp_do_shutdown = kernel.do_shutdown
-
-        def do_shutdown(restart):
-            RanksMagics.session = None
-            release_all()
-            return kernel._minitp_do_shutdown(restart)
-
-        kernel.do_shutdown = do_shutdown
 
 
 def unload_ipython_extension(ipython) -> None:
