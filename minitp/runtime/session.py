@@ -123,12 +123,17 @@ class Session(RankGroup):
         request = {"kind": kind, "body": body, "t0": started, "filename": filename,
                    "sources": _cell_sources() if kind == "run" else {}}
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        with interrupts_deferred():  # every asked rank gets the request whole, or none
-            for rank in asked:
-                try:
-                    self.conns[rank].send_bytes(data)
-                except OSError:
-                    pass  # it died: its sentinel says so below
+        self.messages, self.asked = {}, asked
+        try:
+            with interrupts_deferred():  # every asked rank gets the request whole
+                for rank in asked:
+                    try:
+                        self.conns[rank].send_bytes(data)
+                    except OSError:
+                        pass  # it died: its sentinel says so below
+        except KeyboardInterrupt:  # held while sending: the ranks have the cell; stop it
+            self._interrupt()
+            raise
         replies = self._collect(asked)
         n = self.world_size
         return Cell(asked, [self._value(r, replies) for r in range(n)],
