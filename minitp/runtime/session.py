@@ -156,7 +156,7 @@ class Session(RankGroup):
     def _collect(self, asked, starting=False) -> dict:
         """Wait for one answer from each asked rank, watching every rank's process."""
         self.messages, self.asked = {}, list(asked)
-        failed_at = None
+        failed_at, fine = None, READY if starting else "ok"
         try:
             while len(self.messages) < len(self.asked):
                 pending = [r for r in self.asked if r not in self.messages]
@@ -164,7 +164,7 @@ class Session(RankGroup):
                 waiting.update({p.sentinel: r for r, p in enumerate(self.processes)})
                 for ready in mp.connection.wait(list(waiting), timeout=0.25 if failed_at else 0.5):
                     self._read(waiting[ready], from_conn=ready is self.conns[waiting[ready]])
-                if failed_at is None and any(m["status"] != "ok" for m in self.messages.values()):
+                if failed_at is None and any(m["status"] != fine for m in self.messages.values()):
                     failed_at = time.perf_counter()
                 stuck = set(self.slots())
                 if failed_at and time.perf_counter() - failed_at > _FAILURE_GRACE_S and \
@@ -175,9 +175,7 @@ class Session(RankGroup):
         except KeyboardInterrupt:
             self._interrupt()
             raise
-        if starting and any(m["status"] != READY for m in self.messages.values()):
-            self._fail()
-        if not starting and any(m["status"] != "ok" for m in self.messages.values()):
+        if any(m["status"] != fine for m in self.messages.values()):
             self._fail()
         return self.messages
 
