@@ -29,6 +29,7 @@ from .runtime import (
     device,
     launch,
     layout,
+    session,
     trace,
     world,
 )
@@ -47,6 +48,8 @@ __all__ = [
     # launching ranks and what they did
     "launch", "LaunchError", "CollectiveTimeout", "world", "device", "Mesh", "Axis", "layout",
     "comm", "trace",
+    # ranks that stay alive between cells (``%load_ext minitp``: %ranks, %%ranks)
+    "session",
     # the model and its split
     "GPT", "GPTConfig", "parallelize", "train_step", "make_optimizer", "check_parallel_config",
     "rules", "data",
@@ -91,6 +94,14 @@ def question(key: str, seed=None):
     from .course.questions import question as ask
 
     return ask(key, seed)
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext minitp``: the ``%ranks`` and ``%%ranks`` magics (`minitp.runtime.ranks_magic`);
+    IPython is imported only here."""
+    from .runtime.ranks_magic import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __getattr__(name):

@@ -11,6 +11,8 @@
 * `trace`: the events each rank records, with bytes measured by the kernel
   (`io_counters`); `chrome_trace`: ``run.trace.to_chrome(path)``, a file Perfetto opens.
 * `_device`: the device this rank computes on (`device()`); `peak`: its peak FLOP/s for MFU.
+* `session`: ``session(N)``, ranks that stay alive between requests, each with a namespace
+  (``_session_group``, ``_session_rank``); `ranks_magic`: ``%%ranks`` cells over it.
 * `errors`: what a failed launch raises.
 """
 
@@ -19,6 +21,7 @@ from ._device import device
 from .errors import CollectiveTimeout, LaunchError
 from .launch import Run, console, launch
 from .mesh import Axis, Mesh, layout, world
+from .session import session
 
 __all__ = ["Axis", "CollectiveTimeout", "LaunchError", "Mesh", "Run", "comm", "console",
-           "device", "launch", "layout", "trace", "world"]
+           "device", "launch", "layout", "session", "trace", "world"]

@@ -76,9 +76,13 @@ def collectives_in_flight(launch, errors: dict[int, dict]) -> str:
 def raise_timeout(launch, waiting: dict[int, str]) -> None:
     finished = sorted(r for r, m in launch.messages.items() if m["status"] == "ok")
     lines = [f"  rank {r}: waiting in {op}" for r, op in sorted(waiting.items())]
-    others = [r for r in range(launch.world_size) if r not in waiting and r not in finished]
+    asked = getattr(launch, "asked", None) or range(launch.world_size)  # a session's cell: some
+    others = [r for r in asked if r not in waiting and r not in finished]
     if finished:
         lines.append(f"  ranks {finished}: had already returned from the function")
+    if len(asked) < launch.world_size:
+        lines.append(f"  ranks {[r for r in range(launch.world_size) if r not in asked]}: "
+                     "not asked to run this cell")
     if others:
         lines.append(f"  ranks {others}: busy outside any collective")
     # what each rank's ring holds, read from shared memory: a rank that never reported
