@@ -183,8 +183,9 @@ def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, 
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
-    test_default_run_learns; each option alone: tests/data_parallel/test_zero.py,
-    tests/tensor_parallel/test_tp_overlap.py): parity with one process."""
+    test_the_default_run_learns_and_its_progress_reaches_a_terminal; each option alone:
+    tests/data_parallel/test_zero.py, tests/tensor_parallel/test_tp_overlap.py): parity
+    with one process."""
     done = _cli("--steps", "4", "--check", "--zero-stage", "3", "--tp-overlap",
                 "--out", str(tmp_path / "run"), *TINY)
     summary = _summary(done)
