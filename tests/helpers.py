@@ -9,8 +9,10 @@ modules, it travels to them by value.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import io
+import os
 import socket
 import sys
 import types
@@ -23,6 +25,20 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 IGNORED = -100  # minitp.rules.IGNORE_INDEX: targets the loss skips
+
+
+FULL_MATRIX_ENV = "MINITP_FULL_MATRIX"  # set: every sampled or rotated row runs
+
+
+def rotated(rows: list, day: int | None = None) -> list:
+    """The one of `rows` that runs on `day` (default today, a UTC day counted from
+    0001-01-01): each runs once every len(rows) days, all of them with MINITP_FULL_MATRIX
+    set. For rows that cost seconds each and that a change rarely breaks one alone."""
+    if os.environ.get(FULL_MATRIX_ENV):
+        return list(rows)
+    if day is None:
+        day = datetime.datetime.now(datetime.UTC).date().toordinal()
+    return [rows[day % len(rows)]]
 
 
 def run_cli(*flags, timeout=None) -> types.SimpleNamespace:
