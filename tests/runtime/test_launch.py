@@ -19,7 +19,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import free_port
+from helpers import free_port, rotated
 from processes import (
     clean_env,
     descendants,
@@ -452,7 +452,12 @@ _UNGUARDED_WITH_A_PROCESS_OF_ITS_OWN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+# Both start methods bring the child through the same multiprocessing.spawn._main (the
+# script's top level run with `_inheriting` set: what launch checks), spawn in a fresh
+# interpreter (a torch import: seconds on CI's two cores), forkserver forked: one of the
+# two a run, by rotation (helpers.rotated: the other the next UTC day; both with
+# MINITP_FULL_MATRIX=1).
+@pytest.mark.parametrize("method", rotated(["forkserver", "spawn"]))
 def test_an_unguarded_script_whose_own_child_reaches_launch_gets_one_line(tmp_path, method):
     """A script without ``if __name__ == "__main__":`` works (the test above) until it
     starts a process of its own with multiprocessing (or a DataLoader's workers, where
