@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 
 import cloudpickle
+import pytest
 import torch
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -39,6 +40,27 @@ def rotated(rows: list, day: int | None = None) -> list:
     if day is None:
         day = datetime.datetime.now(datetime.UTC).date().toordinal()
     return [rows[day % len(rows)]]
+
+
+# The benches whose quick run is a test (tests/test_bench_*.py): each run is a Python start
+# and seconds of training, so one a run, by rotation (`rotated`), every one within three
+# days; each bench module is still imported every run (its imports and names checked).
+BENCH_QUICK_RUNS = ["default_run", "moe_layer", "muon_step"]
+
+
+def on_its_day(name: str, rows: list):
+    """A mark: skip this test unless `name` is among today's `rows` (`rotated`), saying so."""
+    return pytest.mark.skipif(name not in rotated(rows), reason=f"by rotation, {name!r} runs "
+                              "on another day (MINITP_FULL_MATRIX=1: every day)")
+
+
+def import_bench(name: str) -> types.ModuleType:
+    """bench/NAME.py imported, as a test imports it (bench/ is not a package)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def run_cli(*flags, timeout=None) -> types.SimpleNamespace:
