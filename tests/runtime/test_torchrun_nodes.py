@@ -24,7 +24,7 @@ import sys
 import time
 
 import pytest
-from helpers import free_port, rotated, run_cli
+from helpers import free_port, on_its_day, run_cli
 from processes import clean_env, descendants, describe, wait_until_gone
 
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
@@ -33,12 +33,7 @@ TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "16",
 
 
 PARITY, DEATH = "two nodes train and save", "a node dies"
-TODAY = rotated([PARITY, DEATH])
-
-
-def _on_its_day(half: str):
-    return pytest.mark.skipif(half not in TODAY, reason=f"by rotation, {half!r} runs on "
-                              "alternate UTC days (MINITP_FULL_MATRIX=1: every day)")
+HALVES = [PARITY, DEATH]
 
 
 def _wait_for_listener(port: int, agent: subprocess.Popen, seconds: float = 60) -> None:
@@ -125,7 +120,7 @@ def two_node_run(tmp_path_factory):
     return nodes, codes, left, folder
 
 
-@_on_its_day(PARITY)
+@on_its_day(PARITY, HALVES)
 def test_two_agents_train_to_parity_with_one_process(two_node_run):
     nodes, codes, left, folder = two_node_run
     assert codes == [0, 0], nodes.log(0)[-3000:] + nodes.log(1)[-3000:]
@@ -137,7 +132,7 @@ def test_two_agents_train_to_parity_with_one_process(two_node_run):
     assert (folder / "run" / "metrics.json").exists()
 
 
-@_on_its_day(PARITY)
+@on_its_day(PARITY, HALVES)
 def test_the_two_nodes_checkpoint_loads_on_one_node(two_node_run):
     _, codes, _, folder = two_node_run
     assert codes == [0, 0]
@@ -150,7 +145,7 @@ def test_the_two_nodes_checkpoint_loads_on_one_node(two_node_run):
     assert summary["steps"] == 5 and summary["max_loss_diff"] < 1e-10
 
 
-@_on_its_day(DEATH)
+@on_its_day(DEATH, HALVES)
 def test_a_node_that_dies_mid_run_ends_the_job_on_the_other_at_once(tmp_path):
     with_progress = [flag for flag in TINY if flag != "--no-progress"]
     nodes = TwoNodes(tmp_path, ["--dp", "2", "--pp", "1", "--tp", "2", "--steps", "100000",
