@@ -9,20 +9,58 @@ modules, it travels to them by value.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import io
+import os
 import socket
 import sys
 import types
 from pathlib import Path
 
 import cloudpickle
+import pytest
 import torch
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 IGNORED = -100  # minitp.rules.IGNORE_INDEX: targets the loss skips
+
+
+FULL_MATRIX_ENV = "MINITP_FULL_MATRIX"  # set: every sampled or rotated row runs
+
+
+def rotated(rows: list, day: int | None = None) -> list:
+    """The one of `rows` that runs on `day` (default today, a UTC day counted from
+    0001-01-01): each runs once every len(rows) days, all of them with MINITP_FULL_MATRIX
+    set. For rows that cost seconds each and that a change rarely breaks one alone."""
+    if os.environ.get(FULL_MATRIX_ENV):
+        return list(rows)
+    if day is None:
+        day = datetime.datetime.now(datetime.UTC).date().toordinal()
+    return [rows[day % len(rows)]]
+
+
+# The benches whose quick run is a test (tests/test_bench_*.py): each run is a Python start
+# and seconds of training, so one a run, by rotation (`rotated`), every one within three
+# days; each bench module is still imported every run (its imports and names checked).
+BENCH_QUICK_RUNS = ["default_run", "moe_layer", "muon_step"]
+
+
+def on_its_day(name: str, rows: list):
+    """A mark: skip this test unless `name` is among today's `rows` (`rotated`), saying so."""
+    return pytest.mark.skipif(name not in rotated(rows), reason=f"by rotation, {name!r} runs "
+                              "on another day (MINITP_FULL_MATRIX=1: every day)")
+
+
+def import_bench(name: str) -> types.ModuleType:
+    """bench/NAME.py imported, as a test imports it (bench/ is not a package)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def run_cli(*flags, timeout=None) -> types.SimpleNamespace:

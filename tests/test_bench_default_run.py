@@ -1,5 +1,6 @@
 """bench/default_run.py, the measurements docs/default-run.md's table comes from: it runs,
-prints one row per setting, and its "(the default)" row is the CLI's default."""
+prints one row per setting (its day's run: helpers.BENCH_QUICK_RUNS rotates the benches'
+quick runs), and its "(the default)" row is the CLI's default (every run)."""
 
 import math
 import re
@@ -7,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import BENCH_QUICK_RUNS, import_bench, on_its_day
+
 from minitp import train
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "default_run.py"
 
 
+@on_its_day("default_run", BENCH_QUICK_RUNS)
 def test_the_table_is_printed_for_every_setting():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "3", "--no-ranks"],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
@@ -26,11 +30,7 @@ def test_the_table_is_printed_for_every_setting():
 
 
 def test_the_default_row_is_the_cli_default():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import default_run
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    default_run = import_bench("default_run")
     (label, flags), = [s for s in default_run.SETTINGS if "(the default)" in s[0]]
     defaults = train.build_parser().parse_args([])
     assert flags == [] and label.startswith(f"batch {defaults.batch_size}, lr 2e-3")

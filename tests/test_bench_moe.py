@@ -1,14 +1,24 @@
-"""bench/moe_layer.py runs and prints its tables (a quick run; no timing is asserted)."""
+"""bench/moe_layer.py runs and prints its tables (a quick run, on its day:
+helpers.BENCH_QUICK_RUNS rotates the benches' quick runs; no timing is asserted), and
+imports (every run)."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import BENCH_QUICK_RUNS, import_bench, on_its_day
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "moe_layer.py"
 
 
+def test_the_bench_imports_and_has_its_presets():
+    moe_layer = import_bench("moe_layer")
+    assert set(moe_layer.PRESETS) == {"cpu", "gpu", "quick"} and callable(moe_layer.main)
+
+
+@on_its_day("moe_layer", BENCH_QUICK_RUNS)
 def test_the_tables_are_printed():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True,
                           text=True, timeout=240, cwd=ROOT)

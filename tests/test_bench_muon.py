@@ -1,21 +1,21 @@
-"""bench/muon_step.py prints its two tables (a quick run, in this process; no timing is
-asserted)."""
+"""bench/muon_step.py prints its two tables (a quick run, in this process, on its day:
+helpers.BENCH_QUICK_RUNS rotates the benches' quick runs; no timing is asserted), and
+imports (every run)."""
 
 import re
-import sys
-from pathlib import Path
 
 import cloudpickle
+from helpers import BENCH_QUICK_RUNS, import_bench, on_its_day
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+def test_the_bench_imports_with_its_rows():
+    muon_step = import_bench("muon_step")
+    assert len(muon_step.ROWS) >= 2 and callable(muon_step.main)
 
 
+@on_its_day("muon_step", BENCH_QUICK_RUNS)
 def test_the_tables_are_printed(capsys):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import muon_step
-    finally:
-        sys.path.remove(str(BENCH))
+    muon_step = import_bench("muon_step")
     cloudpickle.register_pickle_by_value(muon_step)  # the ranks cannot import it by name
     muon_step.main(["--quick"])
     out = capsys.readouterr().out

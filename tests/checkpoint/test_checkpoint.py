@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from helpers import rotated
 
 import minitp as mt
 from minitp import checkpoint, data
@@ -84,9 +85,12 @@ def _max_diff(a: dict, b: dict) -> float:
 
 # (dp, pp, tp) saved, then loaded: sampled, not enumerated (CI's two cores). Between them
 # they gather tp down to one rank, split one rank over an uneven tp = 3, move every axis of
-# a 2x2x2 mesh onto a pipeline, and trade pp for dp.
+# a 2x2x2 mesh onto a pipeline, and trade pp for dp. Two a run, by rotation
+# (helpers.rotated): a tp change and a pipeline change each UTC day, all four within two
+# days; MINITP_FULL_MATRIX=1 runs all four.
 RESUME = [((1, 1, 4), (1, 1, 1)), ((1, 1, 1), (1, 1, 3)), ((2, 2, 2), (1, 4, 1)),
           ((1, 2, 2), (2, 1, 2))]
+RESUME_PAIRS = [(RESUME[0], RESUME[2]), (RESUME[1], RESUME[3])]
 
 
 def _resume_twice(mesh_sizes, steps, directory):
@@ -95,7 +99,8 @@ def _resume_twice(mesh_sizes, steps, directory):
             _train(mesh_sizes, steps, directory, load=True, restore_optimizer=False))
 
 
-@pytest.mark.parametrize("before,after", RESUME, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("before,after", [row for pair in rotated(RESUME_PAIRS) for row in pair],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_resume_elsewhere_continues_the_same_curve(before, after, tmp_path):
     directory = str(tmp_path / "ckpt")
     # the uninterrupted run, which saves at step 2 on its way (saving changes nothing)

@@ -19,7 +19,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import free_port
+from helpers import free_port, rotated
 from processes import (
     clean_env,
     descendants,
@@ -405,66 +405,55 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path, target):
         proc.wait(timeout=10)
 
 
-_UNGUARDED_SCRIPT = textwrap.dedent("""
-    import os, sys
+# The script has no ``if __name__ == "__main__":``. Ranks get fn by value: they must not
+# re-run it (multiprocessing's default, which would fail without the guard), so its top
+# level runs twice: itself, and the process it starts with multiprocessing (below).
+_UNGUARDED_WITH_A_PROCESS_OF_ITS_OWN = textwrap.dedent("""
+    import multiprocessing, os, sys
     import torch.distributed as dist
     import minitp as mt
 
-    with open(sys.argv[1], "a") as log:  # one line each time this top level runs
+    with open(sys.argv[2], "a") as log:  # one line each time this top level runs
         log.write(f"{os.getpid()}\\n")
 
     def double(k):
         return 2 * k + dist.get_rank()
 
-    run = mt.launch(double, 2, 5, timeout=60)
-    print("results", list(run), flush=True)
-""")
-
-
-def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path):
-    """Ranks get fn by value: they must not re-run the launching script (multiprocessing's
-    default, which would also fail without ``if __name__ == "__main__":``)."""
-    script = tmp_path / "unguarded.py"
-    script.write_text(_UNGUARDED_SCRIPT)
-    log = tmp_path / "ran.txt"
-    proc = subprocess.run([sys.executable, str(script), str(log)], cwd=tmp_path,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "results [10, 11]" in proc.stdout
-    assert len(log.read_text().splitlines()) == 1
-
-
-_UNGUARDED_WITH_A_PROCESS_OF_ITS_OWN = textwrap.dedent("""
-    import multiprocessing, sys
-    import torch.distributed as dist
-    import minitp as mt
-
-    def rank():
-        return dist.get_rank()
-
-    print("launched", list(mt.launch(rank, 2, timeout=60)), flush=True)
+    print("results", list(mt.launch(double, 2, 5, timeout=60)), flush=True)
     # Started by multiprocessing itself, this child runs the script's top level again
     # first (as __mp_main__), and with it the launch above.
     child = multiprocessing.get_context(sys.argv[1]).Process(target=print, args=("child ran",))
     child.start()
     child.join(120)
     print("child exit code", child.exitcode, flush=True)
+    print("top levels", os.getpid(), child.pid, flush=True)
 """)
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+# Both start methods bring the child through the same multiprocessing.spawn._main (the
+# script's top level run with `_inheriting` set: what launch checks), spawn in a fresh
+# interpreter (a torch import: seconds on CI's two cores), forkserver forked: one of the
+# two a run, by rotation (helpers.rotated: the other the next UTC day; both with
+# MINITP_FULL_MATRIX=1).
+@pytest.mark.parametrize("method", rotated(["forkserver", "spawn"]))
 def test_an_unguarded_script_whose_own_child_reaches_launch_gets_one_line(tmp_path, method):
-    """A script without ``if __name__ == "__main__":`` works (the test above) until it
+    """A script without ``if __name__ == "__main__":`` works until it
     starts a process of its own with multiprocessing (or a DataLoader's workers, where
     forkserver is the default): that child runs the script's top level again and reaches
     mt.launch while it is still being started. It ends at once, saying what to add in one
-    line, instead of printing multiprocessing's page-long bootstrapping error."""
+    line, instead of printing multiprocessing's page-long bootstrapping error. And the
+    launch's ranks never ran the top level: only the script and its child did."""
     script = tmp_path / "unguarded_with_a_child.py"
     script.write_text(_UNGUARDED_WITH_A_PROCESS_OF_ITS_OWN)
-    proc = subprocess.run([sys.executable, str(script), method], cwd=tmp_path,
+    log = tmp_path / "ran.txt"
+    proc = subprocess.run([sys.executable, str(script), method, str(log)], cwd=tmp_path,
                           env=clean_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["launched [0, 1]", "child exit code 1"], proc.stdout
+    out = proc.stdout.splitlines()
+    assert len(out) == 3 and out[:2] == ["results [10, 11]", "child exit code 1"], proc.stdout
+    assert out[2].startswith("top levels "), proc.stdout
+    # one line for the script, one for its child, in that order; none for a rank
+    assert log.read_text().split() == out[2].split()[2:], (log.read_text(), proc.stdout)
     said = proc.stderr.strip().splitlines()
     assert len(said) == 1, proc.stderr[-3000:]
     assert said[0].startswith("minitp: ") and 'if __name__ == "__main__":' in said[0], said

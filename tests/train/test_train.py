@@ -26,7 +26,7 @@ TINY_CFG = dict(vocab_size=256, seq_len=16, n_layer=2, n_head=4, d_model=32)  # 
 
 
 _cli = run_cli  # in this process: no test here is about the process boundary but the
-# terminal's (test_progress_reaches_a_terminal_while_the_ranks_train)
+# terminal's (test_the_default_run_learns_and_its_progress_reaches_a_terminal)
 
 
 def _summary(done) -> dict:
@@ -183,8 +183,9 @@ def test_llama_saved_with_replicated_kv_heads_resumes_with_them_split(tmp_path, 
 def test_default_topology_with_zero_3_and_tp_overlap_matches_one_process(tmp_path):
     """The default topology (dp=2 pp=2 tp=2, SP) at a tiny size, float64, with ZeRO-3 over
     dp and the overlapped tensor-parallel GEMMs (the default run itself is
-    test_default_run_learns; each option alone: tests/data_parallel/test_zero.py,
-    tests/tensor_parallel/test_tp_overlap.py): parity with one process."""
+    test_the_default_run_learns_and_its_progress_reaches_a_terminal; each option alone:
+    tests/data_parallel/test_zero.py, tests/tensor_parallel/test_tp_overlap.py): parity
+    with one process."""
     done = _cli("--steps", "4", "--check", "--zero-stage", "3", "--tp-overlap",
                 "--out", str(tmp_path / "run"), *TINY)
     summary = _summary(done)
@@ -210,21 +211,6 @@ def test_bf16_mixed_precision_tracks_the_float64_reference(tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     losses = list(metrics["train_loss"].values())
     assert losses[-1] < losses[0] - 0.5
-
-
-def test_default_run_learns(tmp_path):
-    """The default run's flags (topology, model, batch, learning rate), first 40 steps:
-    the loss falls from ln(256) ≈ 5.5 to under 3.3 and the held-out loss falls too.
-    The whole 400-step default (about 2 minutes on 2 cores, docs/default-run.md) is not rerun
-    here: CI has 15 minutes for everything, and 40 steps already tell learning
-    from not learning. The timeout only stops a hung run."""
-    done = _cli("--steps", "40", "--eval-every", "20", "--out", str(tmp_path / "run"),
-                "--no-progress", timeout=600)
-    summary = _summary(done)
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    evals = list(metrics["eval_loss"].values())
-    assert metrics["train_loss"]["1"] > 5.0  # it starts from nothing
-    assert evals[-1] < evals[0] and summary["train_loss"] < 3.3
 
 
 BAD = [
@@ -559,17 +545,29 @@ def _in_a_terminal(argv: list[str], timeout: float) -> tuple[list[tuple[float, s
     return reads, process.returncode
 
 
-def test_progress_reaches_a_terminal_while_the_ranks_train(tmp_path):
-    """The README's main command, in a terminal: rank 0's bar and evaluation lines must
-    show while the ranks train (its file descriptor 2 is kept for native aborts, so
-    they travel through the launch's console, not through it)."""
-    flags = [f for f in TINY if f != "--no-progress"]
+def test_the_default_run_learns_and_its_progress_reaches_a_terminal(tmp_path):
+    """The README's main command, in a terminal, with every flag that sets the default run
+    (topology, model, batch, learning rate) at its default: its first 40 steps, one run for
+    two checks that each once had a launch of their own.
+
+    It learns: the loss falls from ln(256) ≈ 5.5 to under 3.3 and the held-out loss falls
+    too. The whole 400-step default (about 2 minutes on 2 cores, docs/default-run.md) is
+    not rerun here: 40 steps already tell learning from not learning.
+
+    Rank 0's bar and evaluation lines show while the ranks train (its file descriptor 2 is
+    kept for native aborts, so they travel through the launch's console, not through it).
+    The timeout only stops a hung run."""
+    out = tmp_path / "run"
     reads, code = _in_a_terminal(
-        [sys.executable, "-m", "minitp.train", "--dp", "1", "--pp", "1", "--tp", "2",
-         "--steps", "40", *flags, "--eval-every", "20", "--out", str(tmp_path / "run")],
-        timeout=240)
+        [sys.executable, "-m", "minitp.train", "--steps", "40", "--eval-every", "20",
+         "--out", str(out)], timeout=600)
     text = "".join(chunk for _, chunk in reads)
     assert code == 0, text[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    evals = list(metrics["eval_loss"].values())
+    assert metrics["train_loss"]["1"] > 5.0  # it starts from nothing
+    # the last step's loss: the summary line's train_loss
+    assert evals[-1] < evals[0] and metrics["train_loss"]["40"] < 3.3
     ended = next(t for t, chunk in reads if '{"steps": 40' in chunk)
     states = {int(n) for _, chunk in reads for n in re.findall(r"\| *(\d+)/40 \[", chunk)}
     assert {n for n in states if 0 < n < 40}, f"the bar never advanced: {text[-2000:]!r}"
