@@ -17,6 +17,8 @@ is the caller's rule (`minitp.serving.decode.Decoder`: the last window re-prefil
 
 Bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes of the dtype — read
 from the tensors by `KVCache.bytes_per_token`, for the layers and heads this process holds.
+Latent attention (`minitp.model.mla`) keeps its latent in ``k`` and its rotary key in ``v``:
+(kv_lora_rank + rope_dim) · layers · bytes.
 """
 
 from __future__ import annotations
@@ -39,10 +41,9 @@ class LayerCache:
     def append(self, k: torch.Tensor, v: torch.Tensor):
         """Write `k`, `v` (B, kv_heads, T, head_dim) at positions length..length+T−1; return
         the keys and values of every position so far, (B, kv_heads, length, head_dim) each."""
-        if self.k is None:
-            shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
-            self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        if self.k is None:  # each its own width: latent attention keeps (c_KV, k^R) here
+            self.k, self.v = (torch.zeros((t.shape[0], t.shape[1], self.capacity, t.shape[3]),
+                                          dtype=t.dtype, device=t.device) for t in (k, v))
         end = self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"the KV cache holds {self.capacity} positions (seq_len): "
