@@ -98,6 +98,23 @@ def test_the_cache_holds_the_latent_and_the_rotary_key_whatever_the_heads():
         assert cache.bytes_per_token() == mt.calc.mla_cache_bytes_per_token(12, 6, 2, 8)
 
 
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_calculator_counts_the_layer(name):
+    """`mt.calc.exact_param_count` is the model's count; a forward's FLOPs, counted by torch,
+    are a third of `mt.calc.model_flops` (weights, QKᵀ at d_h + d_r, ·V, the output layer);
+    the activation model refuses what it does not count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = CONFIGS[name]
+    model = mt.GPT(cfg).double()
+    assert mt.calc.exact_param_count(cfg) == model.num_parameters()
+    with FlopCounterMode(display=False) as counter:
+        model(torch.zeros(2, cfg.seq_len, dtype=torch.long))
+    assert 3 * counter.get_total_flops() == mt.calc.model_flops(cfg, 2)
+    with pytest.raises(ValueError, match="does not count multi-head latent attention"):
+        mt.calc.activation_bytes_per_layer(cfg, 1)
+
+
 def test_deepseek_v3s_cache_is_the_formula_at_its_published_shape():
     """(512 + 64)·61·2 bytes (bf16) a token, against MHA's 2·128·128·61·2 (V3 §4.2)."""
     v3 = mt.calc.latent_vs_heads_cache(mt.calc.DEEPSEEK_V3_LATENT, bytes_per_value=2)

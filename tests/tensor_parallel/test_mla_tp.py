@@ -6,7 +6,8 @@ heads, W^O row-parallel; the replicas' gradients are partial on each rank and su
 
 The trap, on purpose (torchtitan PR #1373's review): W^KR's gradient left un-summed. After
 one step W^KR alone departs from one device (every other parameter still equal), and its
-copies on the tp ranks differ from each other. All in ONE launch of 4 ranks."""
+copies on the tp ranks differ from each other. Each rank holds the parameters
+`mt.calc.params_per_rank` counts. All in ONE launch of 4 ranks."""
 
 import torch
 from helpers import random_batches, train_side_by_side
@@ -36,6 +37,8 @@ def _train(sizes, sequence_parallel, optimizer_class, steps, spoil=False):
     loss_error, worst, _ = train_side_by_side(ref, model, mesh, batches,
                                               optimizer_class=optimizer_class)
     k_rope = next(p for n, p in model.named_parameters() if n.endswith("k_rope.weight"))
+    held = sum(p.numel() for p in model.parameters())  # the calculator's count, measured
+    assert held == mt.calc.params_per_rank(cfg, tp=mesh.tp.size), (held, sizes)
     return loss_error, worst, k_rope.detach().clone()
 
 
