@@ -168,7 +168,7 @@ class GPTConfig:
             raise ValueError("positions='rope' rotates q and k in the attention with separate q "
                              "and kv projections: give n_kv_head (n_head for one K/V head per "
                              "query head), as GPTConfig.llama does")
-        if self.positions == "rope" and self.head_dim % 2:
+        if self.positions == "rope" and not self.kv_lora_rank and self.head_dim % 2:
             raise ValueError(f"positions='rope' rotates pairs of features: head_dim="
                              f"{self.head_dim} (d_model/n_head) must be even")
         if self.n_experts and self.mlp != "gelu":

@@ -96,6 +96,7 @@ def test_the_cache_holds_the_latent_and_the_rotary_key_whatever_the_heads():
             model(torch.zeros(3, 4, dtype=torch.long))
         assert cache.bytes_per_token() == (12 + 6) * cfg.n_layer * 8
         assert cache.bytes_per_token() == mt.calc.mla_cache_bytes_per_token(12, 6, 2, 8)
+        assert cache.bytes_per_token() == mt.calc.kv_cache_bytes_per_token(cfg, 8, tp=2)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -111,8 +112,10 @@ def test_the_calculator_counts_the_layer(name):
     with FlopCounterMode(display=False) as counter:
         model(torch.zeros(2, cfg.seq_len, dtype=torch.long))
     assert 3 * counter.get_total_flops() == mt.calc.model_flops(cfg, 2)
-    with pytest.raises(ValueError, match="does not count multi-head latent attention"):
-        mt.calc.activation_bytes_per_layer(cfg, 1)
+    for refused in (lambda: mt.calc.activation_bytes_per_layer(cfg, 1),
+                    lambda: mt.calc.decode_flops_per_token(cfg, 8)):
+        with pytest.raises(ValueError, match="does not count multi-head latent attention"):
+            refused()
 
 
 def test_deepseek_v3s_cache_is_the_formula_at_its_published_shape():
@@ -139,3 +142,5 @@ def test_bad_sizes_are_refused_in_one_line(fields, words):
 def test_the_defaults_are_deepseek_v2s_ratios_and_the_arch_is_named():
     cfg = mt.GPTConfig.mla(**SMALL)  # head_dim 8: d_c = 4·8, d_h^R = 8/2
     assert (cfg.kv_lora_rank, cfg.rope_dim, cfg.q_lora_rank, cfg.arch) == (32, 4, 0, "mla")
+    odd = mt.GPTConfig.mla(**{**SMALL, "d_model": 12})  # head_dim 3: only k^R, q^R turn
+    assert odd.rope_dim == 2 and mt.GPT(odd)(torch.zeros(1, 4, dtype=torch.long))[0].shape[-1] == 64
