@@ -89,7 +89,8 @@ class GPTConfig:
         """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1.2–2.1.3) in a
         Llama-style layer: K/V up-projected from a ``kv_lora_rank`` latent, queries through
         a ``q_lora_rank`` one (0: none), a ``rope_dim`` rotary key shared by the heads.
-        Defaults are V2's ratios (§3.1.2): d_c = 4·d_h, d_h^R = d_h/2 (made even)."""
+        Defaults are V2's ratios (§3.1.2: d_c 512 = 4·d_h, d_h^R 64 = d_h/2 at d_h 128),
+        d_h^R made even."""
         fields = {**LLAMA_PARTS, **fields}
         head = fields.get("d_model", cls.d_model) // fields.get("n_head", cls.n_head)
         fields.setdefault("kv_lora_rank", 4 * head)

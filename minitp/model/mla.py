@@ -14,11 +14,13 @@ For token t, h_t its input (d_model), n_h heads of d_h = d_model/n_head each:
 
 RoPE cannot sit on k^C: a rotation between W^UK and the query would stop W^UK being folded
 into the query for decode (§2.1.3); so position rides on a separate narrow key, shared by
-the heads. c_KV and c_Q pass an RMSNorm (V2 §3.1.2: "additional RMS Norm layers after the
-compressed latent vectors"). The cache (`minitp.model.kv_cache`) holds normed c_KV and k^R:
-(kv_lora_rank + rope_dim) values a token a layer, for any number of heads.
+the heads. c_KV and c_Q pass an RMSNorm (V2 §3.1.2, its hyper-parameters: an RMSNorm after
+each compressed latent vector; V2's Appendix C sets every formula out together). The cache
+(`minitp.model.kv_cache`) holds normed c_KV and k^R: (kv_lora_rank + rope_dim) values a token
+a layer, for any number of heads.
 
-Absorption (V2 §2.1.2, "W^UK can be absorbed into W^UQ, and W^UV into W^O"): q^C_i·k^C_i =
+Absorption (V2 §2.1.2: at inference W^UK is absorbed into the query's W^UQ and W^UV into
+W^O, so no key or value need be computed): q^C_i·k^C_i =
 (W^UK_iᵀ q^C_i)·c_KV, and Σ p v_i = W^UV_i (Σ p c_KV); with ``absorb`` set, attention runs
 on the latent itself, one 'head' every query head reads, and no K or V is ever made.
 Rotation: minitp's `Rotary` turns halves (Llama's), DeepSeek's code turns adjacent pairs —
