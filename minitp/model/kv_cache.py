@@ -30,8 +30,9 @@ import torch.nn as nn
 
 
 class LayerCache:
-    """One layer's keys and values: two (B, kv_heads, capacity, head_dim) tensors, made at
-    the first `append` in its dtype and device, and ``length`` positions of them filled."""
+    """One layer's keys and values: two (B, kv_heads, capacity, width) tensors, made at the
+    first `append` in its dtype and device, and ``length`` positions of them filled (width
+    head_dim each; latent attention's: kv_lora_rank for ``k``, rope_dim for ``v``)."""
 
     def __init__(self, capacity: int):
         self.capacity, self.length = capacity, 0

@@ -16,6 +16,10 @@ gradients are partial: they carry the tag ``grad_partial_over_tp``
 (`minitp.sharding.tags`) and `train_step` sums them over the group — forgetting it is the
 bug behind Megatron-LM issue #1446.
 
+Latent attention (`GPTConfig.mla`): its down-projections, their norms and the shared rotary
+key's projection replicated, the up-projections split by heads like qkv, the output
+row-parallel like proj; the replicas' gradients are partial and tagged (`tag_latent_replicas`).
+
 The model keeps its one forward (`minitp.model.GPT.forward`); this module only
 swaps its pieces for sharded ones. The shard takes its weights from the plain
 model, so the two compute the same function — which the tests check.
