@@ -3,7 +3,8 @@ the layer is DeepSeek-V2's equations 9–19 written out here head by head from i
 absorbed form (W^UK into the query, W^UV into the output) is the same function, forward and
 backward; cached greedy decoding through `minitp.serving.generate` equals uncached, both
 forms, both attention cores; the cache holds the latent and the shared rotary key only,
-(kv_lora_rank + rope_dim)·layers·bytes a token, whatever the heads; bad sizes get one line."""
+(kv_lora_rank + rope_dim)·layers·bytes a token, whatever the heads; packed documents restart
+their rotary positions; the calculator counts its parameters and FLOPs; bad sizes get one line."""
 
 import math
 
@@ -144,3 +145,14 @@ def test_the_defaults_are_deepseek_v2s_ratios_and_the_arch_is_named():
     assert (cfg.kv_lora_rank, cfg.rope_dim, cfg.q_lora_rank, cfg.arch) == (32, 4, 0, "mla")
     odd = mt.GPTConfig.mla(**{**SMALL, "d_model": 12})  # head_dim 3: only k^R, q^R turn
     assert odd.rope_dim == 2 and mt.GPT(odd)(torch.zeros(1, 4, dtype=torch.long))[0].shape[-1] == 64
+
+
+def test_packed_documents_attend_within_themselves_and_restart_their_rotary_positions():
+    """Two documents packed in one row (`minitp.data.packing`'s positions) are the two run
+    apart: the causal mask block-diagonal, q^R and the shared k^R turned from 0 in each."""
+    model = _model(CONFIGS["q-latent"])
+    x = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
+    packed = model(x, positions=positions)[0]
+    apart = torch.cat([model(x[:, :5])[0], model(x[:, 5:])[0]], dim=1)
+    assert (packed - apart).abs().max() < 1e-13
