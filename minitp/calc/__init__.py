@@ -28,7 +28,8 @@ re-exported here, so lessons write ``calc.step_time``, not the path):
     architectures/  moe (total and active parameters, `MIXTRAL_8X7B`, `DEEPSEEK_V3`, ep vs tp,
                     the step time with ep), vision, vision_time, vision_stage (a
                     vision-language model's encoder: its layouts' bytes, FLOPs and time)
-    inference/      serving (prefill and decode: FLOPs, bytes read, time per token)
+    inference/      serving (prefill and decode: FLOPs, bytes read, time per token), the
+                    latent cache of multi-head latent attention beside GQA's
     reliability/    checkpointing (Young's and Daly's intervals from a failure rate)
     accuracy/       ``python -m minitp.calc.accuracy`` sets the model beside published runs
                     (`accuracy.rows`) and writes docs/calc-accuracy.md; only its error bands
@@ -95,6 +96,12 @@ from .footprint.memory import (
     model_state_bytes,
 )
 from .footprint.muon import MUON_OPTIMIZERS, muon_comm_bytes, muon_state_bytes
+from .inference.latent_cache import (
+    DEEPSEEK_V3_LATENT,
+    LatentShape,
+    latent_vs_heads_cache,
+    mla_cache_bytes_per_token,
+)
 from .inference.serving import (
     LLAMA3_8B,
     LLAMA3_70B,
@@ -199,4 +206,5 @@ __all__ = [
     "allreduce_time", "fp8_all_gather_bytes", "fp8_linear_inputs_bytes",
     "fp8_scale_count", "fp8_tensor_bytes",
     "LayoutChoice", "pipeline_layout",
+    "DEEPSEEK_V3_LATENT", "LatentShape", "latent_vs_heads_cache", "mla_cache_bytes_per_token",
 ]

@@ -33,6 +33,7 @@ from ..data_parallel import make_optimizer
 from ..fp8 import convert
 from ..fp8.reference import accumulate, one_process_microbatches
 from ..model import GPT
+from ..model.mla import REPLICATED
 from ..parallelize import parallelize
 from ..pipeline.stages import Skipped
 from ..rules import check_parallel_config, model_chunks
@@ -141,13 +142,18 @@ def _partial_inputs(cfg, mesh, options, rec: Recorder):
     """Whether a module's input gradients on this rank are a partial sum over tp (see
     `minitp.debug.layout`): an input mapped once for two layers (`ParallelInput`), and under
     sequence parallelism the replicated vision encoder's, whose image every tp rank runs
-    while each back-propagates only its own part of the sequence."""
+    while each back-propagates only its own part of the sequence; and latent attention's
+    replicated modules and rotation (`minitp.model.mla`), whose outputs feed only this rank's
+    heads (their parameters' gradients, summed by the step, are still compared)."""
     encoder = (cfg.vision_patches and options.get("sequence_parallel") and mesh.tp.size > 1
                and options.get("vision_layout", "replicated") == "replicated")
+    latent = getattr(cfg, "kv_lora_rank", 0) and mesh.tp.size > 1
 
     def partial(name: str) -> bool:
         return (getattr(rec.modules[name], "input_mapped", False)
-                or bool(encoder) and (name == "vision" or name.startswith("vision.")))
+                or bool(encoder) and (name == "vision" or name.startswith("vision."))
+                or bool(latent) and ".attn." in name
+                and name.rsplit(".", 1)[-1] in (*REPLICATED, "rope"))
     return partial
 
 

@@ -5,6 +5,7 @@
 * `cross_entropy`: the next-token loss, chunk by chunk over tokens;
 * `attention_core`: softmax(QKᵀ/√d + mask)·V, a module of its own;
 * `llama_layers`: RMSNorm, rotary positions, grouped-query attention, SwiGLU;
+* `mla`: multi-head latent attention (`GPTConfig.mla`): a K/V latent, decoupled RoPE;
 * `moe`, `routing`, `expert_mlps`: the mixture of experts (layer, router, experts' MLPs);
 * `vision`: a vision-language model's encoder and projector.
 """

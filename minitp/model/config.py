@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..rules import check_positive_int, default_vision_patches
 from ..rules.experts import check_moe_config
+from ..rules.mla import check_mla_config
 from .attention_core import ATTENTIONS
 
 # What makes a configuration Llama-style (`GPTConfig.llama`, the CLI's --arch llama)
@@ -49,6 +50,10 @@ class GPTConfig:
     # n_head/K query heads (grouped-query attention; K = 1: multi-query)
     ffn_hidden: int | None = None  # the MLP's width; None: 4h (gelu), 8h/3 up to a 16 (swiglu)
     rope_theta: float = 10000.0  # the rotary embedding's base (RoFormer, Llama 2)
+    # Multi-head latent attention (`GPTConfig.mla`, `minitp.model.mla`); kv_lora_rank 0: none.
+    kv_lora_rank: int = 0  # d_c: the K/V latent a token (what the cache holds)
+    q_lora_rank: int = 0  # d_c': the query's latent; 0: queries straight from the input
+    rope_dim: int = 0  # d_h^R: the decoupled rotary part of each query and the shared key
     causal: bool = True  # False: every position attends to every other (a vision encoder)
     # A vision-language model (`minitp.model.vision`): each sequence starts with an image's
     # vision_patches patches (one byte each: `minitp.data.images`), read by a small encoder
@@ -79,6 +84,22 @@ class GPTConfig:
                              f"vision_patches > 0 (by default half of seq_len >= 8)")
         return cls.llama(**fields)
 
+    @classmethod
+    def mla(cls, **fields) -> GPTConfig:
+        """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1.2–2.1.3) in a
+        Llama-style layer: K/V up-projected from a ``kv_lora_rank`` latent, queries through
+        a ``q_lora_rank`` one (0: none), a ``rope_dim`` rotary key shared by the heads.
+        Defaults are V2's ratios (§3.1.2: d_c 512 = 4·d_h, d_h^R 64 = d_h/2 at d_h 128),
+        d_h^R made even."""
+        fields = {**LLAMA_PARTS, **fields}
+        head = fields.get("d_model", cls.d_model) // fields.get("n_head", cls.n_head)
+        fields.setdefault("kv_lora_rank", 4 * head)
+        fields.setdefault("rope_dim", max(2, head // 4 * 2))
+        fields.setdefault("n_kv_head", fields.get("n_head", cls.n_head))  # a K, V per head
+        if not fields["kv_lora_rank"]:
+            raise ValueError("GPTConfig.mla needs kv_lora_rank > 0: the latent is the point")
+        return cls(**fields)
+
     @property
     def vision_config(self) -> GPTConfig:
         """The vision encoder's blocks: GPT-2's parts (a ViT's), attention not causal."""
@@ -89,9 +110,11 @@ class GPTConfig:
 
     @property
     def arch(self) -> str:
-        """"vlm" with an image, "llama" for `GPTConfig.llama`'s parts, "gpt2" for the
-        defaults, else "custom"."""
+        """"mla" for `GPTConfig.mla`'s, "vlm" with an image, "llama" for `GPTConfig.llama`'s
+        parts, "gpt2" for the defaults, else "custom"."""
         parts = (self.norm, self.positions, self.mlp, self.n_kv_head is not None)
+        if self.kv_lora_rank:
+            return "mla" if parts[:3] == ("rmsnorm", "rope", "swiglu") else "custom"
         if self.vision_patches:
             return "vlm" if parts == ("rmsnorm", "rope", "swiglu", True) else "custom"
         if parts == ("rmsnorm", "rope", "swiglu", True):
@@ -146,7 +169,7 @@ class GPTConfig:
             raise ValueError("positions='rope' rotates q and k in the attention with separate q "
                              "and kv projections: give n_kv_head (n_head for one K/V head per "
                              "query head), as GPTConfig.llama does")
-        if self.positions == "rope" and self.head_dim % 2:
+        if self.positions == "rope" and not self.kv_lora_rank and self.head_dim % 2:
             raise ValueError(f"positions='rope' rotates pairs of features: head_dim="
                              f"{self.head_dim} (d_model/n_head) must be even")
         if self.n_experts and self.mlp != "gelu":
@@ -156,6 +179,8 @@ class GPTConfig:
             raise ValueError(f"ffn_hidden={self.ffn_hidden} with n_experts={self.n_experts}: the "
                              "experts (and a shared expert) are 4·d_model wide (minitp.model.moe); "
                              "leave ffn_hidden None")
+        if self.kv_lora_rank or self.q_lora_rank or self.rope_dim:
+            check_mla_config(self)
         if self.vision_patches:
             self._check_vision()
         if self.n_experts:

@@ -31,6 +31,7 @@ from .config import GPTConfig
 from .cross_entropy import CrossEntropy
 from .kv_cache import cache_start
 from .llama_layers import GroupedQueryAttention, NoPositions, SwiGLU, dropped, norm
+from .mla import LatentAttention
 from .moe import MoE
 from .vision import NoVision, VisionPrefix
 
@@ -86,8 +87,12 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, moe: bool = False):
         super().__init__()
         self.ln1 = norm(cfg)
-        grouped = cfg.n_kv_head is not None
-        self.attn = GroupedQueryAttention(cfg) if grouped else CausalSelfAttention(cfg)
+        if cfg.kv_lora_rank:  # multi-head latent attention (`GPTConfig.mla`)
+            self.attn = LatentAttention(cfg)
+        elif cfg.n_kv_head is not None:
+            self.attn = GroupedQueryAttention(cfg)
+        else:
+            self.attn = CausalSelfAttention(cfg)
         self.ln2 = norm(cfg)
         # a mixture of experts in the MLP's place (`minitp.model.moe`), same name: the block's
         # forward does not change

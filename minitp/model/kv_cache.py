@@ -17,6 +17,8 @@ is the caller's rule (`minitp.serving.decode.Decoder`: the last window re-prefil
 
 Bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes of the dtype — read
 from the tensors by `KVCache.bytes_per_token`, for the layers and heads this process holds.
+Latent attention (`minitp.model.mla`) keeps its latent in ``k`` and its rotary key in ``v``:
+(kv_lora_rank + rope_dim) · layers · bytes.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import torch.nn as nn
 
 
 class LayerCache:
-    """One layer's keys and values: two (B, kv_heads, capacity, head_dim) tensors, made at
-    the first `append` in its dtype and device, and ``length`` positions of them filled."""
+    """One layer's keys and values: two (B, kv_heads, capacity, width) tensors, made at the
+    first `append` in its dtype and device, and ``length`` positions of them filled (width
+    head_dim each; latent attention's: kv_lora_rank for ``k``, rope_dim for ``v``)."""
 
     def __init__(self, capacity: int):
         self.capacity, self.length = capacity, 0
@@ -39,10 +42,9 @@ class LayerCache:
     def append(self, k: torch.Tensor, v: torch.Tensor):
         """Write `k`, `v` (B, kv_heads, T, head_dim) at positions length..length+T−1; return
         the keys and values of every position so far, (B, kv_heads, length, head_dim) each."""
-        if self.k is None:
-            shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
-            self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        if self.k is None:  # each its own width: latent attention keeps (c_KV, k^R) here
+            self.k, self.v = (torch.zeros((t.shape[0], t.shape[1], self.capacity, t.shape[3]),
+                                          dtype=t.dtype, device=t.device) for t in (k, v))
         end = self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"the KV cache holds {self.capacity} positions (seq_len): "

@@ -7,6 +7,7 @@ axes, the calculator, the runtime and the CLI alike.
 * `heads`: whole heads, K/V heads split or replicated, whole MLP features over tp;
 * `schedules`: the pipeline schedules' names and needs, placements, the units' labels;
 * `experts`: what a mixture of experts may be, and what ep needs of the mesh;
+* `mla`: what latent attention's sizes may be, and the axes it is split over (not cp);
 * `vision`: a vision encoder's layouts over tp; the image patch format;
 * `sizes`: positive sizes, equal slices; `tokens`: token ids and the ignored target, and
   packing's refusal;

@@ -9,6 +9,7 @@ from .cp_comm import check_cp_comm
 from .experts import check_expert_parallel
 from .heads import check_tp_widths
 from .layouts import layout_stages
+from .mla import check_mla_parallel
 from .schedules import (
     check_placement,
     check_schedule,
@@ -116,6 +117,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_tp_widths(cfg, tp)
     check_vision_layout(cfg, vision_layout, tp, cp)
     check_cp_comm(cfg, cp, tp, cp_comm, cp_a2a_size)
+    check_mla_parallel(cfg, cp)
     if sequence_parallel and cp == 1 and cfg.seq_len % tp:
         raise ValueError(
             f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "

@@ -16,6 +16,10 @@ gradients are partial: they carry the tag ``grad_partial_over_tp``
 (`minitp.sharding.tags`) and `train_step` sums them over the group — forgetting it is the
 bug behind Megatron-LM issue #1446.
 
+Latent attention (`GPTConfig.mla`): its down-projections, their norms and the shared rotary
+key's projection replicated, the up-projections split by heads like qkv, the output
+row-parallel like proj; the replicas' gradients are partial and tagged (`tag_latent_replicas`).
+
 The model keeps its one forward (`minitp.model.GPT.forward`); this module only
 swaps its pieces for sharded ones. The shard takes its weights from the plain
 model, so the two compute the same function — which the tests check.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from ..model.mla import REPLICATED
 from ..rules import check_tp_overlap, kv_layout, loss_chunk_rows
 from ..runtime.mesh import Axis
 from ..sharding.plan import apply_plan, matches
@@ -167,6 +172,8 @@ TENSOR_PARALLEL_PLAN = [
     ("blocks.*.attn.shared_input", _shared_input),  # grouped-query attention: x mapped once
     ("blocks.*.attn.q", _q),  # whole query heads
     ("blocks.*.attn.kv", _kv),  # and whole K/V heads, or each rank its replicated one
+    ("blocks.*.attn.q_up", _q),  # latent attention: whole heads' q^C and q^R
+    ("blocks.*.attn.kv_up", _q),  # and whole heads' K and V from the replicated latent
     ("blocks.*.attn.core.dropout", _dropout),  # each rank's heads: own masks
     ("blocks.*.attn.proj", _row),
     ("blocks.*.mlp.fc", _column),
@@ -204,17 +211,36 @@ SHARED_EXPERT_PLAN = [
 SHARED_EXPERT_SEQUENCE_PARALLEL_PLAN = [("blocks.*.mlp.shared.dropout", _dropout)]
 MLP_PATTERNS = ("blocks.*.mlp.",)
 
-# The attention's input projections: GPT-2's fused qkv, or grouped-query attention's q and kv
-# reading one mapped input (`GPTConfig.n_kv_head`); a model has one kind or the other.
+# The attention's input projections: GPT-2's fused qkv, grouped-query attention's q and kv
+# reading one mapped input (`GPTConfig.n_kv_head`), or latent attention's up-projections
+# (`GPTConfig.mla`) reading it too; a model has one kind.
 FUSED_ATTENTION = ("blocks.*.attn.qkv",)
-GROUPED_ATTENTION = ("blocks.*.attn.shared_input", "blocks.*.attn.q", "blocks.*.attn.kv")
+GROUPED_ATTENTION = ("blocks.*.attn.q", "blocks.*.attn.kv")
+LATENT_ATTENTION = ("blocks.*.attn.q_up", "blocks.*.attn.kv_up")
+SHARED_INPUT = ("blocks.*.attn.shared_input",)
 
 
 def absent_modules(cfg) -> tuple[str, ...]:
-    """The plan patterns a model of `cfg` has no module for: the other kind of attention
+    """The plan patterns a model of `cfg` has no module for: the other kinds of attention
     input, and the learned positions of a model with rotary ones."""
-    absent = GROUPED_ATTENTION if cfg.n_kv_head is None else FUSED_ATTENTION
+    if cfg.kv_lora_rank:
+        absent = FUSED_ATTENTION + GROUPED_ATTENTION
+    elif cfg.n_kv_head is not None:
+        absent = FUSED_ATTENTION + LATENT_ATTENTION
+    else:
+        absent = GROUPED_ATTENTION + LATENT_ATTENTION + SHARED_INPUT
     return absent + (() if cfg.positions == "learned" else ("wpe",))
+
+
+def tag_latent_replicas(model: nn.Module) -> None:
+    """Latent attention's replicated modules (`minitp.model.mla.REPLICATED`: the
+    down-projections, their norms, the shared rotary key's W^KR) feed only this rank's heads
+    (its up-projections' input is not mapped again), so each rank holds one term of their
+    gradients: tagged, the step sums them over tp. W^KR is the trap (torchtitan PR #1373's
+    review): its k^R reaches every head directly, through no up-projection."""
+    for name, p in model.named_parameters():
+        if any(matches(name, f"blocks.*.attn.{part}.*") for part in REPLICATED):
+            set_tags(p, grad_partial_over_tp=True)
 
 
 SEQUENCE_PARALLEL_PARTIAL_GRADS = [
@@ -243,6 +269,8 @@ def apply_tensor_parallel(model: nn.Module, tp: Axis, sequence_parallel: bool,
     absent = absent_modules(model.cfg)
     plan = [(pattern, make) for pattern, make in plan if pattern not in absent]
     apply_plan(model, plan, (tp, sequence_parallel, model))
+    if model.cfg.kv_lora_rank:
+        tag_latent_replicas(model)
     if sequence_parallel:
         for name, p in model.named_parameters():
             if any(matches(name, pattern) for pattern in SEQUENCE_PARALLEL_PARTIAL_GRADS):

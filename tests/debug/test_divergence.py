@@ -5,7 +5,10 @@ The traps are switched on as their lessons do: the K/V replicas' and the VLM enc
 gradient sums left out (the labs' own `_forget_kv_sum`, `_forget_encoder_sum`), RoPE at
 local positions under CP (`_local_positions`); the MoE aux loss's statistics kept local (a
 rank's `SplitSequence` not summing), packed RoPE turned by positions that do not restart
-under CP (Megatron-LM #5243); FP8's local scales by ``--fp8-local-scales`` (the CLI test).
+under CP (Megatron-LM #5243); latent attention's shared rotary key's gradient sum left out
+(torchtitan PR #1373's review, `_rotary_key_sum_left_out`: named at W^KR, not at the rotation
+whose input gradients are partial by design); FP8's local scales by ``--fp8-local-scales``
+(the CLI test).
 All but FP8 run in ONE launch of 4 ranks, with the correct mesh (pp 2 × tp 2, SP, 2
 microbatches: a pipeline's names, sequence and feature shards, the padded vocabulary).
 """
@@ -46,6 +49,12 @@ def _encoder_sum_left_out(model):
     _forget_encoder_sum(model)
 
 
+def _rotary_key_sum_left_out(model):
+    for name, p in model.named_parameters():
+        if ".k_rope." in name:
+            p.grad_partial_over_tp = False  # as if each rank's gradient were whole
+
+
 def _aux_statistics_local(model):
     from minitp.model.moe import moe_layers
 
@@ -78,6 +87,9 @@ def _cases():
         "packed": (mt.GPTConfig(**{**LLAMA, "vocab_size": 256}), dict(cp=4),
                    packing.pack(docs, seq_len=16), _packed_positions_not_restarting, 1, {}),
         "vlm": (vlm, dict(tp=4), None, _encoder_sum_left_out, 1, dict(sequence_parallel=True)),
+        "mla": (mt.GPTConfig.mla(**{**GPT2, "seq_len": 8}, q_lora_rank=8, kv_lora_rank=8,
+                                 rope_dim=4), dict(tp=4), None, _rotary_key_sum_left_out, 1,
+                dict(sequence_parallel=True)),
         "correct": (mt.GPTConfig(**GPT2), dict(pp=2, tp=2), None, None, 2,
                     dict(sequence_parallel=True)),
     }
@@ -120,6 +132,12 @@ def test_the_encoder_sum_left_out_is_named_in_the_encoder(found):
     first, _ = found["vlm"]
     assert first.module.startswith("vision.") and first.tensor.endswith(".grad"), first
     assert first.phase == "backward"
+
+
+def test_the_rotary_keys_sum_left_out_is_named_at_its_projection(found):
+    first, _ = found["mla"]
+    assert (first.module, first.phase, first.tensor) == ("blocks.1.attn.k_rope", "backward",
+                                                         "weight.grad"), first
 
 
 def test_a_correct_mesh_departs_nowhere(found):

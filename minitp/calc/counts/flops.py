@@ -20,7 +20,7 @@ from ...rules import (
 )
 from .._util import number
 from ..architectures.vision import vision_forward_flops
-from .params import attention_weights, mlp_weights
+from .params import attention_weights, latent, mlp_weights
 
 
 def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = False,
@@ -73,6 +73,9 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = F
     (`minitp.calc.architectures.vision.vision_forward_flops`; the decoder counts the image positions
     with the text's).
 
+    Latent attention (`GPTConfig.mla`): its weights as `attention_weights` counts them, and
+    QKᵀ 2s²·n_h(d_h + d_r), ·V 2s²h (the expanded form, which training runs).
+
     RMSNorm, the rotary rotation (Su et al. 2021), silu and the gate's product are
     elementwise, not matrix FLOPs: not counted, as Eq. 7 leaves out GELU, softmax and
     LayerNorm. Selective recomputation stays Eq. 8's s/(3h) term; with full
@@ -83,7 +86,8 @@ def flops_per_iteration(cfg, global_batch: int, recompute=None, causal: bool = F
     passes = 4 if recompute == "full" else 3  # forward passes' worth of the layers
     matrices = passes * B * s * layer_matrix_flops(cfg)
     scores = _scores_per_batch(global_batch, s, doc_lengths)  # Σ over rows of s² or Σ Lᵢ²
-    attention = {None: 12, "selective": 24, "full": 16}[recompute] * L * scores * h
+    width = _core_width(cfg)
+    attention = {None: 12, "selective": 24, "full": 16}[recompute] * L * scores * width
     if causal:  # every coefficient above is even: the half is an exact integer
         attention //= 2
     output_layer = 3 * 2 * B * s * h * V
@@ -132,6 +136,14 @@ def layer_matrix_flops(cfg, experts_only: bool = False) -> int:
             total += (attention + 16 * h * h * (cfg.top_k + cfg.shared_expert)
                       + 2 * h * cfg.n_experts)
     return total
+
+
+def _core_width(cfg) -> int:
+    """The mean of QKᵀ's and ·V's widths over the heads: h; latent attention's queries
+    and keys are n_h(d_h + d_r) wide (the rotary part added), its values h."""
+    if not latent(cfg):
+        return cfg.d_model
+    return (cfg.n_head * (cfg.head_dim + cfg.rope_dim) + cfg.d_model) // 2
 
 
 def _is_moe_layer(cfg, index: int) -> bool:

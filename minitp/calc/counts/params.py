@@ -71,10 +71,32 @@ def gpt2_layer(cfg) -> bool:
             and getattr(cfg, "norm", "layernorm") == "layernorm" and learned_positions(cfg))
 
 
+def latent(cfg) -> bool:
+    """Whether attention is multi-head latent attention (``kv_lora_rank`` set: `GPTConfig.mla`)."""
+    return getattr(cfg, "kv_lora_rank", 0) > 0
+
+
+def _latent_split(cfg) -> tuple[int, int]:
+    """Latent attention's parameters (`minitp.model.mla`): (split by heads: W^UQ/W^QR, W^UK/W^UV
+    with their biases and W^O's weight; whole on every tp rank: W^DQ, W^DKV, their RMSNorms,
+    W^KR and W^O's bias). Its weights: d_q'·n_h(d_h + d_r) + 2h·d_c + h² + h·d_q + h·d_c + h·d_r
+    (d_q' = d_q, or h without a query latent)."""
+    h, b, r, dc, dq = cfg.d_model, cfg.bias, cfg.rope_dim, cfg.kv_lora_rank, cfg.q_lora_rank
+    q_width = cfg.n_head * (cfg.head_dim + r)
+    split = (dq or h) * q_width + dc * 2 * h + h * h + b * (q_width + 2 * h)
+    whole = (h * dq + b * dq + dq) + (h * dc + b * dc + dc) + (h * r + b * r) + b * h
+    return split, whole
+
+
 def attention_weights(cfg) -> int:
     """Attention's weight matrices: 4h² fused (h×3h + h×h); grouped q, kv and proj,
-    2h² + 2K·d·h (Ainslie et al. 2023: the kv projection is K/n_head of GPT-2's k and v)."""
+    2h² + 2K·d·h (Ainslie et al. 2023: the kv projection is K/n_head of GPT-2's k and v);
+    latent attention's, `_latent_split`'s."""
     h = cfg.d_model
+    if latent(cfg):
+        dq, dc, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.rope_dim
+        return ((dq or h) * cfg.n_head * (cfg.head_dim + r) + 2 * h * dc + h * h
+                + h * dq + h * dc + h * r)
     return 2 * h * h + (kv_width(cfg) * h if grouped(cfg) else 2 * h * h)
 
 
@@ -89,6 +111,8 @@ def _attention_split(cfg, tp: int) -> tuple[int, int]:
     Split: the column-parallel qkv (or q, and kv when tp divides the K/V heads) with their
     biases and the row-parallel proj's weight; whole: proj's bias (added after the
     all-reduce) and a replicated kv (tp above the K/V heads: `ReplicatedKV`)."""
+    if latent(cfg):
+        return _latent_split(cfg)
     h, bias = cfg.d_model, cfg.bias
     split, whole = h * h, h if bias else 0  # proj: weight split by rows, bias whole
     if not grouped(cfg):

@@ -15,7 +15,13 @@ from ...rules import (
     interleaving_fits,
 )
 from .._util import number
-from ..counts.params import expert_params_per_stage, ffn_width, params_per_stage, swiglu
+from ..counts.params import (
+    expert_params_per_stage,
+    ffn_width,
+    latent,
+    params_per_stage,
+    swiglu,
+)
 from ..network.context_parallel import attention_kept_bytes
 
 # bytes per parameter: (parameters, gradients, optimizer state)
@@ -133,6 +139,9 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     probabilities, Q, K and V alike, the ring's count. Selective recomputation reruns the
     attention with its collectives and keeps this rank's inputs: the same under every one.
     """
+    if latent(cfg):  # its latents, rotary parts and norms are not in Table 2's count
+        raise ValueError("the activation model does not count multi-head latent attention "
+                         "yet (kv_lora_rank > 0): see docs/mla.md")
     check_recompute(recompute)
     s, b, h = cfg.seq_len, micro_batch, cfg.d_model
     sbh = s * b * h

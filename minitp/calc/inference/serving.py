@@ -35,9 +35,10 @@ from fractions import Fraction
 
 from ...rules import kv_layout
 from .._util import number
-from ..counts.params import params_per_rank
+from ..counts.params import latent, params_per_rank
 from ..network.allreduce import allreduce_time
 from ..network.cluster import Cluster
+from .latent_cache import mla_cache_bytes_per_token
 
 __all__ = [
     "LLAMA3_8B", "LLAMA3_70B", "DecoderShape", "DecodeTime", "decode_flops_per_token",
@@ -100,6 +101,12 @@ def _check(**sizes):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def _refuse_latent(cfg):
+    if latent(cfg):  # absorbed or expanded, its attention FLOPs are not 4·d a head
+        raise ValueError("the decode FLOPs model does not count multi-head latent attention "
+                         "yet (kv_lora_rank > 0): see docs/mla.md")
+
+
 def weight_params_read(cfg, tp: int = 1) -> int:
     """Weights one tp rank reads per decode step: its share of every layer and of the
     output layer (the vocab-parallel V·h/t). An untied input embedding is not counted: a
@@ -109,7 +116,11 @@ def weight_params_read(cfg, tp: int = 1) -> int:
 
 def kv_cache_bytes_per_token(cfg, bytes_per_value: int = 2, tp: int = 1) -> int:
     """Bytes of K and V one position adds to one rank's cache: 2·L·K_t·d·w, K_t the K/V
-    heads the rank keeps (K/t when tp divides them; one, copied, when tp exceeds them)."""
+    heads the rank keeps (K/t when tp divides them; one, copied, when tp exceeds them).
+    Latent attention: its latent and rotary key, whole on every rank (`latent_cache`)."""
+    if latent(cfg):
+        return mla_cache_bytes_per_token(cfg.kv_lora_rank, cfg.rope_dim, cfg.n_layer,
+                                         bytes_per_value)
     kv = Fraction(cfg.kv_heads, tp) if kv_layout(cfg, tp) == "split" else 1
     return number(2 * cfg.n_layer * kv * cfg.head_dim * bytes_per_value)
 
@@ -117,6 +128,7 @@ def kv_cache_bytes_per_token(cfg, bytes_per_value: int = 2, tp: int = 1) -> int:
 def decode_flops_per_token(cfg, context: int, tp: int = 1) -> int:
     """FLOPs one rank does for one sequence's token: 2 per weight read, and 4·d per query
     head per cached position (``context`` positions, the new one included)."""
+    _refuse_latent(cfg)
     _check(context=context, tp=tp)
     heads = cfg.n_head // tp
     return 2 * weight_params_read(cfg, tp) + 4 * cfg.n_layer * heads * cfg.head_dim * context
@@ -125,6 +137,7 @@ def decode_flops_per_token(cfg, context: int, tp: int = 1) -> int:
 def prefill_flops(cfg, prompt: int, tp: int = 1) -> int:
     """FLOPs one rank does to prefill one prompt of ``prompt`` tokens: 2 per weight per
     token, and attention's 4·d per query head per (query, key) pair, causal: P(P+1)/2."""
+    _refuse_latent(cfg)
     _check(prompt=prompt, tp=tp)
     pairs = prompt * (prompt + 1) // 2
     heads = cfg.n_head // tp
