@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ...calc.network.cluster import CLUSTERS
 from ...calc.footprint.muon import lpt_owners, muon_comm_bytes, ns_flops
+from ...calc.network.cluster import CLUSTERS
 from ...data_parallel import gathered, make_optimizer
 from ...memory import measure_model_states
 from ...model import GPT, GPTConfig
