@@ -1,0 +1,221 @@
+"""From trainer to generator without a disk: a trained `mt.parallelize` model's weights
+moved, on the same ranks, onto the tp-sharded decoding layout `tp_model` builds.
+
+The plan is the sharded checkpoint's (`minitp.checkpoint.layout`), not a second copy of
+the sharding rules: a plain GPT whose every element holds its own id is parallelized at
+the training layout (dp, pp, tp, cp, ep, any ZeRO stage) and at the serving one, and the
+ids each rank's tensors hold say which dense element each holds. Every rank then knows
+what it has and what it must keep; one all-gather of those two masks (bookkeeping, left
+out of the trace) gives every rank the same table, from which every rank draws the same
+plan: receiver r takes each element it needs from itself if it holds it (collocated: no
+message), else from the first holder after it in rank order (so the replicas of dp share
+the sending). Each rank then posts one message to each rank it feeds and one receive from
+each rank that feeds it, traced as "refit" sends and receives: the bytes a rank received
+are read back from the trace (`RefitReport`), beside the plan's count of them, the
+minimum (each weight it keeps, once) and a naive refit (the dense model gathered to rank 0
+and broadcast whole: every rank receives all of it).
+
+`logprob_parity` scores a generation twice: the generator's log-probabilities of the
+tokens it sampled (decoded through the KV cache at the serving layout) against the
+trainer's forward over the same tokens (the whole sequence at the training layout).
+
+Where minitp differs from production: the masks are dense (a byte per weight per rank;
+Megatron's `resharding/planner.py` exchanges shard metadata instead), each rank stages
+what it holds in one flat buffer of the dense size, and the serving ranks are the
+training ones (Megatron and torchtitan also serve on other ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.layout import Space, _id_model, _ids, _model_tensors, local_ids
+from ..data_parallel import zero
+from ..parallelize import parallelize
+from ..rules import check_tp_widths
+from ..runtime import _device, comm, trace
+from ..runtime.mesh import Mesh, world
+from .decode import Decoder
+from .tp import vocab_gather
+
+VIA = "refit"  # the axis name the refit's messages carry in the trace
+
+
+@dataclass(frozen=True)
+class RefitReport:
+    """One rank's bytes in a refit: ``received`` (from its trace's refit receives),
+    ``planned`` (the plan's count of the same), ``local`` (weights it kept from its own
+    training shards, no message), ``minimum`` (each weight it serves, once: planned +
+    local), ``broadcast`` (a naive refit: the whole dense model), and ``messages`` (the
+    receives it posted)."""
+
+    rank: int
+    received: int
+    planned: int
+    local: int
+    minimum: int
+    broadcast: int
+    messages: int
+
+
+def check_refit(model, target_mesh) -> None:
+    """One line for what `refit` cannot do, before any rank sends a byte (every rank
+    decides alike: no rank is left waiting)."""
+    if not (hasattr(model, "full_state_dict") and isinstance(getattr(model, "mesh", None),
+                                                             Mesh)):
+        raise TypeError(f"refit expects a model from mt.parallelize, got "
+                        f"{type(model).__name__}: parallelize it first")
+    if not isinstance(target_mesh, Mesh):
+        raise TypeError(f"refit's target must be an mt.Mesh, got {type(target_mesh).__name__}")
+    if target_mesh.world_size != model.mesh.world_size:
+        raise ValueError(f"refit: the target mesh spans {target_mesh.world_size} ranks, the "
+                         f"model's {model.mesh.world_size}: serving runs on the same ranks")
+    if target_mesh.pp_size != 1 or target_mesh.cp_size != 1 or target_mesh.ep_size != 1:
+        raise ValueError(f"refit serves on tp (and dp replicas) only, got {target_mesh!r}")
+    check_tp_widths(model.cfg, target_mesh.tp_size)
+
+
+def source_plan(model) -> dict:
+    """The `mt.parallelize` keywords that decide where `model`'s elements lie, as far as
+    the model records them (a pipeline's virtual stages, placement or layout: pass `plan`)."""
+    return {"sequence_parallel": bool(getattr(model, "sequence_parallel", False)),
+            "zero_stage": zero.zero_stage_of(model)}
+
+
+def _placed(space: Space, tensors, ids_list) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, held): the dense model's `space.n_model` elements as one flat buffer, with
+    this rank's `tensors` written where their `ids_list` say, and a mask of those."""
+    values = torch.zeros(space.n_model, dtype=tensors[0].dtype)
+    held = torch.zeros(space.n_model, dtype=torch.uint8)
+    for t, ids in zip(tensors, ids_list, strict=True):
+        keep = ids >= 0
+        values[ids[keep]] = t.detach().reshape(-1).cpu()[keep]
+        held[ids[keep]] = 1
+    return values, held
+
+
+def plan_sources(have: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """(W, n) int64: for receiver r and element i, the rank it takes i from (-1: not
+    needed). Itself first where it holds i, then the holders after it in rank order.
+    have, need: (W, n) masks. The same on every rank (a function of the masks alone)."""
+    world_size, n = have.shape
+    source = torch.full((world_size, n), -1, dtype=torch.int64)
+    for r in range(world_size):
+        for k in range(world_size):
+            s = (r + k) % world_size
+            take = need[r].bool() & have[s].bool() & (source[r] < 0)
+            source[r][take] = s
+        if bool((need[r].bool() & (source[r] < 0)).any()):
+            raise RuntimeError(f"refit plan: rank {r} needs elements no rank holds")
+    return source
+
+
+def refit(model, target_mesh: Mesh, plan: dict | None = None):
+    """This rank's serving shard (`tp_model`'s layout on `target_mesh`) of the trained
+    parallel `model`, and its `RefitReport`. Collective: every rank calls it. plan: the
+    `mt.parallelize` keywords `model` was built with (default: `source_plan(model)`)."""
+    check_refit(model, target_mesh)
+    cfg, mesh, space = model.cfg, model.mesh, Space.of(model.cfg)
+    plan = source_plan(model) if plan is None else plan
+    with trace.paused():
+        source_ids = local_ids(cfg, mesh, plan, space)[0]
+    tensors = _model_tensors(model)[0]
+    if [t.numel() for t in tensors] != [i.numel() for i in source_ids]:
+        raise ValueError("refit: `plan` does not describe this model's layout (its tensors "
+                         "differ from the plan's): pass the keywords mt.parallelize was given")
+    shell = _id_model(cfg, space).to(_device.device())  # (on a forked RNG: the run's unmoved)
+    served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
+    target = _model_tensors(served)[0]
+    target_ids = [_ids(t) for t in target]
+    values, have = _placed(space, tensors, source_ids)
+    need = torch.zeros(space.n_model, dtype=torch.uint8)
+    for ids in target_ids:
+        need[ids[ids >= 0]] = 1
+    with trace.paused():  # bookkeeping: who holds what, who needs what
+        table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world()).cpu()
+    source = plan_sources(table[0::2], table[1::2])
+    got, messages = _exchange(values, source, mesh.rank)
+    with torch.no_grad():
+        served.to(values.dtype)
+        for t, ids in zip(target, target_ids, strict=True):
+            keep = ids >= 0
+            flat = torch.zeros(t.numel(), dtype=values.dtype)  # padding holds 0, as parallelize's
+            flat[keep] = got[ids[keep]]
+            t.copy_(flat.view(t.shape).to(t.device))
+    return served, _report(mesh.rank, source, values, messages, space)
+
+
+def _exchange(values: torch.Tensor, source: torch.Tensor, me: int):
+    """Send each rank the elements the plan takes from me, receive mine: all posted at
+    once (no rank waits on another's order), traced as "refit" messages. Returns the flat
+    buffer of what I serve and the events of my receives."""
+    device, world_size = _device.device(), source.shape[0]
+    got = values.clone()
+    pending, incoming = [], []
+    started = trace.recorder().now()
+    for peer in range(world_size):
+        if peer == me:
+            continue
+        out_ids = torch.nonzero(source[peer] == me).flatten()
+        if out_ids.numel():
+            pending.append(comm.isend(values[out_ids].to(device), peer, via=VIA))
+        in_ids = torch.nonzero(source[me] == peer).flatten()
+        if in_ids.numel():
+            buffer = torch.empty(in_ids.numel(), dtype=values.dtype, device=device)
+            incoming.append((in_ids, buffer))
+            pending.append(comm.irecv(buffer, peer, via=VIA))
+    for p in pending:
+        p.wait()
+    for in_ids, buffer in incoming:
+        got[in_ids] = buffer.cpu()
+    mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == VIA
+            and e.start >= started]
+    return got, mine
+
+
+def _report(me: int, source: torch.Tensor, values: torch.Tensor, messages, space) -> RefitReport:
+    item = values.element_size()
+    row = source[me]
+    remote = int(((row >= 0) & (row != me)).sum()) * item
+    local = int((row == me).sum()) * item
+    return RefitReport(rank=me, received=sum(e.nbytes for e in messages), planned=remote,
+                       local=local, minimum=remote + local, broadcast=space.n_model * item,
+                       messages=len(messages))
+
+
+def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, T − 1) float64: log p(tokens[:, t + 1] | tokens[:, :t + 1]) by one forward of a
+    one-stage parallel `model` over the whole sequence (its vocabulary gathered over tp)."""
+    if getattr(model.mesh, "pp_size", 1) != 1:
+        raise ValueError("token_logprobs runs one stage: a pp > 1 trainer's forward runs in "
+                         "its schedule (score with a pp-1 layout of the same weights)")
+    with torch.no_grad():
+        local = model(tokens[:, :-1].to(_device.device()))[0]
+    logits = vocab_gather(model)(local).double().cpu()
+    return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None].cpu())[..., 0]
+
+
+def generator_logprobs(served, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """(B, T − prompt_len) float64: the generator's log-probabilities of `tokens` after
+    their first `prompt_len`, the way it decodes: the prompt prefilled into its KV cache,
+    then one token fed a step (each the given one, not a new draw)."""
+    decoder = Decoder(served, vocab_gather(served))
+    tokens = tokens.to(_device.device())
+    steps = []
+    for t in range(prompt_len, tokens.shape[1]):
+        logits = decoder.next_logits(tokens[:, :t]).double().cpu()
+        steps.append(torch.log_softmax(logits, -1).gather(-1, tokens[:, t, None].cpu())[:, 0])
+    return torch.stack(steps, dim=1)
+
+
+def logprob_parity(trainer, served, tokens: torch.Tensor, prompt_len: int) -> dict:
+    """The generator's (`served`'s, through its cache) log-probabilities of `tokens` after
+    the prompt beside the `trainer`'s forward over the same tokens (the whole sequence at
+    its training layout). `tokens`: what a generation sampled, its prompt first.
+    Returns {"generator", "trainer": (B, n) float64, "max_diff"}."""
+    mine = generator_logprobs(served, tokens, prompt_len)
+    theirs = token_logprobs(trainer, tokens)[:, prompt_len - 1:]
+    return {"generator": mine, "trainer": theirs,
+            "max_diff": float((mine - theirs).abs().max())}

@@ -1,0 +1,149 @@
+"""Refit (`minitp.serving.refit`) on real ranks, in one launch of 4: weights trained at
+(dp 2, tp 2) with ZeRO-1, at (pp 2, tp 2) and at (dp 4) with ZeRO-3 move onto tp 4 equal
+to the trainer's dense weights bit for bit in float64, and decode as the dense model does
+on one device; each rank's bytes read from the trace equal the plan's; the generator's
+log-probabilities of its own tokens equal the trainer's forward in float64 and drift in
+bf16 between tp 1, 2 and 4; bad requests are refused in one line on every rank."""
+
+import math
+
+import pytest
+import torch
+
+import minitp as mt
+from minitp import data
+from minitp.data_parallel.zero import gathered
+from minitp.serving import generate, logprob_parity, refit, tp_model, vocab_gather
+
+CFG = mt.GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=4, d_model=16)
+TRAININGS = {"dp2-tp2-zero1": (dict(dp=2, tp=2), dict(zero_stage=1)),
+             "pp2-tp2": (dict(pp=2, tp=2), {}),
+             "dp4-zero3": (dict(dp=4), dict(zero_stage=3))}
+TOKENS = 3
+
+
+def _ref(dtype=torch.float64):
+    torch.manual_seed(0)
+    return mt.GPT(CFG).to(dtype)
+
+
+def _prompt():
+    return torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(1))
+
+
+def _trained(sizes, plan, dtype=torch.float64, steps=2):
+    """A model trained `steps` AdamW steps at `sizes` with `plan`, and its dense weights."""
+    mesh = mt.Mesh(**sizes)
+    model = mt.parallelize(_ref(dtype).to(mt.device()), mesh, **plan)
+    optimizer = mt.make_optimizer(model, mesh, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    tokens = torch.randint(0, 64, (400,), generator=torch.Generator().manual_seed(2))
+    for step in range(steps):
+        mt.train_step(model, data.get_batch(tokens, step, 4, CFG.seq_len), mesh, optimizer)
+    with gathered(model):  # ZeRO-3 keeps shards only
+        dense = {k: v.cpu().clone() for k, v in model.full_state_dict().items()}
+    return model, dense
+
+
+def _dense_gpt(state):
+    ref = _ref()
+    ref.load_state_dict(state)
+    return ref
+
+
+def _refused(call):
+    try:
+        call()
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
+
+
+def _rank():
+    out = {"refit": {}}
+    tp4 = mt.Mesh(tp=4)
+    for name, (sizes, plan) in TRAININGS.items():
+        model, dense = _trained(sizes, plan)
+        served, report = refit(model, tp4, plan)
+        expect = dict(tp_model(_dense_gpt(dense).to(mt.device()), tp4).named_parameters())
+        equal = all(torch.equal(p, expect[n]) for n, p in served.named_parameters())
+        gen = generate(served, _prompt().to(mt.device()), TOKENS, temperature=1.0, seed=3,
+                       gather=vocab_gather(served))
+        out["refit"][name] = (equal, report, dense, gen.tokens.cpu(), torch.stack(gen.logits))
+        if name == "dp2-tp2-zero1":
+            out["parity64"] = logprob_parity(model, served, gen.tokens, _prompt().shape[1])
+    out["bf16"] = _bf16_logprobs()
+    out["refused"] = [
+        _refused(lambda: refit(_ref(), tp4)),  # a plain GPT
+        _refused(lambda: refit(mt.parallelize(_ref(), tp4), mt.Mesh(pp=2, tp=2))),
+        _refused(lambda: refit(mt.parallelize(_ref(), tp4), _Heads3())),
+        _refused(lambda: refit(mt.parallelize(_ref(), tp4), _Heads3(world_size=8))),
+    ]
+    return out
+
+
+def _bf16_logprobs():
+    """The trainer at (dp 2, tp 2) in bf16; generators refit from it at tp 1, 2 and 4 (with
+    dp replicas) score the same tokens: {tp: logprob_parity's answer}."""
+    model, _ = _trained(dict(dp=2, tp=2), {}, dtype=torch.bfloat16, steps=1)
+    tokens = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(4))
+    return {tp: logprob_parity(model, refit(model, mt.Mesh(dp=4 // tp, tp=tp))[0], tokens, 4)
+            for tp in (1, 2, 4)}
+
+
+class _Heads3(mt.Mesh):
+    """A mesh claiming tp 3 (4 heads cannot split 3 ways), or another world: the refusal
+    comes before any of its groups would be used, so it is built without them."""
+
+    def __init__(self, world_size=4):
+        self.dp_size, self.pp_size, self.cp_size, self.tp_size, self.ep_size = 1, 1, 1, 3, 1
+        self.world_size = world_size
+
+
+@pytest.fixture(scope="module")
+def run():
+    return mt.launch(_rank, 4, timeout=120)
+
+
+def test_refit_equals_the_dense_trainer_bit_for_bit(run):
+    for name in TRAININGS:
+        dense = run[0]["refit"][name][2]
+        one = generate(_dense_gpt(dense), _prompt(), TOKENS, temperature=1.0, seed=3)
+        for r in range(4):
+            equal, _, theirs, tokens, logits = run[r]["refit"][name]
+            assert equal, (r, name)  # every served shard is tp_model's of the dense weights
+            assert all(torch.equal(theirs[k], dense[k]) for k in dense)  # one dense model
+            assert torch.equal(tokens, one.tokens), (r, name)
+            assert float((logits - torch.stack(one.logits)).abs().max()) <= 1e-12
+
+
+def test_bytes_from_the_trace_equal_the_plan(run):
+    n_model = sum(p.numel() for p in _ref().parameters())
+    for name in TRAININGS:
+        reports = [run[r]["refit"][name][1] for r in range(4)]
+        for report in reports:
+            assert report.received == report.planned, (report, name)
+            assert report.minimum == report.planned + report.local
+            assert report.broadcast == n_model * 8
+            assert report.minimum < report.broadcast
+        assert sum(rep.received for rep in reports) > 0, name
+
+
+def test_logprobs_equal_in_float64_and_drift_in_bf16(run):
+    parity = run[0]["parity64"]
+    assert parity["generator"].shape == (2, TOKENS)
+    assert parity["max_diff"] <= 1e-12
+    bf16 = run[0]["bf16"]
+    drift = {(a, b): float((bf16[a]["generator"] - bf16[b]["generator"]).abs().max())
+             for a, b in ((1, 2), (1, 4), (2, 4))}
+    assert all(math.isfinite(d) and d > 0 for d in drift.values()), drift  # measured, > 0
+    assert all(math.isfinite(p["max_diff"]) for p in bf16.values())
+
+
+def test_bad_requests_are_refused_in_one_line(run):
+    for r in range(4):
+        plain, pp, heads, world = run[r]["refused"]
+        assert "mt.parallelize" in plain
+        assert "tp (and dp replicas) only" in pp
+        assert "not divisible by tp=3" in heads
+        assert "spans 8 ranks" in world
+        assert all("\n" not in m for m in run[r]["refused"])
