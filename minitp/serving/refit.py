@@ -84,14 +84,31 @@ def source_plan(model) -> dict:
             "zero_stage": zero.zero_stage_of(model)}
 
 
-def _placed(space: Space, tensors, ids_list) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, held): the dense model's `space.n_model` elements as one flat buffer, with
-    this rank's `tensors` written where their `ids_list` say, and a mask of those."""
-    values = torch.zeros(space.n_model, dtype=tensors[0].dtype)
+def _families(space: Space, dtype) -> list[tuple[int, int, torch.dtype]]:
+    """The dense elements by dtype, as (first id, end, dtype): the parameters (the model's
+    dtype), then the experts' biases (float32 whatever the model's: `minitp.model.routing`).
+    One message per family between two ranks."""
+    out = [(0, space.n_params, dtype)]
+    if space.n_model > space.n_params:
+        out.append((space.n_params, space.n_model, torch.float32))
+    return out
+
+
+def _family(ids: torch.Tensor, families) -> int:
+    """Which family a tensor's elements are of (a tensor is all of one)."""
+    first = int(ids[ids >= 0][0]) if bool((ids >= 0).any()) else 0
+    return next(f for f, (lo, hi, _) in enumerate(families) if lo <= first < hi)
+
+
+def _placed(space: Space, tensors, ids_list, families):
+    """(values, held): one flat buffer a family of the dense elements, with this rank's
+    `tensors` written where their `ids_list` say, and a mask of what it holds."""
+    values = [torch.zeros(hi - lo, dtype=dtype) for lo, hi, dtype in families]
     held = torch.zeros(space.n_model, dtype=torch.uint8)
     for t, ids in zip(tensors, ids_list, strict=True):
         keep = ids >= 0
-        values[ids[keep]] = t.detach().reshape(-1).cpu()[keep]
+        f = _family(ids, families)
+        values[f][ids[keep] - families[f][0]] = t.detach().reshape(-1).cpu()[keep]
         held[ids[keep]] = 1
     return values, held
 
@@ -127,61 +144,64 @@ def refit(model, target_mesh: Mesh, plan: dict | None = None):
                          "differ from the plan's): pass the keywords mt.parallelize was given")
     shell = _id_model(cfg, space).to(_device.device())  # (on a forked RNG: the run's unmoved)
     served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
-    target = _model_tensors(served)[0]
-    target_ids = [_ids(t) for t in target]
-    values, have = _placed(space, tensors, source_ids)
+    target_ids = [_ids(t) for t in _model_tensors(served)[0]]
+    families = _families(space, tensors[0].dtype)
+    values, have = _placed(space, tensors, source_ids, families)
     need = torch.zeros(space.n_model, dtype=torch.uint8)
     for ids in target_ids:
         need[ids[ids >= 0]] = 1
     with trace.paused():  # bookkeeping: who holds what, who needs what
         table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world()).cpu()
     source = plan_sources(table[0::2], table[1::2])
-    got, messages = _exchange(values, source, mesh.rank)
+    got, messages = _exchange(values, source, mesh.rank, families)
+    served.to(families[0][2])  # (the experts' biases stay float32: new tensors, so read after)
     with torch.no_grad():
-        served.to(values.dtype)
-        for t, ids in zip(target, target_ids, strict=True):
-            keep = ids >= 0
-            flat = torch.zeros(t.numel(), dtype=values.dtype)  # padding holds 0, as parallelize's
-            flat[keep] = got[ids[keep]]
+        for t, ids in zip(_model_tensors(served)[0], target_ids, strict=True):
+            keep, f = ids >= 0, _family(ids, families)
+            flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding holds 0, as parallelize's
+            flat[keep] = got[f][ids[keep] - families[f][0]]
             t.copy_(flat.view(t.shape).to(t.device))
-    return served, _report(mesh.rank, source, values, messages, space)
+    return served, _report(mesh.rank, source, messages, families)
 
 
-def _exchange(values: torch.Tensor, source: torch.Tensor, me: int):
+def _exchange(values, source: torch.Tensor, me: int, families):
     """Send each rank the elements the plan takes from me, receive mine: all posted at
-    once (no rank waits on another's order), traced as "refit" messages. Returns the flat
-    buffer of what I serve and the events of my receives."""
+    once (no rank waits on another's order), one message a family, traced as "refit"
+    messages. Returns the flat buffers of what I serve and the events of my receives."""
     device, world_size = _device.device(), source.shape[0]
-    got = values.clone()
+    got = [v.clone() for v in values]
     pending, incoming = [], []
     started = trace.recorder().now()
-    for peer in range(world_size):
-        if peer == me:
-            continue
-        out_ids = torch.nonzero(source[peer] == me).flatten()
-        if out_ids.numel():
-            pending.append(comm.isend(values[out_ids].to(device), peer, via=VIA))
-        in_ids = torch.nonzero(source[me] == peer).flatten()
-        if in_ids.numel():
-            buffer = torch.empty(in_ids.numel(), dtype=values.dtype, device=device)
-            incoming.append((in_ids, buffer))
-            pending.append(comm.irecv(buffer, peer, via=VIA))
+    for f, (lo, hi, dtype) in enumerate(families):
+        for peer in range(world_size):
+            if peer == me:
+                continue
+            out_ids = torch.nonzero(source[peer, lo:hi] == me).flatten()
+            if out_ids.numel():
+                pending.append(comm.isend(values[f][out_ids].to(device), peer, tag=f, via=VIA))
+            in_ids = torch.nonzero(source[me, lo:hi] == peer).flatten()
+            if in_ids.numel():
+                buffer = torch.empty(in_ids.numel(), dtype=dtype, device=device)
+                incoming.append((f, in_ids, buffer))
+                pending.append(comm.irecv(buffer, peer, tag=f, via=VIA))
     for p in pending:
         p.wait()
-    for in_ids, buffer in incoming:
-        got[in_ids] = buffer.cpu()
+    for f, in_ids, buffer in incoming:
+        got[f][in_ids] = buffer.cpu()
     mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == VIA
             and e.start >= started]
     return got, mine
 
 
-def _report(me: int, source: torch.Tensor, values: torch.Tensor, messages, space) -> RefitReport:
-    item = values.element_size()
-    row = source[me]
-    remote = int(((row >= 0) & (row != me)).sum()) * item
-    local = int((row == me).sum()) * item
+def _report(me: int, source: torch.Tensor, messages, families) -> RefitReport:
+    remote = local = broadcast = 0
+    for lo, hi, dtype in families:
+        item, row = torch.empty(0, dtype=dtype).element_size(), source[me, lo:hi]
+        remote += int(((row >= 0) & (row != me)).sum()) * item
+        local += int((row == me).sum()) * item
+        broadcast += (hi - lo) * item
     return RefitReport(rank=me, received=sum(e.nbytes for e in messages), planned=remote,
-                       local=local, minimum=remote + local, broadcast=space.n_model * item,
+                       local=local, minimum=remote + local, broadcast=broadcast,
                        messages=len(messages))
 
 

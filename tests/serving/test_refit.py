@@ -1,5 +1,6 @@
 """Refit (`minitp.serving.refit`) on real ranks, in one launch of 4: weights trained at
-(dp 2, tp 2) with ZeRO-1, at (pp 2, tp 2) and at (dp 4) with ZeRO-3 move onto tp 4 equal
+(dp 2, tp 2) with ZeRO-1, at (pp 2, tp 2) and (a mixture of experts) at (dp 4, ep 2) with
+ZeRO-3 move onto tp 4 equal
 to the trainer's dense weights bit for bit in float64, and decode as the dense model does
 on one device; each rank's bytes read from the trace equal the plan's; the generator's
 log-probabilities of its own tokens equal the trainer's forward in float64 and drift in
@@ -12,40 +13,45 @@ import torch
 
 import minitp as mt
 from minitp import data
+from minitp.checkpoint.reshard import dense_expert_biases
 from minitp.data_parallel.zero import gathered
 from minitp.serving import generate, logprob_parity, refit, tp_model, vocab_gather
+from minitp.sharding.tags import tag
 
 CFG = mt.GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=4, d_model=16)
-TRAININGS = {"dp2-tp2-zero1": (dict(dp=2, tp=2), dict(zero_stage=1)),
-             "pp2-tp2": (dict(pp=2, tp=2), {}),
-             "dp4-zero3": (dict(dp=4), dict(zero_stage=3))}
+MOE = mt.GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=4, d_model=16, n_experts=4,
+                   top_k=2)
+TRAININGS = {"dp2-tp2-zero1": (dict(dp=2, tp=2), dict(zero_stage=1), CFG),
+             "pp2-tp2": (dict(pp=2, tp=2), {}, CFG),
+             "moe-dp4-ep2-zero3": (dict(dp=4, ep=2), dict(zero_stage=3), MOE)}
 TOKENS = 3
 
 
-def _ref(dtype=torch.float64):
+def _ref(dtype=torch.float64, cfg=CFG):
     torch.manual_seed(0)
-    return mt.GPT(CFG).to(dtype)
+    return mt.GPT(cfg).to(dtype)
 
 
 def _prompt():
     return torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(1))
 
 
-def _trained(sizes, plan, dtype=torch.float64, steps=2):
+def _trained(sizes, plan, dtype=torch.float64, steps=2, cfg=CFG):
     """A model trained `steps` AdamW steps at `sizes` with `plan`, and its dense weights."""
     mesh = mt.Mesh(**sizes)
-    model = mt.parallelize(_ref(dtype).to(mt.device()), mesh, **plan)
+    model = mt.parallelize(_ref(dtype, cfg).to(mt.device()), mesh, **plan)
     optimizer = mt.make_optimizer(model, mesh, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
     tokens = torch.randint(0, 64, (400,), generator=torch.Generator().manual_seed(2))
     for step in range(steps):
         mt.train_step(model, data.get_batch(tokens, step, 4, CFG.seq_len), mesh, optimizer)
     with gathered(model):  # ZeRO-3 keeps shards only
         dense = {k: v.cpu().clone() for k, v in model.full_state_dict().items()}
+    dense.update(dense_expert_biases(model, mesh))  # (a buffer the steps moved)
     return model, dense
 
 
-def _dense_gpt(state):
-    ref = _ref()
+def _dense_gpt(state, cfg=CFG):
+    ref = _ref(cfg=cfg)
     ref.load_state_dict(state)
     return ref
 
@@ -61,16 +67,18 @@ def _refused(call):
 def _rank():
     out = {"refit": {}}
     tp4 = mt.Mesh(tp=4)
-    for name, (sizes, plan) in TRAININGS.items():
-        model, dense = _trained(sizes, plan)
+    for name, (sizes, plan, cfg) in TRAININGS.items():
+        model, dense = _trained(sizes, plan, cfg=cfg)
         served, report = refit(model, tp4, plan)
-        expect = dict(tp_model(_dense_gpt(dense).to(mt.device()), tp4).named_parameters())
-        equal = all(torch.equal(p, expect[n]) for n, p in served.named_parameters())
+        expect = tp_model(_dense_gpt(dense, cfg).to(mt.device()), tp4).state_dict()
+        equal = all(torch.equal(v, expect[k]) for k, v in served.state_dict().items())
         gen = generate(served, _prompt().to(mt.device()), TOKENS, temperature=1.0, seed=3,
                        gather=vocab_gather(served))
         out["refit"][name] = (equal, report, dense, gen.tokens.cpu(), torch.stack(gen.logits))
         if name == "dp2-tp2-zero1":
             out["parity64"] = logprob_parity(model, served, gen.tokens, _prompt().shape[1])
+            out["split_bytes"] = 8 * sum(p.numel() for p in served.parameters()  # by the tags
+                                         if tag(p, "tp_split_dim") is not None)
     out["bf16"] = _bf16_logprobs()
     out["refused"] = [
         _refused(lambda: refit(_ref(), tp4)),  # a plain GPT
@@ -105,9 +113,9 @@ def run():
 
 
 def test_refit_equals_the_dense_trainer_bit_for_bit(run):
-    for name in TRAININGS:
+    for name, (_, _, cfg) in TRAININGS.items():
         dense = run[0]["refit"][name][2]
-        one = generate(_dense_gpt(dense), _prompt(), TOKENS, temperature=1.0, seed=3)
+        one = generate(_dense_gpt(dense, cfg), _prompt(), TOKENS, temperature=1.0, seed=3)
         for r in range(4):
             equal, _, theirs, tokens, logits = run[r]["refit"][name]
             assert equal, (r, name)  # every served shard is tp_model's of the dense weights
@@ -117,15 +125,23 @@ def test_refit_equals_the_dense_trainer_bit_for_bit(run):
 
 
 def test_bytes_from_the_trace_equal_the_plan(run):
-    n_model = sum(p.numel() for p in _ref().parameters())
-    for name in TRAININGS:
+    for name, (_, _, cfg) in TRAININGS.items():
+        ref = _ref(cfg=cfg)  # the whole dense model: float64 weights, float32 experts' biases
+        dense_bytes = sum(t.numel() * t.element_size() for t in ref.state_dict().values())
         reports = [run[r]["refit"][name][1] for r in range(4)]
         for report in reports:
             assert report.received == report.planned, (report, name)
             assert report.minimum == report.planned + report.local
-            assert report.broadcast == n_model * 8
+            assert report.broadcast == dense_bytes
             assert report.minimum < report.broadcast
         assert sum(rep.received for rep in reports) > 0, name
+    # the MODEL, from (dp 2, tp 2) to tp 4: ranks 0 and 3 hold their tp-4 slice already (in
+    # their tp-2 one); ranks 1 and 2 receive their slice of every split weight, nothing else
+    # (a replicated weight every rank holds); every rank keeps each weight once
+    reports = [run[r]["refit"]["dp2-tp2-zero1"][1] for r in range(4)]
+    split = run[0]["split_bytes"]
+    assert [rep.received for rep in reports] == [0, split, split, 0]
+    assert [rep.messages for rep in reports] == [0, 1, 1, 0]
 
 
 def test_logprobs_equal_in_float64_and_drift_in_bf16(run):
