@@ -35,7 +35,7 @@ from ..checkpoint.layout import Space, _id_model, _ids, _model_tensors, local_id
 from ..data_parallel import zero
 from ..parallelize import parallelize
 from ..rules import check_tp_widths
-from ..runtime import _device, comm, trace
+from ..runtime import _device, comm, io_counters, trace
 from ..runtime.mesh import Mesh, world
 from .decode import Decoder
 from .tp import vocab_gather
@@ -48,8 +48,10 @@ class RefitReport:
     """One rank's bytes in a refit: ``received`` (from its trace's refit receives),
     ``planned`` (the plan's count of the same), ``local`` (weights it kept from its own
     training shards, no message), ``minimum`` (each weight it serves, once: planned +
-    local), ``broadcast`` (a naive refit: the whole dense model), and ``messages`` (the
-    receives it posted)."""
+    local), ``broadcast`` (a naive refit: the whole dense model), ``messages`` (the
+    receives it posted), ``sent`` (what the plan has it send) and ``sent_measured`` (what
+    the kernel counted it writing meanwhile, headers included: `minitp.runtime.io_counters`;
+    None where it cannot tell, e.g. NCCL)."""
 
     rank: int
     received: int
@@ -58,6 +60,8 @@ class RefitReport:
     minimum: int
     broadcast: int
     messages: int
+    sent: int
+    sent_measured: int | None
 
 
 def check_refit(model, target_mesh) -> None:
@@ -153,7 +157,7 @@ def refit(model, target_mesh: Mesh, plan: dict | None = None):
     with trace.paused():  # bookkeeping: who holds what, who needs what
         table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world()).cpu()
     source = plan_sources(table[0::2], table[1::2])
-    got, messages = _exchange(values, source, mesh.rank, families)
+    got, messages, wrote = _exchange(values, source, mesh.rank, families)
     served.to(families[0][2])  # (the experts' biases stay float32: new tensors, so read after)
     with torch.no_grad():
         for t, ids in zip(_model_tensors(served)[0], target_ids, strict=True):
@@ -161,7 +165,7 @@ def refit(model, target_mesh: Mesh, plan: dict | None = None):
             flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding holds 0, as parallelize's
             flat[keep] = got[f][ids[keep] - families[f][0]]
             t.copy_(flat.view(t.shape).to(t.device))
-    return served, _report(mesh.rank, source, messages, families)
+    return served, _report(mesh.rank, source, messages, families, wrote)
 
 
 def _exchange(values, source: torch.Tensor, me: int, families):
@@ -171,7 +175,7 @@ def _exchange(values, source: torch.Tensor, me: int, families):
     device, world_size = _device.device(), source.shape[0]
     got = [v.clone() for v in values]
     pending, incoming = [], []
-    started = trace.recorder().now()
+    started, written = trace.recorder().now(), io_counters.written()
     for f, (lo, hi, dtype) in enumerate(families):
         for peer in range(world_size):
             if peer == me:
@@ -186,23 +190,27 @@ def _exchange(values, source: torch.Tensor, me: int, families):
                 pending.append(comm.irecv(buffer, peer, tag=f, via=VIA))
     for p in pending:
         p.wait()
+    after = io_counters.written()  # the kernel's count: what this rank wrote meanwhile
+    wrote = None if written is None or after is None or _device.device().type != "cpu" \
+        else after - written
     for f, in_ids, buffer in incoming:
         got[f][in_ids] = buffer.cpu()
     mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == VIA
             and e.start >= started]
-    return got, mine
+    return got, mine, wrote
 
 
-def _report(me: int, source: torch.Tensor, messages, families) -> RefitReport:
-    remote = local = broadcast = 0
+def _report(me: int, source: torch.Tensor, messages, families, wrote) -> RefitReport:
+    remote = local = broadcast = sent = 0
     for lo, hi, dtype in families:
-        item, row = torch.empty(0, dtype=dtype).element_size(), source[me, lo:hi]
-        remote += int(((row >= 0) & (row != me)).sum()) * item
-        local += int((row == me).sum()) * item
+        item, cols = torch.empty(0, dtype=dtype).element_size(), source[:, lo:hi]
+        remote += int(((cols[me] >= 0) & (cols[me] != me)).sum()) * item
+        local += int((cols[me] == me).sum()) * item
+        sent += (int((cols == me).sum()) - int((cols[me] == me).sum())) * item
         broadcast += (hi - lo) * item
     return RefitReport(rank=me, received=sum(e.nbytes for e in messages), planned=remote,
                        local=local, minimum=remote + local, broadcast=broadcast,
-                       messages=len(messages))
+                       messages=len(messages), sent=sent, sent_measured=wrote)
 
 
 def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:

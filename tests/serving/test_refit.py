@@ -134,7 +134,12 @@ def test_bytes_from_the_trace_equal_the_plan(run):
             assert report.minimum == report.planned + report.local
             assert report.broadcast == dense_bytes
             assert report.minimum < report.broadcast
-        assert sum(rep.received for rep in reports) > 0, name
+        assert sum(rep.received for rep in reports) == sum(rep.sent for rep in reports) > 0
+        families = 1 + bool(cfg.n_experts)  # (the experts' biases travel as float32)
+        for report in reports:  # MEASURED: the kernel's count of what each rank wrote, beside
+            if report.sent_measured is not None:  # the plan's; gloo's headers (96 bytes a
+                headers = report.sent_measured - report.sent  # send, 48 a receive, here)
+                assert 0 <= headers <= 128 * 2 * 3 * families, (name, report)
     # the MODEL, from (dp 2, tp 2) to tp 4: ranks 0 and 3 hold their tp-4 slice already (in
     # their tp-2 one); ranks 1 and 2 receive their slice of every split weight, nothing else
     # (a replicated weight every rank holds); every rank keeps each weight once
