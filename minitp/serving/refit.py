@@ -34,7 +34,7 @@ import torch
 from ..checkpoint.layout import Space, _id_model, _ids, _model_tensors, local_ids
 from ..data_parallel import zero
 from ..parallelize import parallelize
-from ..rules import check_tp_widths
+from ..rules import check_tp_widths, model_chunks, model_placement
 from ..runtime import _device, comm, io_counters, trace
 from ..runtime.mesh import Mesh, world
 from .decode import Decoder
@@ -82,10 +82,16 @@ def check_refit(model, target_mesh) -> None:
 
 
 def source_plan(model) -> dict:
-    """The `mt.parallelize` keywords that decide where `model`'s elements lie, as far as
-    the model records them (a pipeline's virtual stages, placement or layout: pass `plan`)."""
-    return {"sequence_parallel": bool(getattr(model, "sequence_parallel", False)),
+    """The `mt.parallelize` keywords that decide where `model`'s elements lie, read off the
+    model: sequence parallelism, the ZeRO stage, and a pipeline's virtual stages, placement
+    and stages' layers (dp, cp, tp and ep are its mesh's). A vision model's
+    `vision_layout` is not read: pass `plan`."""
+    plan = {"sequence_parallel": bool(getattr(model, "sequence_parallel", False)),
             "zero_stage": zero.zero_stage_of(model)}
+    if hasattr(model, "stage_layers"):  # a pipeline (`minitp.pipeline.stages.PipelineGPT`)
+        plan |= {"virtual_stages": len(model_chunks(model)), "placement": model_placement(model),
+                 "pipeline_layout": [len(layers) for layers in model.stage_layers]}
+    return plan
 
 
 def _families(space: Space, dtype) -> list[tuple[int, int, torch.dtype]]:

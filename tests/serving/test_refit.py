@@ -69,7 +69,7 @@ def _rank():
     tp4 = mt.Mesh(tp=4)
     for name, (sizes, plan, cfg) in TRAININGS.items():
         model, dense = _trained(sizes, plan, cfg=cfg)
-        served, report = refit(model, tp4, plan)
+        served, report = refit(model, tp4)  # the layout read off the model
         expect = tp_model(_dense_gpt(dense, cfg).to(mt.device()), tp4).state_dict()
         equal = all(torch.equal(v, expect[k]) for k, v in served.state_dict().items())
         gen = generate(served, _prompt().to(mt.device()), TOKENS, temperature=1.0, seed=3,
