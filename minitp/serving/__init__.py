@@ -14,12 +14,12 @@ pipeline stages.
 
 from .decode import Decoder, Generation, generate
 from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
-from .refit import RefitReport, generator_logprobs, logprob_parity, refit, token_logprobs
+from .refit import Refit, RefitReport, generator_logprobs, logprob_parity, refit, token_logprobs
 from .sampling import draw, generator
 from .throughput import decode_throughput
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 
-__all__ = ["Decoder", "Generation", "PipelineGeneration", "RefitReport", "bubble_model",
+__all__ = ["Decoder", "Generation", "PipelineGeneration", "Refit", "RefitReport", "bubble_model",
            "decode_throughput", "draw", "generate", "generator", "generator_logprobs",
            "logprob_parity", "per_token_collectives", "pipeline_bubble", "pp_generate", "refit",
            "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]

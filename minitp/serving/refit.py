@@ -139,39 +139,57 @@ def plan_sources(have: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
     return source
 
 
+class Refit:
+    """A refit planned once, run as often as the trainer steps (an RL loop's every N
+    steps): ``Refit(model, target_mesh)`` builds the serving shard and the plan (every rank
+    calls it); each call ``refit_once()`` sends the model's current weights into that same
+    shard (`served`) and returns its `RefitReport`. plan: the `mt.parallelize` keywords
+    `model` was built with (default: `source_plan(model)`)."""
+
+    def __init__(self, model, target_mesh: Mesh, plan: dict | None = None):
+        check_refit(model, target_mesh)
+        cfg, space = model.cfg, Space.of(model.cfg)
+        self.model, self.me = model, model.mesh.rank
+        plan = source_plan(model) if plan is None else plan
+        with trace.paused():
+            self.source_ids = local_ids(cfg, model.mesh, plan, space)[0]
+        tensors = _model_tensors(model)[0]
+        if [t.numel() for t in tensors] != [i.numel() for i in self.source_ids]:
+            raise ValueError("refit: `plan` does not describe this model's layout (its tensors "
+                             "differ from the plan's): pass the keywords mt.parallelize was given")
+        shell = _id_model(cfg, space).to(_device.device())  # (a forked RNG: the run's unmoved)
+        self.served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
+        self.target_ids = [_ids(t) for t in _model_tensors(self.served)[0]]
+        self.families = _families(space, tensors[0].dtype)
+        self.served.to(self.families[0][2])  # (the experts' biases stay float32)
+        have = _placed(space, tensors, self.source_ids, self.families)[1]
+        need = torch.zeros(space.n_model, dtype=torch.uint8)
+        for ids in self.target_ids:
+            need[ids[ids >= 0]] = 1
+        with trace.paused():  # bookkeeping: who holds what, who needs what
+            table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world())
+        self.source = plan_sources(table[0::2].cpu(), table[1::2].cpu())
+
+    def refit_once(self) -> RefitReport:
+        """The model's weights now, into `served` (collective: every rank calls it)."""
+        values = _placed(Space.of(self.model.cfg), _model_tensors(self.model)[0],
+                         self.source_ids, self.families)[0]
+        got, messages, wrote = _exchange(values, self.source, self.me, self.families)
+        with torch.no_grad():  # (the served tensors read now: a cast may have replaced them)
+            for t, ids in zip(_model_tensors(self.served)[0], self.target_ids, strict=True):
+                keep, f = ids >= 0, _family(ids, self.families)
+                flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding holds 0, as parallelize's
+                flat[keep] = got[f][ids[keep] - self.families[f][0]]
+                t.copy_(flat.view(t.shape).to(t.device))
+        return _report(self.me, self.source, messages, self.families, wrote)
+
+
 def refit(model, target_mesh: Mesh, plan: dict | None = None):
     """This rank's serving shard (`tp_model`'s layout on `target_mesh`) of the trained
-    parallel `model`, and its `RefitReport`. Collective: every rank calls it. plan: the
-    `mt.parallelize` keywords `model` was built with (default: `source_plan(model)`)."""
-    check_refit(model, target_mesh)
-    cfg, mesh, space = model.cfg, model.mesh, Space.of(model.cfg)
-    plan = source_plan(model) if plan is None else plan
-    with trace.paused():
-        source_ids = local_ids(cfg, mesh, plan, space)[0]
-    tensors = _model_tensors(model)[0]
-    if [t.numel() for t in tensors] != [i.numel() for i in source_ids]:
-        raise ValueError("refit: `plan` does not describe this model's layout (its tensors "
-                         "differ from the plan's): pass the keywords mt.parallelize was given")
-    shell = _id_model(cfg, space).to(_device.device())  # (on a forked RNG: the run's unmoved)
-    served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
-    target_ids = [_ids(t) for t in _model_tensors(served)[0]]
-    families = _families(space, tensors[0].dtype)
-    values, have = _placed(space, tensors, source_ids, families)
-    need = torch.zeros(space.n_model, dtype=torch.uint8)
-    for ids in target_ids:
-        need[ids[ids >= 0]] = 1
-    with trace.paused():  # bookkeeping: who holds what, who needs what
-        table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world()).cpu()
-    source = plan_sources(table[0::2], table[1::2])
-    got, messages, wrote = _exchange(values, source, mesh.rank, families)
-    served.to(families[0][2])  # (the experts' biases stay float32: new tensors, so read after)
-    with torch.no_grad():
-        for t, ids in zip(_model_tensors(served)[0], target_ids, strict=True):
-            keep, f = ids >= 0, _family(ids, families)
-            flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding holds 0, as parallelize's
-            flat[keep] = got[f][ids[keep] - families[f][0]]
-            t.copy_(flat.view(t.shape).to(t.device))
-    return served, _report(mesh.rank, source, messages, families, wrote)
+    parallel `model`, and its `RefitReport`: `Refit` planned and run once. Collective:
+    every rank calls it."""
+    planned = Refit(model, target_mesh, plan)
+    return planned.served, planned.refit_once()
 
 
 def _exchange(values, source: torch.Tensor, me: int, families):

@@ -15,7 +15,7 @@ import minitp as mt
 from minitp import data
 from minitp.checkpoint.reshard import dense_expert_biases
 from minitp.data_parallel.zero import gathered
-from minitp.serving import generate, logprob_parity, refit, tp_model, vocab_gather
+from minitp.serving import Refit, generate, logprob_parity, refit, tp_model, vocab_gather
 from minitp.sharding.tags import tag
 
 CFG = mt.GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=4, d_model=16)
@@ -37,17 +37,29 @@ def _prompt():
 
 
 def _trained(sizes, plan, dtype=torch.float64, steps=2, cfg=CFG):
-    """A model trained `steps` AdamW steps at `sizes` with `plan`, and its dense weights."""
+    """A model trained `steps` AdamW steps at `sizes` with `plan`, its dense weights, and
+    a function that takes one more step and returns the dense weights after it."""
     mesh = mt.Mesh(**sizes)
     model = mt.parallelize(_ref(dtype, cfg).to(mt.device()), mesh, **plan)
     optimizer = mt.make_optimizer(model, mesh, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
     tokens = torch.randint(0, 64, (400,), generator=torch.Generator().manual_seed(2))
-    for step in range(steps):
-        mt.train_step(model, data.get_batch(tokens, step, 4, CFG.seq_len), mesh, optimizer)
-    with gathered(model):  # ZeRO-3 keeps shards only
-        dense = {k: v.cpu().clone() for k, v in model.full_state_dict().items()}
-    dense.update(dense_expert_biases(model, mesh))  # (a buffer the steps moved)
-    return model, dense
+    done = []
+
+    def train(n):
+        for _ in range(n):
+            batch = data.get_batch(tokens, len(done), 4, CFG.seq_len)
+            done.append(mt.train_step(model, batch, mesh, optimizer))
+        with gathered(model):  # ZeRO-3 keeps shards only
+            dense = {k: v.cpu().clone() for k, v in model.full_state_dict().items()}
+        dense.update(dense_expert_biases(model, mesh))  # (a buffer the steps moved)
+        return dense
+    return model, train(steps), lambda: train(1)
+
+
+def _equal(served, dense, cfg, mesh) -> bool:
+    """`served`'s whole state is tp_model's of the `dense` weights, bit for bit."""
+    expect = tp_model(_dense_gpt(dense, cfg).to(mt.device()), mesh).state_dict()
+    return all(torch.equal(v, expect[k]) for k, v in served.state_dict().items())
 
 
 def _dense_gpt(state, cfg=CFG):
@@ -68,10 +80,9 @@ def _rank():
     out = {"refit": {}}
     tp4 = mt.Mesh(tp=4)
     for name, (sizes, plan, cfg) in TRAININGS.items():
-        model, dense = _trained(sizes, plan, cfg=cfg)
+        model, dense, more = _trained(sizes, plan, cfg=cfg)
         served, report = refit(model, tp4)  # the layout read off the model
-        expect = tp_model(_dense_gpt(dense, cfg).to(mt.device()), tp4).state_dict()
-        equal = all(torch.equal(v, expect[k]) for k, v in served.state_dict().items())
+        equal = _equal(served, dense, cfg, tp4)
         gen = generate(served, _prompt().to(mt.device()), TOKENS, temperature=1.0, seed=3,
                        gather=vocab_gather(served))
         out["refit"][name] = (equal, report, dense, gen.tokens.cpu(), torch.stack(gen.logits))
@@ -79,6 +90,12 @@ def _rank():
             out["parity64"] = logprob_parity(model, served, gen.tokens, _prompt().shape[1])
             out["split_bytes"] = 8 * sum(p.numel() for p in served.parameters()  # by the tags
                                          if tag(p, "tp_split_dim") is not None)
+        if name == "pp2-tp2":  # an RL loop: planned once, refit after each of two more steps
+            planned, out["again"] = Refit(model, tp4), []
+            for _ in range(2):
+                dense_now, report_now = more(), planned.refit_once()
+                out["again"].append((_equal(planned.served, dense_now, cfg, tp4), report_now,
+                                     _equal(planned.served, dense, cfg, tp4)))
     out["bf16"] = _bf16_logprobs()
     out["refused"] = [
         _refused(lambda: refit(_ref(), tp4)),  # a plain GPT
@@ -92,7 +109,7 @@ def _rank():
 def _bf16_logprobs():
     """The trainer at (dp 2, tp 2) in bf16; generators refit from it at tp 1, 2 and 4 (with
     dp replicas) score the same tokens: {tp: logprob_parity's answer}."""
-    model, _ = _trained(dict(dp=2, tp=2), {}, dtype=torch.bfloat16, steps=1)
+    model = _trained(dict(dp=2, tp=2), {}, dtype=torch.bfloat16, steps=1)[0]
     tokens = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(4))
     return {tp: logprob_parity(model, refit(model, mt.Mesh(dp=4 // tp, tp=tp))[0], tokens, 4)
             for tp in (1, 2, 4)}
@@ -122,6 +139,14 @@ def test_refit_equals_the_dense_trainer_bit_for_bit(run):
             assert all(torch.equal(theirs[k], dense[k]) for k in dense)  # one dense model
             assert torch.equal(tokens, one.tokens), (r, name)
             assert float((logits - torch.stack(one.logits)).abs().max()) <= 1e-12
+
+
+def test_a_refit_planned_once_follows_the_training(run):
+    for r in range(4):
+        first = run[r]["refit"]["pp2-tp2"][1]
+        for now, report, stale in run[r]["again"]:
+            assert now and not stale, r  # the newest weights, not the first refit's
+            assert report.received == first.received and report.messages == first.messages
 
 
 def test_bytes_from_the_trace_equal_the_plan(run):
