@@ -15,9 +15,9 @@ are read back from the trace (`RefitReport`), beside the plan's count of them, t
 minimum (each weight it keeps, once) and a naive refit (the dense model gathered to rank 0
 and broadcast whole: every rank receives all of it).
 
-`logprob_parity` scores a generation twice: the generator's log-probabilities of the
-tokens it sampled (decoded through the KV cache at the serving layout) against the
-trainer's forward over the same tokens (the whole sequence at the training layout).
+`logprob_parity` scores a generation's tokens twice: the generator's log-probabilities
+(decoding them through its KV cache at the serving layout) against the trainer's forward
+over the same tokens (the whole sequence at the training layout).
 
 Where minitp differs from production: the masks are dense (a byte per weight per rank;
 Megatron's `resharding/planner.py` exchanges shard metadata instead), each rank stages

@@ -102,6 +102,7 @@ def _rank():
         _refused(lambda: refit(mt.parallelize(_ref(), tp4), mt.Mesh(pp=2, tp=2))),
         _refused(lambda: refit(mt.parallelize(_ref(), tp4), _Heads3())),
         _refused(lambda: refit(mt.parallelize(_ref(), tp4), _Heads3(world_size=8))),
+        _refused(lambda: refit(mt.parallelize(_ref(), tp4), tp4, dict(zero_stage=3))),
     ]
     return out
 
@@ -187,9 +188,10 @@ def test_logprobs_equal_in_float64_and_drift_in_bf16(run):
 
 def test_bad_requests_are_refused_in_one_line(run):
     for r in range(4):
-        plain, pp, heads, world = run[r]["refused"]
+        plain, pp, heads, world, plan = run[r]["refused"]
         assert "mt.parallelize" in plain
         assert "tp (and dp replicas) only" in pp
         assert "not divisible by tp=3" in heads
         assert "spans 8 ranks" in world
+        assert "does not describe this model's layout" in plan
         assert all("\n" not in m for m in run[r]["refused"])
