@@ -8,13 +8,15 @@ pipeline stages.
 * `pp`: prefill as microbatches through the stages, decode with several groups of
   sequences in flight; the bubble measured beside its model;
 * `throughput`: tokens per second against batch size and tp, measured;
-* `refit`: a trained model's weights moved live onto the serving layout, and the
-  generator's log-probabilities beside the trainer's.
+* `refit`: a trained model's weights moved live onto the serving layout;
+* `parity`: the generator's log-probabilities (and a mixture's routing) beside the
+  trainer's.
 """
 
 from .decode import Decoder, Generation, generate
+from .parity import generator_logprobs, logprob_parity, routing_flips, token_logprobs
 from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
-from .refit import Refit, RefitReport, generator_logprobs, logprob_parity, refit, token_logprobs
+from .refit import Refit, RefitReport, refit
 from .sampling import draw, generator
 from .throughput import decode_throughput
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
@@ -22,4 +24,4 @@ from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 __all__ = ["Decoder", "Generation", "PipelineGeneration", "Refit", "RefitReport", "bubble_model",
            "decode_throughput", "draw", "generate", "generator", "generator_logprobs",
            "logprob_parity", "per_token_collectives", "pipeline_bubble", "pp_generate", "refit",
-           "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]
+           "routing_flips", "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]

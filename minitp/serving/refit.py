@@ -15,9 +15,7 @@ are read back from the trace (`RefitReport`), beside the plan's count of them, t
 minimum (each weight it keeps, once) and a naive refit (the dense model gathered to rank 0
 and broadcast whole: every rank receives all of it).
 
-`logprob_parity` scores a generation's tokens twice: the generator's log-probabilities
-(decoding them through its KV cache at the serving layout) against the trainer's forward
-over the same tokens (the whole sequence at the training layout).
+The generator's log-probabilities beside the trainer's: `minitp.serving.parity`.
 
 Where minitp differs from production: the masks are dense (a byte per weight per rank;
 Megatron's `resharding/planner.py` exchanges shard metadata instead), each rank stages
@@ -37,8 +35,6 @@ from ..parallelize import parallelize
 from ..rules import check_tp_widths, model_chunks, model_placement
 from ..runtime import _device, comm, io_counters, trace
 from ..runtime.mesh import Mesh, world
-from .decode import Decoder
-from .tp import vocab_gather
 
 VIA = "refit"  # the axis name the refit's messages carry in the trace
 
@@ -235,39 +231,3 @@ def _report(me: int, source: torch.Tensor, messages, families, wrote) -> RefitRe
     return RefitReport(rank=me, received=sum(e.nbytes for e in messages), planned=remote,
                        local=local, minimum=remote + local, broadcast=broadcast,
                        messages=len(messages), sent=sent, sent_measured=wrote)
-
-
-def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
-    """(B, T − 1) float64: log p(tokens[:, t + 1] | tokens[:, :t + 1]) by one forward of a
-    one-stage parallel `model` over the whole sequence (its vocabulary gathered over tp)."""
-    if getattr(model.mesh, "pp_size", 1) != 1:
-        raise ValueError("token_logprobs runs one stage: a pp > 1 trainer's forward runs in "
-                         "its schedule (score with a pp-1 layout of the same weights)")
-    with torch.no_grad():
-        local = model(tokens[:, :-1].to(_device.device()))[0]
-    logits = vocab_gather(model)(local).double().cpu()
-    return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None].cpu())[..., 0]
-
-
-def generator_logprobs(served, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """(B, T − prompt_len) float64: the generator's log-probabilities of `tokens` after
-    their first `prompt_len`, the way it decodes: the prompt prefilled into its KV cache,
-    then one token fed a step (each the given one, not a new draw)."""
-    decoder = Decoder(served, vocab_gather(served))
-    tokens = tokens.to(_device.device())
-    steps = []
-    for t in range(prompt_len, tokens.shape[1]):
-        logits = decoder.next_logits(tokens[:, :t]).double().cpu()
-        steps.append(torch.log_softmax(logits, -1).gather(-1, tokens[:, t, None].cpu())[:, 0])
-    return torch.stack(steps, dim=1)
-
-
-def logprob_parity(trainer, served, tokens: torch.Tensor, prompt_len: int) -> dict:
-    """The generator's (`served`'s, through its cache) log-probabilities of `tokens` after
-    the prompt beside the `trainer`'s forward over the same tokens (the whole sequence at
-    its training layout). `tokens`: what a generation sampled, its prompt first.
-    Returns {"generator", "trainer": (B, n) float64, "max_diff"}."""
-    mine = generator_logprobs(served, tokens, prompt_len)
-    theirs = token_logprobs(trainer, tokens)[:, prompt_len - 1:]
-    return {"generator": mine, "trainer": theirs,
-            "max_diff": float((mine - theirs).abs().max())}

@@ -4,7 +4,8 @@ ZeRO-3 move onto tp 4 equal
 to the trainer's dense weights bit for bit in float64, and decode as the dense model does
 on one device; each rank's bytes read from the trace equal the plan's; the generator's
 log-probabilities of its own tokens equal the trainer's forward in float64 and drift in
-bf16 between tp 1, 2 and 4; bad requests are refused in one line on every rank."""
+bf16 between tp 1, 2 and 4 (a mixture of experts, its routing flips counted); a refit
+planned once follows two more training steps; bad requests are refused in one line on every rank."""
 
 import math
 
@@ -15,7 +16,16 @@ import minitp as mt
 from minitp import data
 from minitp.checkpoint.reshard import dense_expert_biases
 from minitp.data_parallel.zero import gathered
-from minitp.serving import Refit, generate, logprob_parity, refit, tp_model, vocab_gather
+from minitp.model.routing import Router
+from minitp.serving import (
+    Refit,
+    generate,
+    logprob_parity,
+    refit,
+    routing_flips,
+    tp_model,
+    vocab_gather,
+)
 from minitp.sharding.tags import tag
 
 CFG = mt.GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=4, d_model=16)
@@ -108,12 +118,20 @@ def _rank():
 
 
 def _bf16_logprobs():
-    """The trainer at (dp 2, tp 2) in bf16; generators refit from it at tp 1, 2 and 4 (with
-    dp replicas) score the same tokens: {tp: logprob_parity's answer}."""
-    model = _trained(dict(dp=2, tp=2), {}, dtype=torch.bfloat16, steps=1)[0]
+    """The mixture of experts trained at (dp 2, tp 2) in bf16; generators refit from it at
+    tp 1, 2 and 4 (with dp replicas) score the same tokens: {tp: (logprob_parity's
+    answer, routing_flips')}."""
+    model = _trained(dict(dp=2, tp=2), {}, dtype=torch.bfloat16, steps=1, cfg=MOE)[0]
     tokens = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(4))
-    return {tp: logprob_parity(model, refit(model, mt.Mesh(dp=4 // tp, tp=tp))[0], tokens, 4)
-            for tp in (1, 2, 4)}
+    out = {}
+    for tp in (1, 2, 4):
+        served = refit(model, mt.Mesh(dp=4 // tp, tp=tp))[0]
+        out[tp] = (logprob_parity(model, served, tokens, 4),
+                   routing_flips(model, served, tokens, 4))
+    for router in (m for m in served.modules() if isinstance(m, Router)):
+        router.gate.weight.data.neg_()  # every top-2 of 4 becomes the bottom 2: all flip
+    out["negated"] = routing_flips(model, served, tokens, 4)
+    return out
 
 
 class _Heads3(mt.Mesh):
@@ -180,10 +198,14 @@ def test_logprobs_equal_in_float64_and_drift_in_bf16(run):
     assert parity["generator"].shape == (2, TOKENS)
     assert parity["max_diff"] <= 1e-12
     bf16 = run[0]["bf16"]
-    drift = {(a, b): float((bf16[a]["generator"] - bf16[b]["generator"]).abs().max())
+    drift = {(a, b): float((bf16[a][0]["generator"] - bf16[b][0]["generator"]).abs().max())
              for a, b in ((1, 2), (1, 4), (2, 4))}
     assert all(math.isfinite(d) and d > 0 for d in drift.values()), drift  # measured, > 0
-    assert all(math.isfinite(p["max_diff"]) for p in bf16.values())
+    negated = bf16["negated"]
+    assert negated[0] == negated[1] == MOE.n_layer * 2 * 6  # the count can see a flip
+    for parity, (flips, decisions) in (bf16[tp] for tp in (1, 2, 4)):
+        assert math.isfinite(parity["max_diff"])
+        assert decisions == MOE.n_layer * 2 * 6 and 0 <= flips <= decisions  # measured
 
 
 def test_bad_requests_are_refused_in_one_line(run):
