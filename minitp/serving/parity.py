@@ -26,9 +26,10 @@ from .tp import vocab_gather
 def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
     """(B, T − 1) float64: log p(tokens[:, t + 1] | tokens[:, :t + 1]) by one forward of a
     one-stage parallel `model` over the whole sequence (its vocabulary gathered over tp)."""
-    if getattr(model.mesh, "pp_size", 1) != 1:
-        raise ValueError("token_logprobs runs one stage: a pp > 1 trainer's forward runs in "
-                         "its schedule (score with a pp-1 layout of the same weights)")
+    if model.mesh.pp_size != 1 or model.mesh.cp_size != 1:
+        raise ValueError("token_logprobs runs one stage over whole sequences: a pp > 1 "
+                         "trainer's forward runs in its schedule, a cp > 1 one takes chunks "
+                         "of each sequence (score with a pp-1, cp-1 layout of the weights)")
     with torch.no_grad():
         local = model(tokens[:, :-1].to(_device.device()))[0]
     logits = vocab_gather(model)(local).double().cpu()
@@ -53,8 +54,8 @@ def logprob_parity(trainer, served, tokens: torch.Tensor, prompt_len: int) -> di
     the prompt beside the `trainer`'s forward over the same tokens. `tokens`: what a
     generation sampled, its prompt first. Returns {"generator", "trainer": (B, n) float64,
     "max_diff"}."""
+    theirs = token_logprobs(trainer, tokens)[:, prompt_len - 1:]  # first: it may refuse
     mine = generator_logprobs(served, tokens, prompt_len)
-    theirs = token_logprobs(trainer, tokens)[:, prompt_len - 1:]
     return {"generator": mine, "trainer": theirs,
             "max_diff": float((mine - theirs).abs().max())}
 

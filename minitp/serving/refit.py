@@ -145,7 +145,7 @@ class Refit:
     def __init__(self, model, target_mesh: Mesh, plan: dict | None = None):
         check_refit(model, target_mesh)
         cfg, space = model.cfg, Space.of(model.cfg)
-        self.model, self.me = model, model.mesh.rank
+        self.model, self.me, self.space = model, model.mesh.rank, space
         plan = source_plan(model) if plan is None else plan
         with trace.paused():
             self.source_ids = local_ids(cfg, model.mesh, plan, space)[0]
@@ -168,7 +168,7 @@ class Refit:
 
     def refit_once(self) -> RefitReport:
         """The model's weights now, into `served` (collective: every rank calls it)."""
-        values = _placed(Space.of(self.model.cfg), _model_tensors(self.model)[0],
+        values = _placed(self.space, _model_tensors(self.model)[0],
                          self.source_ids, self.families)[0]
         got, messages, wrote = _exchange(values, self.source, self.me, self.families)
         with torch.no_grad():  # (the served tensors read now: a cast may have replaced them)
