@@ -4,8 +4,10 @@ later one that inherits its error; a correct mesh gives None; bad input costs on
 The traps are switched on as their lessons do: the K/V replicas' and the VLM encoder's
 gradient sums left out (the labs' own `_forget_kv_sum`, `_forget_encoder_sum`), RoPE at
 local positions under CP (`_local_positions`); the MoE aux loss's statistics kept local (a
-rank's `SplitSequence` not summing), packed RoPE turned by positions that do not restart
-under CP (Megatron-LM #5243); latent attention's shared rotary key's gradient sum left out
+rank's `SplitSequence` not summing), a packed batch's rows turned by the first row's
+positions under CP (Megatron-LM #5243; the museum's spoil: positions that only fail to
+restart shift each document by a constant, which RoPE, being relative, does not see);
+latent attention's shared rotary key's gradient sum left out
 (torchtitan PR #1373's review, `_rotary_key_sum_left_out`: named at W^KR, not at the rotation
 whose input gradients are partial by design); FP8's local scales by ``--fp8-local-scales``
 (the CLI test).
@@ -20,11 +22,11 @@ import json
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
-import torch
 
 import minitp as mt
 from minitp.data import packing
 from minitp.debug.divergence import compare_on_rank, earliest
+from minitp.debug.museum.spoils import packed_positions_of_the_first_row
 
 LLAMA = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32, norm="rmsnorm",
              positions="rope", mlp="swiglu", bias=False, n_kv_head=2)
@@ -63,16 +65,6 @@ def _aux_statistics_local(model):
         layer.sequence.seq_len = lambda local: local
 
 
-def _packed_positions_not_restarting(model):
-    from minitp.model.llama_layers import Rotary
-
-    for module in model.modules():
-        if isinstance(module, Rotary):  # this rank's chunks of 0..T-1, not of the documents'
-            right = module.local
-            module.local = lambda p, right=right: right(
-                torch.arange(p.shape[1], device=p.device).expand_as(p))
-
-
 def _cases():
     docs = [d[:n] for d, n in zip(packing.corpus_documents(), (7, 11, 5, 9, 13, 6, 8, 10),
                                   strict=False)]
@@ -85,7 +77,7 @@ def _cases():
         "aux": (mt.GPTConfig(**moe), dict(cp=2, tp=2), None, _aux_statistics_local, 1,
                 dict(sequence_parallel=True)),
         "packed": (mt.GPTConfig(**{**LLAMA, "vocab_size": 256}), dict(cp=4),
-                   packing.pack(docs, seq_len=16), _packed_positions_not_restarting, 1, {}),
+                   packing.pack(docs, seq_len=16), packed_positions_of_the_first_row, 1, {}),
         "vlm": (vlm, dict(tp=4), None, _encoder_sum_left_out, 1, dict(sequence_parallel=True)),
         "mla": (mt.GPTConfig.mla(**{**GPT2, "seq_len": 8}, q_lora_rank=8, kv_lora_rank=8,
                                  rope_dim=4), dict(tp=4), None, _rotary_key_sum_left_out, 1,
@@ -103,8 +95,11 @@ def _every_case(cases):
 @pytest.fixture(scope="module")
 def found():
     run = mt.launch(_every_case, 4, _cases(), timeout=300)
-    return {name: (earliest([rank[name] for rank in run]), [rank[name]["compared"] for rank in run])
-            for name in run[0]}
+    found = {name: (earliest([rank[name] for rank in run]),
+                    [rank[name]["compared"] for rank in run]) for name in run[0]}
+    found["packed_loss"] = (float(run[0]["packed"]["loss"]),
+                            float(run[0]["packed"]["reference_loss"]))
+    return found
 
 
 def test_the_kv_replicas_sum_left_out_is_named_at_kv(found):
@@ -123,9 +118,11 @@ def test_local_aux_loss_statistics_are_named_at_the_router(found):
     assert first.module.startswith("blocks.1.mlp.router") and first.phase == "backward", first
 
 
-def test_packed_positions_that_do_not_restart_are_named_at_the_rotation(found):
+def test_packed_rows_turned_by_the_wrong_positions_are_named_at_the_rotation(found):
     first, _ = found["packed"]
     assert (first.module, first.phase) == ("blocks.0.attn.rope", "forward"), first
+    # a real bug, not only a moved intermediate: the step's loss departs too
+    assert abs(found["packed_loss"][0] - found["packed_loss"][1]) > 1e-9, found["packed_loss"]
 
 
 def test_the_encoder_sum_left_out_is_named_in_the_encoder(found):
