@@ -28,7 +28,7 @@ from ._forkserver import (
 )
 from ._run import Run
 from ._signals import cleaned_up_on_sigterm, interrupts_deferred
-from ._worker import LIVE, STATUS_SLOT_BYTES
+from ._worker import LIVE, STATUS_SLOT_BYTES, native_stderr_path, read_native_stderr
 from ._worker import main as _rank_main
 from .errors import LaunchError
 
@@ -148,7 +148,7 @@ class Launch:
             args=(rank, self.world_size, self.payload, store_path, self.backend,
                   self.timeout, _threads_per_rank(self.world_size), child_end,
                   self.status, self.flight, started, env, lifeline_in,
-                  self._native_stderr_path(rank), sources, _isatty(self.console)),
+                  native_stderr_path(self.directory, rank), sources, _isatty(self.console)),
             daemon=True,
         )
         with without_main_module():
@@ -167,16 +167,9 @@ class Launch:
                 rank=rank,
             ) from None
 
-    def _native_stderr_path(self, rank: int) -> str:
-        return os.path.join(self.directory, f"rank{rank}.stderr")
-
     def native_stderr(self, rank: int) -> str:
         """What rank `rank`'s native (C++) side wrote to file descriptor 2."""
-        try:
-            with open(self._native_stderr_path(rank), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_native_stderr(self.directory, rank)
 
     # -- waiting ---------------------------------------------------------------
     def _collect(self) -> None:

@@ -23,7 +23,7 @@ from ._rank_set import _loopback_interface, _threads_per_rank
 from ._session_rank import RENDEZVOUS_S
 from ._session_rank import main as _rank_main
 from ._signals import interrupts_deferred
-from ._worker import STATUS_SLOT_BYTES
+from ._worker import STATUS_SLOT_BYTES, native_stderr_path, read_native_stderr
 
 MESH_AXES = ("dp", "pp", "tp", "cp", "ep")
 _live: weakref.WeakSet = weakref.WeakSet()  # every group started and not yet stopped
@@ -120,7 +120,8 @@ class RankGroup:
                 process = ctx.Process(target=_rank_main, name=f"minitp-session-rank{rank}", args=(
                     rank, self.world_size, os.path.join(self.directory, "store"), self.backend,
                     self.timeout, _threads_per_rank(self.world_size), child_end, self.status,
-                    self.flight, env, lifeline_in, self._native_path(rank), self.mesh),
+                    self.flight, env, lifeline_in, native_stderr_path(self.directory, rank),
+                    self.mesh),
                     daemon=True)
                 with _fs.without_main_module():
                     process.start()
@@ -153,15 +154,8 @@ class RankGroup:
         now = time.time()
         return any(now - since > limit + 2.0 for since, _ in self.slots().values())
 
-    def _native_path(self, rank: int) -> str:
-        return os.path.join(self.directory, f"rank{rank}.stderr")
-
     def native_stderr(self, rank: int) -> str:
-        try:
-            with open(self._native_path(rank), errors="replace") as f:
-                return f.read()
-        except (OSError, TypeError):
-            return ""
+        return read_native_stderr(self.directory, rank)
 
     def _stop(self, why: str) -> None:
         """Kill every rank and free what the group held: pipes, shared arrays, directory."""

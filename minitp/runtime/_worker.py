@@ -95,6 +95,22 @@ def _die_with_launcher(lifeline) -> None:
             pass
 
 
+def native_stderr_path(directory: str, rank: int) -> str:
+    """Where rank `rank` of a group whose files live in `directory` (a launch's or a
+    session's) has its file descriptor 2 (`_capture_native_stderr`)."""
+    return os.path.join(directory, f"rank{rank}.stderr")
+
+
+def read_native_stderr(directory: str | None, rank: int) -> str:
+    """What rank `rank`'s native (C++) side wrote there; "" where nothing can be read (the
+    group's directory already removed, or never made)."""
+    try:
+        with open(native_stderr_path(directory, rank), errors="replace") as f:
+            return f.read()
+    except (OSError, TypeError):
+        return ""
+
+
 def _capture_native_stderr(path: str) -> None:
     """Point file descriptor 2 at `path`, so what torch's and gloo's C++ code prints
     (an abort's reason, say) reaches the launcher's error instead of the terminal
