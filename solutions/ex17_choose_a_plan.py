@@ -15,7 +15,7 @@ on (a `mt.calc.Cluster`: its GPUs' speed and links, ``cluster.gpus_per_node``),
 
 with dp · pp · tp = n_gpus, recompute one of None, "selective" or "full", and a ZeRO
 stage from 0 to 3. ZeRO shards the 18 bytes per parameter over the dp ranks (lesson 13
-ran stage 1; ahead: lesson 20 runs all four): stage 0 keeps all 18 on every rank,
+ran stage 1; ahead: lesson 21 runs all four): stage 0 keeps all 18 on every rank,
 stage 1 shards Adam's 12 (6 + 12/dp), stage 2 the fp32 gradients' 4 too (2 + 16/dp),
 stage 3 the bf16 weights' 2 too (18/dp). In `calc.step_time` stage 1 costs what the
 all-reduce did; stage 2 reduce-scatters the gradients after every microbatch (m times,

@@ -18,7 +18,7 @@ prints alike"):
 Why a few digits hold: a float64 result differs between machines in its last few bits, and
 a model initialised in float32 (then made float64) starts from weights that other kernels
 round 1 float32 ulp apart: its losses moved by 2e-9 of themselves under
-``ATEN_CPU_CAPABILITY=default`` (lessons 10 and 24, measured), changing their 9th and 10th
+``ATEN_CPU_CAPABILITY=default`` (lessons 10 and 25, measured), changing their 9th and 10th
 digits, and once the 7th (lesson 12's ``5.997945``). Their first 6 digits change only for a
 value that close to a rounding edge, about one in 10^3 to 10^4; none of the course's is.
 The test that keeps the outputs this way is tests/course/test_notebook_outputs.py.

@@ -7,7 +7,7 @@ docs/debugging-divergence.md).
 * `stragglers`: from a run's trace, each rank's time computing and waiting, and who
   waited for whom.
 * `museum` (`minitp.debug.museum`): real bugs from the anchors' trackers, each one setting
-  of minitp away, run spoiled or fixed on 4 ranks (lesson 26).
+  of minitp away, run spoiled or fixed on 4 ranks (lesson 28).
 """
 
 from . import museum

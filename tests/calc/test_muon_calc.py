@@ -8,7 +8,7 @@ from minitp.calc.footprint.muon import lpt_owners, ns_flops
 
 
 def test_a_matrix_parameter_costs_12_bytes_not_adams_16():
-    """Lesson 20's 16 bytes per parameter re-derived: Muon keeps one momentum, not two."""
+    """Lesson 21's 16 bytes per parameter re-derived: Muon keeps one momentum, not two."""
     for muon, adam in (("muon-fp32", "adam-fp32"), ("muon-mixed", "adam-mixed")):
         assert mt.calc.muon_state_bytes(1, 0, optimizer=muon)["total"] == 12
         assert mt.calc.model_state_bytes(1, optimizer=adam)["total"] == 16

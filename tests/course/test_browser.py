@@ -436,7 +436,7 @@ def test_lesson_17_explorer_is_a_live_widget(lab, page, artifacts):
                       f"reads {summary.inner_text()[:400]!r} and the figure is "
                       f"{'new' if image.get_attribute('src') != drawn else 'the old one'} "
                       f"{where}",
-              cell, artifacts / "13_explorer_tp25.png",
+              cell, artifacts / "13_explorer_tp26.png",
               arg=[summary.element_handle(), image.element_handle(), drawn])
     assert "dp=8 x pp=16 x tp=8" not in summary.inner_text()
     assert not _stderr(page), f"lesson 17 printed errors after tp=16 {where}: {_stderr(page)}"

@@ -145,14 +145,14 @@ def test_grader_reports_a_syntax_error_without_crashing(tmp_path):
 
 
 def test_command_line_exit_codes():
-    # ex19's grader runs no ranks: the command line is what is tested here (every grader's
+    # ex20's grader runs no ranks: the command line is what is tested here (every grader's
     # solution passes in its lesson's cell), in 2 s rather than ex01's 6
     root = repo_root()
-    good = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex19", "--solutions"],
+    good = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex20", "--solutions"],
                           cwd=root, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "3/3 checks passed" in good.stdout
-    blank = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex19"],
+    blank = subprocess.run([sys.executable, "-m", "minitp.course.grade", "ex20"],
                            cwd=root, capture_output=True, text=True, timeout=120)
     assert blank.returncode == 1 and "not written yet" in blank.stdout
     check = subprocess.run([sys.executable, "-m", "minitp.course.make_exercises", "--check"],

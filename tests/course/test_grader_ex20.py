@@ -1,177 +1,134 @@
-"""The grader of ex20 (a ZeRO-3 unit, lesson 20) names the mistakes of the learner's part,
-the memory of the gathered parameters (freed after the forward, refilled in place just
-before the backward, freed again after it): every wrong answer here is the reference
-solution with one mistake built in. That the solution passes every check and the
-untouched exercise fails every one is tests/course/test_exercises.py's (parametrized
-over every exercise, ex20 included); here the blanks' messages are checked word for word.
+"""The grader of ex20 (model-state GB and training days, lesson 20) names the usual slips:
+every wrong answer here is the reference solution with one slip (or two) built in, and each
+diagnosis the grader can give has a test. That the solution passes every check and the
+untouched exercise fails every one is tests/course/test_exercises.py's.
 
-Budget: the wrong answers are graded at dp = 2 only (the grader's dp = 3 repeats
-the same checks on more ranks; the solution is graded at both sizes)."""
+The checks, in order: 0 the GB, 1 the days, 2 no shortcut taken. All in this process."""
 
 import pytest
 from test_exercises import _variant
 
 import minitp as mt
-from minitp.course.graders import ex20
+from minitp import calc
+from minitp.calc.footprint import memory
 
-FREE = "    full.untyped_storage().resize_(0)\n"
-HOOK = "            y.register_hook(lambda grad: self.refill(full))\n"
-COPY = "        full.data.copy_(values)"
-FREE_AFTER_BACKWARD = "        (full,) = ctx.saved_tensors\n        free(full)\n"
+LAYOUT = "weights, master, momentum, variance = 2, 4, 4, 4"
+GRADIENTS = '4 if optimizer == "megatron" else 2'
+STATES = "n_params * (weights + master + momentum + variance + gradients) / 1e9"
+RULE = "(8 if recompute else 6)"
+ACHIEVED = "n_gpus * efficiency * peak_flops"
+DAYS = "return flops / achieved / 86400"
 
-
-@pytest.fixture
-def dp2(monkeypatch):
-    monkeypatch.setattr(ex20, "WORLD_SIZES", (2,))
-
-
-def _by_kind(report):
-    """The checks of dp = 2 by what they judge."""
-    kinds = ("numbers", "after forward", "in backward", "collectives", "accumulation")
-    return dict(zip(kinds, report.checks, strict=True))
-
-
-def test_the_blank_says_what_is_not_written_and_gives_its_hint(dp2):
-    report = mt.grade("ex20")
-    first = report.checks[0]
-    assert not any(c.passed for c in report.checks), str(report)
-    assert first.detail == "Zero3Unit is not written yet", str(report)
-    assert first.hint.startswith("after the forward this rank holds its shard only")
-
-
-def test_a_blank_reached_only_in_backward_is_not_written_yet_either(tmp_path, dp2):
-    # The forward and `free` written, the refill not: its NotImplementedError is raised by
-    # a hook inside backward, and is still reported as a blank, not as a crash.
-    blank = _variant(tmp_path, "ex20", (
-        "        values = mt.comm.all_gather(self.shard.detach(), self.axis)\n",
-        "        raise NotImplementedError('the refill')\n"))
-    first = mt.grade("ex20", path=blank).checks[0]
-    assert first.detail == "Zero3Unit is not written yet" and first.hint == "the refill"
+STATE_SLIPS = {  # the slip built in -> words the hint must contain
+    "no fp32 master": ((LAYOUT, "weights, master, momentum, variance = 2, 0, 4, 4"),
+                       "Adam's master copy"),
+    "16-bit gradients under megatron": ((GRADIENTS, "2"), "16 bits under 'megatron'"),
+    "fp32 gradients under adam-mixed": ((GRADIENTS, "4"), "fp32 under 'adam-mixed'"),
+    "no gradients": ((GRADIENTS, "0"), "the gradients are missing"),
+    "weights only": ((STATES, "n_params * weights / 1e9"), "16-bit weights alone"),
+    "GiB": ((STATES, STATES.replace("1e9", "2**30")), "that is GiB"),
+    "bytes": ((STATES, STATES.replace(" / 1e9", "")), "that is bytes"),
+}
+DAY_SLIPS = {
+    "6ND while recomputing": ((RULE, "6"), "6·N·D where the run recomputes"),
+    "8ND without recomputing": ((RULE, "8"), "8·N·D where the run does not recompute"),
+    "forward only": ((RULE, "2"), "counts the forward only"),
+    "peak": ((ACHIEVED, "n_gpus * peak_flops"), "multiply it by the efficiency"),
+    "efficiency divides": ((ACHIEVED, "n_gpus * peak_flops / efficiency"),
+                           "the efficiency divides the peak"),
+    "one GPU": ((ACHIEVED, "efficiency * peak_flops"), "divide by their number"),
+    "seconds": ((DAYS, "return flops / achieved"), "that is seconds"),
+    "hours": ((DAYS, "return flops / achieved / 3600"), "that is hours"),
+}
 
 
-def test_del_instead_of_freeing_the_storage_is_caught_after_the_forward(tmp_path, dp2):
-    # Right numbers, right collectives: but autograd's saved views keep the whole vector.
-    kept = _variant(tmp_path, "ex20", (FREE, "    del full\n"))
-    checks = _by_kind(mt.grade("ex20", path=kept))
-    assert checks["numbers"].passed and checks["collectives"].passed
-    assert not checks["after forward"].passed and not checks["in backward"].passed
-    assert ("1888 bytes of gathered parameters still held after unit 0's forward "
-            "(the whole vector is 1888 bytes)") in checks["after forward"].detail
-    assert "`del` drops only your name" in checks["after forward"].hint
-    assert "never freed after its forward" in checks["in backward"].detail
+def _grade(tmp_path, *edits):
+    return mt.grade("ex20", path=_variant(tmp_path, "ex20", *edits))
 
 
-def test_keeping_the_vector_for_backward_is_named_by_the_missing_refill(tmp_path, dp2):
-    kept = _variant(tmp_path, "ex20", ("        free(full)\n        if y.requires_grad:",
-                                       "        if False:"))
-    checks = _by_kind(mt.grade("ex20", path=kept))
-    assert checks["numbers"].passed
-    assert [c.passed for c in checks.values()] == [True, False, False, False, True]
-    assert "backward made no all_gather" in checks["collectives"].detail
+@pytest.mark.parametrize("slip", sorted(STATE_SLIPS))
+def test_each_slip_in_the_bytes_is_named(tmp_path, slip):
+    edit, words = STATE_SLIPS[slip]
+    report = _grade(tmp_path, edit)
+    states, days, shortcut = report.checks
+    assert not states.passed and days.passed and shortcut.passed, str(report)
+    assert "expected" in states.detail and states.tensor == "GB" and states.max_error > 0
+    assert "this slip" in states.hint and words in states.hint, states.hint
 
 
-@pytest.mark.parametrize("instead", [
-    "            pass\n",  # freed after the forward, never refilled
-    HOOK.replace("y.register", "x.register"),  # on the input: fires after the unit's backward
-], ids=["never", "too late"])
-def test_a_refill_missing_when_backward_reads_the_parameters_is_named(tmp_path, dp2, instead):
-    edit = (HOOK, instead)
-    wrong = _variant(tmp_path, "ex20", edit)
-    checks = _by_kind(mt.grade("ex20", path=wrong))
-    assert not checks["numbers"].passed and checks["after forward"].passed
-    assert checks["numbers"].detail.endswith(
-        "step 1, rank 0: backward read a saved view of the parameters while their storage "
-        "held 0 bytes: nothing refilled it before the unit's backward"), str(checks)
-    assert "when the gradient of the unit's output arrives" in checks["numbers"].hint
-    assert checks["in backward"].detail == "not checked: backward failed (see above)"
+@pytest.mark.parametrize("slip", sorted(DAY_SLIPS))
+def test_each_slip_in_the_days_is_named(tmp_path, slip):
+    edit, words = DAY_SLIPS[slip]
+    report = _grade(tmp_path, edit)
+    states, days, shortcut = report.checks
+    assert states.passed and not days.passed and shortcut.passed, str(report)
+    assert "expected" in days.detail and days.tensor == "days" and days.max_error > 0
+    assert "this slip" in days.hint and words in days.hint, days.hint
 
 
-def test_a_refill_into_a_new_tensor_is_named(tmp_path, dp2):
-    # The gather happens, but the saved views still point at the freed storage.
-    wrong = _variant(tmp_path, "ex20", (
-        "        full.untyped_storage().resize_(values.numel() * values.element_size())\n", ""),
-        (COPY, "        full.data = values"))
-    numbers = _by_kind(mt.grade("ex20", path=wrong))["numbers"]
-    assert ("backward gathered again, but a saved view of the parameters still saw a storage "
-            "of 0 bytes" in numbers.detail), str(numbers)
-    assert "full.data = ..." in numbers.hint
+def test_two_slips_of_different_kinds_are_both_named(tmp_path):
+    report = _grade(tmp_path, DAY_SLIPS["6ND while recomputing"][0], DAY_SLIPS["peak"][0],
+                    STATE_SLIPS["no fp32 master"][0], STATE_SLIPS["GiB"][0])
+    states, days, _ = report.checks
+    assert "these two slips" in states.hint and "master copy" in states.hint, str(report)
+    assert "GiB" in states.hint
+    assert "these two slips" in days.hint and "6·N·D" in days.hint, str(report)
+    assert "efficiency" in days.hint
 
 
-def test_a_refill_that_autograd_counts_as_a_write_is_named(tmp_path, dp2):
-    wrong = _variant(tmp_path, "ex20", (COPY, "        with torch.no_grad():\n"
-                                              "            full.copy_(values)"))
-    numbers = _by_kind(mt.grade("ex20", path=wrong))["numbers"]
-    assert numbers.detail.endswith("autograd refused a saved view of the parameters: the "
-                                   "refill counted as an in-place write (its version went up)")
-    assert "under torch.no_grad() too" in numbers.hint
+def test_a_slip_not_on_the_list_gets_the_recipe(tmp_path):
+    report = _grade(tmp_path, (DAYS, "return flops / achieved / 86000"))
+    days = report.checks[1]
+    assert not days.passed and "slip" not in days.hint, str(report)
+    assert "n × efficiency × peak" in days.hint
+    assert days.detail.startswith("174.6B parameters, 300B tokens, 1024 GPUs at 45% of 312")
 
 
-def test_a_refill_of_other_values_is_named_by_the_right_forward(tmp_path, dp2):
-    # The storage given its bytes back but never written: resize_ leaves garbage there,
-    # here zeros (garbage that does not depend on the allocator).
-    wrong = _variant(tmp_path, "ex20", (COPY, "        full.data.zero_()"))
-    checks = _by_kind(mt.grade("ex20", path=wrong))
-    assert not checks["numbers"].passed and checks["after forward"].passed
-    assert ("the forward is right, so backward read other values than the forward's"
-            in checks["numbers"].detail), str(checks)
+def test_one_function_written_is_graded_while_the_other_is_blank(tmp_path):
+    report = _grade(tmp_path, (DAYS, "raise NotImplementedError('later')"))
+    states, days, shortcut = report.checks
+    assert states.passed and shortcut.passed, str(report)
+    assert not days.passed and days.detail == "training_days is not written yet"
+    assert days.hint == "later"
 
 
-def test_not_freeing_after_backward_is_caught_at_the_next_units_reduce_scatter(tmp_path, dp2):
-    wrong = _variant(tmp_path, "ex20", (FREE_AFTER_BACKWARD, "        pass\n"))
-    checks = _by_kind(mt.grade("ex20", path=wrong))
-    assert [c.passed for c in checks.values()] == [True, True, False, True, False]
-    assert checks["in backward"].detail.endswith(
-        "unit 1 still held 1888 bytes while unit 0's gradient was reduce-scattered: not freed "
-        "after its own backward")
-    assert "GatherParams' backward" in checks["in backward"].hint
+def test_an_answer_that_is_not_a_number_is_told_so(tmp_path):
+    report = _grade(tmp_path, (DAYS, "return None"))
+    days = report.checks[1]
+    assert not days.passed and days.detail.endswith("returned None"), str(report)
+    assert "in days" in days.hint
 
 
-def test_refilling_too_soon_is_caught_while_the_later_unit_is_differentiated(tmp_path, dp2):
-    # Every unit refilled when backward begins (on the first gradient any unit's output
-    # gets): unit 0 is gathered while unit 1 is still being differentiated.
-    wrong = _variant(tmp_path, "ex20", (
-        HOOK, "            y.register_hook(lambda grad: [u.refill(f) for u, f in PENDING]"
-              ".clear() or PENDING.clear())\n            PENDING.append((self, full))\n"),
-        ("def free(full", "PENDING = []\n\n\ndef free(full"))
-    checks = _by_kind(mt.grade("ex20", path=wrong))
-    assert not checks["in backward"].passed, str(checks)
-    assert checks["in backward"].detail.endswith(
-        "unit 0 held 1888 bytes while unit 1's gradient was reduce-scattered: refilled before "
-        "backward reached it")
-
-
-def test_refilling_twice_is_named_by_the_count(tmp_path, dp2):
-    wrong = _variant(tmp_path, "ex20", (HOOK, HOOK + HOOK))
-    collectives = _by_kind(mt.grade("ex20", path=wrong))["collectives"]
-    assert "backward made 4 all_gathers for 2 units: refill each unit once" in collectives.detail
-
-
-def test_a_refill_of_the_units_latest_vector_fails_when_two_forwards_precede_the_backwards(
-        tmp_path, dp2):
-    # The vector kept on the unit, the hook refilling `self.full`: right while each forward
-    # is followed by its own backward (every other check passes), but with two micro-batches'
-    # forwards first, micro-batch 1's backward finds micro-batch 2's vector refilled, not its
-    # own. The old grader (four checks a size) passed it.
-    wrong = _variant(tmp_path, "ex20", (HOOK, "            self.full = full\n"
-                                              "            y.register_hook(lambda grad: "
-                                              "self.refill(self.full))\n"))
-    checks = _by_kind(mt.grade("ex20", path=wrong))
-    assert [c.passed for c in checks.values()] == [True, True, True, True, False], str(checks)
-    assert checks["accumulation"].detail == (
-        "rank 0, both forwards done: micro-batch 1's backward read a saved view of the "
-        "parameters while their storage held 0 bytes: the refill did not fill the vector this "
-        "forward gathered")
-    assert "the one its hook captured, not one kept on the unit" in checks["accumulation"].hint
-
-
-def test_a_gradient_overwritten_by_the_second_backward_is_named(tmp_path, dp2):
-    # The shard's gradient cleared in GatherParams' backward: each backward alone is right
-    # (the grader's steps clear .grad anyway), the sum of two is not.
-    clear = FREE_AFTER_BACKWARD + "        ctx.unit.shard.grad = None\n"
-    wrong = _variant(tmp_path, "ex20", (FREE_AFTER_BACKWARD, clear))
-    checks = _by_kind(mt.grade("ex20", path=wrong))
-    assert [c.passed for c in checks.values()] == [True, True, True, True, False], str(checks)
-    assert checks["accumulation"].detail.startswith(
-        "rank 0: after two backwards the shards' gradients are micro-batch 2's alone: the "
-        "other backward's were overwritten, not accumulated"), checks["accumulation"].detail
-    assert "set or clear .grad nowhere in the unit" in checks["accumulation"].hint
+@pytest.mark.parametrize("shortcut, named", [
+    ("from minitp.calc import training_seconds\n"
+     "def training_days(tokens, n_params, n_gpus, peak_flops, efficiency, recompute):\n"
+     "    rule = 1 if recompute else 6 / 8\n"
+     "    return training_seconds(tokens, n_params, n_gpus, efficiency * peak_flops) * rule "
+     "/ 86400\n", "calc.training_seconds"),
+    ("import minitp as mt\n"
+     "def model_states_gb(n_params, optimizer):\n"
+     "    return mt.calc.model_state_bytes(n_params, optimizer=optimizer)['total'] / 1e9\n",
+     "calc.model_state_bytes"),
+    ("from minitp import calc\n"
+     "def model_states_gb(n_params, optimizer):\n"
+     "    return n_params * sum(calc.OPTIMIZERS[optimizer]) / 1e9\n", "calc.OPTIMIZERS"),
+    ("from minitp.calc import OPTIMIZERS\n"
+     "ROWS = dict(OPTIMIZERS)\n"
+     "def model_states_gb(n_params, optimizer):\n"
+     "    return n_params * sum(ROWS[optimizer]) / 1e9\n", "calc.OPTIMIZERS"),
+])
+def test_the_calculators_answer_is_refused_however_it_was_reached(tmp_path, shortcut, named):
+    source = _variant(tmp_path, "ex20").read_text()
+    header = shortcut.index("def ")
+    function = shortcut[header + 4:shortcut.index("(", header)]
+    start = source.index(f"def {function}(")
+    end = source.find("\ndef ", start + 1)
+    path = tmp_path / "ex20_shortcut.py"
+    path.write_text(source[:start] + shortcut + (source[end:] if end > 0 else ""))
+    report = mt.grade("ex20", path=path)
+    assert [c.passed for c in report.checks] == [True, True, False], str(report)
+    assert named in report.checks[2].detail
+    # and the calculator is itself again afterwards: the grader put everything back
+    assert type(memory.OPTIMIZERS["megatron"]) is tuple
+    assert calc.training_seconds.__name__ == "training_seconds"
+    assert memory.model_state_bytes.__name__ == "model_state_bytes"

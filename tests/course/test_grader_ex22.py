@@ -1,10 +1,11 @@
-"""The grader of ex22 (FP8's amax groups, lesson 22) names the three mistakes the issue
-names: a local scale, the wrong group, a forgotten backward scale. Each wrong answer is the
-reference solution with one mistake built in; that the solution passes is its lesson's cell,
-that the untouched exercise fails every check, tests/course/test_exercises.py.
+"""The grader of ex22 (Muon's owner strategy, lesson 22) names the three mistakes the issue
+names: an unbalanced owner map, a partial gradient orthogonalised, a shard orthogonalised.
+Each wrong answer is the reference solution with one mistake built in; that the solution
+passes is its lesson's cell, that the untouched exercise fails every check,
+tests/course/test_exercises.py.
 
-The checks, in order: (a) shared_amax, (b) amax_groups, (c) gradient_gemms judged
-alone, (d) the three together. Budget: one launch of 4 ranks per test."""
+The checks, in order: (a) lpt_owners, (b) owner_update judged alone (the grader's map), (c)
+the two together. Budget: one launch of 4 ranks per test, and two judged in process."""
 
 from test_exercises import _variant
 
@@ -16,52 +17,39 @@ def _grade(tmp_path, *edits):
     return mt.grade("ex22", path=_variant(tmp_path, "ex22", *edits)).checks
 
 
-def test_a_local_scale_is_named_and_its_drift_measured(tmp_path):
-    a, b, c, d = _grade(tmp_path, ("    for axis in axes:\n        amax = mt.comm.all_reduce(",
-                                   "    for axis in ():\n        amax = mt.comm.all_reduce("))
-    assert [a.passed, b.passed, c.passed, d.passed] == [False, True, True, False]
-    assert a.detail == "over dp: this rank's own amax, not reduced: a local scale", a.detail
-    assert "differs from one device's by" in d.detail and "not shared" in d.detail, d.detail
-
-
-def test_the_wrong_group_for_the_weight_is_megatrons_bug(tmp_path):
-    a, b, c, d = _grade(tmp_path, ('"weight": ("dp", "tp"),', '"weight": ("dp",),'))
-    assert [a.passed, b.passed, c.passed, d.passed] == [True, False, True, False]
-    assert b.detail.startswith("column layer, weight: ('dp',), expected ('dp', 'tp'): the "
-                               "wrong group"), b.detail
-    assert "Megatron-LM PR #442" in b.detail
-
-
-def test_the_lessons_table_copied_misses_zero3s_dp():
-    # lesson 22's amax_table prints "weight: tp" for weights whole on every dp rank; the
-    # exercise's weights are ZeRO-3's pieces, cast before the gather: copying fails. Judged
-    # in process: (b) is a table, no rank needed
-    table = {(layer, sp): {role: tuple(a for a in axes if a != "cp") for lay, role, axes
-                           in mt.fp8.amax_table("tensorwise", sequence_parallel=sp)
-                           if lay == layer} for sp in (False, True) for layer in ("column", "row")}
-    passed, detail, _ = ex22._judge_b({"b": table})
+def test_an_unbalanced_owner_map_is_named_with_its_busiest_rank():
+    # judged in process: (a) is a map, no rank needed
+    round_robin = [[j % ranks for j in range(len(costs))] for costs, ranks in ex22.COSTS]
+    passed, detail, _ = ex22._judge_a({"a": round_robin})
     assert not passed
-    assert "weight: ('tp',), expected ('dp', 'tp'): dp holds other pieces of it here — " \
-        "ZeRO-3" in detail, detail
+    assert "an unbalanced owner map round robin (j mod ranks)" in detail, detail
+    assert "longest processing time first gives" in detail, detail
 
 
-def test_megatrons_one_group_over_tp_and_dp_passes_with_its_cost(tmp_path):
-    # Megatron-LM reduces every amax over tp × dp: the extra ranks hold copies, so the
-    # scales, and the step, are one device's; the grader says what it costs
-    a, b, c, d = _grade(tmp_path, ('return {"input": ("dp", "tp") if split_input else ("dp",),',
-                                   'return {"input": ("dp", "tp"),'),
-                        ('"grad": ("dp", "tp") if layer == "column" else ("dp",)}',
-                         '"grad": ("dp", "tp")}'))
-    assert [a.passed, b.passed, c.passed, d.passed] == [True, True, True, True], b.detail
-    assert "column input over tp; row grad over tp" in b.detail, b.detail
-    assert "all-reduce over 4 ranks where 2 suffice" in b.detail, b.detail
+def test_a_partial_gradient_orthogonalised_is_named(tmp_path):
+    # the home orthogonalises its own local gradient, not the rows the ranks sent it
+    a, b, c = _grade(tmp_path, ("    done = {j: newton_schulz(torch.cat([run[k].view_as(mine[j]) "
+                                "for run in runs]))",
+                                "    done = {j: newton_schulz(local[j] + 0 * torch.cat("
+                                "[run[k].view_as(mine[j]) for run in runs]))"))
+    assert [a.passed, b.passed, c.passed] == [True, False, False]
+    assert "a partial gradient orthogonalised" in b.detail, b.detail
 
 
-def test_a_forgotten_backward_scale_is_named(tmp_path):
-    a, b, c, d = _grade(tmp_path, (
-        "    gq = quantize(grad, shared_amax(grad, axes), E5M2)\n",
-        "    gq = grad\n"))
-    assert [a.passed, b.passed, c.passed, d.passed] == [True, True, False, False]
-    assert c.detail == ("without SP: the output gradient was never cast: the backward scale "
-                        "is forgotten (the backward GEMMs read it in full precision)"), c.detail
-    assert "E5M2" in c.hint
+def test_a_shard_orthogonalised_is_named(tmp_path):
+    # each rank orthogonalises its own rows alone, no exchange
+    a, b, c = _grade(tmp_path, ("    n, me, empty = axis.size, axis.rank, mine[0].new_zeros(0)\n",
+                                "    return [newton_schulz(m) for m in mine]\n"))
+    assert [a.passed, b.passed, c.passed] == [True, False, False]
+    assert "a shard orthogonalised" in b.detail, b.detail
+
+
+def test_gathers_pattern_is_named_where_owners_was_asked():
+    # judged in process: the right rows, but by gather's collectives and work
+    owners = ex22.lpt_owners([ex22.ns_flops(r, c) for r, c in ex22.SHAPES], ex22.DP)
+    right = {key: [0.0 if key == "right" else 1.0] * len(ex22.SHAPES)
+             for key in ("right", "partial", "patchwork", "shard")}
+    record = {"errors": right, "ops": ["all_gather"] * len(ex22.SHAPES),
+              "calls": list(ex22.SHAPES), "rank": 0}
+    passed, detail, _ = ex22._judge_update(record, owners, "")
+    assert not passed and "gather's pattern" in detail, detail

@@ -1,75 +1,67 @@
-"""The grader of ex23 (block-atomic shards, lesson 23) names the usual mistakes: each wrong
-answer is the reference solution with one mistake built in. That the solution passes is its
-lesson's cell; that the untouched exercise fails every check, tests/course/test_exercises.py.
+"""The grader of ex23 (FP8's amax groups, lesson 23) names the three mistakes the issue
+names: a local scale, the wrong group, a forgotten backward scale. Each wrong answer is the
+reference solution with one mistake built in; that the solution passes is its lesson's cell,
+that the untouched exercise fails every check, tests/course/test_exercises.py.
 
-The checks, in order: (a) boundaries between blocks, (b) each value on one rank, (c) the
-largest shard the least possible, (d) no shortcut. All in this process, no launch."""
+The checks, in order: (a) shared_amax, (b) amax_groups, (c) gradient_gemms judged
+alone, (d) the three together. Budget: one launch of 4 ranks per test."""
 
-import pytest
 from test_exercises import _variant
 
 import minitp as mt
-
-SLOT = "slot = -(-share // block) * block"
-BOUNDS = "return [(min(r * slot, numel), min((r + 1) * slot, numel)) for r in range(world)]"
-BALANCED = ("    blocks = -(-numel // block)\n"
-            "    cuts = [block * (r * (blocks // world) + min(r, blocks % world))\n"
-            "            for r in range(world + 1)]\n"
-            "    return [(min(a, numel), min(b, numel)) for a, b in zip(cuts, cuts[1:])]\n")
-
-PILED = ("base = max(numel // block // world, 1) * block  # whole blocks each, the rest last\n"
-         "    return [(min(r * base, numel), numel if r == world - 1 else min((r + 1) * base, "
-         "numel))\n            for r in range(world)]")
+from minitp.course.graders import ex23
 
 
-def _checks(tmp_path, *edits):
-    report = mt.grade("ex23", path=_variant(tmp_path, "ex23", *edits))
-    return report.checks
+def _grade(tmp_path, *edits):
+    return mt.grade("ex23", path=_variant(tmp_path, "ex23", *edits)).checks
 
 
-MISTAKES = {  # the mistake built in -> (the check that fails, words its detail must hold)
-    "ZeRO's even split": ((SLOT, "slot = share"), 0, "ZeRO's even split"),
-    "rounded down": ((SLOT, "slot = share // block * block"), 1,
-                     "values [96, 100) are on no rank — the tail"),
-    "not clipped": ((BOUNDS, "return [(r * slot, (r + 1) * slot) for r in range(world)]"), 1,
-                    "rank 1 ends at 128, past the vector's 100 values"),
-    "tail repeated": ((BOUNDS, BOUNDS + "[:-1] + [(block * ((numel - 1) // block), numel)]"),
-                      1, "is on ranks"),
-    "a slot too large": ((SLOT, "slot = (share // block + 1) * block"), 2,
-                         "holds nothing, though 4 blocks can give each of 4 ranks one"),
-    "the remainder piled": ((BOUNDS, PILED), 2, "the remainder piled on one rank"),
-}
+def test_a_local_scale_is_named_and_its_drift_measured(tmp_path):
+    a, b, c, d = _grade(tmp_path, ("    for axis in axes:\n        amax = mt.comm.all_reduce(",
+                                   "    for axis in ():\n        amax = mt.comm.all_reduce("))
+    assert [a.passed, b.passed, c.passed, d.passed] == [False, True, True, False]
+    assert a.detail == "over dp: this rank's own amax, not reduced: a local scale", a.detail
+    assert "differs from one device's by" in d.detail and "not shared" in d.detail, d.detail
 
 
-@pytest.mark.parametrize("mistake", sorted(MISTAKES))
-def test_each_mistake_is_named_by_the_check_it_breaks(tmp_path, mistake):
-    edit, failing, words = MISTAKES[mistake]
-    checks = _checks(tmp_path, edit)
-    assert [c.passed for c in checks] == [i != failing for i in range(4)], \
-        [(c.name, c.detail) for c in checks]
-    assert words in checks[failing].detail, checks[failing].detail
-    assert checks[failing].hint
+def test_the_wrong_group_for_the_weight_is_megatrons_bug(tmp_path):
+    a, b, c, d = _grade(tmp_path, ('"weight": ("dp", "tp"),', '"weight": ("dp",),'))
+    assert [a.passed, b.passed, c.passed, d.passed] == [True, False, True, False]
+    assert b.detail.startswith("column layer, weight: ('dp',), expected ('dp', 'tp'): the "
+                               "wrong group"), b.detail
+    assert "Megatron-LM PR #442" in b.detail
 
 
-def test_a_balanced_split_passes_and_equal_slots_are_said_to_leave_a_rank_empty(tmp_path):
-    checks = _checks(tmp_path, (f"    {BOUNDS}\n", BALANCED))
-    assert all(c.passed for c in checks), [(c.name, c.detail) for c in checks]
-    assert "leaves rank" not in checks[2].detail
-    reference = mt.grade("ex23", solutions=True).checks[2]
-    assert "numel=100, world=3, block=32 leaves rank 2 empty" in reference.detail
+def test_the_lessons_table_copied_misses_zero3s_dp():
+    # lesson 23's amax_table prints "weight: tp" for weights whole on every dp rank; the
+    # exercise's weights are ZeRO-3's pieces, cast before the gather: copying fails. Judged
+    # in process: (b) is a table, no rank needed
+    table = {(layer, sp): {role: tuple(a for a in axes if a != "cp") for lay, role, axes
+                           in mt.fp8.amax_table("tensorwise", sequence_parallel=sp)
+                           if lay == layer} for sp in (False, True) for layer in ("column", "row")}
+    passed, detail, _ = ex23._judge_b({"b": table})
+    assert not passed
+    assert "weight: ('tp',), expected ('dp', 'tp'): dp holds other pieces of it here — " \
+        "ZeRO-3" in detail, detail
 
 
-def test_the_librarys_answer_is_refused(tmp_path):
-    checks = _checks(tmp_path, (f"    {BOUNDS}\n",
-                                "    from minitp.fp8 import block_shards\n"
-                                "    return block_shards.shard_bounds(numel, world, block)\n"))
-    assert [c.passed for c in checks] == [True, True, True, False]
-    assert "shard_bounds" in checks[3].detail
-    from minitp.fp8 import block_shards
-    assert block_shards.shard_bounds.__name__ == "shard_bounds"  # put back
+def test_megatrons_one_group_over_tp_and_dp_passes_with_its_cost(tmp_path):
+    # Megatron-LM reduces every amax over tp × dp: the extra ranks hold copies, so the
+    # scales, and the step, are one device's; the grader says what it costs
+    a, b, c, d = _grade(tmp_path, ('return {"input": ("dp", "tp") if split_input else ("dp",),',
+                                   'return {"input": ("dp", "tp"),'),
+                        ('"grad": ("dp", "tp") if layer == "column" else ("dp",)}',
+                         '"grad": ("dp", "tp")}'))
+    assert [a.passed, b.passed, c.passed, d.passed] == [True, True, True, True], b.detail
+    assert "column input over tp; row grad over tp" in b.detail, b.detail
+    assert "all-reduce over 4 ranks where 2 suffice" in b.detail, b.detail
 
 
-def test_the_wrong_number_of_shards_is_told_so(tmp_path):
-    checks = _checks(tmp_path, ("for r in range(world)]", "for r in range(world - 1)]"))
-    assert not any(c.passed for c in checks)
-    assert checks[0].detail == "numel=100, world=3, block=32: returned 2 shards, one a rank: 3"
+def test_a_forgotten_backward_scale_is_named(tmp_path):
+    a, b, c, d = _grade(tmp_path, (
+        "    gq = quantize(grad, shared_amax(grad, axes), E5M2)\n",
+        "    gq = grad\n"))
+    assert [a.passed, b.passed, c.passed, d.passed] == [True, True, False, False]
+    assert c.detail == ("without SP: the output gradient was never cast: the backward scale "
+                        "is forgotten (the backward GEMMs read it in full precision)"), c.detail
+    assert "E5M2" in c.hint

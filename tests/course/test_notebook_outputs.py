@@ -3,7 +3,7 @@
 nbval compares each committed output with a new run, digit for digit, on whatever CPU
 runs it. A float64 result's last digits are its summation order (the CPU's vector width,
 the BLAS, the threads), so an output that prints them fails on the next machine even
-though every assertion holds: lessons 10, 14, 22 and 24 did, on an AMD EPYC with
+though every assertion holds: lessons 10, 14, 23 and 25 did, on an AMD EPYC with
 AVX-512. This reads the notebooks' JSON (no kernel, no process) and refuses, in any
 output's text:
 

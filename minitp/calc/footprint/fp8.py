@@ -29,7 +29,7 @@ Three places a training step holds or moves FP8 tensors, each beside bf16:
   their weight gradients, per tensor-parallel rank, with and without sequence parallelism.
 
 The model leaves out what FP8 does not touch: master weights, gradients and optimizer
-state (float32/bf16 as in lesson 20), norms, softmax, the embedding and the loss.
+state (float32/bf16 as in lesson 21), norms, softmax, the embedding and the loss.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ counted from the moment the output layer makes them:
   when L < 4) and its softmax (4rw): a peak of 2·L·Nw + 8rw (8Nw + 4rw in float32).
 
 Small per-token vectors (targets, masks, the row factors) are left out. Lesson 04 measures
-both beside this model (`minitp.memory.peak_allocated`), and lesson 20 a whole bf16 step.
+both beside this model (`minitp.memory.peak_allocated`), and lesson 21 a whole bf16 step.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 per step each distributed strategy sends (`minitp.optim.strategies`).
 
 Muon keeps one state tensor per matrix element, its momentum, where Adam keeps two. So the
-bytes per parameter of lesson 20 come out smaller for the matrices Muon steps: with every
+bytes per parameter of lesson 21 come out smaller for the matrices Muon steps: with every
 tensor in float32, 4 (parameter) + 4 (gradient) + 4 (momentum) = 12 instead of Adam's 16;
 in ZeRO's mixed precision (Rajbhandari et al. 2020, §3.1: fp16 parameter and gradient,
 fp32 master copy), 2 + 2 + (4 + 4) = 12 instead of 16 ("K" 8 instead of 12). The other

@@ -25,7 +25,6 @@ from . import (
     ex16,
     ex17,
     ex18,
-    ex19,
     ex20,
     ex21,
     ex22,
@@ -33,6 +32,7 @@ from . import (
     ex24,
     ex25,
     ex26,
+    ex28,
 )
 
 
@@ -80,22 +80,22 @@ EXERCISES = {
                      "memory cap, and say why", ex17.run),
     "ex18": Exercise("ex18_tp_decode_step.py", "a tensor-parallel decode step: which rank "
                      "keeps which heads' KV cache, and where the one all-reduce goes", ex18.run),
-    "ex19": Exercise("ex19_bytes_and_days.py", "two claims checked by hand: model-state GB "
-                     "and training days", ex19.run),
-    "ex20": Exercise("ex20_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
-                     "storage, refill it in place for backward, free it again", ex20.run),
-    "ex21": Exercise("ex21_owner_assignment.py", "Muon's owner strategy: each matrix's home "
+    "ex20": Exercise("ex20_bytes_and_days.py", "two claims checked by hand: model-state GB "
+                     "and training days", ex20.run),
+    "ex21": Exercise("ex21_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
+                     "storage, refill it in place for backward, free it again", ex21.run),
+    "ex22": Exercise("ex22_owner_assignment.py", "Muon's owner strategy: each matrix's home "
                      "by longest processing time first, one all-to-all there and one back",
-                     ex21.run),
-    "ex22": Exercise("ex22_amax_groups.py", "FP8's amax groups: which ranks share each scale "
-                     "of a tensor-parallel MLP, with and without SP", ex22.run),
-    "ex23": Exercise("ex23_block_atomic_shards.py", "block-atomic shards: where ZeRO-3 may cut "
-                     "a weight that travels in MXFP8 or NVFP4", ex23.run),
-    "ex24": Exercise("ex24_dtensor_placements.py", "what each rank keeps of a Llama block "
+                     ex22.run),
+    "ex23": Exercise("ex23_amax_groups.py", "FP8's amax groups: which ranks share each scale "
+                     "of a tensor-parallel MLP, with and without SP", ex23.run),
+    "ex24": Exercise("ex24_block_atomic_shards.py", "block-atomic shards: where ZeRO-3 may cut "
+                     "a weight that travels in MXFP8 or NVFP4", ex24.run),
+    "ex25": Exercise("ex25_dtensor_placements.py", "what each rank keeps of a Llama block "
                      "under PyTorch's TP plan and FSDP2: placements, local shapes, bytes",
-                     ex24.run),
-    "ex25": Exercise("ex25_moe_dispatch.py", "expert parallelism's dispatch and combine",
                      ex25.run),
-    "ex26": Exercise("ex26_find_the_bug.py", "find the bug in a broken run drawn from the "
-                     "museum, and fix it", ex26.run),
+    "ex26": Exercise("ex26_moe_dispatch.py", "expert parallelism's dispatch and combine",
+                     ex26.run),
+    "ex28": Exercise("ex28_find_the_bug.py", "find the bug in a broken run drawn from the "
+                     "museum, and fix it", ex28.run),
 }

@@ -1,27 +1,20 @@
-"""Checks for ex22: the amax groups of a tensor-parallel FP8 MLP, with and without SP.
+"""Checks for ex22: Muon's owner strategy, its assignment and its exchange.
 
-One launch of 4 ranks, a dp = 2 × tp = 2 mesh, float64. The reference is one device's
-FP8 step on the whole batch, written here by hand (each cast scaled by the whole tensor's
-amax, the backward's GEMMs from the casts), never the exercise's code:
+One launch of 4 ranks (dp = 4), float64. The reference is Newton–Schulz of each whole
+matrix summed over the ranks, cut into each rank's rows, never the exercise's code:
 
-* (a) `shared_amax` over dp, over tp and over both, on tensors whose largest magnitude is
-  a negative entry. Named: a local scale (each rank its own amax), a sum (all_reduce's
-  default op), the largest signed value, a reduction over the first axis only;
-* (b) `amax_groups` for both layers with and without SP, against the rule
-  (`minitp.rules.fp8_groups`, the library's, on a mesh without cp, the weights ZeRO-3's:
-  split over dp too). Named: no reduction
-  where the tensor is split (a local scale), a weight reduced over dp where tp splits it
-  (the wrong group: Megatron-LM PR #442), a ZeRO-3 weight left without dp (lesson 22's
-  table copied), SP's column input left without tp (TransformerEngine PR #74). A group
-  that also spans axes holding only copies is correct (Megatron-LM's one tp × dp group):
-  it passes, its cost said;
-* (c) `gradient_gemms` (FP8Linear's backward), with the grader's (a) and (b) installed in
-  their place, so it is judged alone: one forward and backward with and without SP, the
-  output, the input's gradient and both weights' ZeRO-3 pieces against one device.
-  Every `quantize` call is watched; named: the output gradient never cast (a forgotten
-  backward scale), cast to e4m3, cast with this rank's own amax (a local scale) or another;
-* (d) the learner's own (a), (b) and (c) together, the same step: its largest error
-  measured against one device, the drift a wrong group causes.
+* (a) `lpt_owners` on five cost lists (ties, more ranks than matrices): a map of valid
+  ranks whose busiest rank carries no more work than longest-processing-time-first's.
+  Named: an unbalanced owner map (round robin, everything on one rank), a map whose
+  length or ranks are wrong;
+* (b) `owner_update` with the grader's owner map, so it is judged alone: each rank's rows
+  of every matrix against one device's; named: a partial gradient orthogonalised (the
+  home's own `local`, not summed over dp), the home's gradient with only its rows summed
+  (DeepSpeed PR #8090), a shard orthogonalised (each rank its own rows alone); then the
+  work: exactly two all-to-alls and no other collective, each matrix orthogonalised once,
+  on its home (every rank doing every matrix is gather's work, not owner's);
+* (c) the learner's (a) and (b) together: equal to one device, and the busiest rank's
+  Newton–Schulz FLOPs under the learner's map beside LPT's.
 
 The run on the ranks is ex22_rank.py; this module judges what it found.
 """
@@ -30,143 +23,117 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from ...calc.footprint.muon import lpt_owners, ns_flops
 from ...runtime.launch import launch
 from .base import Check, judge_parts, kept_failure, run_per_size
-from .ex22_rank import AXES, E5M2, ROLES, TOLERANCE, _in_rank, rule
+from .ex22_rank import COSTS, DP, SHAPES, _in_rank
 
-WORLD_SIZES = (4,)
 TIMEOUT = 60.0
-NAMES = ["(a) shared_amax: the largest |value| over the ranks of the given axes",
-         "(b) amax_groups: the axes each cast's amax is reduced over, with and without SP",
-         "(c) gradient_gemms: the output gradient cast to e5m2 with its shared scale, both "
-         "GEMMs of the backward from FP8 operands",
-         "(d) your (a), (b) and (c) together: the FP8 MLP on dp = 2 × tp = 2 equals one "
-         "device's FP8 step"]
-HINT_C = ("the gradient has a cast of its own, in its own format, with the amax of the whole "
-          "gradient: quantize(grad, shared_amax(grad, axes), E5M2); then "
-          "∂x = g_q W_q and ∂W = g_qᵀ x_q")
-
+TOLERANCE = 1e-10
+NAMES = ["(a) lpt_owners: each matrix's home, the busiest rank's work no more than LPT's",
+         "(b) owner_update: one all-to-all in, one Newton–Schulz per matrix on its home, one "
+         "all-to-all back; every rank's rows equal one device's",
+         "(c) your (a) and (b) together on dp = 4: equal to one device, the work balanced"]
+HINT_B = ("send each of your rows (mine[j], summed) to matrix j's home; the home stacks the "
+          "four ranks' rows into the whole summed matrix, orthogonalises it once, and sends "
+          "each rank its rows back")
+MISTAKES = {
+    "partial": "its home orthogonalised its own gradient (`local`), not summed over dp: a "
+               "partial gradient orthogonalised",
+    "patchwork": "its home orthogonalised its own gradient with only its own rows summed "
+                 "(DeepSpeed PR #8090: after ZeRO's reduce-scatter only a rank's slice is "
+                 "summed)",
+    "shard": "each rank orthogonalised its own rows alone: a shard orthogonalised (Newton–Schulz "
+             "of a slice is not the slice of Newton–Schulz)"}
 
 
 def run(module) -> list[Check]:
-    fns = SimpleNamespace(shared_amax=module.shared_amax, amax_groups=module.amax_groups,
-                          FP8Linear=module.FP8Linear, mlp=module.mlp,
-                          gradient_gemms=module.gradient_gemms, quantize=module.quantize)
-    return run_per_size(WORLD_SIZES, lambda n: list(NAMES),
+    fns = SimpleNamespace(lpt_owners=module.lpt_owners, owner_update=module.owner_update)
+    return run_per_size((DP,), lambda n: list(NAMES),
                         lambda n: launch(_in_rank, n, fns, timeout=TIMEOUT), _judge,
-                        what="the amax groups", size="n")
+                        what="the owner strategy", size="dp")
 
 
 def _judge(n, names, per_rank) -> list[Check]:
-    return judge_parts(names, (_judge_a, _judge_b, _judge_c, _judge_d), per_rank)
+    return judge_parts(names, (_judge_a, _judge_b, _judge_c), per_rank)
+
+
+def makespan(costs, owners, ranks) -> int:
+    """The busiest rank's work under `owners`."""
+    load = [0] * ranks
+    for cost, home in zip(costs, owners, strict=True):
+        load[home] += cost
+    return max(load)
 
 
 def _judge_a(record):
-    a = record["a"]
-    if "raised" in a:
-        return kept_failure("shared_amax", a["raised"], "an amax reduced with MAX")
-    for f in a["found"]:
-        over, got = " and ".join(f["names"]), f["got"]
-        if got is not None and abs(got - f["right"]) <= 1e-12 * f["right"]:
+    if isinstance(record["a"], dict):
+        return kept_failure("lpt_owners", record["a"]["raised"], "longest processing time first")
+    for (costs, ranks), got in zip(COSTS, record["a"], strict=True):
+        where = f"costs {costs} over {ranks} ranks"
+        if (not isinstance(got, list) or len(got) != len(costs)
+                or not all(isinstance(o, int) and 0 <= o < ranks for o in got)):
+            return False, f"{where}: got {got!r}, not one rank in 0..{ranks - 1} per matrix", \
+                "owners[j] is the rank of matrix j"
+        mine, best = makespan(costs, got, ranks), makespan(costs, lpt_owners(costs, ranks),
+                                                           ranks)
+        if mine > best:
+            kind = ("round robin (j mod ranks) " if got == [j % ranks for j in range(len(costs))]
+                    else "")
+            return False, f"{where}: an unbalanced owner map {kind}— its busiest rank " \
+                f"carries {mine} where longest processing time first gives {best}: the step " \
+                "waits for the busiest rank", "largest first, each to the least-loaded rank"
+    return True, "on 5 cost lists, the busiest rank no busier than LPT's", ""
+
+
+def _judge_update(run_, owners, label):
+    if "raised" in run_:
+        return kept_failure("owner_update", run_["raised"], HINT_B)
+    errors = run_["errors"]
+    for j, error in enumerate(errors["right"]):
+        if error <= TOLERANCE:
             continue
-        mistakes = {"local": "this rank's own amax, not reduced: a local scale",
-                    "sum": "the sum of the ranks' amaxes: all_reduce sums unless told "
-                           "op=\"max\"", "signed": "the largest value, not the largest "
-                                                   "magnitude: a negative entry is larger here",
-                    "first": f"reduced over {f['names'][0]} only: reduce over every axis given"}
-        why = next((says for key, says in mistakes.items()
-                    if got is not None and abs(got - f[key]) <= 1e-12 * abs(f[key])),
-                   f"got {got}, the whole tensor's amax is {f['right']}")
-        return False, f"over {over}: {why}", "the largest |value| of every rank's piece: " \
-            "t.abs().max(), then all_reduce(..., op=\"max\") over each axis"
-    return True, "over dp, tp and both: the largest magnitude of every rank's piece", ""
+        what = f"{label}matrix {j} {SHAPES[j]} (home: rank {owners[j]})"
+        said = next((says for key, says in MISTAKES.items() if errors[key][j] <= TOLERANCE),
+                    f"off by {error:.3g} from one device's")
+        return False, f"{what}: {said}", HINT_B
+    homed = sorted(SHAPES[j] for j, home in enumerate(owners) if home == run_["rank"])
+    ops = run_["ops"]
+    if ops.count("all_to_all") != 2 or set(ops) != {"all_to_all"}:
+        ran = ", ".join(f"{ops.count(op)} {op}" for op in dict.fromkeys(ops)) or "none"
+        gather = (" — gather's pattern: every rank gathers every matrix and orthogonalises it, "
+                  "the work repeated on every rank" if "all_to_all" not in ops
+                  and "all_gather" in ops else "")
+        return False, f"{label}collectives: {ran}{gather}; the owner strategy sends one " \
+            "all-to-all in and one back, nothing else", HINT_B
+    if sorted(run_["calls"]) != homed:
+        every = " (every matrix on every rank: gather's work)" if len(run_["calls"]) == len(
+            SHAPES) else ""
+        return False, f"{label}newton_schulz ran on shapes {sorted(run_['calls'])}; this " \
+            f"rank's matrices are {homed}{every}", \
+            "orthogonalise each matrix once, on its home, with the given newton_schulz"
+    return True, "", ""
 
 
 def _judge_b(record):
-    larger = []  # correct groups wider than needed: the same scales, a costlier all-reduce
-    for (layer, sp), got in record["b"].items():
-        if "raised" in got:
-            return kept_failure("amax_groups", got["raised"], "which axes split each tensor?")
-        want = rule(layer, sp)
-        for role in ROLES:
-            mine, right = got[role], want[role]
-            where = f"{layer} layer{', SP' if sp else ''}, {role}: {mine}, expected {right}"
-            missing = [a for a in right if a not in mine]
-            extra = [a for a in mine if a not in right]
-            if any(a not in AXES for a in mine):
-                return False, f"{where}: the axes are named 'dp' and 'tp'", \
-                    "name the axes that split the tensor"
-            if not missing:  # every rank holding a piece is in; the rest hold copies
-                larger += [f"{layer}{' (SP)' if sp else ''} {role} over {', '.join(extra)}"] \
-                    if extra else []
-                continue
-            if role == "weight" and "tp" in missing:
-                return False, f"{where}: the wrong group — tp splits the weight, and the " \
-                    "tp ranks would scale their pieces apart (Megatron-LM PR #442 reduced " \
-                    "over the data-parallel group only: its FP8 runs of a 40B model at " \
-                    "tp = 8 diverged after about 1,000 iterations)", "which axis holds the " \
-                    "other pieces of W?"
-            if not mine:
-                return False, f"{where}: a local scale — every rank of {right} holds another " \
-                    "piece and would scale it by its own amax", "a split tensor shares one amax"
-            if role == "weight":
-                return False, f"{where}: dp holds other pieces of it here — ZeRO-3 keeps 1/dp " \
-                    "of the weight's rows on each dp rank and casts them before the gather, so " \
-                    "the gather can move 8 bits (lesson 22's table is for a weight whole on " \
-                    "every dp rank)", "what does each dp rank hold of W when its cast runs?"
-            if sp and role == "input" and layer == "column":
-                return False, f"{where}: under SP the input is cast on this rank's sequence " \
-                    "shard, before the all-gather (TransformerEngine PR #74)", "who holds the " \
-                    "other positions of the sequence?"
-            return False, f"{where}: {', '.join(missing)} holds other pieces of it", \
-                "the data-parallel ranks hold other rows of every activation and gradient"
-    said = "both layers, with and without SP: every rank holding a piece is in each group"
-    if not larger:
-        return True, said + ", no more", ""
-    return True, f"{said}. Correct, and larger than needed: {'; '.join(larger)} — those " \
-        "ranks hold copies, so the scales are the same (Megatron-LM's one group over tp × dp " \
-        "for every tensor trains equal to one device too), but each such amax is a " \
-        "one-number all-reduce over 4 ranks where 2 suffice: more hops of latency each " \
-        "step, no bytes worth counting", ""
+    run_ = dict(record["b"], rank=record.get("rank", 0))
+    passed, detail, hint = _judge_update(run_, record["b"]["owners"], "")
+    return passed, detail or "2 all-to-alls, each matrix orthogonalised once on its home, " \
+        "every rank's rows as one device's", hint
 
 
 def _judge_c(record):
-    for sp, run_ in record["c"].items():
-        label = "with SP" if sp else "without SP"
-        if "raised" in run_:
-            return kept_failure("gradient_gemms", run_["raised"], HINT_C)
-        casts = [entry for entry in run_["log"] if entry[0] == "bwd"]
-        if not casts:
-            return False, f"{label}: the output gradient was never cast: the backward scale " \
-                "is forgotten (the backward GEMMs read it in full precision)", HINT_C
-        for (_, dtype, amax, local), layer in zip(casts, ("row", "column"), strict=False):
-            whole = run_["amax"][layer]
-            if dtype != E5M2:
-                return False, f"{label}: the {layer} layer's gradient cast to {dtype}: " \
-                    "this exercise's recipe (the classic one, TransformerEngine's HYBRID) " \
-                    "casts gradients to e5m2, for the range", HINT_C
-            if abs(amax - whole) > 1e-12 * whole:
-                why = ("this rank's own amax, a local scale" if abs(amax - local) <= 1e-12 *
-                       local else f"amax {amax:.6g}")
-                return False, f"{label}: the {layer} layer's gradient scaled by {why}; the " \
-                    f"whole gradient's amax is {whole:.6g}", HINT_C
-        tensor, error = max(run_["errors"].items(), key=lambda item: item[1])
-        if error > TOLERANCE:
-            return False, f"{label}: the {tensor} is off by {error:.3g} (relative) though " \
-                "every cast was right: the GEMMs", HINT_C
-    return True, "with and without SP, every output and gradient as one device's", ""
-
-
-def _judge_d(record):
-    worst = {}
-    for sp, run_ in record["d"].items():
-        label = "with SP" if sp else "without SP"
-        if "raised" in run_:
-            said = kept_failure('your MLP', run_['raised'], '')[1]
-            return False, f"not checked: {label}, {said}", "write (a), (b) and (c) first"
-        tensor, worst[label] = max(run_["errors"].items(), key=lambda item: item[1])
-        if worst[label] > TOLERANCE:
-            return False, f"{label}: the {tensor} differs from one device's by " \
-                f"{worst[label]:.3g} (relative): the drift of a scale not shared", \
-                "see (a) and (b)"
-    return True, ", ".join(f"{k} largest error {v:.1e}" for k, v in worst.items()), ""
+    run_ = dict(record["c"], rank=record.get("rank", 0))
+    owners = record["c"]["owners"]
+    if "raised" in run_ and run_["raised"][0] == "blank" and owners is None:
+        return False, "not checked: lpt_owners gave no map of the 4 ranks", "write (a) first"
+    passed, detail, hint = _judge_update(run_, owners, "with your map: ")
+    if not passed:
+        return passed, detail, hint
+    costs = [ns_flops(r, c) for r, c in SHAPES]
+    mine, best = makespan(costs, owners, DP), makespan(costs, lpt_owners(costs, DP), DP)
+    if mine > best:
+        return False, f"equal to one device, but unbalanced: the busiest rank ran {mine:,} " \
+            f"Newton–Schulz FLOPs where LPT's map gives {best:,}", "see (a)"
+    return True, f"equal to one device; the busiest rank ran {mine:,} of {sum(costs):,} " \
+        "FLOPs (gather: every rank all of them)", ""

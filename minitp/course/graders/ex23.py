@@ -1,169 +1,172 @@
-"""Checks for ex23: block-atomic shard boundaries for a ZeRO-3 unit under MXFP8 or NVFP4.
+"""Checks for ex23: the amax groups of a tensor-parallel FP8 MLP, with and without SP.
 
-The learner's `block_atomic_bounds(numel, world, block)` on cases with a tail (a last block
-shorter than `block`), without one, with fewer blocks than ranks, and the lesson's weight
-(256 × 64 over 3 ranks), judged against the rules, not against one answer (equal slots and
-a balanced split both pass):
+One launch of 4 ranks, a dp = 2 × tp = 2 mesh, float64. The reference is one device's
+FP8 step on the whole batch, written here by hand (each cast scaled by the whole tensor's
+amax, the backward's GEMMs from the casts), never the exercise's code:
 
-* (a) every boundary between two blocks: each start and end a multiple of `block`, or
-  `numel`. Named: ZeRO's even split, ceil(numel/world), not rounded to whole blocks;
-* (b) every value on exactly one rank, in rank order, the tail included. Named: the tail
-  dropped (a share rounded down, or K = numel // block), values repeated on two ranks, an
-  end past `numel` (the last slot not clipped), the wrong number of ranks;
-* (c) no rank holds more than ceil(K/world) blocks. Named: a slot larger than needed
-  (it empties ranks that need not be empty), the remainder piled on one rank. Passed with
-  a rank left empty where a balanced split would fill it: said, with why it is right;
-* (d) built by hand: `fp8.block_shards.shard_bounds` is not called.
+* (a) `shared_amax` over dp, over tp and over both, on tensors whose largest magnitude is
+  a negative entry. Named: a local scale (each rank its own amax), a sum (all_reduce's
+  default op), the largest signed value, a reduction over the first axis only;
+* (b) `amax_groups` for both layers with and without SP, against the rule
+  (`minitp.rules.fp8_groups`, the library's, on a mesh without cp, the weights ZeRO-3's:
+  split over dp too). Named: no reduction
+  where the tensor is split (a local scale), a weight reduced over dp where tp splits it
+  (the wrong group: Megatron-LM PR #442), a ZeRO-3 weight left without dp (lesson 23's
+  table copied), SP's column input left without tp (TransformerEngine PR #74). A group
+  that also spans axes holding only copies is correct (Megatron-LM's one tp × dp group):
+  it passes, its cost said;
+* (c) `gradient_gemms` (FP8Linear's backward), with the grader's (a) and (b) installed in
+  their place, so it is judged alone: one forward and backward with and without SP, the
+  output, the input's gradient and both weights' ZeRO-3 pieces against one device.
+  Every `quantize` call is watched; named: the output gradient never cast (a forgotten
+  backward scale), cast to e4m3, cast with this rank's own amax (a local scale) or another;
+* (d) the learner's own (a), (b) and (c) together, the same step: its largest error
+  measured against one device, the drift a wrong group causes.
 
-No process is launched: the rules are arithmetic.
+The run on the ranks is ex23_rank.py; this module judges what it found.
 """
 
 from __future__ import annotations
 
-from ...fp8 import block_shards
-from ...rules import ceil_div
-from .base import Check, Stopped, attempt, no_shortcut
+from types import SimpleNamespace
 
-# (numel, world, block): a tail of 4; the lesson's weight; one block a rank; exact; a tail
-# of 8; fewer blocks than ranks; 5 blocks on 4 ranks; less than a block; 7 NVFP4 blocks and
-# a tail on 3 ranks
-CASES = ((100, 3, 32), (16384, 3, 32), (128, 4, 32), (16384, 4, 32), (1000, 4, 16),
-         (40, 4, 32), (160, 4, 32), (7, 2, 16), (117, 3, 16))
-NAMES = ["(a) every boundary between two blocks (a multiple of block, or numel)",
-         "(b) every value on exactly one rank, in rank order, the tail included",
-         "(c) no rank holds more than ceil(K/world) blocks (K: the vector's blocks)",
-         "(d) built by hand: fp8.block_shards.shard_bounds not called"]
-HINT = ("the slot: ceil(numel / world) rounded UP to a multiple of block; rank r's at r·slot, "
-        "both ends clipped at numel")
+from ...runtime.launch import launch
+from .base import Check, judge_parts, kept_failure, run_per_size
+from .ex23_rank import AXES, E5M2, ROLES, TOLERANCE, _in_rank, rule
 
+WORLD_SIZES = (4,)
+TIMEOUT = 60.0
+NAMES = ["(a) shared_amax: the largest |value| over the ranks of the given axes",
+         "(b) amax_groups: the axes each cast's amax is reduced over, with and without SP",
+         "(c) gradient_gemms: the output gradient cast to e5m2 with its shared scale, both "
+         "GEMMs of the backward from FP8 operands",
+         "(d) your (a), (b) and (c) together: the FP8 MLP on dp = 2 × tp = 2 equals one "
+         "device's FP8 step"]
+HINT_C = ("the gradient has a cast of its own, in its own format, with the amax of the whole "
+          "gradient: quantize(grad, shared_amax(grad, axes), E5M2); then "
+          "∂x = g_q W_q and ∂W = g_qᵀ x_q")
 
-def _label(numel, world, block):
-    return f"numel={numel}, world={world}, block={block}"
-
-
-def _shape(bounds, numel, world, block):
-    """Why `bounds` is not a list of `world` (start, end) integer pairs, or None."""
-    if not isinstance(bounds, (list, tuple)) or len(bounds) != world:
-        got = len(bounds) if isinstance(bounds, (list, tuple)) else type(bounds).__name__
-        return f"{_label(numel, world, block)}: returned {got} shards, one a rank: {world}"
-    for rank, pair in enumerate(bounds):
-        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
-            return f"{_label(numel, world, block)}: rank {rank}'s shard is {pair!r}, not " \
-                "(start, end) integers"
-    return None
-
-
-def _judge_a(answers) -> Check:
-    for (numel, world, block), bounds in answers:
-        for rank, (start, end) in enumerate(bounds):
-            for what, at in (("starts", start), ("ends", end)):
-                if at % block == 0 or at == numel or not 0 < at < numel:
-                    continue
-                first = block * (at // block)
-                zero = " — ZeRO's even split, ceil(numel/world), not rounded to whole " \
-                    "blocks" if at in (rank * ceil_div(numel, world),
-                                       (rank + 1) * ceil_div(numel, world)) else ""
-                return Check(NAMES[0], False, f"{_label(numel, world, block)}: rank {rank} "
-                             f"{what} at {at}, {at - first} values into the block "
-                             f"[{first}, {min(first + block, numel)}): its two sides would "
-                             f"each take a scale of their own{zero}", rank=rank, hint=HINT)
-    return Check(NAMES[0], True, f"{len(answers)} cases, every boundary between two blocks")
-
-
-def _judge_b(answers) -> Check:
-    for (numel, world, block), bounds in answers:
-        label = _label(numel, world, block)
-        for rank, (start, end) in enumerate(bounds):
-            if end > numel:
-                return Check(NAMES[1], False, f"{label}: rank {rank} ends at {end}, past the "
-                             f"vector's {numel} values: clip the last slot at numel (the "
-                             f"tail block is {numel - block * (ceil_div(numel, block) - 1)} "
-                             "values long)", rank=rank, hint=HINT)
-            if start > end or start < 0:
-                return Check(NAMES[1], False, f"{label}: rank {rank}'s shard [{start}, {end}) "
-                             "runs backwards", rank=rank, hint=HINT)
-        held = [0] * numel
-        for start, end in bounds:
-            for i in range(start, end):
-                held[i] += 1
-        if 0 in held:
-            lo = held.index(0)
-            hi = next((i for i in range(lo, numel) if held[i]), numel)
-            tail = (" — the tail: a last block shorter than the others is still a block, "
-                    "and rounding down (a share, or K = numel // block) drops it"
-                    if hi == numel else "")
-            return Check(NAMES[1], False, f"{label}: values [{lo}, {hi}) are on no rank"
-                         f"{tail}", hint=HINT)
-        if max(held) > 1:
-            lo = next(i for i, h in enumerate(held) if h > 1)
-            ranks = [r for r, (s, e) in enumerate(bounds) if s <= lo < e]
-            return Check(NAMES[1], False, f"{label}: value {lo} is on ranks "
-                         f"{', '.join(map(str, ranks))}: each value on one rank", hint=HINT)
-        order = [start for start, end in bounds if end > start]
-        if order != sorted(order):
-            return Check(NAMES[1], False, f"{label}: the shards are not in rank order: "
-                         "rank r's values come before rank r+1's (the all-gather "
-                         "concatenates them so)", hint=HINT)
-    return Check(NAMES[1], True, f"{len(answers)} cases, each value on one rank")
-
-
-def _judge_c(answers) -> Check:
-    emptied = []
-    for (numel, world, block), bounds in answers:
-        blocks = ceil_div(numel, block)
-        most = ceil_div(blocks, world)
-        sizes = [ceil_div(end - start, block) for start, end in bounds]
-        if max(sizes) > most:
-            rank = sizes.index(max(sizes))
-            empty = [r for r, s in enumerate(sizes) if s == 0]
-            why = (f"; rank {empty[0]} holds nothing, though {blocks} blocks can give each "
-                   f"of {world} ranks one: a slot larger than needed"
-                   if empty and blocks >= world else
-                   " — the remainder piled on one rank" if rank == world - 1 else "")
-            return Check(NAMES[2], False, f"{_label(numel, world, block)}: rank {rank} holds "
-                         f"{max(sizes)} blocks where {most} suffice ({blocks} blocks over "
-                         f"{world} ranks){why}: the largest shard sets the all-gather's "
-                         "buffer and every rank's peak", rank=rank, hint=HINT)
-        if blocks >= world and 0 in sizes:
-            emptied.append(f"{_label(numel, world, block)} leaves rank {sizes.index(0)} empty")
-    said = f"{len(answers)} cases, the largest shard the least possible"
-    if emptied:
-        said += (f"; {'; '.join(emptied)}: equal slots, as fp8.block_shards.shard_bounds "
-                 "and FSDP's flat parameter (torch.chunk, its last ranks padded or empty: "
-                 "torch/distributed/fsdp/_flat_param.py) — a balanced split would give it a "
-                 "block, with the same largest shard")
-    return Check(NAMES[2], True, said)
 
 
 def run(module) -> list[Check]:
-    calls = []
-    original = block_shards.shard_bounds
+    fns = SimpleNamespace(shared_amax=module.shared_amax, amax_groups=module.amax_groups,
+                          FP8Linear=module.FP8Linear, mlp=module.mlp,
+                          gradient_gemms=module.gradient_gemms, quantize=module.quantize)
+    return run_per_size(WORLD_SIZES, lambda n: list(NAMES),
+                        lambda n: launch(_in_rank, n, fns, timeout=TIMEOUT), _judge,
+                        what="the amax groups", size="n")
 
-    def watched(*args, **kwargs):
-        calls.append("fp8.block_shards.shard_bounds")
-        return original(*args, **kwargs)
 
-    swapped = [vars(block_shards)] + [vars(module)] * any(
-        v is original for v in vars(module).values())
-    for namespace in swapped:
-        for key in [k for k, v in namespace.items() if v is original]:
-            namespace[key] = watched
-    try:
-        answers = [(case, attempt(module.block_atomic_bounds, *case, names=NAMES,
-                                  blank="block_atomic_bounds", label=_label(*case), hint=HINT))
-                   for case in CASES]
-    except Stopped as stopped:
-        return stopped.checks
-    finally:
-        for namespace in swapped:
-            for key in [k for k, v in namespace.items() if v is watched]:
-                namespace[key] = original
-    for case, bounds in answers:
-        wrong = _shape(bounds, *case)
-        if wrong:
-            return [Check(NAMES[0], False, wrong, hint="return a list of (start, end) pairs, "
-                          "rank 0 first")] + [Check(n, False, "not checked: see (a)")
-                                              for n in NAMES[1:]]
-    return [_judge_a(answers), _judge_b(answers), _judge_c(answers),
-            no_shortcut(NAMES[3], calls, "write the rounding yourself: it is three lines")]
+def _judge(n, names, per_rank) -> list[Check]:
+    return judge_parts(names, (_judge_a, _judge_b, _judge_c, _judge_d), per_rank)
+
+
+def _judge_a(record):
+    a = record["a"]
+    if "raised" in a:
+        return kept_failure("shared_amax", a["raised"], "an amax reduced with MAX")
+    for f in a["found"]:
+        over, got = " and ".join(f["names"]), f["got"]
+        if got is not None and abs(got - f["right"]) <= 1e-12 * f["right"]:
+            continue
+        mistakes = {"local": "this rank's own amax, not reduced: a local scale",
+                    "sum": "the sum of the ranks' amaxes: all_reduce sums unless told "
+                           "op=\"max\"", "signed": "the largest value, not the largest "
+                                                   "magnitude: a negative entry is larger here",
+                    "first": f"reduced over {f['names'][0]} only: reduce over every axis given"}
+        why = next((says for key, says in mistakes.items()
+                    if got is not None and abs(got - f[key]) <= 1e-12 * abs(f[key])),
+                   f"got {got}, the whole tensor's amax is {f['right']}")
+        return False, f"over {over}: {why}", "the largest |value| of every rank's piece: " \
+            "t.abs().max(), then all_reduce(..., op=\"max\") over each axis"
+    return True, "over dp, tp and both: the largest magnitude of every rank's piece", ""
+
+
+def _judge_b(record):
+    larger = []  # correct groups wider than needed: the same scales, a costlier all-reduce
+    for (layer, sp), got in record["b"].items():
+        if "raised" in got:
+            return kept_failure("amax_groups", got["raised"], "which axes split each tensor?")
+        want = rule(layer, sp)
+        for role in ROLES:
+            mine, right = got[role], want[role]
+            where = f"{layer} layer{', SP' if sp else ''}, {role}: {mine}, expected {right}"
+            missing = [a for a in right if a not in mine]
+            extra = [a for a in mine if a not in right]
+            if any(a not in AXES for a in mine):
+                return False, f"{where}: the axes are named 'dp' and 'tp'", \
+                    "name the axes that split the tensor"
+            if not missing:  # every rank holding a piece is in; the rest hold copies
+                larger += [f"{layer}{' (SP)' if sp else ''} {role} over {', '.join(extra)}"] \
+                    if extra else []
+                continue
+            if role == "weight" and "tp" in missing:
+                return False, f"{where}: the wrong group — tp splits the weight, and the " \
+                    "tp ranks would scale their pieces apart (Megatron-LM PR #442 reduced " \
+                    "over the data-parallel group only: its FP8 runs of a 40B model at " \
+                    "tp = 8 diverged after about 1,000 iterations)", "which axis holds the " \
+                    "other pieces of W?"
+            if not mine:
+                return False, f"{where}: a local scale — every rank of {right} holds another " \
+                    "piece and would scale it by its own amax", "a split tensor shares one amax"
+            if role == "weight":
+                return False, f"{where}: dp holds other pieces of it here — ZeRO-3 keeps 1/dp " \
+                    "of the weight's rows on each dp rank and casts them before the gather, so " \
+                    "the gather can move 8 bits (lesson 23's table is for a weight whole on " \
+                    "every dp rank)", "what does each dp rank hold of W when its cast runs?"
+            if sp and role == "input" and layer == "column":
+                return False, f"{where}: under SP the input is cast on this rank's sequence " \
+                    "shard, before the all-gather (TransformerEngine PR #74)", "who holds the " \
+                    "other positions of the sequence?"
+            return False, f"{where}: {', '.join(missing)} holds other pieces of it", \
+                "the data-parallel ranks hold other rows of every activation and gradient"
+    said = "both layers, with and without SP: every rank holding a piece is in each group"
+    if not larger:
+        return True, said + ", no more", ""
+    return True, f"{said}. Correct, and larger than needed: {'; '.join(larger)} — those " \
+        "ranks hold copies, so the scales are the same (Megatron-LM's one group over tp × dp " \
+        "for every tensor trains equal to one device too), but each such amax is a " \
+        "one-number all-reduce over 4 ranks where 2 suffice: more hops of latency each " \
+        "step, no bytes worth counting", ""
+
+
+def _judge_c(record):
+    for sp, run_ in record["c"].items():
+        label = "with SP" if sp else "without SP"
+        if "raised" in run_:
+            return kept_failure("gradient_gemms", run_["raised"], HINT_C)
+        casts = [entry for entry in run_["log"] if entry[0] == "bwd"]
+        if not casts:
+            return False, f"{label}: the output gradient was never cast: the backward scale " \
+                "is forgotten (the backward GEMMs read it in full precision)", HINT_C
+        for (_, dtype, amax, local), layer in zip(casts, ("row", "column"), strict=False):
+            whole = run_["amax"][layer]
+            if dtype != E5M2:
+                return False, f"{label}: the {layer} layer's gradient cast to {dtype}: " \
+                    "this exercise's recipe (the classic one, TransformerEngine's HYBRID) " \
+                    "casts gradients to e5m2, for the range", HINT_C
+            if abs(amax - whole) > 1e-12 * whole:
+                why = ("this rank's own amax, a local scale" if abs(amax - local) <= 1e-12 *
+                       local else f"amax {amax:.6g}")
+                return False, f"{label}: the {layer} layer's gradient scaled by {why}; the " \
+                    f"whole gradient's amax is {whole:.6g}", HINT_C
+        tensor, error = max(run_["errors"].items(), key=lambda item: item[1])
+        if error > TOLERANCE:
+            return False, f"{label}: the {tensor} is off by {error:.3g} (relative) though " \
+                "every cast was right: the GEMMs", HINT_C
+    return True, "with and without SP, every output and gradient as one device's", ""
+
+
+def _judge_d(record):
+    worst = {}
+    for sp, run_ in record["d"].items():
+        label = "with SP" if sp else "without SP"
+        if "raised" in run_:
+            said = kept_failure('your MLP', run_['raised'], '')[1]
+            return False, f"not checked: {label}, {said}", "write (a), (b) and (c) first"
+        tensor, worst[label] = max(run_["errors"].items(), key=lambda item: item[1])
+        if worst[label] > TOLERANCE:
+            return False, f"{label}: the {tensor} differs from one device's by " \
+                f"{worst[label]:.3g} (relative): the drift of a scale not shared", \
+                "see (a) and (b)"
+    return True, ", ".join(f"{k} largest error {v:.1e}" for k, v in worst.items()), ""

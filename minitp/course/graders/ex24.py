@@ -1,225 +1,169 @@
-"""Checks for ex24: what each rank keeps of a Llama block under PyTorch's tensor-parallel
-plan and FSDP2, read from DTensor's placements.
+"""Checks for ex24: block-atomic shard boundaries for a ZeRO-3 unit under MXFP8 or NVFP4.
 
-The learner's three functions are pure: they are called here, in this process. The truth
-is PyTorch's own, from one launch of 4 ranks (gloo, float64) that runs nothing of the
-learner's: every rank applies the plan of `pytorch/tutorials`'
-`intermediate_source/TP_tutorial.rst` (`parallelize_module`) and FSDP2 (`fully_shard`) to
-the block for real, on meshes (dp, tp) = (1, 4), (2, 2) and (4, 1), and reports the
-placements PyTorch gave, the bytes it holds, and the shape `distribute_tensor(...)
-.to_local()` leaves it for each of `CASES`. Any correct answer passes: a placement is
-compared as the piece it names (Shard(-1) of a matrix is Shard(1)); shapes and bytes are
-numbers. Each usual slip is named: the Embedding split like a Linear, a Linear's dims
-swapped, a norm's weight split by sequence parallelism, blocks of n // k or the remainder
-given to the first ranks, a dim sharded twice cut from the whole each time or in the
-reverse order, the norms counted as split, every parameter divided evenly.
+The learner's `block_atomic_bounds(numel, world, block)` on cases with a tail (a last block
+shorter than `block`), without one, with fewer blocks than ranks, and the lesson's weight
+(256 × 64 over 3 ranks), judged against the rules, not against one answer (equal slots and
+a balanced split both pass):
+
+* (a) every boundary between two blocks: each start and end a multiple of `block`, or
+  `numel`. Named: ZeRO's even split, ceil(numel/world), not rounded to whole blocks;
+* (b) every value on exactly one rank, in rank order, the tail included. Named: the tail
+  dropped (a share rounded down, or K = numel // block), values repeated on two ranks, an
+  end past `numel` (the last slot not clipped), the wrong number of ranks;
+* (c) no rank holds more than ceil(K/world) blocks. Named: a slot larger than needed
+  (it empties ranks that need not be empty), the remainder piled on one rank. Passed with
+  a rank left empty where a balanced split would fill it: said, with why it is right;
+* (d) built by hand: `fp8.block_shards.shard_bounds` is not called.
+
+No process is launched: the rules are arithmetic.
 """
 
 from __future__ import annotations
 
-import math
+from ...fp8 import block_shards
+from ...rules import ceil_div
+from .base import Check, Stopped, attempt, no_shortcut
 
-from torch.distributed.tensor import Placement, Replicate, Shard
-
-from ...runtime.errors import LaunchError
-from ...runtime.launch import launch
-from .base import Check, Stopped, attempt, failure_check, file_lacks
-from .ex24_truth import CASES, MESHES, SHAPES, WORLD, in_rank, key
-
-TIMEOUT = 60.0
-CHECK_NAMES = [
-    "tp_placements: every parameter of the Llama block as parallelize_module leaves it (tp = 4)",
-    "local_shape: DTensor's piece on every rank of a 4-rank and a 2 x 2 mesh (uneven, empty, "
-    "a dim sharded twice)",
-    "kept_bytes: each rank's parameter bytes after parallelize_module and fully_shard, "
-    "(dp, tp) = (1, 4), (2, 2), (4, 1)",
-]
-ITEMSIZE = 8  # the block runs in float64
-
-# (the kind of layer, the learner's placement) -> the slip it is
-PLACEMENT_SLIPS = {
-    ("embedding", "Shard(1)"): "RowwiseParallel splits a module's input; an nn.Embedding's "
-    "input is a token id, which picks a row of its (num_embeddings, embedding_dim) weight: "
-    "rowwise cuts the vocabulary rows, Shard(0), the reverse of an nn.Linear's",
-    ("column", "Shard(1)"): "ColwiseParallel splits a Linear's outputs, and nn.Linear stores "
-    "(out_features, in_features): dim 0",
-    ("row", "Shard(0)"): "RowwiseParallel splits a Linear's inputs: dim 1 of its "
-    "(out_features, in_features) weight",
-    ("norm", "Shard(0)"): "SequenceParallel splits the activations along the sequence, not "
-    "the norm's weight: every rank normalises its tokens with the whole weight, Replicate()",
-}
-KINDS = {"tok_embeddings": "embedding", "wo": "row", "w2": "row"}
+# (numel, world, block): a tail of 4; the lesson's weight; one block a rank; exact; a tail
+# of 8; fewer blocks than ranks; 5 blocks on 4 ranks; less than a block; 7 NVFP4 blocks and
+# a tail on 3 ranks
+CASES = ((100, 3, 32), (16384, 3, 32), (128, 4, 32), (16384, 4, 32), (1000, 4, 16),
+         (40, 4, 32), (160, 4, 32), (7, 2, 16), (117, 3, 16))
+NAMES = ["(a) every boundary between two blocks (a multiple of block, or numel)",
+         "(b) every value on exactly one rank, in rank order, the tail included",
+         "(c) no rank holds more than ceil(K/world) blocks (K: the vector's blocks)",
+         "(d) built by hand: fp8.block_shards.shard_bounds not called"]
+HINT = ("the slot: ceil(numel / world) rounded UP to a multiple of block; rank r's at r·slot, "
+        "both ends clipped at numel")
 
 
-def _kind(name: str) -> str:
-    if "norm" in name:
-        return "norm"
-    return KINDS.get(name.split(".")[-2], "column")
+def _label(numel, world, block):
+    return f"numel={numel}, world={world}, block={block}"
+
+
+def _shape(bounds, numel, world, block):
+    """Why `bounds` is not a list of `world` (start, end) integer pairs, or None."""
+    if not isinstance(bounds, (list, tuple)) or len(bounds) != world:
+        got = len(bounds) if isinstance(bounds, (list, tuple)) else type(bounds).__name__
+        return f"{_label(numel, world, block)}: returned {got} shards, one a rank: {world}"
+    for rank, pair in enumerate(bounds):
+        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
+            return f"{_label(numel, world, block)}: rank {rank}'s shard is {pair!r}, not " \
+                "(start, end) integers"
+    return None
+
+
+def _judge_a(answers) -> Check:
+    for (numel, world, block), bounds in answers:
+        for rank, (start, end) in enumerate(bounds):
+            for what, at in (("starts", start), ("ends", end)):
+                if at % block == 0 or at == numel or not 0 < at < numel:
+                    continue
+                first = block * (at // block)
+                zero = " — ZeRO's even split, ceil(numel/world), not rounded to whole " \
+                    "blocks" if at in (rank * ceil_div(numel, world),
+                                       (rank + 1) * ceil_div(numel, world)) else ""
+                return Check(NAMES[0], False, f"{_label(numel, world, block)}: rank {rank} "
+                             f"{what} at {at}, {at - first} values into the block "
+                             f"[{first}, {min(first + block, numel)}): its two sides would "
+                             f"each take a scale of their own{zero}", rank=rank, hint=HINT)
+    return Check(NAMES[0], True, f"{len(answers)} cases, every boundary between two blocks")
+
+
+def _judge_b(answers) -> Check:
+    for (numel, world, block), bounds in answers:
+        label = _label(numel, world, block)
+        for rank, (start, end) in enumerate(bounds):
+            if end > numel:
+                return Check(NAMES[1], False, f"{label}: rank {rank} ends at {end}, past the "
+                             f"vector's {numel} values: clip the last slot at numel (the "
+                             f"tail block is {numel - block * (ceil_div(numel, block) - 1)} "
+                             "values long)", rank=rank, hint=HINT)
+            if start > end or start < 0:
+                return Check(NAMES[1], False, f"{label}: rank {rank}'s shard [{start}, {end}) "
+                             "runs backwards", rank=rank, hint=HINT)
+        held = [0] * numel
+        for start, end in bounds:
+            for i in range(start, end):
+                held[i] += 1
+        if 0 in held:
+            lo = held.index(0)
+            hi = next((i for i in range(lo, numel) if held[i]), numel)
+            tail = (" — the tail: a last block shorter than the others is still a block, "
+                    "and rounding down (a share, or K = numel // block) drops it"
+                    if hi == numel else "")
+            return Check(NAMES[1], False, f"{label}: values [{lo}, {hi}) are on no rank"
+                         f"{tail}", hint=HINT)
+        if max(held) > 1:
+            lo = next(i for i, h in enumerate(held) if h > 1)
+            ranks = [r for r, (s, e) in enumerate(bounds) if s <= lo < e]
+            return Check(NAMES[1], False, f"{label}: value {lo} is on ranks "
+                         f"{', '.join(map(str, ranks))}: each value on one rank", hint=HINT)
+        order = [start for start, end in bounds if end > start]
+        if order != sorted(order):
+            return Check(NAMES[1], False, f"{label}: the shards are not in rank order: "
+                         "rank r's values come before rank r+1's (the all-gather "
+                         "concatenates them so)", hint=HINT)
+    return Check(NAMES[1], True, f"{len(answers)} cases, each value on one rank")
+
+
+def _judge_c(answers) -> Check:
+    emptied = []
+    for (numel, world, block), bounds in answers:
+        blocks = ceil_div(numel, block)
+        most = ceil_div(blocks, world)
+        sizes = [ceil_div(end - start, block) for start, end in bounds]
+        if max(sizes) > most:
+            rank = sizes.index(max(sizes))
+            empty = [r for r, s in enumerate(sizes) if s == 0]
+            why = (f"; rank {empty[0]} holds nothing, though {blocks} blocks can give each "
+                   f"of {world} ranks one: a slot larger than needed"
+                   if empty and blocks >= world else
+                   " — the remainder piled on one rank" if rank == world - 1 else "")
+            return Check(NAMES[2], False, f"{_label(numel, world, block)}: rank {rank} holds "
+                         f"{max(sizes)} blocks where {most} suffice ({blocks} blocks over "
+                         f"{world} ranks){why}: the largest shard sets the all-gather's "
+                         "buffer and every rank's peak", rank=rank, hint=HINT)
+        if blocks >= world and 0 in sizes:
+            emptied.append(f"{_label(numel, world, block)} leaves rank {sizes.index(0)} empty")
+    said = f"{len(answers)} cases, the largest shard the least possible"
+    if emptied:
+        said += (f"; {'; '.join(emptied)}: equal slots, as fp8.block_shards.shard_bounds "
+                 "and FSDP's flat parameter (torch.chunk, its last ranks padded or empty: "
+                 "torch/distributed/fsdp/_flat_param.py) — a balanced split would give it a "
+                 "block, with the same largest shard")
+    return Check(NAMES[2], True, said)
 
 
 def run(module) -> list[Check]:
-    names = ("tp_placements", "local_shape", "kept_bytes")
-    missing = [n for n in names if not hasattr(module, n)]
-    if missing:
-        return file_lacks(CHECK_NAMES, ", ".join(missing))
-    if getattr(module, "SHAPES", None) != SHAPES:
-        return [Check(n, False, "SHAPES is not the exercise's", hint="restore SHAPES as the "
-                      "exercise file gives it: the grader's block is built from those shapes")
-                for n in CHECK_NAMES]
-    blanks = _blanks(module)
-    if all(blanks):  # nothing written yet: no run to wait for
-        return [Check(n, False, f"{f} is not written yet", hint=h)
-                for n, f, h in zip(CHECK_NAMES, names, blanks, strict=True)]
+    calls = []
+    original = block_shards.shard_bounds
+
+    def watched(*args, **kwargs):
+        calls.append("fp8.block_shards.shard_bounds")
+        return original(*args, **kwargs)
+
+    swapped = [vars(block_shards)] + [vars(module)] * any(
+        v is original for v in vars(module).values())
+    for namespace in swapped:
+        for key in [k for k, v in namespace.items() if v is original]:
+            namespace[key] = watched
     try:
-        truth = launch(in_rank, WORLD, timeout=TIMEOUT)
-    except LaunchError as error:
-        return [failure_check(CHECK_NAMES[0], error, "the grader's own run")] + [
-            Check(n, False, "not checked: the run above failed") for n in CHECK_NAMES[1:]]
-    judges = (_judge_placements, _judge_shapes, _judge_bytes)
-    checks = []
-    for i, judge in enumerate(judges):
-        try:
-            checks.append(judge(module, truth))
-        except Stopped as stop:  # a blank or a crash: this check only
-            checks.append(Check(CHECK_NAMES[i], False, stop.checks[0].detail,
-                                hint=stop.checks[0].hint))
-    return checks
-
-
-def _blanks(module) -> list[str | None]:
-    """Each function's NotImplementedError message if it is still a blank, else None."""
-    probes = ((module.tp_placements,), (module.local_shape, (5, 3), [Shard(0)], (4,), (0,)),
-              (module.kept_bytes, 1, WORLD, 0, 0, ITEMSIZE))
-    found = []
-    for function, *args in probes:
-        try:
-            function(*args)
-            found.append(None)
-        except NotImplementedError as exc:
-            found.append(str(exc) or "replace the NotImplementedError with your code")
-        except Exception:  # noqa: BLE001 - written but wrong: the checks will say how
-            found.append(None)
-    return found
-
-
-def _call(function, *args, label):
-    return attempt(function, *args, names=CHECK_NAMES[:1], blank=function.__name__,
-                   label=label, hint="see the docstring of the exercise for what it returns")
-
-
-def _judge_placements(module, truth) -> Check:
-    name = CHECK_NAMES[0]
-    got = _call(module.tp_placements, label="tp_placements()")
-    if not isinstance(got, dict):
-        return Check(name, False, f"tp_placements() returned {type(got).__name__}",
-                     hint="return a dict {parameter name: placement}")
-    for param, shape in SHAPES.items():
-        if param not in got or not isinstance(got[param], Placement):
-            return Check(name, False, f"{param}: no placement" if param not in got else
-                         f"{param}: {got[param]!r} is not a placement",
-                         hint="every name of SHAPES needs Shard(d) or Replicate()")
-        mine, real = key(got[param], len(shape)), truth[0]["placements"][param]
-        if mine != real:
-            slip = PLACEMENT_SLIPS.get((_kind(param), mine))
-            if mine == "Partial()":
-                slip = ("a parameter is never a sum still to be taken: each rank keeps a "
-                        "block of it, or the whole")
-            elif mine == "Replicate()":
-                slip = "this layer's weight is split: each of the tp ranks keeps 1/tp of it"
-            return Check(name, False, f"{param} as {mine}; parallelize_module left {real}",
-                         tensor=param, hint=slip or "which dim holds what the style splits?")
-    return Check(name, True, "every placement is the one PyTorch gave")
-
-
-def _rules(shape, placements, mesh_shape, coord, split, whole=False, reverse=False):
-    """A shape under a cutting rule `split(n, k, i)`: the right one, or a usual slip's
-    (`whole`: every cut from the whole dim; `reverse`: the mesh's last dimension first)."""
-    local, order = list(shape), list(zip(placements, mesh_shape, coord, strict=True))
-    for placement, ranks, at in (order[::-1] if reverse else order):
-        if isinstance(placement, Shard):
-            dim = placement.dim % len(shape)
-            local[dim] = split(shape[dim] if whole else local[dim], ranks, at)
-    return tuple(local)
-
-
-def _chunk(n, k, i):
-    block = -(-n // k)
-    return max(0, min(block, n - i * block))
-
-
-def _floor(n, k, i):
-    return n // k
-
-
-SHAPE_SLIPS = (
-    (dict(split=_floor), "n // k rows each drops the remainder: torch.chunk gives blocks of "
-     "ceil(n / k), the last ones short or empty (5 over 4: 2, 2, 1, 0)"),
-    (dict(split=lambda n, k, i: n // k + (i < n % k)), "that gives the remainder to the first "
-     "ranks (torch.tensor_split, numpy.array_split); torch.chunk gives ceil(n / k) to each "
-     "until the rows run out (5 over 4: 2, 2, 1, 0)"),
-    (dict(split=_chunk, whole=True), "when two mesh dimensions shard the same dim, the "
-     "second cuts the first one's piece, not the whole tensor"),
-    (dict(split=_chunk, reverse=True), "placements go in the mesh's order: the first mesh "
-     "dimension cuts first"),
-)
-
-
-def _judge_shapes(module, truth) -> Check:
-    name = CHECK_NAMES[1]
-    for rank, found in enumerate(truth):
-        for (shape, placements, mesh_shape), (coord, real) in zip(CASES, found["shapes"],
-                                                                  strict=True):
-            label = f"local_shape({shape}, {list(placements)}, {mesh_shape}, {coord})"
-            mine = _call(module.local_shape, shape, placements, mesh_shape, coord, label=label)
-            try:
-                mine = tuple(int(s) for s in mine)
-            except (TypeError, ValueError):
-                return Check(name, False, f"{label} returned {mine!r}",
-                             hint="return the shape as a tuple of ints")
-            if mine != real:
-                hint = next((says for rule, says in SHAPE_SLIPS
-                             if _rules(shape, placements, mesh_shape, coord, **rule) == mine),
-                            "cut each sharded dim in the mesh's order, as torch.chunk would")
-                return Check(name, False, f"{label} gave {mine}; DTensor's rank {rank} holds "
-                             f"{real}", rank=rank, hint=hint)
-    return Check(name, True, f"{len(CASES)} cases on each of the {WORLD} ranks: DTensor's "
-                 "own shapes")
-
-
-def _bytes_under(dp, tp, dp_rank, tp_rank, split=_chunk, norms_split=False):
-    """A rank's bytes under the right rule, or under a usual slip's."""
-    total = 0
-    for param, shape in SHAPES.items():
-        kind = _kind(param)
-        place = Replicate() if kind == "norm" and not norms_split else Shard(int(kind == "row"))
-        piece = list(_rules(shape, [place], [tp], [tp_rank], split=split))
-        piece[0] = split(piece[0], dp, dp_rank)
-        total += math.prod(piece)
-    return total * ITEMSIZE
-
-
-BYTES_SLIPS = (
-    (lambda *at: _bytes_under(*at, norms_split=True), "the norms' weights are whole on every "
-     "tp rank (SequenceParallel splits the tokens, not the weight)"),
-    (lambda *at: _bytes_under(*at, split=_floor), "49 vocabulary rows do not divide: cut as "
-     "torch.chunk does, ceil-sized blocks with the last short"),
-    (lambda dp, tp, *_: sum(map(math.prod, SHAPES.values())) * ITEMSIZE / (dp * tp),
-     "not every parameter divides by dp x tp: the norms are whole on every tp rank and 49 "
-     "rows do not divide evenly; add up each rank's own pieces"),
-)
-
-
-def _judge_bytes(module, truth) -> Check:
-    name = CHECK_NAMES[2]
-    for rank, found in enumerate(truth):
-        for (dp, tp), (coord, real) in zip(MESHES, found["bytes"], strict=True):
-            label = f"kept_bytes({dp}, {tp}, {coord[0]}, {coord[1]}, {ITEMSIZE})"
-            mine = _call(module.kept_bytes, dp, tp, *coord, ITEMSIZE, label=label)
-            if mine != real:
-                hint = next((says for rule, says in BYTES_SLIPS if rule(dp, tp, *coord) == mine),
-                            "for each parameter: TP's piece (its placement on a mesh of tp), "
-                            "then that piece's dim 0 cut over dp; add the elements, times the "
-                            "itemsize")
-                return Check(name, False, f"{label} gave {mine}; rank {rank} holds {real:,} "
-                             "bytes", rank=rank, hint=hint)
-    return Check(name, True, "every rank's bytes, on every mesh, are the ones PyTorch left")
+        answers = [(case, attempt(module.block_atomic_bounds, *case, names=NAMES,
+                                  blank="block_atomic_bounds", label=_label(*case), hint=HINT))
+                   for case in CASES]
+    except Stopped as stopped:
+        return stopped.checks
+    finally:
+        for namespace in swapped:
+            for key in [k for k, v in namespace.items() if v is watched]:
+                namespace[key] = original
+    for case, bounds in answers:
+        wrong = _shape(bounds, *case)
+        if wrong:
+            return [Check(NAMES[0], False, wrong, hint="return a list of (start, end) pairs, "
+                          "rank 0 first")] + [Check(n, False, "not checked: see (a)")
+                                              for n in NAMES[1:]]
+    return [_judge_a(answers), _judge_b(answers), _judge_c(answers),
+            no_shortcut(NAMES[3], calls, "write the rounding yourself: it is three lines")]

@@ -1,87 +1,67 @@
-"""Checks for ex26: find the bug in a broken run drawn from the museum, and fix it.
+"""Checks for ex26: expert parallelism's dispatch and combine.
 
-The learner's run is drawn from their `NAME` as lesson 26 draws it (`labs.find_the_bug.
-yours`: the walked bug left out). Two checks:
+One launch of 4 ranks, in float64. First the learner's `dispatch_and_combine`
+alone, at ep = 4 (the whole world; E = 8 experts, 2 per rank, top-2, some
+assignments dropped, gates not 1): every rank knows every rank's tokens and
+routing, so it knows what each step of its run should hold, and checks:
 
-* the diagnosis (in this process): `diagnosis()` must be that run's museum key. Nothing
-  about the run is said before an answer; a wrong key is told only how the bug it names
-  would show (drift or hang, its symptom), which the learner can set beside their report;
-* the fix (on 4 ranks): the learner's run is run with `fix()` applied, one of
-  `mt.debug.museum.FIXES`. A fix applies to the bug it was written for: the run's own fix
-  makes it its fixed run, any other leaves it broken. It passes if the run then departs
-  from one device by less than `EXACT` (or, for a hang, completes within the short
-  timeout). A blank, or a fix not on the list, runs nothing.
+* the split sizes: a counts exchange (an all-to-all of integers) before the
+  rows move; the dispatch's splits (send: rows for each rank's experts; recv:
+  rows from each rank) and the combine's, swapped. Every all-to-all is watched:
+  the ranks compare their splits before it runs, so splits that do not match
+  stop every rank with a diagnosis, never a hang;
+* the output equals the one-device layer's (`minitp.model.moe.LocalDispatch` with all
+  E experts). If not, the first step that went wrong is named: the rows sent,
+  the results sent back (the regroup not undone, or undone by itself), the
+  un-permute (by `order` rather than its inverse) or the gates (forgotten, or
+  applied twice);
+* the gradients of the tokens, the gates and this rank's experts equal one
+  device's (backward runs through the learner's all-to-alls).
+
+Then the function is installed as every MoE layer's dispatch of a GPT made by
+`parallelize` on ``Mesh(dp=4, ep=2)`` (E = 4, 2 per rank), and one AdamW step's
+loss and every parameter after it must equal the plain GPT's.
+
+Its parts: ex26_rank.py (the run on the ranks), ex26_diagnosis.py (what a rank should
+hold, and its checks of its own run); this module runs them and gathers the verdicts.
 """
 
 from __future__ import annotations
 
-from ...debug import museum
-from ..labs.find_the_bug import yours
-from .base import Check, Stopped, attempt, file_lacks
+from ...runtime.launch import launch
+from .base import Check, run_per_size
+from .ex26_rank import _in_rank
 
-EXACT = 1e-12  # float64's rounding of a few sums (the fixes land at 0 or near 3e-15)
-NAMES = ["diagnosis: the museum key of the bug in your broken run",
-         "fix: your run, with your fix applied on 4 ranks, equals one device"]
+WORLD = 4
+TIMEOUT = 30.0
+STEP_CHECK = True  # the training step on Mesh(dp=4, ep=2) (its tests may leave it out)
+NAMES = ["ep=4: counts exchanged, rows dispatched and combined with the right split sizes",
+         "ep=4: the output equals the one-device layer's",
+         "ep=4: the gradients of the tokens, the gates and this rank's experts equal one device's",
+         "dp=4, ep=2: a training step of the MoE GPT equals one device's"]
 
 
 def run(module) -> list[Check]:
-    missing = [n for n in ("NAME", "diagnosis", "fix") if not hasattr(module, n)]
-    if missing:
-        return file_lacks(NAMES, ", ".join(missing))
-    try:
-        key = yours(module.NAME)
-    except ValueError as error:
-        return [Check(n, False, str(error), hint="set NAME to the name you typed as the "
-                      "lesson's SEED") for n in NAMES]
-    return [_diagnosis(module, key), _fix(module, key)]
+    def launch_at(n):  # STEP_CHECK is read here, in the parent, where a test may set it
+        return launch(_in_rank, n, module.dispatch_and_combine, STEP_CHECK, timeout=TIMEOUT)
+
+    return run_per_size((WORLD,), lambda n: list(NAMES), launch_at, _judge,
+                        what="dispatch_and_combine", size="n")
 
 
-def _answer(function, name: str, hint: str):
-    try:
-        return attempt(function, names=[name], blank=function.__name__ + "()", label="()",
-                       hint=hint), None
-    except Stopped as stopped:
-        return None, stopped.checks[0]
-
-
-def _diagnosis(module, key: str) -> Check:
-    said, stopped = _answer(module.diagnosis, NAMES[0], "return a key of "
-                            "mt.debug.museum.MUSEUM")
-    if stopped is not None:
-        return stopped
-    if said not in museum.MUSEUM:
-        return Check(NAMES[0], False, f"{said!r} is not a museum key",
-                     hint=f"one of: {', '.join(museum.MUSEUM)}")
-    if said == key:
-        bug = museum.MUSEUM[key]
-        return Check(NAMES[0], True, f"{key}: {bug.citation}")
-    named = museum.MUSEUM[said]
-    looks = museum.MUSEUM[key].looks
-    hint = (f"{said} {'hangs' if named.looks == 'hang' else 'drifts'}; your run "
-            f"{'hangs' if looks == 'hang' else 'drifts'}" if named.looks != looks else
-            f"{said} would show as: {named.symptom}; it breaks this: {named.setting}. Set "
-            "that beside your run's report (its mesh, options, first divergence)")
-    return Check(NAMES[0], False, f"{said} is not the bug in your run", hint=hint)
-
-
-def _fix(module, key: str) -> Check:
-    said, stopped = _answer(module.fix, NAMES[1], "return one of mt.debug.museum.FIXES")
-    if stopped is not None:
-        return stopped
-    if said not in museum.FIXES:
-        return Check(NAMES[1], False, f"{said!r} is not one of mt.debug.museum.FIXES",
-                     hint="copy one of mt.debug.museum.FIXES as it is")
-    visit = museum.reproduce(key, fixed=said == museum.MUSEUM[key].fix)[key]
-    if visit.hung:
-        return Check(NAMES[1], False, "with your fix, the run still hangs",
-                     hint="a fix for a hang makes every rank call the same collectives")
-    if not visit.departure < EXACT:
-        return Check(NAMES[1], False, "with your fix, the run still departs from one "
-                     f"device by {visit.departure:.1e}", max_error=visit.departure,
-                     hint="that fix is for another bug: read your run's first divergence "
-                          "again, and which setting produces it")
-    if museum.MUSEUM[key].looks == "hang":
-        return Check(NAMES[1], True, "your run completes on 4 ranks: every rank joined every "
-                     "collective")
-    return Check(NAMES[1], True, f"your run equals one device (within {EXACT:.0e}) on 4 ranks",
-                 max_error=visit.departure)
+def _judge(n, names, per_rank) -> list[Check]:
+    checks = []
+    for i, name in enumerate(names):
+        results = [r["checks"][i] for r in per_rank]
+        failed = [(rank, res) for rank, res in enumerate(results) if not res[0]]
+        if not failed:  # the numbers: the largest error over the ranks
+            errors = [res[3] for res in results if res[3] is not None]
+            worst = max(errors) if errors and i in (1, 2) else None
+            detail = results[0][1] if worst is None else f"largest error {worst:.1e}"
+            checks.append(Check(name, True, detail, max_error=worst))
+            continue
+        # the first rank that names its mistake, else the first that failed
+        rank, (_, detail, hint, error, *_) = max(
+            failed, key=lambda item: (len(item[1]) > 4 and item[1][4], -item[0]))
+        checks.append(Check(name, False, detail, rank=rank, max_error=error, hint=hint))
+    return checks

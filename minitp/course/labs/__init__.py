@@ -29,16 +29,16 @@ nothing in the library imports it. Each lab is one module:
   `minitp.calc`, with an ipywidgets front end (lesson 17);
 * `megatron_or_zero`: one GPT with tensor parallelism and with ZeRO 0-3 on the
   same ranks, measured side by side, and ZeRO-3's parameter bytes through a
-  step (lesson 20);
+  step (lesson 21);
 * `muon`: Muon's three strategies (gather, owner, tp) under ZeRO-1 on real ranks beside
-  one device, their bytes, FLOPs and state, and when owner beats gather, a model (lesson 21);
+  one device, their bytes, FLOPs and state, and when owner beats gather, a model (lesson 22);
 * `moe`: a mixture of experts trained on one device with each way of balancing its
   load (loads and routing step by step), one step of expert parallelism traced on 4
   ranks (all-to-all rows and bytes, each rank's expert compute, a forced straggler),
-  and the mesh against one device in float64 (lesson 25);
+  and the mesh against one device in float64 (lesson 26);
 * `blocks_of_scales`: MXFP8 and NVFP4 across ranks: block scales against one a tensor, the
   casts on 2 ranks with and without an amax all-reduce, ZeRO-3's 8-bit gather with a
-  boundary inside a block and block-atomic, its bytes from the trace (lesson 23);
+  boundary inside a block and block-atomic, its bytes from the trace (lesson 24);
 * `long_sequences`: what sequence parallelism leaves whole, activation memory
   against sequence length with and without context parallelism, the ring's
   trace, and the causal work per rank with and without load balancing (lesson 08);

@@ -1,4 +1,4 @@
-"""Lab: blocks of scales — MXFP8 and NVFP4 across ranks (lesson 23).
+"""Lab: blocks of scales — MXFP8 and NVFP4 across ranks (lesson 24).
 
 * `formats`: the two block formats' bits a value, from `calc.fp8_tensor_bytes` (a MODEL);
 * `draw_blocks`: one token's features and the largest magnitude each format's scales let

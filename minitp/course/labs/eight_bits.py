@@ -1,5 +1,5 @@
 """Lab: eight bits across ranks — FP8's formats, its scales, its three scalings, the amax
-group run right and wrong, and the bytes of an 8-bit all-gather (lesson 22).
+group run right and wrong, and the bytes of an 8-bit all-gather (lesson 23).
 
 * `formats` / `draw_formats`: e4m3 and e5m2 read off torch (``torch.finfo`` and every one of
   their 256 bit patterns): each positive value and the step to the next, drawn;

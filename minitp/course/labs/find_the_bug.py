@@ -1,4 +1,4 @@
-"""Lab: find the bug (lesson 26). One bug walked through with the tools, then a broken run
+"""Lab: find the bug (lesson 28). One bug walked through with the tools, then a broken run
 drawn from the museum (`minitp.debug.museum`) by the learner's name, its bug not named.
 
     spoiled, fixed = walkthrough()   # one launch of 4 ranks: the walked bug, then its fix
@@ -8,7 +8,7 @@ drawn from the museum (`minitp.debug.museum`) by the learner's name, its bug not
 
 The walked bug (Megatron-LM issue #1446: the norms' gradients under sequence parallelism
 left as each rank's part) is left out of the draw, so a learner's run is never the one the
-lesson solved. Exercise 26 grades the same draw (`yours`).
+lesson solved. Exercise 28 grades the same draw (`yours`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lab: a mixture of experts across ranks (lesson 25). Routing and balancing trained on one
+"""Lab: a mixture of experts across ranks (lesson 26). Routing and balancing trained on one
 device, one step of expert parallelism traced on four ranks, and the mesh against one device.
 
     runs = {b: train(balance=b) for b in ("none", "aux", "bias")}  # one device, a few s each

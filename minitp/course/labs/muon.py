@@ -1,5 +1,5 @@
 """Lab: an optimizer that needs the whole matrix — Muon over ZeRO's shards and tensor
-parallelism (lesson 21).
+parallelism (lesson 22).
 
 * `slice_or_whole`: Newton–Schulz of a flat shard's rows against the same rows of the whole
   matrix's Newton–Schulz, and an elementwise update (Adam's kind) the same two ways, MEASURED;

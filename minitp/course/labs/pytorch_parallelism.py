@@ -1,4 +1,4 @@
-"""Lab: HSDP against FSDP on a SIMULATED two-level network (lesson 24).
+"""Lab: HSDP against FSDP on a SIMULATED two-level network (lesson 25).
 
 How the simulation is made, exactly: 4 ranks on this one machine (gloo over loopback
 TCP), called two "nodes", ranks {0, 1} and {2, 3}. Nothing is slower between the nodes:

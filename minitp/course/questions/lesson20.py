@@ -1,147 +1,154 @@
-"""Lesson 20's questions: the ZeRO stage to choose under a memory budget, and the microbatch at
-which ZeRO-3 sends fewer bytes than tensor parallelism per token of work."""
+"""Lesson 20's questions: model-state GB per GPU in the two layouts, training days by
+Narayanan et al.'s rule, and a 16-bytes-per-parameter claim judged."""
 
 from __future__ import annotations
 
-import itertools
-
-from ...calc.footprint.memory import model_state_bytes
-from ...calc.network.cluster import GiB
-from ...calc.network.comm import dp_comm_bytes, tp_comm_bytes
+from ...calc.counts.flops import training_seconds
+from ...calc.footprint.memory import OPTIMIZERS, model_state_bytes
 from .form import Question, Wrong
-from .models import gpt
 
-LETTERS = "abcd"  # ZeRO stages 0, 1, 2, 3
-MICROBATCHES = 8
-
-
-def _states_gib(billions, n, stage):
-    return model_state_bytes(billions * 10**9, n, stage, "adam-mixed")["total"] / GiB
+GB, GiB, DAY = 10**9, 2**30, 86400
+LAYOUTS = {"adam-mixed": "bf16 weights and bf16 gradients (ZeRO's count, Rajbhandari et al. "
+                         "2020, §3.1)",
+           "megatron": "bf16 weights and gradients accumulated in fp32 (Megatron-LM)"}
 
 
-def _lowest_fitting(billions, n, budget):
-    return next(s for s in range(4) if _states_gib(billions, n, s) <= budget)
-
-
-def _clear(billions, n, budget):  # no stage within 3% of the budget: no near-ties
-    return all(abs(_states_gib(billions, n, s) / budget - 1) > 0.03 for s in range(4))
-
-
-# Only draws whose answer is stage 1 or 2, so that a stage below and a stage above exist.
-ZERO_DRAWS = tuple(
-    (b, n, budget) for b, n, budget in itertools.product((7, 13, 20, 30), (8, 16, 64),
-                                                         (20, 30, 40, 60))
-    if _states_gib(b, n, 3) <= budget and _lowest_fitting(b, n, budget) in (1, 2)
-    and _clear(b, n, budget))
-
-
-def which_stage(seed=None) -> Question:
+def state_gb(seed=None) -> Question:
     def draw(rng):
-        billions, n, budget = rng.choice(ZERO_DRAWS)
-        return {"billions": billions, "n": n, "budget": budget}
+        return {"billions": rng.choice((13, 22, 39, 76)), "gpus": rng.choice((8, 16, 32)),
+                "layout": rng.choice(tuple(LAYOUTS))}
 
-    def stage(p):
-        return _lowest_fitting(p["billions"], p["n"], p["budget"])
+    def per_gpu(p):
+        return p["billions"] * 10**9 // p["gpus"]
 
-    def far(p):  # two stages from the answer: stage 0 when it is 2, stage 3 when it is 1
-        return "a" if stage(p) == 2 else "d"
+    def gb(p, layout=None):
+        return model_state_bytes(per_gpu(p), optimizer=layout or p["layout"])["total"] / GB
 
-    def table(p):
-        return ", ".join(f"stage {s} {_states_gib(p['billions'], p['n'], s):.1f} GiB"
-                         for s in range(4))
+    def other(p):
+        return "megatron" if p["layout"] == "adam-mixed" else "adam-mixed"
+
+    def per_param(p, layout=None):
+        return sum(OPTIMIZERS[layout or p["layout"]])
 
     return Question(
-        key="20.which-stage", seed=seed, draw=draw, kind="choice",
-        text=lambda p: (f"A {p['billions']}B-parameter model trains by data parallelism alone "
-                        f"over N = {p['n']} GPUs with mixed-precision Adam, 16 bytes a parameter "
-                        "(2 + 2 + 12: Rajbhandari et al. 2020, §3.1), and "
-                        f"{MICROBATCHES} microbatches a step. Each GPU has {p['budget']} GiB "
-                        "left for model states. Which ZeRO stage do you choose, the one that "
-                        "fits with the least communication (as minitp and `calc.step_time` "
-                        "run them: stages 0 and 1 send 2Ψ a step, stage 2 reduce-scatters "
-                        "every microbatch's gradient, stage 3 also gathers the parameters twice "
-                        "a microbatch)? Answer 'a', 'b', 'c' or 'd': (a) stage 0; (b) stage 1; "
-                        "(c) stage 2; (d) stage 3."),
-        right=lambda p: LETTERS[stage(p)],
+        key="20.state-gb", seed=seed, draw=draw,
+        text=lambda p: (f"A {p['billions']}B-parameter model is split evenly over {p['gpus']} "
+                        "GPUs by tensor and pipeline parallelism (no ZeRO). It trains with "
+                        f"mixed-precision Adam: {LAYOUTS[p['layout']]}, an fp32 master copy "
+                        "and Adam's two fp32 moments. How many GB of model states does each GPU "
+                        "hold? (GB, 10^9 bytes; within 1%.)"),
+        right=gb,
         wrong=[
-            Wrong(lambda p: LETTERS[stage(p) - 1],
-                  "that stage keeps more model states than the budget: it does not fit"),
-            Wrong(lambda p: LETTERS[stage(p) + 1],
-                  "that stage fits, but shards more than it must and sends more: stage 2 "
-                  "reduce-scatters every microbatch's gradient, stage 3 also gathers the "
-                  "parameters twice per microbatch"),
-            Wrong(lambda p: far(p),
-                  "that is two stages from the answer: stage 0 keeps 16 bytes a parameter on "
-                  "every GPU, far over the budget; stage 3 fits, but gathers the parameters "
-                  "twice a microbatch, the most bytes of all"),
+            Wrong(lambda p: gb(p, other(p)),
+                  "that is the other layout (16 or 18 bytes a parameter): check in which "
+                  "precision the gradients are kept"),
+            Wrong(lambda p: 2 * per_gpu(p) / GB,
+                  "that is the bf16 weights alone; training also keeps gradients, an fp32 master "
+                  "copy and Adam's two moments"),
+            Wrong(lambda p: gb(p) * GB / GiB, "that is in GiB (2^30 bytes); the question asks "
+                                              "for GB (10^9)"),
+            Wrong(lambda p: (per_param(p) - 4) * per_gpu(p) / GB,
+                  "that leaves out the fp32 master copy (4 bytes): Adam updates fp32 weights, "
+                  "and the bf16 weights are a copy of them"),
         ],
         worked=lambda p: (
-            f"per GPU (`calc.model_state_bytes`, Ψ = {p['billions']}B): 16Ψ at stage 0, "
-            "4Ψ + 12Ψ/N at stage 1, 2Ψ + 14Ψ/N at stage 2, 16Ψ/N at stage 3: "
-            f"{table(p)}. The lowest stage under {p['budget']} GiB is stage {stage(p)}. With "
-            f"m = {MICROBATCHES} microbatches `calc.step_time` gives stage 2 (m + 1)/2 = "
-            f"{(MICROBATCHES + 1) / 2} times stage 1's data-parallel time and stage 3 3m/2 = "
-            f"{3 * MICROBATCHES // 2} times (lesson 20, a MODEL)."),
+            f"{p['billions']}B / {p['gpus']} = {per_gpu(p) / 1e9:.4g}B parameters per GPU; per "
+            f"parameter 2 (bf16 weights) + {OPTIMIZERS[p['layout']][1]} (gradients) + 4 (fp32 "
+            f"master) + 4 + 4 (Adam's moments) = {per_param(p)} bytes: {gb(p):.2f} GB "
+            "(`calc.model_state_bytes`). Activations come on top."),
     )
 
 
-MODELS = {"1.3B": gpt(2048, 16, 24), "13B": gpt(5120, 40, 40),
-          "GPT-3 175B": gpt(12288, 96, 96)}
+GPUS = {"A100": (312e12, "NVIDIA's A100 datasheet, dense bf16"),
+        "H100": (989e12, "NVIDIA's H100 datasheet, SXM, dense bf16")}
 
 
-def break_even(seed=None) -> Question:
-    # t = 2 is left out: there the per-microbatch mistake (factor t) would equal the one that
-    # counts 2 all-reduces a layer (factor 2). N stays at most 64, so that (N-1)/N is > 1% from 1.
+def training_days(seed=None) -> Question:
     def draw(rng):
-        return {"model": rng.choice(tuple(MODELS)), "t": rng.choice((4, 8)),
-                "n": rng.choice((16, 32, 64))}
+        return {"billions": rng.choice((13, 70, 175)), "tokens": rng.choice((300, 1000)),
+                "gpus": rng.choice((512, 1024, 2048)), "gpu": rng.choice(tuple(GPUS)),
+                "eff": rng.choice((0.35, 0.45, 0.5)), "full": rng.choice((True, False))}
 
-    def tokens(p, halves=3, all_reduces=4, per_work=True, ring=True):
-        cfg = MODELS[p["model"]]
-        h, layers, t, n = cfg.d_model, cfg.n_layer, p["t"], p["n"]
-        psi = 12 * layers * h * h  # the layers' weights only, as the question says
-        zero = dp_comm_bytes(psi, n, 2, zero_stage=3) * halves / 3
-        if not ring:
-            zero = zero * n / (n - 1)
-        tp_per_token = tp_comm_bytes(cfg, 1, t) * layers / cfg.seq_len * all_reduces / 4
-        if per_work:
-            tp_per_token *= t  # a TP GPU does 1/t of its tokens' work
-        return zero / tp_per_token
+    def days(p, flops_per_token=None, achieved=True):
+        peak = GPUS[p["gpu"]][0]
+        per_gpu = peak * p["eff"] if achieved else peak
+        rule = flops_per_token or (8 if p["full"] else 6)
+        seconds = training_seconds(p["tokens"] * 1e9, p["billions"] * 1e9, p["gpus"], per_gpu)
+        return seconds * rule / 8 / DAY  # training_seconds is Eq. 4's 8 FLOPs a token
 
     def text(p):
-        cfg = MODELS[p["model"]]
-        return (f"Compare, per token of work, the bytes one GPU sends for the {p['model']} GPT "
-                f"(l = {cfg.n_layer}, h = {cfg.d_model}): Megatron tensor parallelism at "
-                f"t = {p['t']} (4 ring all-reduces of bsh values a layer) against ZeRO-3 over "
-                f"N = {p['n']} GPUs (gather, gather again, reduce-scatter: 3(N-1)/N·Ψ a "
-                "microbatch, with Ψ = 12lh², the layers' weights only), both in 16-bit values. "
-                "ZeRO-3's bytes are fixed per microbatch. From how many tokens per ZeRO-3 "
-                "microbatch does it send fewer bytes per token of work? (Tokens; within 1%.)")
+        peak, source = GPUS[p["gpu"]]
+        recompute = ("recomputes every layer's forward in backward (full recomputation)"
+                     if p["full"] else "recomputes nothing")
+        return (f"A {p['billions']}B-parameter GPT trains on {p['tokens']}B tokens on "
+                f"{p['gpus']} {p['gpu']}s (peak {peak / 1e12:.0f} TFLOP/s, {source}), each "
+                f"achieving {p['eff']:.0%} of its peak. The run {recompute}. By Narayanan et "
+                "al. 2021's rule (2 FLOPs a parameter a token forward, twice that backward, "
+                "and the forward again when recomputing), how many days does training take? "
+                "(Days; within 1%.)")
+
+    def rule(p):
+        return 8 if p["full"] else 6
 
     return Question(
-        key="20.break-even", seed=seed, draw=draw, text=text, right=tokens,
+        key="20.training-days", seed=seed, draw=draw, text=text, right=days,
         wrong=[
-            Wrong(lambda p: tokens(p, per_work=False),
-                  "that compares bytes per microbatch token: a TP GPU does only 1/t of each "
-                  "token's work, so per token of work it sends t times as much"),
-            Wrong(lambda p: tokens(p, halves=2),
-                  "that uses 2Ψ, plain data parallelism's (or ZeRO-1's) bytes; ZeRO-3 gathers "
-                  "the parameters a second time for backward: 3Ψ"),
-            Wrong(lambda p: tokens(p, all_reduces=2),
-                  "that counts 2 all-reduces a layer, the forward's only; backward runs 2 more"),
-            Wrong(lambda p: tokens(p, ring=False),
-                  "that leaves out the ring's (N-1)/N: each rank sends N-1 of the N chunks"),
+            Wrong(lambda p: days(p, 14 - rule(p)),
+                  "that uses the other rule: 6 FLOPs a parameter a token without "
+                  "recomputation, 8 with it (the forward runs twice)"),
+            Wrong(lambda p: days(p, achieved=False),
+                  "that runs the GPUs at their peak: each achieves only the stated fraction "
+                  "of it"),
+            Wrong(lambda p: days(p, 2), "that counts the forward pass only: backward costs "
+                                        "twice the forward"),
+            Wrong(lambda p: days(p) * DAY, "that is in seconds: a day has 86,400"),
+            Wrong(lambda p: days(p) * 24, "that is in hours: divide by 24"),
         ],
         worked=lambda p: (
-            f"per token of work, TP sends 8bsh(t-1)/t per layer for bs/t tokens: 8h(t-1) "
-            "values a layer; ZeRO-3 sends 3·12h²·(N-1)/N values a layer per microbatch of T "
-            "tokens. Equal at T = 4.5h/(t-1)·(N-1)/N = "
-            f"4.5·{MODELS[p['model']].d_model}/{p['t'] - 1}·{p['n'] - 1}/{p['n']} = "
-            f"{tokens(p):,.0f} tokens (`calc.tp_comm_bytes`, `calc.dp_comm_bytes`: ring MODELS), "
-            f"{tokens(p) / MODELS[p['model']].seq_len:.2f} sequences of 2048. Above it ZeRO-3 "
-            "sends less. The lesson's table counts the embeddings in Ψ too, so its break-even is "
-            "a little higher (0.64h to 0.69h at t = 8, N = 64)."),
+            f"{rule(p)} FLOPs a parameter a token × {p['billions']}e9 parameters × "
+            f"{p['tokens']}e9 tokens = {rule(p) * p['billions'] * p['tokens'] * 1e18:.3e} "
+            f"FLOPs, over {p['gpus']} GPUs × {p['eff']:.0%} × "
+            f"{GPUS[p['gpu']][0] / 1e12:.0f} TFLOP/s = "
+            f"{p['gpus'] * p['eff'] * GPUS[p['gpu']][0]:.3e} FLOP/s: {days(p):.3g} days (a "
+            "MODEL: Eq. 4 of Narayanan et al. 2021, `calc.training_seconds`, which has the 8; "
+            "scaled by 6/8 without recomputation)."),
     )
 
 
-QUESTIONS = {"20.which-stage": which_stage, "20.break-even": break_even}
+def sixteen_bytes(seed=None) -> Question:
+    def draw(rng):
+        return {"billions": rng.choice((7, 13, 30, 70))}
+
+    def gb(p, per_param):
+        return per_param * p["billions"]  # billions of parameters × bytes = GB
+
+    return Question(
+        key="20.sixteen-bytes", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A write-up says: \"training this {p['billions']}B model with "
+                        "Megatron-LM needs 16 bytes a parameter of model states, "
+                        f"{gb(p, 16):,} GB.\" The run keeps bf16 weights, accumulates its "
+                        "gradients over the microbatches in fp32, and runs Adam with an fp32 "
+                        "master copy. What do you answer? Answer 'a', 'b', 'c' or 'd': (a) it "
+                        "holds: 2 + 2 + 12; (b) too low: 18 bytes a parameter, "
+                        f"{gb(p, 18):,} GB, because the gradients take 4 bytes; (c) too high: "
+                        f"14 bytes, {gb(p, 14):,} GB, because the fp32 master copy is the "
+                        "weights; (d) too low: model states include the activations."),
+        right=lambda p: "b",
+        wrong=[
+            Wrong(lambda p: "a", "2 + 2 + 12 is ZeRO's count, with 16-bit gradients; this run "
+                                 "accumulates them in fp32, 4 bytes"),
+            Wrong(lambda p: "c", "the master copy is a second copy: the bf16 weights the "
+                                 "matrix multiplies read are made from it, and both are kept"),
+            Wrong(lambda p: "d", "model states are the weights, gradients and optimizer state; "
+                                 "activations are a separate term, and they depend on the batch"),
+        ],
+        worked=lambda p: (
+            "per parameter: 2 (bf16 weights) + 4 (fp32 gradients) + 4 (fp32 master) + 4 + 4 "
+            f"(Adam's moments) = 18 bytes (`calc.OPTIMIZERS['megatron']`): {gb(p, 18):,} GB, "
+            f"not {gb(p, 16):,} GB. A claim that does not say where the gradients accumulate is "
+            "ambiguous by 12%."),
+    )
+
+
+QUESTIONS = {"20.state-gb": state_gb, "20.training-days": training_days,
+             "20.sixteen-bytes": sixteen_bytes}

@@ -1,160 +1,147 @@
-"""Lesson 21's questions: the bytes Muon's owner strategy sends per GPU under ZeRO-1, the
-optimizer state a GPU keeps with Muon and AdamW under ZeRO-1, and which strategy sends the
-fewest bytes for a setting (a design decision). Every answer is `mt.calc`'s model
-(`muon_comm_bytes`, `muon_state_bytes`)."""
+"""Lesson 21's questions: the ZeRO stage to choose under a memory budget, and the microbatch at
+which ZeRO-3 sends fewer bytes than tensor parallelism per token of work."""
 
 from __future__ import annotations
 
-from ...calc.footprint.muon import muon_comm_bytes, muon_state_bytes
+import itertools
+
+from ...calc.footprint.memory import model_state_bytes
+from ...calc.network.cluster import GiB
+from ...calc.network.comm import dp_comm_bytes, tp_comm_bytes
 from .form import Question, Wrong
+from .models import gpt
 
-MiB, GiB = 2**20, 2**30
-
-
-def _gpt(h: int, layers: int) -> list:
-    """A GPT's Muon matrices, whole: per layer qkv, the projection and the MLP's two."""
-    return [(3 * h, h, None), (h, h, None), (4 * h, h, None), (h, 4 * h, None)] * layers
+LETTERS = "abcd"  # ZeRO stages 0, 1, 2, 3
+MICROBATCHES = 8
 
 
-def owner_bytes(seed=None) -> Question:
+def _states_gib(billions, n, stage):
+    return model_state_bytes(billions * 10**9, n, stage, "adam-mixed")["total"] / GiB
+
+
+def _lowest_fitting(billions, n, budget):
+    return next(s for s in range(4) if _states_gib(billions, n, s) <= budget)
+
+
+def _clear(billions, n, budget):  # no stage within 3% of the budget: no near-ties
+    return all(abs(_states_gib(billions, n, s) / budget - 1) > 0.03 for s in range(4))
+
+
+# Only draws whose answer is stage 1 or 2, so that a stage below and a stage above exist.
+ZERO_DRAWS = tuple(
+    (b, n, budget) for b, n, budget in itertools.product((7, 13, 20, 30), (8, 16, 64),
+                                                         (20, 30, 40, 60))
+    if _states_gib(b, n, 3) <= budget and _lowest_fitting(b, n, budget) in (1, 2)
+    and _clear(b, n, budget))
+
+
+def which_stage(seed=None) -> Question:
     def draw(rng):
-        return {"h": rng.choice((2048, 4096, 8192)), "l": rng.choice((24, 32, 48)),
-                "n": rng.choice((4, 8, 16))}
+        billions, n, budget = rng.choice(ZERO_DRAWS)
+        return {"billions": billions, "n": n, "budget": budget}
 
-    def sent(p, strategy="owner"):
-        return muon_comm_bytes(_gpt(p["h"], p["l"]), strategy, dp=p["n"], zero_stage=1,
-                               bytes_per=2)["total"] / MiB
+    def stage(p):
+        return _lowest_fitting(p["billions"], p["n"], p["budget"])
 
-    def values(p):  # 12h² values a layer
-        return 12 * p["h"] ** 2 * p["l"]
+    def far(p):  # two stages from the answer: stage 0 when it is 2, stage 3 when it is 1
+        return "a" if stage(p) == 2 else "d"
+
+    def table(p):
+        return ", ".join(f"stage {s} {_states_gib(p['billions'], p['n'], s):.1f} GiB"
+                         for s in range(4))
 
     return Question(
-        key="21.owner-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"A GPT of l = {p['l']} layers, width h = {p['h']} (its Muon matrices: "
-                        "qkv 3h×h, the projection h×h, the MLP's 4h×h and h×4h, 12h² values a "
-                        f"layer) trains under ZeRO-1 over N = {p['n']} GPUs, each holding 1/N "
-                        "of every matrix's summed momentum in bf16 (2 bytes). With the owner "
-                        "strategy, how many MiB does a GPU send per step for Muon, on average "
-                        "over the GPUs? (MiB; within 1%.)"),
-        right=sent,
+        key="21.which-stage", seed=seed, draw=draw, kind="choice",
+        text=lambda p: (f"A {p['billions']}B-parameter model trains by data parallelism alone "
+                        f"over N = {p['n']} GPUs with mixed-precision Adam, 16 bytes a parameter "
+                        "(2 + 2 + 12: Rajbhandari et al. 2020, §3.1), and "
+                        f"{MICROBATCHES} microbatches a step. Each GPU has {p['budget']} GiB "
+                        "left for model states. Which ZeRO stage do you choose, the one that "
+                        "fits with the least communication (as minitp and `calc.step_time` "
+                        "run them: stages 0 and 1 send 2Ψ a step, stage 2 reduce-scatters "
+                        "every microbatch's gradient, stage 3 also gathers the parameters twice "
+                        "a microbatch)? Answer 'a', 'b', 'c' or 'd': (a) stage 0; (b) stage 1; "
+                        "(c) stage 2; (d) stage 3."),
+        right=lambda p: LETTERS[stage(p)],
         wrong=[
-            Wrong(lambda p: sent(p, "gather"), "that is gather's: every GPU all-gathers every "
-                                               "matrix, (N-1)/N of them"),
-            Wrong(lambda p: sent(p) / 2, "that is only the way in: each home sends every "
-                                         "other GPU its rows of the result back, as many bytes"),
-            Wrong(lambda p: 2 * values(p) * 2 / p["n"] / MiB,
-                  "a GPU's run of a matrix homed on itself stays there: of its 1/N of the "
-                  "matrices, (N-1)/N travel, each way"),
+            Wrong(lambda p: LETTERS[stage(p) - 1],
+                  "that stage keeps more model states than the budget: it does not fit"),
+            Wrong(lambda p: LETTERS[stage(p) + 1],
+                  "that stage fits, but shards more than it must and sends more: stage 2 "
+                  "reduce-scatters every microbatch's gradient, stage 3 also gathers the "
+                  "parameters twice per microbatch"),
+            Wrong(lambda p: far(p),
+                  "that is two stages from the answer: stage 0 keeps 16 bytes a parameter on "
+                  "every GPU, far over the budget; stage 3 fits, but gathers the parameters "
+                  "twice a microbatch, the most bytes of all"),
         ],
-        worked=lambda p: (f"The matrices hold M = 12h²l = {values(p):,} values. A GPU holds "
-                          "1/N of each; the runs of a matrix not homed on it go home, and "
-                          "come back orthogonalised: 2·(N-1)/N·M/N values a GPU on average, "
-                          f"2·{p['n'] - 1}/{p['n']}²·{values(p):,}·2 bytes = {sent(p):,.1f} "
-                          f"MiB (`calc.muon_comm_bytes`, a MODEL), against gather's "
-                          f"{sent(p, 'gather'):,.1f}: 2/N of it."),
+        worked=lambda p: (
+            f"per GPU (`calc.model_state_bytes`, Ψ = {p['billions']}B): 16Ψ at stage 0, "
+            "4Ψ + 12Ψ/N at stage 1, 2Ψ + 14Ψ/N at stage 2, 16Ψ/N at stage 3: "
+            f"{table(p)}. The lowest stage under {p['budget']} GiB is stage {stage(p)}. With "
+            f"m = {MICROBATCHES} microbatches `calc.step_time` gives stage 2 (m + 1)/2 = "
+            f"{(MICROBATCHES + 1) / 2} times stage 1's data-parallel time and stage 3 3m/2 = "
+            f"{3 * MICROBATCHES // 2} times (lesson 21, a MODEL)."),
     )
 
 
-def state_bytes(seed=None) -> Question:
+MODELS = {"1.3B": gpt(2048, 16, 24), "13B": gpt(5120, 40, 40),
+          "GPT-3 175B": gpt(12288, 96, 96)}
+
+
+def break_even(seed=None) -> Question:
+    # t = 2 is left out: there the per-microbatch mistake (factor t) would equal the one that
+    # counts 2 all-reduces a layer (factor 2). N stays at most 64, so that (N-1)/N is > 1% from 1.
     def draw(rng):
-        return {"h": rng.choice((2048, 4096, 5120)), "l": rng.choice((24, 32, 40)),
-                "v": rng.choice((32000, 50257, 128000)), "n": rng.choice((8, 16, 64))}
+        return {"model": rng.choice(tuple(MODELS)), "t": rng.choice((4, 8)),
+                "n": rng.choice((16, 32, 64))}
 
-    def counts(p):  # the matrices' values, the rest (the tied embedding; norms, biases left out)
-        return 12 * p["l"] * p["h"] ** 2, p["v"] * p["h"]
+    def tokens(p, halves=3, all_reduces=4, per_work=True, ring=True):
+        cfg = MODELS[p["model"]]
+        h, layers, t, n = cfg.d_model, cfg.n_layer, p["t"], p["n"]
+        psi = 12 * layers * h * h  # the layers' weights only, as the question says
+        zero = dp_comm_bytes(psi, n, 2, zero_stage=3) * halves / 3
+        if not ring:
+            zero = zero * n / (n - 1)
+        tp_per_token = tp_comm_bytes(cfg, 1, t) * layers / cfg.seq_len * all_reduces / 4
+        if per_work:
+            tp_per_token *= t  # a TP GPU does 1/t of its tokens' work
+        return zero / tp_per_token
 
-    def state(p, key="optimizer", zero=1, optimizer="muon-fp32"):
-        return muon_state_bytes(*counts(p), dp=p["n"], zero_stage=zero,
-                                optimizer=optimizer)[key] / GiB
+    def text(p):
+        cfg = MODELS[p["model"]]
+        return (f"Compare, per token of work, the bytes one GPU sends for the {p['model']} GPT "
+                f"(l = {cfg.n_layer}, h = {cfg.d_model}): Megatron tensor parallelism at "
+                f"t = {p['t']} (4 ring all-reduces of bsh values a layer) against ZeRO-3 over "
+                f"N = {p['n']} GPUs (gather, gather again, reduce-scatter: 3(N-1)/N·Ψ a "
+                "microbatch, with Ψ = 12lh², the layers' weights only), both in 16-bit values. "
+                "ZeRO-3's bytes are fixed per microbatch. From how many tokens per ZeRO-3 "
+                "microbatch does it send fewer bytes per token of work? (Tokens; within 1%.)")
 
     return Question(
-        key="21.state-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"A GPT of l = {p['l']} layers, width h = {p['h']} and a tied "
-                        f"embedding of V = {p['v']:,} tokens (count only 12h² matrix values a "
-                        "layer and the V×h embedding) trains in float32: Muon steps the "
-                        "matrices, AdamW the embedding. Under ZeRO-1 over N = "
-                        f"{p['n']} GPUs, how many GiB of optimizer state does one GPU keep? "
-                        "(GiB; within 1%.)"),
-        right=state,
+        key="21.break-even", seed=seed, draw=draw, text=text, right=tokens,
         wrong=[
-            Wrong(lambda p: sum(counts(p)) * 8 / p["n"] / GiB,
-                  "that is AdamW's for every value (two moments); Muon keeps one momentum a "
-                  "matrix value"),
-            Wrong(lambda p: state(p, zero=0), "that is without ZeRO: stage 1 shards the "
-                                              "optimizer state over the N GPUs"),
-            Wrong(lambda p: state(p, key="total"), "that adds the parameters and gradients, "
-                                                   "which stage 1 keeps whole"),
+            Wrong(lambda p: tokens(p, per_work=False),
+                  "that compares bytes per microbatch token: a TP GPU does only 1/t of each "
+                  "token's work, so per token of work it sends t times as much"),
+            Wrong(lambda p: tokens(p, halves=2),
+                  "that uses 2Ψ, plain data parallelism's (or ZeRO-1's) bytes; ZeRO-3 gathers "
+                  "the parameters a second time for backward: 3Ψ"),
+            Wrong(lambda p: tokens(p, all_reduces=2),
+                  "that counts 2 all-reduces a layer, the forward's only; backward runs 2 more"),
+            Wrong(lambda p: tokens(p, ring=False),
+                  "that leaves out the ring's (N-1)/N: each rank sends N-1 of the N chunks"),
         ],
-        worked=lambda p: (f"Matrices {counts(p)[0]:,} values × 4 bytes (one momentum) + "
-                          f"embedding {counts(p)[1]:,} × 8 (AdamW's two moments), over N = "
-                          f"{p['n']}: {state(p):.2f} GiB (`calc.muon_state_bytes`, a MODEL), "
-                          f"where AdamW for everything would keep "
-                          f"{sum(counts(p)) * 8 / p['n'] / GiB:.2f}."),
+        worked=lambda p: (
+            f"per token of work, TP sends 8bsh(t-1)/t per layer for bs/t tokens: 8h(t-1) "
+            "values a layer; ZeRO-3 sends 3·12h²·(N-1)/N values a layer per microbatch of T "
+            "tokens. Equal at T = 4.5h/(t-1)·(N-1)/N = "
+            f"4.5·{MODELS[p['model']].d_model}/{p['t'] - 1}·{p['n'] - 1}/{p['n']} = "
+            f"{tokens(p):,.0f} tokens (`calc.tp_comm_bytes`, `calc.dp_comm_bytes`: ring MODELS), "
+            f"{tokens(p) / MODELS[p['model']].seq_len:.2f} sequences of 2048. Above it ZeRO-3 "
+            "sends less. The lesson's table counts the embeddings in Ψ too, so its break-even is "
+            "a little higher (0.64h to 0.69h at t = 8, N = 64)."),
     )
 
 
-LETTERS = {"gather": "a", "owner": "b", "tp": "c"}
-NO_TP = " With tp = 1 there is nothing for the tp strategy to do."
-# (ZeRO stage, dp, tp, s/u): the cases whose fewest-bytes strategy is strict (ZeRO-0 with
-# tp > 1 and short matrices ties gather with owner: left out)
-CASES = [(0, dp, 1, k) for dp in (4, 8) for k in (4, 32)] + \
-        [(0, dp, tp, 32) for dp in (4, 8) for tp in (2, 4)] + \
-        [(1, dp, tp, k) for dp in (4, 8) for tp in (1, 2, 4) for k in (4, 32)]
-
-
-def strategy_bytes(p) -> dict:
-    """MODEL bytes per GPU per step of each strategy possible here (tp needs tp > 1)."""
-    u = 1024
-    matrices = [(u, p["k"] * u, 1)] * 8  # split along its long side, the columns
-    return {s: muon_comm_bytes(matrices, s, dp=p["dp"], tp=p["tp"], zero_stage=p["zero"],
-                               bytes_per=2)["total"]
-            for s in LETTERS if s != "tp" or p["tp"] > 1}
-
-
-def ranked(p) -> list[str]:
-    """The letters from the fewest bytes to the most; "c" last where tp = 1 rules it out."""
-    sent = strategy_bytes(p)
-    return [LETTERS[s] for s in sorted(sent, key=sent.get)] + (["c"] if p["tp"] == 1 else [])
-
-
-def which_strategy(seed=None) -> Question:
-    def right(p):
-        return ranked(p)[0]
-
-    def worked(p):
-        sent = strategy_bytes(p)
-        best = min(sent, key=sent.get)
-        listed = ", ".join(f"{s} {b / MiB:,.1f} MiB" for s, b in sent.items())
-        return (f"`calc.muon_comm_bytes` (a MODEL) per GPU per step: {listed}: {best} sends "
-                f"the fewest, answer {LETTERS[best]}. ZeRO-0 keeps every matrix whole on every "
-                "dp rank, so gather sends nothing over dp; from ZeRO-1 on owner's two "
-                "all-to-alls carry 2/dp of gather's all-gather; tp's Gram all-reduces (5 "
-                "iterations of u² each) beat gathering a u×s matrix only when s > 10u.")
-
-    return Question(
-        key="21.which-strategy", seed=seed, kind="choice",
-        draw=lambda rng: dict(zip(("zero", "dp", "tp", "k"), rng.choice(CASES), strict=True)),
-        text=lambda p: (f"Muon over dp = {p['dp']} × tp = {p['tp']} at ZeRO-{p['zero']}. The "
-                        "hidden matrices are 8 matrices of u × s with u = 1024 and s = "
-                        f"{p['k']}u; tensor parallelism splits each along s (its columns)."
-                        f"{NO_TP if p['tp'] == 1 else ''}"
-                        " Which strategy sends the fewest bytes per GPU per step? Answer 'a', "
-                        "'b' or 'c': (a) gather; (b) owner; (c) tp."),
-        right=right,
-        wrong=[
-            Wrong(lambda p: ranked(p)[1], "that one comes second here: at ZeRO-0 gather "
-                                          "sends nothing over dp (every rank holds every "
-                                          "matrix) and owner must send its results out; "
-                                          "from ZeRO-1 on owner's two all-to-alls carry 2/dp "
-                                          "of gather's all-gather; tp's Gram all-reduces "
-                                          "beat gathering the tp blocks only when s > 10u"),
-            Wrong(lambda p: ranked(p)[2], "that one sends the most here, or (with tp = 1) "
-                                          "does not exist: count each strategy's bytes as "
-                                          "the worked answer does"),
-        ],
-        worked=worked,
-    )
-
-
-QUESTIONS = {"21.owner-bytes": owner_bytes, "21.state-bytes": state_bytes,
-             "21.which-strategy": which_strategy}
+QUESTIONS = {"21.which-stage": which_stage, "21.break-even": break_even}

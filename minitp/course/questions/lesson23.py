@@ -1,173 +1,191 @@
-"""Lesson 23's questions: the last rank's shard of a block-atomic ZeRO-3 split (the library's
-`fp8.block_shards.shard_bounds`), the bytes of an MXFP8 or NVFP4 all-gather of an MLP weight
-(`calc.fp8_all_gather_bytes`), and which axes a block-scaled cast reduces an amax over
-(`fp8.amax_axes`: MXFP8 none, NVFP4 its tensor scale's)."""
+"""Lesson 23's questions: the step between e4m3 values near a number, the bytes of a
+rowwise FP8 all-gather of an MLP weight under ZeRO-3, and which axes one of rowwise's six
+casts reduces its amax over on a (dp, tp) mesh (a setting lesson 23's table, tensorwise,
+does not print: the learner works out what one scale covers and who cuts it)."""
 
 from __future__ import annotations
 
+import math
+
 from ...calc.footprint.fp8 import fp8_all_gather_bytes
-from ...fp8.block_shards import shard_bounds
-from ...rules import ceil_div
-from ...rules.fp8_groups import BLOCK_SCALINGS, amax_axes
+from ...rules.fp8_groups import amax_axes
 from .form import Question, Wrong
-from .lesson22 import ring_gather_wrongs
 
 MiB = 2**20
-RECIPES = tuple(BLOCK_SCALINGS)  # "mxfp8" (blocks of 32), "nvfp4" (blocks of 16)
+# x for 23.e4m3-step: none of them an e4m3 value, so "the two e4m3 values around x" are one
+# step apart (issue 48: 5.0, 12.0 and 40.0 were drawn, each on the grid, and 4.5 and 5.5
+# around 5.0 are two steps apart); nor an e5m2 or a bfloat16 value, so the steps the usual
+# mistakes name are those formats' gaps around x too; none a tie between two e4m3 values,
+# none near a power of two (where 0.125·x, a usual mistake, would meet a step).
+VALUES = (0.3, 1.7, 5.2, 11.3, 37.1, 90.3, 301.3)
 
 
-def _last(p, block=None):
-    bounds = shard_bounds(p["rows"] * p["cols"], p["n"], block or BLOCK_SCALINGS[p["recipe"]])
-    return bounds[-1][1] - bounds[-1][0]
+def _binade(v):
+    return math.floor(math.log2(v))
 
 
-def _shares(p):
-    numel, n = p["rows"] * p["cols"], p["n"]
-    return {"zero": numel - (n - 1) * ceil_div(numel, n),  # ZeRO's even split's last rank
-            "slot": ceil_div(ceil_div(numel, n), BLOCK_SCALINGS[p["recipe"]])
-            * BLOCK_SCALINGS[p["recipe"]], "mean": numel / n}
+def e4m3_step(seed=None) -> Question:
+    def step(p, mantissa_bits=3):
+        return 2.0 ** (_binade(p["v"]) - mantissa_bits)
 
+    def around(p):
+        below = math.floor(p["v"] / step(p)) * step(p)
+        return below, below + step(p)
 
-def _fair(p):
-    """A draw whose right answer and usual mistakes are all apart, the last rank not empty."""
-    values = [_last(p), *_shares(p).values()]
-    return _last(p) > 0 and len({round(v, 6) for v in values}) == len(values)
-
-
-DRAWS = [dict(rows=r, cols=c, n=n, recipe=k) for r in (96, 100, 200) for c in (64, 96, 160)
-         for n in (3, 5, 6, 7) for k in RECIPES]
-DRAWS = [p for p in DRAWS if _fair(p)]
-
-
-def last_shard(seed=None) -> Question:
     return Question(
-        key="23.last-shard", seed=seed, draw=lambda rng: dict(rng.choice(DRAWS)),
-        text=lambda p: (f"ZeRO-3 keeps a weight of {p['rows']} × {p['cols']} values, flattened "
-                        f"row by row, over N = {p['n']} ranks, and all-gathers it in "
-                        f"{p['recipe'].upper()} (blocks of {BLOCK_SCALINGS[p['recipe']]} "
-                        "values, counted from the first). The shards are block-atomic with "
-                        "equal slots: each rank's share of ceil(numel/N) values rounded up to "
-                        "whole blocks, rank r's slot starting at r × that, the last clipped "
-                        "at the vector's end. How many values does the last rank hold?"),
-        right=_last,
+        key="23.e4m3-step", seed=seed, draw=lambda rng: {"v": rng.choice(VALUES)},
+        text=lambda p: (f"x = {p['v']} is not an e4m3 value (`torch.float8_e4m3fn`: 4 "
+                        "exponent bits, 3 mantissa bits): a cast to e4m3 rounds it to one of "
+                        "the two e4m3 values around it, the largest below x or the smallest "
+                        "above x. How far apart are those two values: the step of e4m3's grid "
+                        "at x? (Within 0.1%.)"),
+        right=step,
         wrong=[
-            Wrong(lambda p: _shares(p)["zero"], "that is ZeRO's even split, ceil(numel/N) "
-                                                "values a rank: its boundaries fall inside "
-                                                "blocks; round each share up to whole blocks"),
-            Wrong(lambda p: _shares(p)["slot"], "that is a whole slot: the earlier ranks' "
-                                                "slots, rounded up, leave the last rank "
-                                                "what remains"),
-            Wrong(lambda p: _shares(p)["mean"], "that is numel/N, an even share: shards are "
-                                                "whole values and whole blocks"),
+            Wrong(lambda p: step(p, 2), "that is e5m2's step there: 2 mantissa bits, twice as "
+                                        "coarse"),
+            Wrong(lambda p: step(p, 7), "that is bfloat16's step there: 7 mantissa bits"),
+            Wrong(lambda p: step(p) / 2, "that is half the step: the largest rounding error, "
+                                         "x's distance to the nearer value at worst"),
+            Wrong(lambda p: 0.125 * p["v"], "that is the value times e4m3's epsilon (2⁻³): the "
+                                            "step is fixed across a binade, 2^(e-3) for values "
+                                            "in [2^e, 2^(e+1))"),
         ],
-        worked=lambda p: (f"numel = {p['rows'] * p['cols']:,}; ceil(numel/N) = "
-                          f"{ceil_div(p['rows'] * p['cols'], p['n']):,} rounded up to blocks "
-                          f"of {BLOCK_SCALINGS[p['recipe']]} is a slot of "
-                          f"{_shares(p)['slot']:,}; the first {p['n'] - 1} ranks hold "
-                          f"{(p['n'] - 1) * _shares(p)['slot']:,}, so the last holds "
-                          f"{_last(p):,} (`mt.fp8.block_shards.shard_bounds`)."),
-        rel_tol=1e-9,
+        worked=lambda p: (f"{p['v']} lies in [2^{_binade(p['v'])}, 2^{_binade(p['v']) + 1}); "
+                          "3 mantissa bits cut that binade into 8 steps of 2^(e-3) = "
+                          f"{step(p):g}, so the e4m3 values around x are {around(p)[0]:g} and "
+                          f"{around(p)[1]:g}. The relative step is 1/8 at the binade's start, "
+                          "1/16 at its end (lesson 23's picture)."),
+        rel_tol=0.001,
     )
 
 
 def gather_bytes(seed=None) -> Question:
     def draw(rng):
-        return {"h": rng.choice((2048, 4096, 8192)), "n": rng.choice((8, 16, 64)),
-                "recipe": rng.choice(RECIPES)}
+        return {"h": rng.choice((2048, 4096, 8192)), "n": rng.choice((8, 16, 64))}
 
-    def sent(p, key="fp8", share=None):
-        got = fp8_all_gather_bytes(4 * p["h"], p["h"], p["n"], p["recipe"])
-        if key == "no scales":
-            return got["values"] / MiB
-        full = got[key] / ((p["n"] - 1) / p["n"])
-        return (got[key] if share is None else full * share) / MiB
-
-    def per_value(p):
-        return "(4 + 8/16)/8 bytes" if p["recipe"] == "nvfp4" else "(8 + 8/32)/8 bytes"
+    def sent(p, kind="fp8", share=None):
+        got = fp8_all_gather_bytes(4 * p["h"], p["h"], p["n"], "rowwise")
+        full = got[kind] / ((p["n"] - 1) / p["n"])
+        return (got[kind] if share is None else full * share) / MiB
 
     return Question(
         key="23.gather-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"ZeRO-3 shards the MLP's first weight W (4h × h, h = {p['h']}) over "
-                        f"N = {p['n']} GPUs in whole blocks and all-gathers it in "
-                        f"{p['recipe'].upper()}, each shard's codes and block scales (one byte "
-                        "each) sent together" + (", after a float32 all-reduce of the amax for "
-                        "the tensor scale" if p["recipe"] == "nvfp4" else "") + ". How many "
-                        "MiB does one GPU send for one gather (a ring)? (MiB; within 1%.)"),
+        text=lambda p: (f"ZeRO-3 shards the MLP's first weight W (4h × h, h = {p['h']}) by rows "
+                        f"over N = {p['n']} GPUs and all-gathers it before each use in FP8 with "
+                        "rowwise scaling: one byte a value, and one float32 scale per row, "
+                        "sent with the shard. How many MiB does one GPU send for one gather "
+                        "(a ring)? (MiB; within 1%.)"),
         right=sent,
-        wrong=ring_gather_wrongs(sent) + [
-            Wrong(lambda p: sent(p, "no scales"), "the block scales travel too: one byte a "
-                                                  "block")],
-        worked=lambda p: (f"A value and its share of a block scale are {per_value(p)}: "
-                          f"(N-1)/N × 4h·h values = {p['n'] - 1}/{p['n']} × "
-                          f"{4 * p['h'] ** 2:,} × {per_value(p)}"
-                          + (" + the amax all-reduce's 2(N-1)/N × 4 bytes" if p["recipe"] ==
-                             "nvfp4" else "") + f" = {sent(p):.2f} MiB "
-                          "(`calc.fp8_all_gather_bytes`, a MODEL), against bf16's "
-                          f"{sent(p, 'bf16'):.2f} MiB."),
+        wrong=ring_gather_wrongs(sent),
+        worked=lambda p: (f"(N-1)/N × (4h·h values × 1 byte + 4h scales × 4 bytes) = "
+                          f"{p['n'] - 1}/{p['n']} × ({4 * p['h'] ** 2:,} + {16 * p['h']:,}) "
+                          f"bytes = {sent(p):.2f} MiB (`calc.fp8_all_gather_bytes`, a MODEL), "
+                          f"against bf16's {sent(p, 'bf16'):.2f} MiB: the scales add "
+                          f"4/h = {4 / p['h']:.2%}, so FP8 sends about half."),
     )
 
 
+def ring_gather_wrongs(sent) -> list[Wrong]:
+    """The usual mistakes of a ring all-gather's bytes, `sent(p, key="fp8", share=None)` the
+    right answer's function ("bf16": the same gather in bf16; `share`: of the whole tensor)."""
+    return [Wrong(lambda p: sent(p, "bf16"), "that is bf16's gather, two bytes a value"),
+            Wrong(lambda p: sent(p, share=1), "a GPU does not send the whole tensor: it "
+                                              "forwards N-1 of its N shards, (N-1)/N of it"),
+            Wrong(lambda p: sent(p, share=1 / p["n"]), "that is the GPU's own shard once: on "
+                                                       "a ring each GPU forwards N-1 shards")]
+
+
 LETTERS = {(): "a", ("dp",): "b", ("tp",): "c", ("dp", "tp"): "d"}
-CASES = [(k, layer, role) for k in RECIPES for layer in ("column", "row")
-         for role in ("input", "weight", "grad")]
-WHAT = {"input": "input x", "weight": "weight W",
-        "grad": "output gradient g (in the backward)"}
+# rowwise's six casts: (the GEMM that reads it, the slice one of its scales covers)
+SLICES = {"input": ("forward, y = x Wᵀ", "one token of x, over its input features"),
+          "weight": ("forward", "one row of W (an output feature), over its inputs"),
+          "grad": ("dgrad, ∂x = g W", "one token of the output gradient g, over its output "
+                                      "features"),
+          "weight_dgrad": ("dgrad", "one column of W (an input feature), over its outputs"),
+          "input_wgrad": ("wgrad, ∂W = gᵀ x", "one input feature of x, over the batch's "
+                                              "tokens"),
+          "grad_wgrad": ("wgrad", "one output feature of g, over the batch's tokens")}
+CASES = [(layer, role, sp) for layer in ("column", "row") for role in SLICES
+         for sp in (False, True)]
+# who holds what of the slice a scale covers, as the cast sees it (the worked answer's words)
+HELD = {("column", "input"): "every tp rank holds x whole{gathered}",
+        ("row", "input"): "each tp rank holds 1/tp of every token's features",
+        ("column", "weight"): "each tp rank holds whole rows of W (its output features)",
+        ("row", "weight"): "each tp rank holds 1/tp of every row (its input columns)",
+        ("column", "grad"): "each tp rank holds 1/tp of every token's output features",
+        ("row", "grad"): "every tp rank holds g whole{gathered_g}",
+        ("column", "weight_dgrad"): "each tp rank holds 1/tp of every column (its rows)",
+        ("row", "weight_dgrad"): "each tp rank holds whole columns of W",
+        ("column", "input_wgrad"): "every tp rank holds x whole{gathered}",
+        ("row", "input_wgrad"): "each tp rank holds its own features, each over every token",
+        ("column", "grad_wgrad"): "each tp rank holds its own output features, each over "
+                                  "every token",
+        ("row", "grad_wgrad"): "every tp rank holds g whole{gathered_g}"}
 
 
-def which_reduce(seed=None) -> Question:
-    def axes(p, recipe=None):
-        return tuple(a for a in amax_axes(p["layer"], p["role"], recipe or p["recipe"])
+def which_group(seed=None) -> Question:
+    def right_axes(p):
+        return tuple(a for a in amax_axes(p["layer"], p["role"], "rowwise", p["sp"])
                      if a != "cp")
 
+    def right(p):
+        return LETTERS[right_axes(p)]
+
+    def toggled(p, axis):
+        axes = set(right_axes(p)) ^ {axis}
+        return LETTERS[tuple(a for a in ("dp", "tp") if a in axes)]
+
+    def note(p):  # SP's all-gather is named only where there is one, and the cast sees it
+        if not p["sp"]:
+            return ""
+        if p["layer"] == "column" and p["role"].startswith("input"):
+            return " (after SP's all-gather: rowwise gathers x in high precision)"
+        if p["layer"] == "row" and p["role"].startswith("grad"):
+            return " (SP's all-gather made it whole before the cast)"
+        return ""
+
     def worked(p):
-        if p["recipe"] == "mxfp8":
-            return ("MXFP8 has no scale but its blocks': each block's e8m0 scale comes from its "
-                    "32 values, whole on one rank (the library refuses a split that cuts one), "
-                    "so no amax is reduced at all: answer a.")
-        return (f"NVFP4's block scales are measured in units of one float32 tensor scale, "
-                f"amax/(448·6), and that amax is the whole {WHAT[p['role']].split(' (')[0]}'s: "
-                f"it is reduced over every axis holding another piece of it "
-                f"({', '.join(axes(p))}): answer {LETTERS[axes(p)]}.")
+        axes = right_axes(p)
+        held = HELD[p["layer"], p["role"]].format(gathered=note(p), gathered_g=note(p))
+        dp = ("the dp ranks hold other tokens, so dp cuts each slice"
+              if p["role"].endswith("wgrad") else "no slice spans tokens of two dp ranks "
+              "(a token, or W, is whole on one), so dp cuts none")
+        tp = "tp cuts each slice" if "tp" in axes else "tp cuts none"
+        return (f"One scale covers {SLICES[p['role']][1]}: {dp}; {held}, so {tp}: answer "
+                f"{right(p)}. A rowwise amax is reduced only over the axes that cut the slice "
+                "its scale covers (along the dimension the GEMM sums over); an axis that holds "
+                "copies, or only decides which slices a rank has, changes nothing.")
 
-    question = Question(
-        key="23.which-reduce", seed=seed, kind="choice",
-        draw=lambda rng: dict(zip(("recipe", "layer", "role"), rng.choice(CASES), strict=True)),
-        text=lambda p: (f"A tensor-parallel MLP trains in {p['recipe'].upper()} on a dp × tp "
-                        "mesh (each dp rank its own rows of the batch; no sequence "
-                        f"parallelism). Take the {p['layer']}-parallel layer's cast of its "
-                        f"{WHAT[p['role']]}. Over which axes must an amax be MAX-reduced so "
-                        "that every rank casts as one device would, and over no axis that "
-                        "changes nothing? Answer 'a', 'b', 'c' or 'd': (a) none; (b) dp; "
-                        "(c) tp; (d) dp and tp."),
-        right=lambda p: LETTERS[axes(p)], wrong=[], worked=worked)
-    question.wrong = _which_wrongs(question.params, axes(question.params, "tensorwise"))
-    return question
-
-
-def _which_wrongs(p, tensor_group) -> list[Wrong]:
-    """The usual mistakes for this draw, each a letter of its own: MXFP8's answer is none,
-    so every group is a mistake; NVFP4's is the tensorwise group (lesson 22's)."""
-    if p["recipe"] == "mxfp8":
-        others = [letter for letter in "bcd" if letter != LETTERS[tensor_group]]
-        return [Wrong(lambda _: LETTERS[tensor_group], "that is a tensorwise scale's group "
-                      "(lesson 22): MXFP8 has no tensor scale, each e8m0 scale is one "
-                      "block's, from 32 values whole on one rank")] + [
-            Wrong(lambda _, letter=letter: letter, "MXFP8 reduces no amax: every scale is "
-                  "one block's, and no block is split over ranks") for letter in others]
-    wrong = [Wrong(lambda _: "a", "that is MXFP8's answer: NVFP4's block scales are in units "
-                   "of one float32 tensor scale, the whole tensor's amax/(448·6), which the "
-                   "ranks holding its pieces must share")]
-    says = {"tp": "tp: it counts where it splits the tensor (every weight; the row layer's "
-                  "input and the column layer's gradient, features apart)",
-            "dp": "dp: its ranks hold other rows of every activation and gradient, and "
-                  "copies of W"}
-    for axis, text in says.items():
-        got = set(tensor_group) ^ {axis}
-        letter = LETTERS[tuple(a for a in ("dp", "tp") if a in got)]
-        if letter != "a":
-            wrong.append(Wrong(lambda _, letter=letter: letter, text))
-    return wrong
+    return Question(
+        key="23.which-group", seed=seed, kind="choice",
+        draw=lambda rng: dict(zip(("layer", "role", "sp"), rng.choice(CASES), strict=True)),
+        text=lambda p: (f"A tensor-parallel MLP trains in FP8 with torchao's rowwise recipe on "
+                        f"a dp × tp mesh (each dp rank its own rows of the batch), "
+                        f"{'with' if p['sp'] else 'without'} sequence parallelism. Each GEMM "
+                        "reads its operands scaled along the dimension it sums over, so the "
+                        f"backward casts again. Take the {p['layer']}-parallel layer's cast "
+                        f"for {SLICES[p['role']][0]}: one scale for each "
+                        f"{SLICES[p['role']][1].removeprefix('one ')}{note(p)}. Over which "
+                        "axes must its amax be MAX-reduced, so that every rank casts with the "
+                        "scales one device would use, and over no axis that changes nothing? "
+                        "Answer 'a', 'b', 'c' or 'd': (a) none; (b) dp; (c) tp; (d) dp and tp."),
+        right=right,
+        wrong=[
+            Wrong(lambda p: toggled(p, "tp"), "tp: it counts only where it cuts the slice "
+                                              "one scale covers (a token's features in the "
+                                              "row layer's input and the column layer's "
+                                              "output gradient; a row of the row layer's W; "
+                                              "a column of the column layer's W); where it "
+                                              "holds copies, or only decides which slices a "
+                                              "rank has, it changes nothing"),
+            Wrong(lambda p: toggled(p, "dp"), "dp: its ranks hold other tokens of the batch, "
+                                              "so it counts for a scale taken over the tokens "
+                                              "(wgrad's re-casts of x and g) and for none "
+                                              "taken within one token or within W"),
+        ],
+        worked=worked,
+    )
 
 
-QUESTIONS = {"23.last-shard": last_shard, "23.gather-bytes": gather_bytes,
-             "23.which-reduce": which_reduce}
+QUESTIONS = {"23.e4m3-step": e4m3_step, "23.gather-bytes": gather_bytes,
+             "23.which-group": which_group}

@@ -1,202 +1,200 @@
-"""Lesson 25's questions: an expert's capacity per sequence, the all-to-all bytes of expert
-parallelism, and which ranks a balancing statistic is summed over on a given mesh."""
+"""Lesson 25's questions: which rows FSDP2 over tensor parallelism leaves a rank (the
+`_StridedShard` lesson 25 printed), FSDP's bytes across nodes against HSDP's when FSDP2
+skips the gradient sync until the last microbatch (a MODEL), and the fewest nodes an HSDP
+shard group needs for its model states to fit."""
 
 from __future__ import annotations
 
-import itertools
-import math
-
-from ...calc.network.comm import moe_all_to_all_bytes
-from ...model.routing import capacity
-from ...runtime.mesh import layout
+from ...calc.footprint.memory import model_state_bytes
+from ...calc.network.cluster import Cluster, GiB
+from ...calc.network.hierarchy import dp_step
 from .form import Question, Wrong
 
-MB = 10**6
+
+def _distinct(q: Question, wrongs) -> list[Wrong]:
+    """The usual mistakes whose answer, at this question's numbers, exists and differs
+    from the right one and from every mistake kept before it."""
+    kept, seen = [], {None, q.right(q.params)}
+    for w in wrongs:
+        if w.value(q.params) not in seen:
+            kept.append(w)
+            seen.add(w.value(q.params))
+    return kept
 
 
-def _capacities(f, T, k, E, B):
-    return {"right": capacity(f, T, k, E), "no-k": math.ceil(f * T / E),
-            "no-f": math.ceil(T * k / E), "floor": math.floor(f * T * k / E),
-            "batch": capacity(f, B * T, k, E)}
+ROWS = (4096, 11008, 14336)  # Llama 2 7B's d_model and FFN width; Llama 3 8B's FFN width
 
 
-# Draws whose five candidate answers are all different (so each mistake can be told).
-CAPACITY_DRAWS = tuple(
-    (f, T, k, E, B) for f, T, k, E, B in itertools.product(
-        (1.0, 1.25, 1.5), (100, 250, 1000, 4096), (1, 2, 8), (6, 16, 64), (4, 8))
-    if k < E and len(set(_capacities(f, T, k, E, B).values())) == 5)
-
-
-def capacity_question(seed=None) -> Question:
+def strided_rows(seed=None) -> Question:
     def draw(rng):
-        f, T, k, E, B = rng.choice(CAPACITY_DRAWS)
-        return {"f": f, "T": T, "k": k, "E": E, "B": B}
+        while True:
+            p = {"rows": rng.choice(ROWS), "dp": rng.choice((2, 4, 8)),
+                 "tp": rng.choice((2, 4, 8))}
+            p["i"], p["j"] = rng.randrange(p["dp"]), rng.randrange(p["tp"])
+            if p["i"] * p["tp"] + p["j"] != p["j"] * p["dp"] + p["i"]:  # the orders differ
+                return p
 
-    def value(p, which="right"):
-        return _capacities(p["f"], p["T"], p["k"], p["E"], p["B"])[which]
+    block = lambda p: p["rows"] // (p["dp"] * p["tp"])  # noqa: E731
+    start = lambda p: p["j"] * p["rows"] // p["tp"]  # noqa: E731  (tp's block)
+
+    q = Question(
+        key="25.strided-rows", seed=seed, draw=draw, rel_tol=1e-9,
+        right=lambda p: start(p) + p["i"] * block(p),
+        text=lambda p: (
+            f"On a mesh (dp, tp) = ({p['dp']}, {p['tp']}), tp fastest, a model is given "
+            "`parallelize_module` on tp and then FSDP2's `fully_shard` on dp. One of its "
+            f"column-parallel Linears has a weight of {p['rows']:,} rows (out_features). "
+            "FSDP2 shards each parameter's local tensor, what tensor parallelism left on "
+            "the rank, along dim 0. Which global row (counting from 0) is the first that the "
+            f"rank at dp = {p['i']}, tp = {p['j']} keeps?"),
+        worked=lambda p: (
+            f"tensor parallelism gives tp rank {p['j']} rows {p['j']} × {p['rows']:,}/"
+            f"{p['tp']} = {start(p):,} onward, {p['rows'] // p['tp']:,} of them; FSDP2 cuts "
+            f"that block into {p['dp']} and dp rank {p['i']} starts {p['i']} × {block(p):,} "
+            f"rows into it: row {start(p) + p['i'] * block(p):,}. "
+            "dp cuts inside tp's block, the reverse of DTensor's left-to-right order for "
+            "(Shard(0), Shard(0)): that is why lesson 25 printed `_StridedShard(dim=0)` on dp."),
+    )
+    q.wrong = _distinct(q, (
+        Wrong(lambda p: (p["i"] * p["tp"] + p["j"]) * block(p),
+              "that is (Shard(0), Shard(0)) read in DTensor's order, dp cutting the whole "
+              "weight first; FSDP2 came after tensor parallelism and cuts inside each tp "
+              "rank's block (the `_StridedShard`)"),
+        Wrong(lambda p: p["j"] * p["rows"] // p["tp"],
+              "that is where tensor parallelism's block starts; FSDP2 then cuts it over dp"),
+        Wrong(lambda p: p["i"] * p["rows"] // p["dp"],
+              "that shards the whole weight over dp alone; tensor parallelism cut it first"),
+    ))
+    return q
+
+
+def _cluster(g):
+    return Cluster("question", g, 1e15, 80 * GiB, 450e9, 50e9)
+
+
+def crossing(seed=None) -> Question:
+    def draw(rng):
+        return {"g": rng.choice((4, 8)), "nodes": rng.choice((2, 4, 16)),
+                "m": rng.choice((2, 6, 12))}  # m > 1: the sync flag matters
+
+    def ratio(p, gathers=None, scatters=1, whole=False):
+        n, m = p["g"] * p["nodes"], p["m"]
+        c = _cluster(p["g"])
+        one = dp_step(c, 10**9, n, "fsdp", 1).crossing / 3  # one flat collective's bytes
+        fsdp = one * ((2 * m if gathers is None else gathers) + scatters)
+        hsdp = dp_step(c, 10**9, n, "hsdp", m).crossing * (p["g"] if whole else 1)
+        return fsdp / hsdp
 
     return Question(
-        key="25.capacity", seed=seed, draw=draw, rel_tol=1e-9,  # a whole number: exact
-        text=lambda p: (f"A mixture of experts routes each token to k = {p['k']} of "
-                        f"E = {p['E']} experts, with capacity factor f = {p['f']}. A batch "
-                        f"holds B = {p['B']} sequences of T = {p['T']} tokens. With minitp's "
-                        "rule (`minitp.model.routing`: the capacity is counted per sequence), how "
-                        "many of one sequence's assignments can one expert take at most?"),
-        right=value,
+        key="25.crossing", seed=seed, draw=draw, right=lambda p: ratio(p),
+        text=lambda p: (
+            f"{p['nodes']} nodes of {p['g']} GPUs train one model by sharded data parallelism, "
+            f"{p['m']} microbatches a step. FSDP shards over all {p['g'] * p['nodes']} GPUs "
+            "(each collective a ring across every GPU, in node order); HSDP shards over the "
+            "GPUs of a node and replicates across nodes. Both accumulate gradients the cheap "
+            "way: FSDP2's `set_requires_gradient_sync(False)` on every microbatch but the "
+            "last for FSDP, `set_requires_all_reduce(False)` likewise for HSDP, whose "
+            "across-node all-reduce of each GPU's gradient shard then runs once a step. "
+            "Parameters are re-gathered for each microbatch's forward and backward "
+            "(`reshard_after_forward=True`, the default). Parameters and gradients have the "
+            "same bytes. By what factor are FSDP's bytes across node boundaries per step "
+            "more than HSDP's (ring model, within 1%)?"),
         wrong=[
-            Wrong(lambda p: value(p, "no-k"),
-                  "that leaves out k: a sequence makes k·T assignments, not T"),
-            Wrong(lambda p: value(p, "no-f"),
-                  "that leaves out the capacity factor f: it scales the fair share k·T/E"),
-            Wrong(lambda p: value(p, "floor"),
-                  "that rounds down: C = ⌈f·T·k/E⌉ rounds up, so the fair share always fits"),
-            Wrong(lambda p: value(p, "batch"),
-                  "that is a capacity for the whole batch: minitp counts it per sequence, so "
-                  "that a mesh splitting the batch over ranks applies the same rule"),
+            Wrong(lambda p: ratio(p, scatters=p["m"]),
+                  "that is FSDP at its worst, a reduce-scatter every microbatch: with the "
+                  "sync off it reduce-scatters on the last microbatch only"),
+            Wrong(lambda p: ratio(p, scatters=0),
+                  "the last microbatch still reduce-scatters the accumulated gradients, "
+                  "across the nodes"),
+            Wrong(lambda p: ratio(p, gathers=2),
+                  "the sync flag skips gradient communication only: each microbatch's "
+                  "forward and backward still gather the parameters, across the nodes"),
+            Wrong(lambda p: ratio(p, whole=True),
+                  "that has HSDP all-reduce the whole gradient across nodes; each GPU "
+                  "all-reduces only its 1/g shard, g rings in parallel"),
         ],
         worked=lambda p: (
-            f"C = ⌈f·T·k/E⌉ = ⌈{p['f']}·{p['T']}·{p['k']}/{p['E']}⌉ = "
-            f"⌈{p['f'] * p['T'] * p['k'] / p['E']:g}⌉ = {value(p)} "
-            "(`minitp.model.routing.capacity`). "
-            "The sequence's k·T assignments queue slot by slot (every token's first choice in "
-            "position order, then every second choice); an assignment past an expert's "
-            f"{value(p)}th is dropped."),
+            "a ring over n = g·k GPUs in node order crosses the k node boundaries, each link "
+            "carrying (n−1)/n·S per gather or reduce-scatter. FSDP now makes 2m all-gathers "
+            "and one reduce-scatter a step: (2m+1)·k(n−1)/n·S across. HSDP's rings (one per "
+            "GPU position) carry S/g each, all of their k links across: 2(k−1)·S. The factor "
+            f"(2m+1)·k(n−1)/n / (2(k−1)) = {ratio(p):.3f} (a MODEL), against "
+            f"{ratio(p, scatters=p['m']):.3f} at FSDP's worst: skipping the sync saves "
+            "under a third, since the gathers remain; FSDP2 pays for it in memory, each "
+            "unit's whole gradient kept until the last microbatch."),
     )
 
 
-def a2a_bytes(seed=None) -> Question:
-    # k = 1, 2 and 4 are left out: without k the answer would be the right one (k = 1), or
-    # equal to counting the forward only (k = 2), or to another mistake.
+def _states(p, s, per_param=16, unit=GiB):
+    """GiB of model states a GPU keeps in a shard group of s nodes (16 bytes a parameter)."""
+    total = model_state_bytes(p["billions"] * 10**9, s * p["g"], 3)["total"]
+    return total * per_param / 16 / unit
+
+
+def _fewest(p, must_divide=True, **kw):
+    """The fewest nodes a shard group can have (None: none fits)."""
+    return next((s for s in range(1, p["nodes"] + 1)
+                 if (p["nodes"] % s == 0 or not must_divide) and _states(p, s, **kw)
+                 <= p["budget"]), None)
+
+
+def _group_options(p, rng) -> list[int]:
+    """The right group size and three wrong ones: one usual slip (not dividing the nodes,
+    one too small, GiB read as 10⁹ bytes, the next that fits, the bf16 weights alone), then
+    two drawn from the slips and the divisors near it, so that its letter varies."""
+    right, divisors = _fewest(p), [s for s in range(1, p["nodes"] + 1) if p["nodes"] % s == 0]
+    slips = [_fewest(p, must_divide=False), max((d for d in divisors if d < right), default=None),
+             _fewest(p, unit=10**9), min((d for d in divisors if d > right), default=None),
+             _fewest(p, per_param=2)]
+    slips = list(dict.fromkeys(t for t in slips if t not in (None, right)))
+    first = rng.choice(slips)
+    near = [d for d in dict.fromkeys(slips + divisors) if d not in (right, first)
+            and d <= 4 * right]
+    return sorted([right, first, *rng.sample(near, 2)])
+
+
+def hsdp_memory(seed=None) -> Question:
     def draw(rng):
-        return {"tokens": rng.choice((4096, 8192, 16384)), "d": rng.choice((4096, 7168)),
-                "k": rng.choice((6, 8)), "ep": rng.choice((8, 16, 64))}
+        p = {"billions": rng.choice((70, 180, 405)), "g": 8, "nodes": rng.choice((48, 96)),
+             "budget": rng.choice((20, 30, 40))}
+        return {**p, "options": _group_options(p, rng)}
 
-    def mb(p, k=None, ep_fraction=True, passes=2):
-        tokens, d, ep = p["tokens"], p["d"], p["ep"]
-        both = moe_all_to_all_bytes(tokens, k or p["k"], d, ep, 2)["per_layer_step"]
-        if not ep_fraction:
-            both = both * ep / (ep - 1)
-        return both * passes / 2 / MB
+    def says(p, size):
+        if p["nodes"] % size:
+            return (f"{size} does not divide the {p['nodes']} nodes: the replicas must be "
+                    "equal shard groups")
+        if _states(p, size) > p["budget"]:
+            return (f"a group of {size} node{'s' * (size > 1)} keeps {_states(p, size):.1f} "
+                    f"GiB of model states a GPU, over the {p['budget']} GiB left (16 bytes "
+                    "a parameter)")
+        return (f"{size} nodes fit, but a smaller group that divides the {p['nodes']} nodes "
+                "fits too, and its gathers cross fewer node boundaries")
 
-    return Question(
-        key="25.a2a-bytes", seed=seed, draw=draw,
-        text=lambda p: (f"Expert parallelism over ep = {p['ep']} ranks. Each rank routes its "
-                        f"{p['tokens']:,} tokens to k = {p['k']} experts each, d = {p['d']}, "
-                        "bf16 (2 bytes a value). Routing is uniform: every expert gets as "
-                        "many rows as the others, nothing is dropped. How many MB (10⁶ bytes) "
-                        "does one rank send in one MoE layer's dispatch and combine "
-                        "all-to-alls, forward and backward together (leave out the small "
-                        "counts table)?"),
-        right=mb,
-        wrong=[
-            Wrong(lambda p: mb(p, ep_fraction=False),
-                  "that counts every row as sent; the rows for this rank's own experts stay "
-                  "here: only (ep-1)/ep of them cross"),
-            Wrong(lambda p: mb(p, passes=1),
-                  "that is the forward only; backward sends every row's gradient back the "
-                  "way the row came: dispatch and combine again"),
-            Wrong(lambda p: mb(p, k=1),
-                  "that sends each token once; a token goes to k experts, k rows of d values"),
-        ],
+    letter = lambda p, size: "abcd"[p["options"].index(size)]  # noqa: E731
+    q = Question(
+        key="25.hsdp-memory", seed=seed, draw=draw, kind="choice",
+        right=lambda p: letter(p, _fewest(p)),
+        text=lambda p: (
+            f"A {p['billions']}B-parameter model trains with mixed-precision Adam (16 bytes "
+            f"a parameter: Rajbhandari et al. 2020, §3.1) on {p['nodes']} nodes of {p['g']} "
+            "GPUs by HSDP: each shard group is a whole number of nodes, the model states "
+            "sharded over its GPUs, and the groups are equal replicas of one another. After "
+            f"activations, each GPU has {p['budget']} GiB left for model states. Fewer nodes "
+            "a group, the fewer node boundaries its gathers cross: how many nodes should a "
+            "shard group have? Answer 'a', 'b', 'c' or 'd': "
+            + "; ".join(f"({'abcd'[i]}) {o}" for i, o in enumerate(p["options"])) + "."),
         worked=lambda p: (
-            f"rows out per all-to-all: tokens·k·(ep-1)/ep = {p['tokens']}·{p['k']}·"
-            f"{p['ep'] - 1}/{p['ep']} = {p['tokens'] * p['k'] * (p['ep'] - 1) / p['ep']:,.0f}, "
-            f"each d·2 = {2 * p['d']:,} bytes: {mb(p) / 4:,.2f} MB. Four all-to-alls a layer "
-            f"a step (dispatch and combine, forward and backward): {mb(p):,.2f} MB "
-            "(`calc.moe_all_to_all_bytes(...)['per_layer_step']` with no counts, a MODEL)."),
+            f"a group of s nodes keeps 16Ψ/(s·g) per GPU: {_states(p, 1):.1f}/s GiB here, at "
+            f"most {p['budget']} GiB when s ≥ {_states(p, 1) / p['budget']:.2f}; and s must "
+            f"divide the {p['nodes']} nodes for equal replicas: s = {_fewest(p)}, "
+            f"({letter(p, _fewest(p))}): {_states(p, _fewest(p)):.1f} GiB a GPU, "
+            f"{p['nodes'] // _fewest(p)} replicas. FSDP over all {p['nodes']} nodes would keep "
+            f"{_states(p, p['nodes']):.2f} GiB."),
     )
+    q.wrong = [Wrong(lambda p, o=o: letter(p, o), says(q.params, o))
+               for o in q.params["options"] if o != _fewest(q.params)]
+    return q
 
 
-MESHES = ((2, 2, 2), (2, 2, 4), (2, 4, 2), (4, 2, 2))  # (dp, cp, tp): 8 or 16 ranks
-STATS = {"aux": "the Switch aux loss, computed per sequence (E·Σ f_e·P_e of each sequence's "
-                "own tokens): its counts and score sums",
-         "bias": "DeepSeek-V3's expert bias, moved after every step by each expert's load: "
-                 "its load counts"}
-
-
-def _groups(p) -> dict[str, list[int]]:
-    """The candidate groups of rank r, each the ranks it would sum with (r included)."""
-    g = layout(dp=p["dp"], tp=p["tp"], cp=p["cp"])
-    r = p["rank"]
-
-    def of(name):
-        return next(group for group in g[name] if r in group)
-
-    return {"cp": of("cp"), "tp": of("tp"), "dp": of("dp"), "dp_cp": of("dp_cp"),
-            "cp_tp": sorted({x for t in of("tp") for x in next(c for c in g["cp"] if t in c)}),
-            "all": list(range(p["dp"] * p["cp"] * p["tp"]))}
-
-
-def _names(p) -> dict[str, str]:
-    """What each letter would be: the right group, the swapped sp case, the other
-    statistic's group, the tp group and the dp group."""
-    aux, bias = ("cp_tp", "all") if p["sp"] else ("cp", "dp_cp")
-    aux_swapped, bias_swapped = ("cp", "dp_cp") if p["sp"] else ("cp_tp", "all")
-    if p["stat"] == "aux":
-        roles = {"right": aux, "swapped": aux_swapped, "other": bias}
-    else:
-        roles = {"right": bias, "swapped": bias_swapped, "other": aux}
-    roles.update(tp="tp", dp="dp")
-    return roles
-
-
-def stats_group(seed=None) -> Question:
-    def draw(rng):
-        dp, cp, tp = rng.choice(MESHES)
-        order = ["right", "swapped", "other", "tp", "dp"]
-        rng.shuffle(order)
-        return {"dp": dp, "cp": cp, "tp": tp, "sp": rng.choice((True, False)),
-                "stat": rng.choice(tuple(STATS)), "rank": rng.randrange(dp * cp * tp),
-                "order": order}
-
-    def letter(p, role):
-        return "abcde"[p["order"].index(role)]
-
-    def text(p):
-        groups, names = _groups(p), _names(p)
-        options = "; ".join(f"({letter(p, role)}) {groups[names[role]]}" for role in
-                            sorted(p["order"], key=lambda role: letter(p, role)))
-        return (f"minitp's `Mesh(dp={p['dp']}, cp={p['cp']}, tp={p['tp']})` on "
-                f"{p['dp'] * p['cp'] * p['tp']} ranks, {'with' if p['sp'] else 'without'} "
-                "sequence parallelism, trains a mixture of experts balanced by "
-                f"{STATS[p['stat']]}. With which ranks (itself included) must rank "
-                f"{p['rank']} sum those statistics before it uses them, so that the mesh "
-                f"trains what one device trains? {options}. Answer the letter.")
-
-    why = {
-        "swapped": "look at the tp ranks again: with sequence parallelism each holds its own "
-                   "slice of the sequences (sum over them too); without it they hold the same "
-                   "tokens, and summing would count each one tp times",
-        "other": "that is the other statistic's group: the aux loss's statistics are per "
-                 "sequence (the ranks holding the rest of its sequences), the bias's load is "
-                 "per step (every rank that saw other tokens, other dp ranks' included)",
-        "tp": "that is its tp group alone: the cp ranks hold the rest of its tokens",
-        "dp": "that is its dp group, ranks at the same place of other sequences: it leaves "
-              "out the cp ranks that hold the rest of its own",
-    }
-
-    def worked(p):
-        groups, names = _groups(p), _names(p)
-        rule = ("the aux loss is per sequence: sum over the ranks holding the other parts of "
-                "the rank's sequences, its cp group" if p["stat"] == "aux" else
-                "the bias's load is per step: sum over every rank that saw other tokens, dp×cp")
-        tp = (", and its tp group, as sequence parallelism gives each tp rank its own slice"
-              if p["sp"] else "; not over tp, whose ranks hold the same tokens without "
-              "sequence parallelism")
-        return (f"{rule}{tp}. In minitp's layout (tp fastest, then cp, then dp; "
-                f"`mt.layout(dp={p['dp']}, tp={p['tp']}, cp={p['cp']})`) rank {p['rank']}'s "
-                f"cp group is {groups['cp']}, its tp group {groups['tp']}, its dp×cp group "
-                f"{groups['dp_cp']}: ({letter(p, 'right')}) {groups[names['right']]}. "
-                "(minitp/expert_parallel/plan.py; lesson 25 computes why.)")
-
-    return Question(
-        key="25.stats-group", seed=seed, draw=draw, kind="choice", text=text,
-        right=lambda p: letter(p, "right"),
-        wrong=[Wrong(lambda p, role=role: letter(p, role), why[role]) for role in
-               ("swapped", "other", "tp", "dp")],
-        worked=worked,
-    )
-
-
-QUESTIONS = {"25.capacity": capacity_question, "25.a2a-bytes": a2a_bytes,
-             "25.stats-group": stats_group}
+QUESTIONS = {"25.strided-rows": strided_rows, "25.crossing": crossing,
+             "25.hsdp-memory": hsdp_memory}

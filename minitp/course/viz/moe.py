@@ -1,4 +1,4 @@
-"""A mixture of experts drawn (lesson 25).
+"""A mixture of experts drawn (lesson 26).
 
     routing_steps(routes, text, n_experts)   # which expert each token went to, step by step
     expert_load({"none": load, ...})        # each expert's share of the assignments, per step

@@ -1,4 +1,4 @@
-"""ZeRO-3's parameter memory through one step, on one rank (lesson 20).
+"""ZeRO-3's parameter memory through one step, on one rank (lesson 21).
 
     fig = zero3_param_memory(memory)   # memory: minitp.course.labs.megatron_or_zero.ParamMemory
 

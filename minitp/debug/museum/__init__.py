@@ -1,5 +1,5 @@
 """`mt.debug.museum`: real bugs of parallel training from the anchors' trackers, each one
-setting of minitp away (docs/debugging.md, lesson 26).
+setting of minitp away (docs/debugging.md, lesson 28).
 
 ``MUSEUM``: key -> `Bug` (its citation, symptom, whether it drifts or hangs, the setting
 that reproduces it, its fix). `reproduce(keys, fixed=False)` runs them on 4 real ranks:
@@ -113,7 +113,7 @@ def draw(name: str, among=None) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"draw needs your name, a non-empty string, got {name!r}")
     keys = _check(among)
-    digest = hashlib.sha256(f"26.museum/{name.strip()}".encode()).digest()
+    digest = hashlib.sha256(f"28.museum/{name.strip()}".encode()).digest()
     return keys[int.from_bytes(digest[:8], "big") % len(keys)]
 
 

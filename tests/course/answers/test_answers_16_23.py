@@ -1,7 +1,7 @@
-"""Lessons 16, 17, 19, 20 and 25: scaling, planning (and a run's model TFLOP/s), the claims,
+"""Lessons 16, 17, 20, 21 and 26: scaling, planning (and a run's model TFLOP/s), the claims,
 ZeRO, experts.
 
-19.sixteen-bytes, a letter the same for every draw, is in test_answers_choices.py.
+20.sixteen-bytes, a letter the same for every draw, is in test_answers_choices.py.
 Not checked: none."""
 
 import math
@@ -99,25 +99,25 @@ def test_17_identity_tflops():
 
 def test_16_states_and_days():
     bytes_a_parameter = {"adam-mixed": 16, "megatron": 18}
-    for _, p, right in asked("19.state-gb"):
+    for _, p, right in asked("20.state-gb"):
         per_gpu = p["billions"] * 10**9 // p["gpus"]
         assert close(right, bytes_a_parameter[p["layout"]] * per_gpu / 10**9)
     peaks = {"A100": 312e12, "H100": 989e12}
-    for _, p, right in asked("19.training-days"):
+    for _, p, right in asked("20.training-days"):
         flops = (8 if p["full"] else 6) * p["tokens"] * 1e9 * p["billions"] * 1e9
         seconds = flops / (p["gpus"] * peaks[p["gpu"]] * p["eff"])
         assert close(right, seconds / 86400, rel=0.01), p
 
 
 def test_17_zero_stage_and_break_even():
-    from minitp.course.questions import lesson20
-    for _, p, right in asked("20.which-stage"):
+    from minitp.course.questions import lesson21
+    for _, p, right in asked("21.which-stage"):
         psi, n = p["billions"] * 10**9, p["n"]
         stages = [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n]
         lowest = next(s for s, b in enumerate(stages) if b / GiB <= p["budget"])
         assert right == "abcd"[lowest], p
-    for _, p, right in asked("20.break-even"):
-        cfg = lesson20.MODELS[p["model"]]
+    for _, p, right in asked("21.break-even"):
+        cfg = lesson21.MODELS[p["model"]]
         h, layers, t, n = cfg.d_model, cfg.n_layer, p["t"], p["n"]
         psi = 12 * layers * h * h
         zero3 = 3 * (n - 1) / n * 2 * psi  # gather forward, gather backward, reduce-scatter
@@ -126,9 +126,9 @@ def test_17_zero_stage_and_break_even():
 
 
 def test_18_experts():
-    for _, p, right in asked("25.capacity"):
+    for _, p, right in asked("26.capacity"):
         assert right == math.ceil(p["f"] * p["T"] * p["k"] / p["E"])  # GShard's capacity
-    for _, p, right in asked("25.a2a-bytes"):
+    for _, p, right in asked("26.a2a-bytes"):
         rows = p["tokens"] * p["k"]  # dispatch and combine, forward and backward: 4 all-to-alls
         assert close(right, 4 * rows * p["d"] * 2 * (p["ep"] - 1) / p["ep"] / 1e6)
 
@@ -138,7 +138,7 @@ def test_18_stats_group():
     # statistics are per sequence: summed over the ranks holding r's sequences, the same dp_i
     # (and tp_i, unless sequence parallelism splits the sequence over tp too). The bias's load
     # is per step: every rank that saw other tokens, the same tp_i unless under sp.
-    for q, p, right in asked("25.stats-group"):
+    for q, p, right in asked("26.stats-group"):
         dp, cp, tp, r = p["dp"], p["cp"], p["tp"], p["rank"]
         coords = {x: (x // (cp * tp), x // tp % cp, x % tp) for x in range(dp * cp * tp)}
         d, _, t = coords[r]

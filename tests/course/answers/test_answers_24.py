@@ -1,44 +1,52 @@
-"""Lesson 24: PyTorch's parallelism. Every question checked from first principles: the rows
-a rank keeps by cutting a tensor of row numbers as tensor parallelism and then FSDP2 cut
-it (`torch.chunk`), FSDP's and HSDP's bytes across node boundaries by walking their rings
-message by message with the collectives each runs, and the fewest nodes by trying every
-group size against 16 bytes a parameter."""
+"""Lesson 24: blocks of scales. The last rank's block-atomic shard by laying the equal slots
+out one block at a time; the gather's bytes counted shard by shard on a ring from the
+formats' bits (a byte a value for MXFP8, half for NVFP4, a byte a block's scale, NVFP4's
+float32 amax all-reduced); a block-scaled cast's group from which axes hold other pieces of
+the tensor a scale hangs from, never by the question's own formula (or the rule's).
 
-import torch
-from answers_common import GiB, asked, close
+Not checked: none."""
 
-NOT_CHECKED = set()
+from answers_common import MiB, asked, close
 
-
-def test_22_strided_rows():
-    for _, p, right in asked("24.strided-rows"):
-        rows = torch.arange(p["rows"])
-        tp_block = rows.chunk(p["tp"])[p["j"]]  # parallelize_module's Shard(0)
-        kept = tp_block.chunk(p["dp"])[p["i"]]  # FSDP2's dim-0 cut of the local tensor
-        assert right == kept[0].item(), p
+NOT_CHECKED: set[str] = set()
+BLOCK = {"mxfp8": 32, "nvfp4": 16}
+VALUE_BYTES = {"mxfp8": 1, "nvfp4": 0.5}  # e4m3: 8 bits; e2m1: 4 bits, two a byte
 
 
-def _ring_crossing(ring, node_of, chunks, chunk):
-    """Bytes a ring puts across node boundaries: every rank sends `chunks` chunks to the next."""
-    return sum(chunks * chunk for a, b in zip(ring, ring[1:] + ring[:1], strict=True)
-               if node_of(a) != node_of(b))
+def test_23_last_shard_is_what_the_equal_slots_leave():
+    for _, p, right in asked("24.last-shard"):
+        numel, n, block = p["rows"] * p["cols"], p["n"], BLOCK[p["recipe"]]
+        slot = block
+        while slot * n < numel:  # the least whole number of blocks whose n slots cover it
+            slot += block
+        assert (n - 1) * slot < numel, p  # the last rank holds something
+        assert right == numel - (n - 1) * slot, p
 
 
-def test_22_crossing():
-    for _, p, right in asked("24.crossing"):
-        g, k, m, s = p["g"], p["nodes"], p["m"], 10**6
-        n = g * k
-        node = (lambda per_node: lambda rank: rank // per_node)(g)
-        ring = list(range(n))  # each gather or reduce-scatter: n-1 chunks of S/n per rank
-        gathers, scatters = 2 * m, 1  # forward and backward every microbatch; the last syncs
-        fsdp = (gathers + scatters) * _ring_crossing(ring, node, n - 1, s / n)
-        hsdp = sum(_ring_crossing(list(range(j, n, g)), node, 2 * (k - 1), s / g / k)
-                   for j in range(g))  # once a step: each position's all-reduce of S/g
-        assert close(right, fsdp / hsdp), p
+def test_23_gather_bytes_counts_the_shards_a_ring_forwards():
+    for _, p, right in asked("24.gather-bytes"):
+        h, n, recipe = p["h"], p["n"], p["recipe"]
+        values = 4 * h * h // n
+        shard = values * VALUE_BYTES[recipe] + values // BLOCK[recipe]  # codes, block scales
+        amax = 2 * (n - 1) / n * 4 if recipe == "nvfp4" else 0  # float32, all-reduced
+        assert close(right, ((n - 1) * shard + amax) / MiB), p
 
 
-def test_22_hsdp_memory():
-    for _, p, right in asked("24.hsdp-memory"):
-        fits = [s for s in range(1, p["nodes"] + 1) if p["nodes"] % s == 0
-                and (2 + 2 + 12) * p["billions"] * 10**9 / (s * p["g"]) <= p["budget"] * GiB]
-        assert len(set(p["options"])) == 4 and p["options"]["abcd".index(right)] == fits[0], p
+def _holds_other_pieces(layer, role):
+    """The axes whose ranks hold other pieces of the tensor (no SP): dp other rows of every
+    activation and gradient; tp the weights, and the features between the two layers."""
+    if role == "weight":
+        return {"tp"}
+    between = (layer, role) in {("row", "input"), ("column", "grad")}
+    return {"dp", "tp"} if between else {"dp"}
+
+
+def test_23_which_reduce_is_none_for_mxfp8_and_the_tensors_pieces_for_nvfp4():
+    letters = {frozenset(): "a", frozenset({"dp"}): "b", frozenset({"tp"}): "c",
+               frozenset({"dp", "tp"}): "d"}
+    rights = set()
+    for _, p, right in asked("24.which-reduce"):
+        axes = set() if p["recipe"] == "mxfp8" else _holds_other_pieces(p["layer"], p["role"])
+        assert right == letters[frozenset(axes)], p
+        rights.add(right)
+    assert rights == {"a", "b", "c", "d"}  # the 50 seeds draw every kind of answer

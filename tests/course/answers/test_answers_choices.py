@@ -218,6 +218,6 @@ def test_19_sixteen_bytes_is_the_states_torch_holds():
     held = [weight, grad, master, *adam.state[master].values()]
     per_param = sum(v.numel() * v.element_size() for v in held if v.dim()) / 8
     options = {"a": 16, "b": 18, "c": 14}
-    for q, p, right in asked("19.sixteen-bytes"):
+    for q, p, right in asked("20.sixteen-bytes"):
         assert [k for k, b in options.items() if b == per_param] == [right], (p, per_param)
         assert f"{per_param * p['billions']:,.0f} GB" in q.text(p)  # billions × bytes = GB

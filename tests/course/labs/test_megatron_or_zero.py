@@ -1,4 +1,4 @@
-"""Lesson 20's lab (`minitp.course.labs.megatron_or_zero`) and its picture: ZeRO-3's parameter
+"""Lesson 21's lab (`minitp.course.labs.megatron_or_zero`) and its picture: ZeRO-3's parameter
 bytes through a step, measured by `ParamMemory` at each unit boundary, and the side-by-
 side measurement of tensor parallelism and ZeRO on the same ranks.
 

@@ -1,4 +1,4 @@
-"""Lesson 24's lab: on 4 ranks made two simulated nodes, every ring collective of FSDP's and
+"""Lesson 25's lab: on 4 ranks made two simulated nodes, every ring collective of FSDP's and
 HSDP's step gives the plain result, and the bytes the kernel counted crossing between the
 nodes are the MODEL's (`calc.network.hierarchy.dp_step`) within gloo's headers: FSDP's 2.25 times
 HSDP's."""
