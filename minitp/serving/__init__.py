@@ -15,13 +15,15 @@ pipeline stages.
 
 from .decode import Decoder, Generation, generate
 from .parity import generator_logprobs, logprob_parity, routing_flips, token_logprobs
-from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
+from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_decode, pp_generate
 from .refit import Refit, RefitReport, refit
+from .refit_checks import serving_ranks
 from .sampling import draw, generator
 from .throughput import decode_throughput
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 
 __all__ = ["Decoder", "Generation", "PipelineGeneration", "Refit", "RefitReport", "bubble_model",
            "decode_throughput", "draw", "generate", "generator", "generator_logprobs",
-           "logprob_parity", "per_token_collectives", "pipeline_bubble", "pp_generate", "refit",
-           "routing_flips", "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]
+           "logprob_parity", "per_token_collectives", "pipeline_bubble", "pp_decode",
+           "pp_generate", "refit", "routing_flips", "serving_ranks", "token_logprobs",
+           "tp_generate", "tp_model", "vocab_gather"]
