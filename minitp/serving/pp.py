@@ -35,11 +35,14 @@ from .tp import check_same_prompt, vocab_gather
 @dataclass
 class PipelineGeneration:
     """One rank's part of `pp_generate`: ``groups``, each group's `Generation` (on the last
-    stage; empty elsewhere); seconds until this rank finished every prefill, and after."""
+    stage; empty elsewhere); seconds until this rank finished every prefill, and after;
+    ``caches``, each group's KV cache of this rank's stage as the last step left it (n = 1:
+    the prompt's, what `minitp.serving.kv_reshard` moves to a decoding layout)."""
 
     groups: list = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    caches: list = field(default_factory=list)
 
 
 def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float = 0.0,
@@ -121,6 +124,7 @@ def _decode(model, prompts, n: int, temperature: float, seed: int) -> PipelineGe
     for pending in sends:
         pending.wait()
     out.decode_s = time.perf_counter() - started - out.prefill_s
+    out.caches = caches
     return out
 
 

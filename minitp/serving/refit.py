@@ -203,10 +203,11 @@ def refit(model, target_mesh: Mesh | None, plan: dict | None = None, *, cfg=None
     return planned.served, planned.refit_once()
 
 
-def _exchange(values, source: torch.Tensor, me: int, families):
+def _exchange(values, source: torch.Tensor, me: int, families, via: str = VIA):
     """Send each rank the elements the plan takes from me, receive mine: all posted at
-    once (no rank waits on another's order), one message a family, traced as "refit"
-    messages. Returns the flat buffers of what I serve and the events of my receives."""
+    once (no rank waits on another's order), one message a family, traced as `via`
+    messages. Returns the flat buffers of what I serve, the events of my receives and what
+    the kernel counted me writing (None where it cannot tell)."""
     device, world_size = _device.device(), source.shape[0]
     got = [v.clone() for v in values]
     pending, incoming = [], []
@@ -217,12 +218,12 @@ def _exchange(values, source: torch.Tensor, me: int, families):
                 continue
             out_ids = torch.nonzero(source[peer, lo:hi] == me).flatten()
             if out_ids.numel():
-                pending.append(comm.isend(values[f][out_ids].to(device), peer, tag=f, via=VIA))
+                pending.append(comm.isend(values[f][out_ids].to(device), peer, tag=f, via=via))
             in_ids = torch.nonzero(source[me, lo:hi] == peer).flatten()
             if in_ids.numel():
                 buffer = torch.empty(in_ids.numel(), dtype=dtype, device=device)
                 incoming.append((f, in_ids, buffer))
-                pending.append(comm.irecv(buffer, peer, tag=f, via=VIA))
+                pending.append(comm.irecv(buffer, peer, tag=f, via=via))
     for p in pending:
         p.wait()
     after = io_counters.written()  # the kernel's count: what this rank wrote meanwhile
@@ -230,7 +231,7 @@ def _exchange(values, source: torch.Tensor, me: int, families):
         else after - written
     for f, in_ids, buffer in incoming:
         got[f][in_ids] = buffer.cpu()
-    mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == VIA
+    mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == via
             and e.start >= started]
     return got, mine, wrote
 
