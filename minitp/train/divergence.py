@@ -77,4 +77,6 @@ def weights_finite(model, optimizer) -> bool:
     with trace.paused():  # a check, not part of the step the timeline draws
         flag = torch.tensor([int(locally_finite(model, optimizer))], dtype=torch.int32,
                             device=device())
-        return bool(comm.all_reduce(flag, world(), op="min").item())
+        mesh = getattr(model, "mesh", None)  # (a trainer's grid beside a generator's)
+        return bool(comm.all_reduce(flag, getattr(mesh, "all", None) or world(),
+                                    op="min").item())
