@@ -160,9 +160,13 @@ class Refit:
                          "mt.parallelize was given")
         self.served, self.target_ids = None, []
         need = torch.zeros(space.n_model, dtype=torch.uint8)
-        if target_mesh is not None:
-            shell = _id_model(cfg, space).to(_device.device())  # (a forked RNG)
-            self.served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
+        if target_mesh is not None:  # (a grid it cannot take, e.g. pp not dividing the
+            shell = _id_model(cfg, space).to(_device.device())  # layers: refused below)
+            try:
+                self.served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
+            except (TypeError, ValueError) as exc:
+                error = error or (type(exc).__name__, str(exc))
+        if self.served is not None:
             self.target_ids = [_ids(t) for t in _model_tensors(self.served)[0]]
             self.served.to(self.families[0][2])  # (the experts' biases stay float32)
             for ids in self.target_ids:
