@@ -21,7 +21,6 @@ from minitp.serving import (
     Refit,
     generate,
     pp_decode,
-    pp_generate,
     refit,
     reshard_kv,
     tp_model,
@@ -127,7 +126,7 @@ def _kv():
     prefills["tp4->tp2"] = (decoder.cache, tp4, decode)
     pipeline = mt.parallelize(_ref().to(mt.device()), mt.Mesh(pp=2, tp=2),
                               sequence_parallel=False).eval()
-    caches = pp_generate(_ref().to(mt.device()), mt.Mesh(pp=2, tp=2), [prompt], 1).caches
+    caches = pp_decode(pipeline, [prompt], 1).caches  # (pp_generate's, on its own model)
     prefills["pp2tp2->tp2"] = (caches[0], pipeline, decode)
     if me < 2:
         left = tp_model(_ref().to(mt.device()), mt.Mesh(tp=2, ranks=range(2)))
