@@ -41,7 +41,8 @@ from ...rules import ring_send_fraction
 from .._util import number
 
 __all__ = ["DEEPSEEK_V3_MLA", "MLAShape", "mla_activation_bytes_per_layer",
-           "mla_flops_per_token", "mla_params", "mla_tp_bytes_per_layer"]
+           "mla_cp_bytes_per_layer", "mla_flops_per_token", "mla_params",
+           "mla_tp_bytes_per_layer"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +147,15 @@ def mla_tp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: 
     per = ring_send_fraction("all_reduce", tp)
     return {"activations": 4 * activation, "partial_grads": grads,
             "sent": number(4 * activation * per + grads * per)}
+
+
+def mla_cp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: int = 1,
+                           bytes_per_value: int = 2) -> dict:
+    """Context parallelism's tensors in one layer of latent attention, per microbatch, full
+    sizes (the trace's ``nbytes``): {"latent": the gathered latent and rotary key,
+    (d_c + d_h^R)·b·s·w, all-gathered forward and reduce-scattered backward (the same
+    size; `minitp.context_parallel.latent`), "heads": what gathering each tp rank's heads'
+    K and V would move instead, n_h/t·(2d_h + d_h^R)·b·s·w}."""
+    token = micro_batch * seq_len * bytes_per_value
+    heads = shape.n_head // tp * (2 * shape.head_dim + shape.rope_dim)
+    return {"latent": (shape.kv_lora_rank + shape.rope_dim) * token, "heads": heads * token}
