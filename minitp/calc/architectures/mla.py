@@ -135,18 +135,19 @@ def mla_activation_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: i
 def mla_tp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: int,
                            sp: bool = False, bytes_per_value: int = 2) -> dict:
     """What one layer of latent attention and its MLP put through tensor parallelism's
-    collectives, per microbatch: {"activations": the four collectives' full tensors, bsh·w
-    each (all-reduces; with SP an all-gather and a reduce-scatter in each place),
-    "partial_grads": the replicated gradients' elements·w summed in one all-reduce (the two
-    block norms' added under SP), "sent": the ring MODEL's bytes one rank sends for both}.
-    minitp sums every layer's partial gradients in one flattened all-reduce per step
-    (`minitp.tensor_parallel.partial_grads`): this is one layer's share of it."""
+    collectives (full tensors, the trace's ``nbytes``): {"activations": per microbatch, the
+    four places' b·s·h·w each (an all-reduce each; with SP an all-gather and a
+    reduce-scatter each), "partial_grads": per step, the replicated modules' gradients
+    (the two block norms' added under SP), "sent_activations", "sent_grads": the ring
+    MODEL's bytes one rank sends for each}. minitp sums every layer's partial gradients in
+    one flattened all-reduce a step (`minitp.tensor_parallel.partial_grads`): this is one
+    layer's share of it."""
     w, h = bytes_per_value, shape.d_model
-    activation = micro_batch * seq_len * h * w
+    activations = 4 * micro_batch * seq_len * h * w
     grads = (mla_params(shape)["replicated"] + (2 * h if sp else 0)) * w
-    per = ring_send_fraction("all_reduce", tp)
-    return {"activations": 4 * activation, "partial_grads": grads,
-            "sent": number(4 * activation * per + grads * per)}
+    per = ring_send_fraction("all_reduce", tp)  # a place's all-gather + reduce-scatter too
+    return {"activations": activations, "partial_grads": grads,
+            "sent_activations": number(activations * per), "sent_grads": number(grads * per)}
 
 
 def mla_cp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: int = 1,
