@@ -4,15 +4,22 @@ counter (the expanded form and decode's absorbed one); at DeepSeek-V3's publishe
 (arXiv 2412.19437 §4.2) the parameters equal the hand count `mt.calc.DEEPSEEK_V3` carries,
 the cache is (512 + 64)·61·2 bytes a token, whole on every tp rank, and attention data
 parallelism holds 1/ranks of it; the activation model gives the GPT-style layer's terms plus
-the latents'. (The trace's bytes beside `mla_tp_bytes_per_layer` and `mla_cp_bytes_per_layer`:
+the latents', and the `ActivationLedger` measures it on minitp's layer with every byte of the
+gap named by the Llama test's rules (`explain_gap`: CPU RMSNorm's float32 copies, rotary
+tables, masks, ...), nothing unexplained, under no, selective and full recomputation.
+(The trace's bytes beside `mla_tp_bytes_per_layer` and `mla_cp_bytes_per_layer`:
 tests/tensor_parallel/test_mla_tp.py.)"""
 
 import pytest
 import torch
+from test_llama_calc import explain_gap
 from torch.utils.flop_counter import FlopCounterMode
 
 import minitp as mt
+from minitp.memory import ActivationLedger
 from minitp.model.mla import set_absorbed
+from minitp.recompute import apply_recompute
+from minitp.rules import layer_label
 
 V3 = mt.calc.DEEPSEEK_V3_MLA
 CFG = mt.GPTConfig.mla(vocab_size=32, seq_len=8, n_layer=1, n_head=4, d_model=16,
@@ -75,3 +82,20 @@ def test_activation_bytes_are_the_gpt_terms_plus_the_latents():
         mt.calc.mla_activation_bytes_per_layer(V3, 4096, 1, cp=2, cp_comm="ring")
     with pytest.raises(ValueError, match="form must be"):
         mt.calc.mla_flops_per_token(V3, 8, "folded")
+
+
+@pytest.mark.parametrize("recompute", [None, "selective", "full"])
+def test_the_ledger_measures_the_activation_model_every_byte_of_the_gap_named(recompute):
+    cfg = mt.GPTConfig.mla(vocab_size=16, seq_len=8, n_layer=2, n_head=8, d_model=32,
+                           q_lora_rank=16, kv_lora_rank=16, rope_dim=4, dropout=0.1)
+    torch.manual_seed(0)
+    model = mt.GPT(cfg).to(torch.bfloat16)
+    apply_recompute(model, recompute)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    with ActivationLedger(model) as ledger:
+        _, loss = model(x, x)
+    del loss
+    measured = ledger.per_layer()[layer_label(0)]
+    gap = explain_gap(ledger.layer(layer_label(0)), 1, False)
+    model_bytes = mt.calc.activation_bytes_per_layer(cfg, 2, recompute=recompute)
+    assert measured - model_bytes - sum(gap.values()) == 0, (measured, model_bytes, gap)
