@@ -15,6 +15,7 @@ pipeline stages.
 * `kv_reshard`: a prefill's KV cache moved onto the decoding layout.
 """
 
+from .cache_bytes import cache_bytes_per_rank
 from .decode import Decoder, Generation, generate
 from .kv_reshard import kv_heads_held, reshard_kv
 from .parity import generator_logprobs, logprob_parity, routing_flips, token_logprobs
@@ -26,7 +27,7 @@ from .throughput import decode_throughput
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 
 __all__ = ["Decoder", "Generation", "PipelineGeneration", "Refit", "RefitReport", "bubble_model",
-           "decode_throughput", "draw", "generate", "generator", "generator_logprobs",
-           "kv_heads_held", "logprob_parity", "per_token_collectives", "pipeline_bubble",
-           "pp_decode", "pp_generate", "refit", "reshard_kv", "routing_flips", "serving_ranks",
-           "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]
+           "cache_bytes_per_rank", "decode_throughput", "draw", "generate", "generator",
+           "generator_logprobs", "kv_heads_held", "logprob_parity", "per_token_collectives",
+           "pipeline_bubble", "pp_decode", "pp_generate", "refit", "reshard_kv", "routing_flips",
+           "serving_ranks", "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]
