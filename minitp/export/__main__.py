@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{done['parameters']:,} parameters in {done['dtype']} "
                   f"(load it with mt.checkpoint.load or --load)")
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        print(f"python -m minitp.export: error: {exc}", file=sys.stderr)
+        why = str(exc).removeprefix("minitp.export: ")
+        print(f"python -m minitp.export: error: {why}", file=sys.stderr)
         raise SystemExit(1) from None
     return done
 
