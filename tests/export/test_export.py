@@ -7,6 +7,7 @@ model is built from a config."""
 import json
 import os
 import shutil
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach the network
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,7 +22,7 @@ from minitp import checkpoint, data  # noqa: E402
 from minitp.checkpoint.manifest import SEAL, digest  # noqa: E402
 from minitp.checkpoint.sharded import Saver  # noqa: E402
 from minitp.export import hf_config, mapping  # noqa: E402
-from minitp.export.__main__ import main  # noqa: E402
+from minitp.export.__main__ import main as export_cli  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
@@ -110,12 +111,13 @@ def _load_hf(directory):
                                                              attn_implementation="sdpa")
 
 
+@pytest.mark.ranks  # (the `saved` fixture launches 2 ranks)
 def test_llama_saved_sharded_at_tp2_exports_to_transformers_exactly(saved, tmp_path):
     """The sharded tp-2 checkpoint's run directory -> HF: LlamaForCausalLM's logits are
     minitp's to 1e-12 (HF's float32 steps made float64: `_float64_llama`; as shipped, ~1e-7
     away); k and v, or gate and up, swapped fail by far more."""
     directory, states = saved
-    main(["--load", str(directory / "llama"), "--to", "hf", str(tmp_path / "hf")])
+    export_cli(["--load", str(directory / "llama"), "--to", "hf", str(tmp_path / "hf")])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["model_type"] == "llama" and config["rms_norm_eps"] == 1e-5
     expected = _minitp_logits(LLAMA, states["llama"])
@@ -132,12 +134,13 @@ def test_llama_saved_sharded_at_tp2_exports_to_transformers_exactly(saved, tmp_p
         assert (_hf_logits(hf) - expected).abs().max() > 1e-4, wrong
 
 
+@pytest.mark.ranks  # (the `saved` fixture launches 2 ranks)
 def test_gpt2_saved_dense_at_tp2_exports_to_transformers_exactly(saved, tmp_path):
     """The dense tp-2 checkpoint -> HF GPT2LMHeadModel, logits to 1e-12; its activation
     recorded as "gelu" (minitp's erf GELU). GPT-2's tanh form in its place differs by more
     than 1e-4 (measured here), as does c_attn left in minitp's (head, q/k/v) order."""
     directory, states = saved
-    done = main(["--load", str(directory / "gpt2"), "--to", "hf", str(tmp_path / "hf")])
+    done = export_cli(["--load", str(directory / "gpt2"), "--to", "hf", str(tmp_path / "hf")])
     assert done["kind"] == "gpt2" and done["dtype"] == "float64"
     expected = _minitp_logits(GPT2, states["gpt2"])
     hf = _load_hf(tmp_path / "hf")
@@ -176,7 +179,7 @@ def test_a_transformers_model_imports_exactly(kind, tmp_path):
     records the activation and loads at tp 2 too (`mt.checkpoint.load`'s dense path)."""
     hf = _random_hf(kind)
     hf.save_pretrained(tmp_path / "hf")
-    main(["--from", "hf", str(tmp_path / "hf"), str(tmp_path / "mt")])
+    export_cli(["--from", "hf", str(tmp_path / "hf"), str(tmp_path / "mt")])
     model, meta, _ = checkpoint.load_dense(str(tmp_path / "mt"))
     assert meta["config"]["activation"] == ("gelu_tanh" if kind == "gpt2" else "gelu")
     with torch.no_grad():
@@ -186,7 +189,7 @@ def test_a_transformers_model_imports_exactly(kind, tmp_path):
 def test_refusals_are_one_line(tmp_path):
     """Missing directories, models transformers' GPT-2 and Llama classes cannot express,
     HF configs minitp cannot run: each a ValueError of one line naming what is wrong."""
-    bad = [lambda: main(["--from", "hf", str(tmp_path / "none"), str(tmp_path / "o")])]
+    bad = [lambda: export_cli(["--from", "hf", str(tmp_path / "none"), str(tmp_path / "o")])]
     for cfg in (mt.GPTConfig(**SIZES, n_experts=4), mt.GPTConfig.mla(**SIZES),
                 mt.GPTConfig.vlm(**{**SIZES, "vocab_size": 256}),
                 mt.GPTConfig(**SIZES, norm="rmsnorm")):
@@ -205,6 +208,7 @@ def test_refusals_are_one_line(tmp_path):
         mt.GPTConfig.llama(**SIZES, activation="gelu_tanh")
 
 
+@pytest.mark.ranks  # (the `saved` fixture launches 2 ranks)
 def test_dcp_reads_the_sharded_checkpoint_bit_for_bit(saved):
     """torch.distributed.checkpoint.load through `mt.checkpoint.DCPReader`, one process: a
     plain GPT's state dict and Adam's first moments filled with exactly the saved values."""
@@ -213,7 +217,9 @@ def test_dcp_reads_the_sharded_checkpoint_bit_for_bit(saved):
     sd = {k: torch.zeros_like(v) for k, v in states["llama"].items()}
     sd["exp_avg/wte.weight"] = torch.zeros(64, 32, dtype=torch.float64)
     reader = mt.checkpoint.DCPReader(step)
-    dcp.load(sd, storage_reader=reader, no_dist=True)  # one process, no group
+    with warnings.catch_warnings():  # (DCP's note that it loads in one process, no group)
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(sd, storage_reader=reader, no_dist=True)
     assert all(torch.equal(sd[k], v) for k, v in states["llama"].items())
     _, _, optim = checkpoint.load_dense(step)
     assert torch.equal(sd["exp_avg/wte.weight"], optim["exp_avg"]["wte.weight"])
@@ -221,6 +227,7 @@ def test_dcp_reads_the_sharded_checkpoint_bit_for_bit(saved):
         mt.checkpoint.DCPReader(directory / "gpt2")
 
 
+@pytest.mark.ranks  # (the `saved` fixture launches 2 ranks)
 def test_checkpoints_without_the_activation_field_still_load(saved, tmp_path):
     """A manifest and a meta.json written before `GPTConfig.activation` existed (the field
     removed, the manifest sealed again) load as the exact GELU they were."""
