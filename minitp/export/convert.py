@@ -91,7 +91,10 @@ def from_hf(directory: str, out: str) -> dict:
     """Write the transformers model in `directory` as a dense minitp checkpoint in `out`.
     Returns {"kind", "dtype", "parameters", "config"}."""
     hf, tensors = read_hf(directory)
-    cfg = hf_config.from_hf_config(hf)
+    try:
+        cfg = hf_config.from_hf_config(hf)
+    except KeyError as exc:
+        refuse(f"{directory!r}: its {CONFIG} lacks {exc.args[0]!r}")
     kind = hf["model_type"]
     tensors = {k: v for k, v in tensors.items() if not k.endswith(IGNORED)}
     head = tensors.pop("lm_head.weight", None)
