@@ -14,8 +14,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-import transformers  # noqa: E402
 
 import minitp as mt  # noqa: E402
 from minitp import checkpoint, data  # noqa: E402
@@ -24,13 +22,21 @@ from minitp.checkpoint.sharded import Saver  # noqa: E402
 from minitp.export import hf_config, mapping  # noqa: E402
 from minitp.export.__main__ import main as export_cli  # noqa: E402
 
-transformers.utils.logging.disable_progress_bar()
-transformers.utils.logging.set_verbosity_error()
 SIZES = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=32)
 GPT2 = mt.GPTConfig(**SIZES)
 LLAMA = mt.GPTConfig.llama(**SIZES, n_kv_head=2, rope_theta=500.0)
 TOKENS = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
 EXACT = 1e-12
+
+
+def _hf():
+    """transformers, imported here: a module-level name would travel with this module to
+    the ranks (by value), and each rank would import it (~3 s)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
 
 
 def _perturbed(model, seed):
@@ -94,7 +100,7 @@ def _float64_llama(hf):
 
     rot.forward = rope
     for m in hf.modules():
-        if isinstance(m, transformers.models.llama.modeling_llama.LlamaRMSNorm):
+        if isinstance(m, _hf().models.llama.modeling_llama.LlamaRMSNorm):
             m.forward = lambda x, m=m: m.weight * (
                 x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
     assert hf.config._attn_implementation == "sdpa"
@@ -107,7 +113,7 @@ def _hf_logits(hf):
 
 
 def _load_hf(directory):
-    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64,
+    return _hf().AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64,
                                                              attn_implementation="sdpa")
 
 
@@ -159,6 +165,7 @@ def test_gpt2_saved_dense_at_tp2_exports_to_transformers_exactly(saved, tmp_path
 
 
 def _random_hf(kind):
+    transformers = _hf()
     torch.manual_seed(5)
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
@@ -217,6 +224,8 @@ def test_dcp_reads_the_sharded_checkpoint_bit_for_bit(saved):
     sd = {k: torch.zeros_like(v) for k, v in states["llama"].items()}
     sd["exp_avg/wte.weight"] = torch.zeros(64, 32, dtype=torch.float64)
     reader = mt.checkpoint.DCPReader(step)
+    import torch.distributed.checkpoint as dcp
+
     with warnings.catch_warnings():  # (DCP's note that it loads in one process, no group)
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(sd, storage_reader=reader, no_dist=True)
