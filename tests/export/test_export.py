@@ -254,3 +254,18 @@ def test_checkpoints_without_the_activation_field_still_load(saved, tmp_path):
     del meta["config"]["activation"]
     meta_path.write_text(json.dumps(meta))
     assert checkpoint.load_dense(str(directory / "gpt2"))[0].cfg.activation == "gelu"
+
+
+def test_the_default_mlp_is_still_the_exact_gelu_bit_for_bit():
+    """`GPTConfig.activation` left at "gelu": the MLP computes what it computed before the
+    field existed (F.gelu's erf), bit for bit; "gelu_tanh" is torch's tanh form."""
+    from minitp.model import MLP
+
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    for activation, approximate in (("gelu", None), ("gelu_tanh", "tanh")):
+        torch.manual_seed(0)
+        mlp = MLP(mt.GPTConfig(**SIZES, activation=activation)).double()
+        h = mlp.fc(x)
+        act = torch.nn.functional.gelu(h) if approximate is None else \
+            torch.nn.functional.gelu(h, approximate=approximate)
+        assert torch.equal(mlp(x), mlp.proj(act)), activation
