@@ -48,7 +48,7 @@ FLOORS = [
     # the debugging tools' library half (they run the library's steps; the grader of lesson
     # 26 draws a museum bug), below the CLI of `python -m minitp.debug`
     (9, ["course.viz", "debug.record", "debug.layout", "debug.divergence", "debug.stragglers",
-         "debug.museum"]),
+         "debug.museum", "export"]),  # (export: a checkpoint to transformers and back)
     (10, ["course.labs"]),
     (11, ["course.graders", "course.make_exercises"]),
     (12, ["course", "train", "generate", "debug"]),  # the front ends: the grader, the doctor,

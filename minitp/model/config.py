@@ -19,6 +19,8 @@ LLAMA_PARTS = dict(norm="rmsnorm", positions="rope", mlp="swiglu", bias=False)
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
+# The GELU MLP's activation: "gelu" exact (erf), "gelu_tanh" GPT-2's tanh form (HF's gelu_new)
+ACTIVATIONS = ("gelu", "gelu_tanh")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class GPTConfig:
     norm: str = "layernorm"  # or "rmsnorm": x / rms(x) · g, no mean, no shift
     positions: str = "learned"  # or "rope": q and k rotated by their position in attention
     mlp: str = "gelu"  # or "swiglu": proj(silu(gate x) ⊙ up x)
+    activation: str = "gelu"  # the GELU MLP's: exact (erf), or "gelu_tanh" (GPT-2's, imported)
     n_kv_head: int | None = None  # None: fused qkv, a K/V head per query head (GPT-2);
     # K (dividing n_head): separate q and kv projections, K/V heads shared by groups of
     # n_head/K query heads (grouped-query attention; K = 1: multi-query)
@@ -154,7 +157,8 @@ class GPTConfig:
                 f"use attention='math' with dropout={self.dropout}, or dropout=0")
         for name, value, allowed in (("norm", self.norm, NORMS),
                                      ("positions", self.positions, POSITIONS),
-                                     ("mlp", self.mlp, MLPS)):
+                                     ("mlp", self.mlp, MLPS),
+                                     ("activation", self.activation, ACTIVATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.n_kv_head is not None:
@@ -172,6 +176,10 @@ class GPTConfig:
         if self.positions == "rope" and not self.kv_lora_rank and self.head_dim % 2:
             raise ValueError(f"positions='rope' rotates pairs of features: head_dim="
                              f"{self.head_dim} (d_model/n_head) must be even")
+        if self.activation != "gelu" and (self.mlp != "gelu" or self.n_experts):
+            raise ValueError(f"activation={self.activation!r} applies to the dense GELU MLP "
+                             f"only: mlp={self.mlp!r}, n_experts={self.n_experts} (the experts "
+                             "run the exact GELU: minitp.model.expert_mlps); use 'gelu'")
         if self.n_experts and self.mlp != "gelu":
             raise ValueError(f"mlp={self.mlp!r} with n_experts={self.n_experts}: the experts "
                              "are GELU MLPs (minitp.model.expert_mlps); use mlp='gelu'")

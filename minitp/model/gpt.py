@@ -76,9 +76,12 @@ class MLP(nn.Module):
         self.fc = nn.Linear(cfg.d_model, cfg.ffn_width, bias=cfg.bias)
         self.proj = nn.Linear(cfg.ffn_width, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        # exact (erf) GELU, or GPT-2's tanh form (an imported GPT-2's: `minitp.export`)
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
 
     def forward(self, x):  # (B, T, C)
-        return dropped(self.dropout, self.proj(F.gelu(self.fc(x))))
+        h = F.gelu(self.fc(x), approximate=self.approximate)
+        return dropped(self.dropout, self.proj(h))
 
 
 class Block(nn.Module):
