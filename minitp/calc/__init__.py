@@ -49,6 +49,7 @@ from .architectures.moe import (
     moe_step_time,
     node_limited_bytes,
 )
+from .architectures.moe_folding import etp_extra_bytes, fold_vs_etp, folding_bytes, routed_expert_flops
 from .architectures.vision import (
     LLAVA15_VISION,
     VisionEncoderShape,
@@ -207,4 +208,5 @@ __all__ = [
     "fp8_scale_count", "fp8_tensor_bytes",
     "LayoutChoice", "pipeline_layout",
     "DEEPSEEK_V3_LATENT", "LatentShape", "latent_vs_heads_cache", "mla_cache_bytes_per_token",
+    "etp_extra_bytes", "fold_vs_etp", "folding_bytes", "routed_expert_flops",
 ]

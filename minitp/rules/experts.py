@@ -36,7 +36,6 @@ def check_expert_parallel(cfg, ep: int, dp: int, cp: int, tp: int = 1, etp: int 
     """What expert parallelism needs: experts to shard, ep dividing them, etp dividing
     each expert's hidden width, and the expert mesh fitting the ranks
     (`check_expert_mesh`). `ep`, `etp` are positive ints (`check_parallel_config`)."""
-    check_expert_mesh(ep, dp, cp, tp, etp, fold)
     if ep == 1 and etp == 1:
         return
     if not cfg.n_experts:
@@ -45,6 +44,7 @@ def check_expert_parallel(cfg, ep: int, dp: int, cp: int, tp: int = 1, etp: int 
     if cfg.n_experts % ep:
         raise ValueError(f"n_experts={cfg.n_experts} is not divisible by ep={ep}: every "
                          "expert-parallel rank holds the same number of whole experts")
+    check_expert_mesh(ep, dp, cp, tp, etp, fold)
     if (4 * cfg.d_model) % etp:
         raise ValueError(f"the experts' hidden width 4*d_model={4 * cfg.d_model} is not "
                          f"divisible by etp={etp}: each etp rank holds an equal slice of it")
