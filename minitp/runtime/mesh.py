@@ -200,9 +200,7 @@ class Mesh:
         for name, groups in layout(dp, pp, tp, cp=cp, ep=ep, etp=etp, fold=fold).items():
             mine = None
             for ranks in groups:  # every rank must create every group, in the same order
-                # a group of one rank never communicates: no process group to make
-                group = (None if len(ranks) == 1 else dist.new_group(ranks)
-                         if len(ranks) < world_size else dist.group.WORLD)
+                group = dist.new_group(ranks) if len(ranks) < world_size else dist.group.WORLD
                 if me in ranks:
                     mine = Axis(name, tuple(ranks), ranks.index(me), group)
             axes[name] = mine
