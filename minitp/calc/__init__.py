@@ -49,7 +49,12 @@ from .architectures.moe import (
     moe_step_time,
     node_limited_bytes,
 )
-from .architectures.moe_folding import etp_extra_bytes, fold_vs_etp, folding_bytes, routed_expert_flops
+from .architectures.moe_folding import (
+    etp_extra_bytes,
+    fold_vs_etp,
+    folding_bytes,
+    routed_expert_flops,
+)
 from .architectures.vision import (
     LLAVA15_VISION,
     VisionEncoderShape,

@@ -10,8 +10,8 @@ global norm counts folded expert copies once) on each of:
 * (dp 2, tp 2, ep 2) unfolded, no sequence parallelism: today's layout, kept working.
 
 The step's loss and grad norm, its gradients and the parameters after it (and the
-forward-only loss after it) equal one device's to 1e-10. Measured beside the MODEL: the rows every rank's
-experts computed (forward hooks) sum to the batch's routed rows times
+forward-only loss after it) equal one device's to 1e-10. Measured beside the MODEL: the
+rows every rank's experts computed (forward hooks) sum to the batch's routed rows times
 `rules.expert_compute_copies` (tp for today's layout without SP, 1 folded), and the
 FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter all-to-all bytes in
 the trace equal `calc.etp_extra_bytes` on the rows each rank held.
