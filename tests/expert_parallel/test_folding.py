@@ -164,3 +164,16 @@ def test_the_rule_says_which_expert_meshes_a_stage_allows():
     groups = mt.layout(dp=2, tp=2, ep=2, etp=2)
     assert groups["etp"] == [[0, 1], [2, 3]] and groups["ep"] == [[0, 2], [1, 3]]
     assert mt.layout(cp=2, tp=2, ep=4, fold=True)["ep"] == [[0, 1, 2, 3]]
+
+
+def test_folding_bytes_at_deepseek_v3_shapes_are_the_model():
+    """MODEL at DeepSeek-V3's shapes (`calc.DEEPSEEK_V3`, arXiv 2412.19437 §4.2): 64 ranks
+    as EP 64 or as ep 8 × etp 8, 4096 routed tokens a rank, bf16. The same weights and
+    GEMM work a rank; etp's gather and scatter make the bytes (7/8 + 7)/(63/64) = 8 times."""
+    v3, tokens, row = calc.DEEPSEEK_V3, 4096, 7168 * 2
+    r = calc.fold_vs_etp(v3, tokens, 64, 8)
+    assert r["folded"]["expert_weights"] == r["etp"]["expert_weights"] == 3 * 7168 * 2048 * 4
+    assert (r["folded"]["gemm_hidden"], r["etp"]["gemm_hidden"]) == (2048, 256)
+    assert r["etp"]["etp"] == 4 * 7 * tokens * 8 * row + 7 * 32 * 8  # rows, and counts
+    assert r["folded"]["ep"] == 4 * tokens * 8 * 63 // 64 * row + 63 * 4 * 8
+    assert abs(r["ratio"] - 8) < 1e-5
