@@ -45,6 +45,7 @@ BAD = [
     (["--ep", "4", "--dp", "2", "--etp", "2"], "ep*etp=4*2=8 does not divide dp*cp*tp=2*1*2=4"),
     (["--ep", "2", "--dp", "2", "--etp", "0"], "--etp must be at least 1"),
     (["--ep", "1", "--dp", "2", "--etp", "3"], "ep*etp=1*3=3 does not divide dp*cp*tp"),
+    (["--ep", "2", "--fold", "--no-sp", "--seq-len", "15"], "seq_len=15 (/cp=1) cannot be cut"),
 ]
 
 
