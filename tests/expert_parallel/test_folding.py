@@ -11,9 +11,9 @@ global norm counts folded expert copies once) on each of:
 
 The step's loss and grad norm, its gradients and the parameters after it (and the
 forward-only loss after it) equal one device's to 1e-10. Measured beside the MODEL: the
-rows every rank's experts computed (forward hooks) sum to the batch's routed rows times
-`rules.expert_compute_copies` (tp for today's layout without SP, 1 folded), and the
-FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter all-to-all bytes in
+rows every rank's experts computed (`expert_parallel.expert_work`) sum to the batch's
+routed rows times `rules.expert_compute_copies` (tp for today's layout without SP, 1
+folded), and the FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter all-to-all bytes in
 the trace equal `calc.etp_extra_bytes` on the rows each rank held.
 """
 
@@ -23,6 +23,7 @@ from helpers import random_batches, train_side_by_side
 
 import minitp as mt
 import minitp.calc as calc
+from minitp.expert_parallel import expert_work
 from minitp.rules import check_expert_mesh, expert_compute_copies, expert_meshes
 
 TOLERANCE = 1e-10
@@ -35,21 +36,6 @@ SETTINGS = {  # name: (mesh sizes, parallelize options, GPTConfig overrides)
     "dp2 tp2 ep2 etp2": (dict(dp=2, tp=2, ep=2, etp=2), {}, {}),
     "unfolded dp2 tp2 ep2": (dict(dp=2, tp=2, ep=2), {}, {}),
 }
-
-
-def _count_rows(model, seen):
-    """Forward hooks: rows each of this rank's expert modules ran, and their FLOPs."""
-    from minitp.model.moe import moe_layers
-
-    for layer in moe_layers(model):
-        experts = layer.experts
-        per_row = 2 * (experts.fc_weight[0].numel() + experts.proj_weight[0].numel())
-
-        def hook(module, inputs, output, per_row=per_row):
-            if torch.is_grad_enabled():  # the training forwards, not eval_loss's
-                seen["rows"] += inputs[0].shape[0]
-                seen["flops"] += inputs[0].shape[0] * per_row
-        experts.register_forward_hook(hook)
 
 
 def _record_etp(model, held):
@@ -72,23 +58,24 @@ def _train():
         torch.manual_seed(0)
         ref = mt.GPT(cfg).double()
         model = mt.parallelize(ref, mesh, **options)
-        seen, held, first = {"rows": 0, "flops": 0}, [], {}
-        _count_rows(model, seen)
+        held, first = [], {}
         if mesh.etp.size > 1:
             _record_etp(model, held)
 
-        def after(step, events, ref=ref, model=model, first=first, seen=seen):
+        def after(step, events, ref=ref, model=model, first=first):
             if step:
                 return
             grads = model.full_grad_dict()
             first["grad"] = max((grads[n] - p.grad).abs().max().item()
                                 for n, p in ref.named_parameters())
-            first["rows"], first["flops"] = seen["rows"], seen["flops"]
             first["etp"] = [(e.label.split(".", 1)[1], e.phase, e.model_bytes)
                             for e in events if "etp" in e.label]
 
-        loss_error, (param_error, where), _ = train_side_by_side(
-            ref, model, mesh, random_batches(1, cfg, BATCH), after_step=after, clip_grad=0.5)
+        with expert_work(model) as seen:  # the one step's training forward (not eval's)
+            loss_error, (param_error, where), _ = train_side_by_side(
+                ref, model, mesh, random_batches(1, cfg, BATCH), after_step=after,
+                clip_grad=0.5)
+        first["rows"], first["flops"] = seen["rows"], seen["flops"]
         results[name] = dict(loss=loss_error, param=param_error, where=where,
                              held=held[:cfg.n_layer], etp_ranks=list(mesh.etp.ranks), **first)
     return results
