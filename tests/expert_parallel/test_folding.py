@@ -13,8 +13,8 @@ The step's loss and grad norm, its gradients and the parameters after it (and th
 forward-only loss after it) equal one device's to 1e-10. Measured beside the MODEL: the
 rows every rank's experts computed (`expert_parallel.expert_work`) sum to the batch's
 routed rows times `rules.expert_compute_copies` (tp for today's layout without SP, 1
-folded), and the FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter all-to-all bytes in
-the trace equal `calc.etp_extra_bytes` on the rows each rank held.
+folded), and the FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter
+all-to-all bytes in the trace equal `calc.etp_extra_bytes` on the rows each rank held.
 """
 
 import pytest
