@@ -7,7 +7,9 @@ global norm counts folded expert copies once) on each of:
 * (dp 2, tp 2, ep 4) folded, no sequence parallelism: each tp rank routes its 1/tp slice;
 * (cp 2, tp 2, ep 4) folded, sequence parallelism, a capacity factor;
 * (dp 2, tp 2, ep 2, etp 2): each expert split over etp, rows gathered and summed over it;
-* (dp 2, tp 2, ep 2) unfolded, no sequence parallelism: today's layout, kept working.
+* (dp 2, tp 2, ep 2) unfolded, no sequence parallelism: today's layout, kept working;
+* (pp 2, tp 2, ep 2) folded per stage, sequence parallelism, 2 microbatches, the expert
+  bias (the reference steps its own).
 
 The step's loss and grad norm, its gradients and the parameters after it (and the
 forward-only loss after it) equal one device's to 1e-10. Measured beside the MODEL: the
@@ -24,6 +26,7 @@ from helpers import random_batches, train_side_by_side
 import minitp as mt
 import minitp.calc as calc
 from minitp.expert_parallel import expert_work
+from minitp.model.moe import update_expert_bias
 from minitp.rules import check_expert_mesh, expert_compute_copies, expert_meshes
 
 TOLERANCE = 1e-10
@@ -35,6 +38,8 @@ SETTINGS = {  # name: (mesh sizes, parallelize options, GPTConfig overrides)
                        dict(capacity_factor=1.0)),
     "dp2 tp2 ep2 etp2": (dict(dp=2, tp=2, ep=2, etp=2), {}, {}),
     "unfolded dp2 tp2 ep2": (dict(dp=2, tp=2, ep=2), {}, {}),
+    "pp2 tp2 ep2 sp": (dict(pp=2, tp=2, ep=2, fold=True), dict(sequence_parallel=True),
+                       dict(router="sigmoid", balance="bias", bias_update_rate=0.05)),
 }
 
 
@@ -63,6 +68,7 @@ def _train():
             _record_etp(model, held)
 
         def after(step, events, ref=ref, model=model, first=first):
+            update_expert_bias(ref)  # the reference's balancing: its own step's load
             if step:
                 return
             grads = model.full_grad_dict()
@@ -74,7 +80,7 @@ def _train():
         with expert_work(model) as seen:  # the one step's training forward (not eval's)
             loss_error, (param_error, where), _ = train_side_by_side(
                 ref, model, mesh, random_batches(1, cfg, BATCH), after_step=after,
-                clip_grad=0.5)
+                clip_grad=0.5, microbatches=mesh.pp.size)
         first["rows"], first["flops"] = seen["rows"], seen["flops"]
         results[name] = dict(loss=loss_error, param=param_error, where=where,
                              held=held[:cfg.n_layer], etp_ranks=list(mesh.etp.ranks), **first)
