@@ -180,8 +180,7 @@ class Mesh:
 
         [0, 2, 4, 6] [1, 3, 5, 7] [8, 10, 12, 14] [9, 11, 13, 15]
 
-    (pipeline: ranks dp*cp*tp apart.) With cp = 1, ``mesh.cp`` is an axis of one rank (it
-    talks to nobody) and ``mesh.dp_cp`` is ``mesh.dp`` itself.
+    (Pipeline: ranks dp*cp*tp apart.) With cp = 1, ``mesh.cp`` is one rank's axis.
 
     A mixture of experts' layout (`layout`'s "ep", "etp", "expert_dp"): ``ep=`` alone
     shares the experts out inside dp×cp; ``fold=True`` (implied by ``etp=`` > 1) gives the
