@@ -8,14 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
-from .. import checkpoint, data
-from ..data import packing
+from .. import checkpoint
 from ..rules import (
     SCHEDULE_NAMES,
     ZERO_STAGES,
-    check_packing,
     check_parallel_config,
     check_tp_overlap,
 )
@@ -23,7 +19,7 @@ from ..rules.cp_comm import CP_COMMS, check_cp_comm_has_cp
 from ..rules.experts import BALANCES
 from ..rules.schedules import placement_of
 from ..rules.vision import VISION_LAYOUTS
-from . import model_flags, values
+from . import corpus, model_flags, values
 from .fp8_flags import add_fp8_flags, validate_fp8
 from .impl_flags import ZERO_STAGE_LEFT_OUT, add_impl_flags, validate_impl
 from .layout_flags import add_layout_flag, validate_layout
@@ -276,24 +272,10 @@ def validate(args, parser):
             checkpoint.check_save_target(args.save)
         except OSError as exc:
             parser.error(f"--save: {exc}")
-    if args.pack:
-        try:
-            check_packing(cfg.vision_patches)
-        except ValueError as exc:
-            parser.error(f"--pack: {exc}")
-        documents = ([data.load_tokens(args.data)] if args.data
-                     else packing.corpus_documents())
-        train_tokens, eval_tokens = packing.split_documents(documents)
-        whole = [torch.cat(docs) if docs else torch.zeros(0) for docs in (train_tokens,
-                                                                           eval_tokens)]
-    else:
-        train_tokens, eval_tokens = data.split(data.load_tokens(args.data))
-        whole = [train_tokens, eval_tokens]
     try:
-        data.check_length(whole[0], cfg.seq_len, "training split")
-        data.check_length(whole[1], cfg.seq_len, "held-out split (the last 5%)")
+        train_tokens, eval_tokens = corpus.split_corpus(args, cfg)
     except ValueError as exc:
-        parser.error(f"{args.data or 'the corpus'}: {exc}")
+        parser.error(str(exc))
     return cfg, train_tokens, eval_tokens, start_step
 
 
