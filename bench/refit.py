@@ -2,8 +2,8 @@
 layout onto tp 4 live (`mt.serving.Refit`) and through `minitp.checkpoint`'s sharded format
 (saved at the training layout, loaded at the serving one), side by side in one run.
 
-    python bench/refit.py                    # -> bench/results/refit-cpu.json (~2 min idle)
-    python bench/refit.py --quick --out /tmp/x.json   # a check that it runs (seconds)
+    python bench/refit.py            # -> bench/results/refit-cpu.json (7 min on 2 loaded cores)
+    python bench/refit.py --quick --out /tmp/x.json   # a check that it runs; --profile: cProfile
 
 One `mt.launch` of 4 gloo ranks on the CPU. For each training layout, (dp 2, tp 2) ZeRO-1,
 (pp 2, tp 2) and a mixture of experts at (dp 4, ep 2) ZeRO-3, a GPT takes one AdamW step
