@@ -45,7 +45,7 @@ def rotated(rows: list, day: int | None = None) -> list:
 # The benches whose quick run is a test (tests/test_bench_*.py): each run is a Python start
 # and seconds of training, so one a run, by rotation (`rotated`), every one within three
 # days; each bench module is still imported every run (its imports and names checked).
-BENCH_QUICK_RUNS = ["default_run", "moe_layer", "muon_step"]
+BENCH_QUICK_RUNS = ["default_run", "moe_layer", "muon_step", "refit"]
 
 
 def on_its_day(name: str, rows: list):
