@@ -26,7 +26,8 @@ FLOORS = [
     (1, ["calc", "mixed_precision", "model.config", "model.attention_core", "model.cross_entropy",
          "model.kv_cache",
          "data.images", "data",
-         "runtime._device", "runtime.trace", "runtime.mesh", "runtime.peak", "runtime._pickling",
+         "runtime._device", "runtime.trace", "runtime.mesh", "runtime.layout", "runtime.peak",
+         "runtime._pickling",
          "runtime._signals", "runtime._run",
          "runtime._comm_buffers", "runtime._traced_op", "runtime._collective_checks",
          "runtime._flight_recorder", "runtime.chrome_trace"]),
@@ -150,6 +151,7 @@ def test_calc_is_pure_arithmetic():
 def test_viz_reads_traces_only():
     """Pictures read what runs recorded; they import nothing that runs a model."""
     allowed = ("minitp.course.viz", "minitp.rules", "minitp.runtime.trace", "minitp.runtime.mesh",
+               "minitp.runtime.layout",
                "minitp.calc")
     for module, targets in GRAPH.items():
         if module.startswith("minitp.course.viz"):

@@ -149,7 +149,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_zero_stage(zero_stage)
     check_param_dtype(param_dtype)
     check_expert_parallel(cfg, ep, dp, cp, tp, etp, fold)
-    if cfg.n_experts:
+    if getattr(cfg, "n_experts", 0):  # a bare shape (a question's) has no experts
         check_folded_slice(cfg.seq_len, tp, cp, sequence_parallel, etp, fold)
     check_placement(placement, pp, virtual_stages, zero_stage)
     check_step(schedule, microbatches, batch_size, dp=dp, pp=pp, virtual_stages=virtual_stages,
