@@ -20,6 +20,7 @@ re-exported here, so lessons write ``calc.step_time``, not the path):
                     state bytes under ZeRO and what each strategy sends)
     network/        cluster (hardware presets), comm (bytes per axis, the MoE all-to-all's
                     included), allreduce, hierarchy (NVLink inside a node, InfiniBand across),
+                    refit_cost (a trainer's weights onto serving nodes),
                     two_d (1D vs 2D tensor parallelism), tp_overlap, context_parallel
                     (ring, all-gather, Ulysses, hybrid: what each keeps, its time, `cp_crossover`),
                     cp_overlap (what of the ring's messages a step waits for)
@@ -148,6 +149,7 @@ from .network.context_parallel import (
 )
 from .network.cp_overlap import attention_seconds, cp_exposed_seconds, ring_hop_and_block
 from .network.hierarchy import DPStep, LevelCost, axis_levels, collective, crossing_ratio, dp_step
+from .network.refit_cost import RefitCost, refit_cost
 from .network.tp_overlap import OverlapModel, tp_overlap_model
 from .network.two_d import (
     tp1d_linear_bytes,
@@ -207,4 +209,5 @@ __all__ = [
     "fp8_scale_count", "fp8_tensor_bytes",
     "LayoutChoice", "pipeline_layout",
     "DEEPSEEK_V3_LATENT", "LatentShape", "latent_vs_heads_cache", "mla_cache_bytes_per_token",
+    "RefitCost", "refit_cost",
 ]
