@@ -20,7 +20,7 @@ SERVING = {"collocated": "on the training nodes themselves (collocated: each of 
 
 def refit_bytes(seed=None) -> Question:
     def draw(rng):
-        name, pp, serving = (rng.choice(sorted(MODELS)), rng.choice((2, 4, 8)),
+        name, pp, serving = (rng.choice(sorted(MODELS)), rng.choice((4, 8)),
                              rng.choice(sorted(SERVING)))
         if (name, pp) == ("Llama 3 70B", 4):  # the lesson's
             pp = 8
@@ -57,11 +57,11 @@ def refit_bytes(seed=None) -> Question:
         wrong=[
             Wrong(lambda p: cost(p).weight_bytes / GB, "that is the whole model: what a "
                   "naive broadcast sends every GPU; a serving GPU keeps only its tp slice"),
-            Wrong(lambda p: cost(p).need_bytes / GB, "that is the GPU's whole slice: "
-                  "collocated, its own stage's share is already on it and stays put"),
-            Wrong(lambda p: cost(p).need_bytes * (1 - 1 / p["pp"]) / GB,
-                  "that leaves out the GPU's own stage, but a separate serving GPU holds "
-                  "nothing of the training: all of its slice crosses"),
+            Wrong(lambda p: (cost(p).need_bytes * (1 - 1 / p["pp"]) if p["serving"] == "separate"
+                             else cost(p).need_bytes) / GB,
+                  "that swaps the two placements: collocated, a GPU already holds its own "
+                  "stage's share of its slice (1/pp of it), which stays put; separate, it holds "
+                  "nothing of the training and all of its slice crosses"),
             Wrong(lambda p: cost(p).need_bytes / p["pp"] / GB,
                   "that is one stage's share of the slice: a serving GPU keeps every layer"),
         ])
