@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from ..mixed_precision import grad_of, set_grad
@@ -84,8 +83,8 @@ def embedding_axis(mesh: Mesh, placement: str = "loop") -> Axis | None:
         return None
     mine = None
     for ranks in layout(mesh.dp_size, mesh.pp_size, mesh.tp_size, cp=mesh.cp_size)["pp"]:
-        pair = [ranks[0], ranks[-1]]
-        group = dist.new_group(pair)
+        pair = [mesh.ranks[ranks[0]], mesh.ranks[ranks[-1]]]  # (a grid on part of the world)
+        group = mesh.new_group(pair)
         if mesh.rank in pair:
             mine = Axis("embedding", tuple(pair), pair.index(mesh.rank), group)
     return mine

@@ -119,7 +119,9 @@ class Mesh:
 
     Create it inside a launched function, on every rank, with the same sizes;
     ``dp * pp * cp * tp`` must equal the world size (cp, context parallelism, is
-    1 unless given, by keyword). A 16-rank example,
+    1 unless given, by keyword). ``ranks`` (e.g. ``range(4, 6)``) lays the grid on part
+    of the world instead, built by those ranks only: a generator's ranks beside its
+    trainer's; ``mesh.all`` is then the grid's group, not the world's. A 16-rank example,
     ``Mesh(dp=2, pp=4, tp=2)``, has these groups (the same as the worked
     example in Megatron-LM's ``initialize_model_parallel``):
 
@@ -166,21 +168,28 @@ class Mesh:
     of one rank (it talks to nobody) and ``mesh.dp_cp`` is ``mesh.dp`` itself.
     """
 
-    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1):
+    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1,
+                 ranks=None):
         _check_sizes(dp, pp, tp, cp)
         _require_initialized("mt.Mesh(...)")
-        world_size = dist.get_world_size()
+        me, everyone = dist.get_rank(), dist.get_world_size()
+        # the global ranks the grid spans, in grid order: the whole world, or (``ranks``) a
+        # part of it, e.g. a generator's beside its trainer's (`minitp.serving.refit`)
+        self.ranks = _check_ranks(ranks, everyone, me)
+        world_size = len(self.ranks)
         check_world_size(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
         self.dp_size, self.pp_size, self.cp_size, self.tp_size = dp, pp, cp, tp
         self.ep_size = ep
-        me = dist.get_rank()
+        self.rank = me
+        self.world_size = world_size
         axes = {}
         for name, groups in layout(dp, pp, tp, cp=cp, ep=ep).items():
             mine = None
-            for ranks in groups:  # every rank must create every group, in the same order
-                group = dist.new_group(ranks) if len(ranks) < world_size else dist.group.WORLD
-                if me in ranks:
-                    mine = Axis(name, tuple(ranks), ranks.index(me), group)
+            for index in groups:  # every rank must create every group, in the same order
+                ranks_ = [self.ranks[i] for i in index]
+                group = self.new_group(ranks_)
+                if me in ranks_:
+                    mine = Axis(name, tuple(ranks_), ranks_.index(me), group)
             axes[name] = mine
         self.tp: Axis = axes["tp"]
         self.dp: Axis = axes["dp"]
@@ -192,8 +201,23 @@ class Mesh:
         # experts, and those holding the same ones (whose expert gradients are summed)
         self.ep: Axis = axes.get("ep", Axis("ep", (me,), 0, None))
         self.expert_dp: Axis = axes.get("expert_dp", self.dp_cp)
-        self.rank = me
-        self.world_size = world_size
+        # every rank of the grid (the world's group, unless the grid spans only part of it)
+        self.all: Axis = Axis("mesh", self.ranks, self.ranks.index(me),
+                              self.new_group(list(self.ranks)))
+
+    def new_group(self, ranks: list[int]):
+        """A process group over `ranks` (global, ascending, inside the grid). On a grid over
+        the whole world every rank creates every group, in the same order (as
+        ``dist.new_group`` requires); on a grid over part of it only the grid's ranks
+        build it, so each creates just its own groups (torch's local synchronization: the
+        ranks outside never call) and gets None for the others."""
+        if len(ranks) == dist.get_world_size():
+            return dist.group.WORLD
+        if len(self.ranks) == dist.get_world_size():
+            return dist.new_group(ranks)
+        if self.rank not in ranks:
+            return None
+        return dist.new_group(ranks, use_local_synchronization=True)
 
     @property
     def coords(self) -> dict[str, int]:
@@ -209,7 +233,9 @@ class Mesh:
             f"Mesh(dp={self.dp_size}, pp={self.pp_size}, "
             + (f"cp={self.cp_size}, " if cp else "")
             + f"tp={self.tp_size}"
-            + (f", ep={self.ep_size}" if self.ep_size > 1 else "") + f") on rank {self.rank}: "
+            + (f", ep={self.ep_size}" if self.ep_size > 1 else "")
+            + ("" if self.all.group is dist.group.WORLD else f", ranks {list(self.ranks)}")
+            + f") on rank {self.rank}: "
             f"tp {self.tp.rank}/{self.tp.size} {list(self.tp.ranks)}, "
             + (f"cp {self.cp.rank}/{self.cp.size} {list(self.cp.ranks)}, " if cp else "")
             + f"dp {self.dp.rank}/{self.dp.size} {list(self.dp.ranks)}, "
@@ -220,6 +246,25 @@ class Mesh:
 def _check_sizes(dp, pp, tp, cp=1) -> None:
     for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp)):
         check_positive_int(name, value)
+
+
+def _check_ranks(ranks, everyone: int, me: int) -> tuple[int, ...]:
+    """The grid's global ranks: all of them by default, else `ranks` ascending, distinct,
+    in the world, and holding the calling rank; ValueError otherwise."""
+    if ranks is None:
+        return tuple(range(everyone))
+    try:
+        out = tuple(int(r) for r in ranks)
+    except TypeError:
+        raise TypeError(f"Mesh ranks must be a sequence of global ranks (e.g. range(2, 4)), "
+                        f"got {type(ranks).__name__}") from None
+    if not out or list(out) != sorted(set(out)) or out[0] < 0 or out[-1] >= everyone:
+        raise ValueError(f"Mesh ranks {list(out)}: distinct ascending ranks in 0..{everyone - 1} "
+                         "expected (the launch's world)")
+    if me not in out:
+        raise ValueError(f"rank {me} built a Mesh over ranks {list(out)}: only the ranks a grid "
+                         "spans build it (the others pass None where it is asked for)")
+    return out
 
 
 def _require_initialized(what: str) -> None:

@@ -10,18 +10,22 @@ pipeline stages.
 * `throughput`: tokens per second against batch size and tp, measured;
 * `refit`: a trained model's weights moved live onto the serving layout;
 * `parity`: the generator's log-probabilities (and a mixture's routing) beside the
-  trainer's.
+  trainer's;
+* `kv_reshard`: a prefill's KV cache moved onto the decoding layout.
 """
 
 from .decode import Decoder, Generation, generate
+from .kv_reshard import kv_heads_held, reshard_kv
 from .parity import generator_logprobs, logprob_parity, routing_flips, token_logprobs
-from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_generate
+from .pp import PipelineGeneration, bubble_model, pipeline_bubble, pp_decode, pp_generate
 from .refit import Refit, RefitReport, refit
+from .refit_checks import serving_ranks
 from .sampling import draw, generator
 from .throughput import decode_throughput
 from .tp import per_token_collectives, tp_generate, tp_model, vocab_gather
 
 __all__ = ["Decoder", "Generation", "PipelineGeneration", "Refit", "RefitReport", "bubble_model",
            "decode_throughput", "draw", "generate", "generator", "generator_logprobs",
-           "logprob_parity", "per_token_collectives", "pipeline_bubble", "pp_generate", "refit",
-           "routing_flips", "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]
+           "kv_heads_held", "logprob_parity", "per_token_collectives", "pipeline_bubble",
+           "pp_decode", "pp_generate", "refit", "reshard_kv", "routing_flips", "serving_ranks",
+           "token_logprobs", "tp_generate", "tp_model", "vocab_gather"]

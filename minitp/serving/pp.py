@@ -35,11 +35,14 @@ from .tp import check_same_prompt, vocab_gather
 @dataclass
 class PipelineGeneration:
     """One rank's part of `pp_generate`: ``groups``, each group's `Generation` (on the last
-    stage; empty elsewhere); seconds until this rank finished every prefill, and after."""
+    stage; empty elsewhere); seconds until this rank finished every prefill, and after;
+    ``caches``, each group's KV cache of this rank's stage as the last step left it (n = 1:
+    the prompt's, what `minitp.serving.kv_reshard` moves to a decoding layout)."""
 
     groups: list = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    caches: list = field(default_factory=list)
 
 
 def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float = 0.0,
@@ -47,6 +50,12 @@ def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float 
     """n tokens after each group's prompt (a list of (B_g, T_g) ids, the same on every rank)
     through this rank's stage of `ref` (and its heads, with tp > 1). Ranks given
     different prompts are refused on every rank (`check_same_prompt`, over pp and tp)."""
+    _check(ref, mesh, prompts, n, temperature)
+    return _decode(parallelize(ref, mesh, sequence_parallel=False).eval(), prompts, n,
+                   temperature, seed)
+
+
+def _check(ref, mesh: Mesh, prompts, n: int, temperature: float) -> None:
     for axis in (mesh.pp, mesh.tp):  # first: every rank then refuses a bad prompt alike
         check_same_prompt(prompts, axis)
     if not isinstance(prompts, list | tuple) or not prompts:
@@ -54,9 +63,22 @@ def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float 
                         f"group in flight, got {type(prompts).__name__} {prompts!r:.40}")
     for prompt in prompts:
         check_request(ref, prompt, n, temperature)
-    model = parallelize(ref, mesh, sequence_parallel=False).eval()
+
+
+def pp_decode(model, prompts: list, n: int, temperature: float = 0.0,
+              seed: int = 0) -> PipelineGeneration:
+    """`pp_generate` on this rank's part of a model already laid out for serving (an
+    `mt.parallelize` model, sequence parallelism off: e.g. `minitp.serving.refit`'s served
+    shard, at pp ≥ 1 and tp ≥ 1)."""
+    _check(model.chunks[0] if model.mesh.pp.size > 1 else model, model.mesh, prompts, n,
+           temperature)
+    return _decode(model, prompts, n, temperature, seed)
+
+
+def _decode(model, prompts, n: int, temperature: float, seed: int) -> PipelineGeneration:
+    mesh = model.mesh
     stage = model.chunks[0] if mesh.pp.size > 1 else model
-    pp, window = mesh.pp, ref.cfg.seq_len
+    pp, window = mesh.pp, stage.cfg.seq_len
     first, last = pp.rank == 0, pp.rank == pp.size - 1
     device = next(stage.parameters()).device
     gather = vocab_gather(stage)
@@ -79,7 +101,7 @@ def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float 
             if first:
                 inp = ids[g][:, start:]
             else:
-                buf = torch.empty(prompt.shape[0], total - start, ref.cfg.d_model,
+                buf = torch.empty(prompt.shape[0], total - start, stage.cfg.d_model,
                                   dtype=stage.activation_dtype, device=device)
                 inp = comm.irecv(buf, pp.ranks[pp.rank - 1], tag).wait()
             with trace.region(f"{'P' if t == 0 else 'D'}{g}", "fwd"), torch.no_grad(), \
@@ -102,6 +124,7 @@ def pp_generate(ref: GPT, mesh: Mesh, prompts: list, n: int, temperature: float 
     for pending in sends:
         pending.wait()
     out.decode_s = time.perf_counter() - started - out.prefill_s
+    out.caches = caches
     return out
 
 

@@ -1,5 +1,7 @@
 """From trainer to generator without a disk: a trained `mt.parallelize` model's weights
-moved, on the same ranks, onto the tp-sharded decoding layout `tp_model` builds.
+moved onto the decoding layout `tp_model` (tp) or `pp_generate` (pp, tp) builds, on the
+same ranks (collocated) or on other ranks of the launch (separate: each grid an `mt.Mesh`
+over its own ``ranks``; the ranks that only serve pass the config, `Refit.for_generator`).
 
 The plan is the sharded checkpoint's (`minitp.checkpoint.layout`), not a second copy of
 the sharding rules: a plain GPT whose every element holds its own id is parallelized at
@@ -17,10 +19,13 @@ and broadcast whole: every rank receives all of it).
 
 The generator's log-probabilities beside the trainer's: `minitp.serving.parity`.
 
+Every rank of the launch calls it, so that it agrees on the plan: a rank in neither grid
+passes None twice. What one rank alone can refuse (a target tp the heads cannot split)
+is shared first (`agree`, pickled over the world, bookkeeping): every rank refuses alike.
+
 Where minitp differs from production: the masks are dense (a byte per weight per rank;
-Megatron's `resharding/planner.py` exchanges shard metadata instead), each rank stages
-what it holds in one flat buffer of the dense size, and the serving ranks are the
-training ones (Megatron and torchtitan also serve on other ranks).
+Megatron's `resharding/planner.py` exchanges shard metadata instead), and each rank
+stages what it holds in one flat buffer of the dense size.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from ..checkpoint.layout import Space, _id_model, _ids, _model_tensors, local_ids
 from ..data_parallel import zero
 from ..parallelize import parallelize
-from ..rules import check_tp_widths, model_chunks, model_placement
+from ..rules import model_chunks, model_placement
 from ..runtime import _device, comm, io_counters, trace
 from ..runtime.mesh import Mesh, world
+from .refit_checks import agree, check_facts, check_refit, refusal
 
 VIA = "refit"  # the axis name the refit's messages carry in the trace
 
@@ -58,23 +65,6 @@ class RefitReport:
     messages: int
     sent: int
     sent_measured: int | None
-
-
-def check_refit(model, target_mesh) -> None:
-    """One line for what `refit` cannot do, before any rank sends a byte (every rank
-    decides alike: no rank is left waiting)."""
-    if not (hasattr(model, "full_state_dict") and isinstance(getattr(model, "mesh", None),
-                                                             Mesh)):
-        raise TypeError(f"refit expects a model from mt.parallelize, got "
-                        f"{type(model).__name__}: parallelize it first")
-    if not isinstance(target_mesh, Mesh):
-        raise TypeError(f"refit's target must be an mt.Mesh, got {type(target_mesh).__name__}")
-    if target_mesh.world_size != model.mesh.world_size:
-        raise ValueError(f"refit: the target mesh spans {target_mesh.world_size} ranks, the "
-                         f"model's {model.mesh.world_size}: serving runs on the same ranks")
-    if target_mesh.pp_size != 1 or target_mesh.cp_size != 1 or target_mesh.ep_size != 1:
-        raise ValueError(f"refit serves on tp (and dp replicas) only, got {target_mesh!r}")
-    check_tp_widths(model.cfg, target_mesh.tp_size)
 
 
 def source_plan(model) -> dict:
@@ -137,61 +127,91 @@ def plan_sources(have: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
 
 class Refit:
     """A refit planned once, run as often as the trainer steps (an RL loop's every N
-    steps): ``Refit(model, target_mesh)`` builds the serving shard and the plan (every rank
-    calls it); each call ``refit_once()`` sends the model's current weights into that same
-    shard (`served`) and returns its `RefitReport`. plan: the `mt.parallelize` keywords
-    `model` was built with (default: `source_plan(model)`)."""
+    steps): ``Refit(model, target_mesh)`` builds the serving shard and the plan; each call
+    ``refit_once()`` sends the model's current weights into that same shard (`served`) and
+    returns its `RefitReport`. Every rank of the launch calls both. model: this rank's
+    trained `mt.parallelize` model, or None where it only serves; target_mesh: this
+    rank's serving `mt.Mesh` (tp, or pp and tp: `pp_decode` runs it), or None where it
+    only trains (`served` is then None). plan: the `mt.parallelize` keywords `model` was
+    built with (default: `source_plan(model)`); cfg: the config, on ranks without a model
+    (`Refit.for_generator`)."""
 
-    def __init__(self, model, target_mesh: Mesh, plan: dict | None = None):
-        check_refit(model, target_mesh)
-        cfg, space = model.cfg, Space.of(model.cfg)
-        self.model, self.me, self.space = model, model.mesh.rank, space
-        plan = source_plan(model) if plan is None else plan
-        with trace.paused():
-            self.source_ids = local_ids(cfg, model.mesh, plan, space)[0]
-        tensors = _model_tensors(model)[0]
-        if [t.numel() for t in tensors] != [i.numel() for i in self.source_ids]:
-            raise ValueError("refit: `plan` does not describe this model's layout (its tensors "
-                             "differ from the plan's): pass the keywords mt.parallelize was given")
-        shell = _id_model(cfg, space).to(_device.device())  # (a forked RNG: the run's unmoved)
-        self.served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
-        self.target_ids = [_ids(t) for t in _model_tensors(self.served)[0]]
-        self.families = _families(space, tensors[0].dtype)
-        self.served.to(self.families[0][2])  # (the experts' biases stay float32)
-        have = _placed(space, tensors, self.source_ids, self.families)[1]
+    def __init__(self, model, target_mesh: Mesh | None, plan: dict | None = None, *,
+                 cfg=None):
+        me = dist.get_rank()
+        error = refusal(lambda: check_refit(model, target_mesh, cfg))
+        dtype = None if model is None or error else _model_tensors(model)[0][0].dtype
+        cfg = getattr(model, "cfg", None) if model is not None else cfg
+        facts = agree((error, cfg, dtype))
+        check_facts(facts)
+        cfg = next(f[1] for f in facts if f[1] is not None)
+        space = Space.of(cfg)
+        self.model, self.me, self.space = model, me, space
+        self.families = _families(space, next(f[2] for f in facts if f[2] is not None))
+        tensors, self.source_ids, error = [], [], None
+        if model is not None:
+            plan = source_plan(model) if plan is None else plan
+            with trace.paused():
+                self.source_ids = local_ids(cfg, model.mesh, plan, space)[0]
+            tensors = _model_tensors(model)[0]
+            if [t.numel() for t in tensors] != [i.numel() for i in self.source_ids]:
+                error = ("ValueError", "refit: `plan` does not describe this model's layout "
+                         "(its tensors differ from the plan's): pass the keywords "
+                         "mt.parallelize was given")
+        self.served, self.target_ids = None, []
         need = torch.zeros(space.n_model, dtype=torch.uint8)
-        for ids in self.target_ids:
-            need[ids[ids >= 0]] = 1
+        if target_mesh is not None:  # (a grid it cannot take, e.g. pp not dividing the
+            shell = _id_model(cfg, space).to(_device.device())  # layers: refused below)
+            try:
+                self.served = parallelize(shell, target_mesh, sequence_parallel=False).eval()
+            except (TypeError, ValueError) as exc:
+                error = error or (type(exc).__name__, str(exc))
+        if self.served is not None:
+            self.target_ids = [_ids(t) for t in _model_tensors(self.served)[0]]
+            self.served.to(self.families[0][2])  # (the experts' biases stay float32)
+            for ids in self.target_ids:
+                need[ids[ids >= 0]] = 1
+        agree((error,))
+        have = _placed(space, tensors, self.source_ids, self.families)[1]
         with trace.paused():  # bookkeeping: who holds what, who needs what
             table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world())
         self.source = plan_sources(table[0::2].cpu(), table[1::2].cpu())
 
+    @classmethod
+    def for_generator(cls, cfg, target_mesh: Mesh | None) -> Refit:
+        """The refit as a rank that serves and does not train sees it: the model's config
+        (the plan's masks come from the trainers' ranks)."""
+        return cls(None, target_mesh, cfg=cfg)
+
     def refit_once(self) -> RefitReport:
         """The model's weights now, into `served` (collective: every rank calls it)."""
-        values = _placed(self.space, _model_tensors(self.model)[0],
-                         self.source_ids, self.families)[0]
+        tensors = [] if self.model is None else _model_tensors(self.model)[0]
+        values = _placed(self.space, tensors, self.source_ids, self.families)[0]
         got, messages, wrote = _exchange(values, self.source, self.me, self.families)
-        with torch.no_grad():  # (the served tensors read now: a cast may have replaced them)
-            for t, ids in zip(_model_tensors(self.served)[0], self.target_ids, strict=True):
-                keep, f = ids >= 0, _family(ids, self.families)
-                flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding holds 0, as parallelize's
-                flat[keep] = got[f][ids[keep] - self.families[f][0]]
-                t.copy_(flat.view(t.shape).to(t.device))
+        if self.served is not None:
+            with torch.no_grad():  # (the served tensors read now: a cast may have replaced them)
+                for t, ids in zip(_model_tensors(self.served)[0], self.target_ids, strict=True):
+                    keep, f = ids >= 0, _family(ids, self.families)
+                    flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding 0, as parallelize's
+                    flat[keep] = got[f][ids[keep] - self.families[f][0]]
+                    t.copy_(flat.view(t.shape).to(t.device))
         return _report(self.me, self.source, messages, self.families, wrote)
 
 
-def refit(model, target_mesh: Mesh, plan: dict | None = None):
-    """This rank's serving shard (`tp_model`'s layout on `target_mesh`) of the trained
-    parallel `model`, and its `RefitReport`: `Refit` planned and run once. Collective:
-    every rank calls it."""
-    planned = Refit(model, target_mesh, plan)
+def refit(model, target_mesh: Mesh | None, plan: dict | None = None, *, cfg=None):
+    """This rank's serving shard (`tp_model`'s layout on `target_mesh`, or pp_generate's
+    with pp > 1; None where `target_mesh` is None) of the trained parallel `model` (None on
+    a rank that only serves: pass `cfg`), and its `RefitReport`: `Refit` planned and run
+    once. Collective: every rank of the launch calls it."""
+    planned = Refit(model, target_mesh, plan, cfg=cfg)
     return planned.served, planned.refit_once()
 
 
-def _exchange(values, source: torch.Tensor, me: int, families):
+def _exchange(values, source: torch.Tensor, me: int, families, via: str = VIA):
     """Send each rank the elements the plan takes from me, receive mine: all posted at
-    once (no rank waits on another's order), one message a family, traced as "refit"
-    messages. Returns the flat buffers of what I serve and the events of my receives."""
+    once (no rank waits on another's order), one message a family, traced as `via`
+    messages. Returns the flat buffers of what I serve, the events of my receives and what
+    the kernel counted me writing (None where it cannot tell)."""
     device, world_size = _device.device(), source.shape[0]
     got = [v.clone() for v in values]
     pending, incoming = [], []
@@ -202,12 +222,12 @@ def _exchange(values, source: torch.Tensor, me: int, families):
                 continue
             out_ids = torch.nonzero(source[peer, lo:hi] == me).flatten()
             if out_ids.numel():
-                pending.append(comm.isend(values[f][out_ids].to(device), peer, tag=f, via=VIA))
+                pending.append(comm.isend(values[f][out_ids].to(device), peer, tag=f, via=via))
             in_ids = torch.nonzero(source[me, lo:hi] == peer).flatten()
             if in_ids.numel():
                 buffer = torch.empty(in_ids.numel(), dtype=dtype, device=device)
                 incoming.append((f, in_ids, buffer))
-                pending.append(comm.irecv(buffer, peer, tag=f, via=VIA))
+                pending.append(comm.irecv(buffer, peer, tag=f, via=via))
     for p in pending:
         p.wait()
     after = io_counters.written()  # the kernel's count: what this rank wrote meanwhile
@@ -215,7 +235,7 @@ def _exchange(values, source: torch.Tensor, me: int, families):
         else after - written
     for f, in_ids, buffer in incoming:
         got[f][in_ids] = buffer.cpu()
-    mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == VIA
+    mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == via
             and e.start >= started]
     return got, mine, wrote
 

@@ -39,7 +39,7 @@ from ..model import GPT
 from ..model.moe import update_expert_bias
 from ..runtime import peak
 from ..runtime.errors import LaunchError
-from . import divergence, fp8_flags, optim_flags, save_flags
+from . import divergence, fp8_flags, optim_flags, refit_flags, save_flags
 from .flags import build_parser, sizes_text, validate
 from .machine import on_gpus, under_torchrun, uses_mixed_precision, world_size_of
 from .model_flags import DTYPE
@@ -122,14 +122,15 @@ def _train(args, cfg, train_tokens, eval_tokens, start_step) -> dict:
     # own work does not slow the measurement of what the machine can do.
     run_peak = _run_peak(world, args)
     wall = time.perf_counter()
-    run = launch(run_rank, world, args, cfg, train_tokens, eval_tokens, start_step,
-                 run_peak and run_peak.total, timeout=args.timeout)
+    run = launch(run_rank, world + refit_flags.extra_ranks(args), args, cfg, train_tokens,
+                 eval_tokens, start_step, run_peak and run_peak.total, timeout=args.timeout)
     lead = run[0]
     if "stopped" in lead:  # every rank stopped at the same step; nothing to write
         raise divergence.Stopped(lead["stopped"])
     summary = {"steps": args.steps, "train_loss": lead["losses"][-1],
                "eval_loss": lead["evals"][-1][1], "tokens_per_s": round(lead["tokens_per_s"], 1)}
     summary.update(_utilisation(cfg, args, lead, run_peak))
+    summary.update(refit_flags.summary(lead))  # --refit-every's bytes, seconds, log-prob diff
     ref = None
     if args.check and printer:
         ref = reference_losses(args, cfg, train_tokens, start_step)
@@ -215,6 +216,7 @@ def write_run_dir(out, args, cfg, run, summary, start_step, seconds, reference=N
         # the ring formula's bytes (a MODEL) beside what the ranks' sockets measured
         "model_bytes_per_axis_one_step": comm_bytes,
         "sent_bytes_per_axis_one_step": sent,
+        "refits": lead.get("refits"),  # --refit-every: each refit's bytes, seconds, diff
     }
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)

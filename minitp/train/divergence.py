@@ -72,9 +72,11 @@ def weights_finite(model, optimizer) -> bool:
     calls it at the same step)."""
     from ..runtime import comm, trace
     from ..runtime._device import device
-    from ..runtime.mesh import world
+    from ..runtime.mesh import Mesh, world
 
     with trace.paused():  # a check, not part of the step the timeline draws
         flag = torch.tensor([int(locally_finite(model, optimizer))], dtype=torch.int32,
                             device=device())
-        return bool(comm.all_reduce(flag, world(), op="min").item())
+        mesh = getattr(model, "mesh", None)  # (a trainer's grid beside a generator's)
+        axis = mesh.all if isinstance(mesh, Mesh) else world()
+        return bool(comm.all_reduce(flag, axis, op="min").item())

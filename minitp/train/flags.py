@@ -38,6 +38,7 @@ from .machine import (
 from .model_flags import DTYPE, MODEL_SIZES, capacity_factor
 from .model_options import ARCHS
 from .optim_flags import add_optim_flags, validate_optim
+from .refit_flags import add_refit_flags, extra_ranks, validate_refit
 from .save_flags import add_save_flags, validate_save
 
 # Measured on the default run's model: at 0.6 and 0.7 its sample ends in a run of spaces
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fp8_flags(p)
     add_impl_flags(p)  # --impl torch, --hsdp (`minitp.train.impl_flags`)
     add_optim_flags(p)  # --optimizer muon, --muon-strategy (`minitp.train.optim_flags`)
+    add_refit_flags(p)  # --refit-every, --serve-tp/-pp/-ranks (`minitp.train.refit_flags`)
     return p
 
 
@@ -225,8 +227,9 @@ def validate(args, parser):
     except ValueError as exc:
         parser.error(str(exc))
     validate_layout(args, cfg, parser)  # before the rules: its message names the flag
+    validate_refit(args, cfg, parser)  # before torchrun's count: a generator's ranks added
     world = world_size_of(args)
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world + extra_ranks(args):
         product = "dp*pp*cp*tp" if args.cp > 1 else "dp*pp*tp"
         parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but "
                      f"{product} = {world}")

@@ -18,7 +18,7 @@ from ..data import packing
 from ..model import GPT
 from ..rules import IGNORE_INDEX, placement_of
 from ..runtime._worker import console
-from . import divergence, optim_flags, save_flags
+from . import divergence, optim_flags, refit_flags, save_flags
 from .flags import TEMPERATURE
 from .fp8_flags import one_process as fp8_one_process
 from .fp8_flags import plan_options as fp8_plan
@@ -65,9 +65,11 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     from ..parallelize import parallelize
     from ..runtime import comm, trace
     from ..runtime._device import device as rank_device
-    from ..runtime.mesh import Mesh, world
+    from ..runtime.mesh import Mesh
     from ..step import train_step
 
+    if refit_flags.serves_only(args):  # a separate generator's rank: refits, no training
+        return refit_flags.serve_rank(args, cfg, eval_tokens, start_step)
     parallelize, make_optimizer, train_step = impl_functions(  # --impl torch: torch's three
         args, parallelize, zero.make_optimizer, train_step)
 
@@ -75,7 +77,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     # the dense copy for evaluation stays float32.
     dtype = torch.float32 if uses_mixed_precision(args) else getattr(torch, args.dtype)
     device = rank_device()  # cuda:local_rank under NCCL
-    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep)
+    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep,
+                **refit_flags.trainer_ranks(args))  # (its own ranks beside a generator's)
     lead = mesh.rank == 0
 
     def new_optimizer(tensors):  # what this rank steps: parameters, or ZeRO's shards of them
@@ -116,12 +119,12 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
                                        **checkpoint.dense_expert_biases(model, mesh)})
             total = torch.zeros(2, dtype=torch.float64)
             with torch.no_grad():
-                for x, y, *packed in eval_set[mesh.rank::mesh.world_size]:
+                for x, y, *packed in eval_set[mesh.all.rank::mesh.world_size]:
                     # packed: each batch weighs its counted targets (never its padding)
                     n = int((y != IGNORE_INDEX).sum()) if packed else y.numel()
                     loss = dense(x, y, positions=packed[0] if packed else None)[1]
                     total += torch.tensor([float(loss) * n, n], dtype=torch.float64)
-            total = comm.all_reduce(total.to(device), world()).cpu()
+            total = comm.all_reduce(total.to(device), mesh.all).cpu()
         return float(total[0] / total[1])
 
     bar = None
@@ -130,6 +133,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
 
         bar = tqdm(total=args.steps, initial=start_step, file=console(), unit="step",
                    mininterval=0.5, dynamic_ncols=True)
+    refitter = refit_flags.Refitter(args, cfg, eval_tokens) if args.refit_every else None
     losses, evals, seconds, ledger, stopped = [], [], 0.0, None, None
     traced_step = args.steps - 1
     tokens_per_step = args.batch_size * cfg.seq_len
@@ -154,6 +158,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
         stopped = _stop_before_save(args, saver, model, optimizer, step + 1, loss)
         if stopped:  # every rank, at the same step (`minitp.train.divergence`)
             break
+        if refitter is not None and refitter.due(step + 1):  # weights onto the generator
+            refitter(step + 1, model)
         with save_flags.reported():  # a full disk, say: one line in the parent
             save_flags.after_step(args, saver, step + 1, mesh.rank)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
@@ -186,6 +192,7 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     elif lead:
         result.update(losses=losses, evals=evals, seconds=seconds,
                       tokens_per_s=tokens_per_step * len(losses) / seconds,
+                      refits=refitter.records if refitter else None,
                       sample=sample(dense, args.prompt, args.sample_tokens, args.seed,
                                     args.temperature))
     return result
