@@ -8,6 +8,8 @@ One launch of 4 ranks (`run`), every number MEASURED on those ranks:
   the plan (`Refit.source`, every rank's), each rank's `RefitReport`, the refit's window on
   the timeline, and whether every served shard equals `tp_model` of the dense trainer's
   weights bit for bit;
+* the same GPT trained at tp 2 on ranks 0-1 and refit onto ranks 2-3 serving at tp 2 (separate
+  serving ranks, each grid an `mt.Mesh` over its own ranks): reports and window;
 * the same GPT trained at (dp 2, tp 2) with ZeRO-1 and refit to tp 4: the generator's
   log-probabilities of its own sampled tokens beside the trainer's forward (float64);
 * a mixture of experts (`MOE`) trained one step at (dp 2, tp 2) in bf16 and refit to tp 1,
@@ -80,6 +82,8 @@ def _in_rank():
                                          + first[name][1][0] * first[name][1][1]]
                    .view(-1, *first[name][1]) for label, name in DRAWN.items()}
 
+    out["separate"] = _separate()
+
     model, _ = _trained(CFG, dict(dp=2, tp=2), dict(zero_stage=1), torch.float64)
     served = mt.serving.refit(model, mt.Mesh(tp=4))[0]
     gen = generate(served, _prompt().to(device()), NEW, temperature=1.0, seed=3,
@@ -104,15 +108,36 @@ def _in_rank():
     return out
 
 
+def _separate():
+    """Ranks 0-1 train at tp 2 (`Mesh(tp=2, ranks=[0, 1])`), ranks 2-3 serve at tp 2 (their
+    own grid): this rank's refit report and window."""
+    import torch.distributed as dist
+
+    import minitp as mt
+    from minitp.runtime import trace
+    from minitp.serving import Refit
+
+    if dist.get_rank() < 2:
+        planned = Refit(_trained(CFG, dict(tp=2, ranks=range(2)), {}, torch.float64)[0], None)
+    else:
+        planned = Refit.for_generator(CFG, mt.Mesh(tp=2, ranks=range(2, 4)))
+    started = trace.recorder().now()
+    with trace.region("refit", ""):
+        report = planned.refit_once()
+    return {"report": report, "window": (started, trace.recorder().now())}
+
+
 def run():
     """The launch of 4 ranks (its trace for the timeline); every rank's findings."""
     return launch(_in_rank, 4, timeout=180)
 
 
-def refit_events(run_):
-    """The trace's events inside each rank's refit window (for `mt.viz.timeline`)."""
-    return [e for e in run_.trace if run_[e.rank]["window"][0] <= e.start
-            and e.end <= run_[e.rank]["window"][1]]
+def refit_events(run_, which: str | None = None):
+    """The trace's events inside each rank's refit window (for `mt.viz.timeline`): the
+    collocated refit's, or with ``which="separate"`` the separate serving ranks'."""
+    def window(rank):
+        return (run_[rank] if which is None else run_[rank][which])["window"]
+    return [e for e in run_.trace if window(e.rank)[0] <= e.start and e.end <= window(e.rank)[1]]
 
 
 def drift(logprobs: dict) -> torch.Tensor:
