@@ -20,6 +20,7 @@ re-exported here, so lessons write ``calc.step_time``, not the path):
                     state bytes under ZeRO and what each strategy sends)
     network/        cluster (hardware presets), comm (bytes per axis, the MoE all-to-all's
                     included), allreduce, hierarchy (NVLink inside a node, InfiniBand across),
+                    refit_cost (a trainer's weights onto serving nodes),
                     two_d (1D vs 2D tensor parallelism), tp_overlap, context_parallel
                     (ring, all-gather, Ulysses, hybrid: what each keeps, its time, `cp_crossover`),
                     cp_overlap (what of the ring's messages a step waits for)
@@ -166,6 +167,7 @@ from .network.context_parallel import (
 )
 from .network.cp_overlap import attention_seconds, cp_exposed_seconds, ring_hop_and_block
 from .network.hierarchy import DPStep, LevelCost, axis_levels, collective, crossing_ratio, dp_step
+from .network.refit_cost import RefitCost, refit_cost
 from .network.tp_overlap import OverlapModel, tp_overlap_model
 from .network.two_d import (
     tp1d_linear_bytes,
@@ -228,4 +230,5 @@ __all__ = [
     "attention_dp_cache_bytes", "DEEPSEEK_V3_MLA", "MLAShape", "mla_activation_bytes_per_layer",
     "mla_cp_bytes_per_layer", "mla_flops_per_token", "mla_params", "mla_tp_bytes_per_layer",
     "etp_extra_bytes", "fold_vs_etp", "folding_bytes", "routed_expert_flops",
+    "RefitCost", "refit_cost",
 ]

@@ -27,6 +27,7 @@ BOXES = {
     "planning_a_run": 1,             # Megatron-LM's memory estimate adds embedding and loss
     "vision_language": 1,            # Megatron-LM sizes the first and last stages apart
     "serving_across_ranks": 2,       # vLLM's paged cache; its one-shot all-reduce
+    "from_trainer_to_generator": 1,  # Megatron's metadata planner; TorchStore; SGLang's IPC
     "megatron_or_zero": 1,           # FSDP2 shards each parameter on its own
     "an_optimizer_that_needs_the_whole_matrix": 1,  # Megatron-LM's layer-wise layout: no exchange
     "eight_bits_across_ranks": 1,    # torchao's rowwise: e4m3 gradients, re-cast in backward

@@ -25,6 +25,7 @@ from . import (
     ex16,
     ex17,
     ex18,
+    ex19,
     ex20,
     ex21,
     ex22,
@@ -80,6 +81,8 @@ EXERCISES = {
                      "memory cap, and say why", ex17.run),
     "ex18": Exercise("ex18_tp_decode_step.py", "a tensor-parallel decode step: which rank "
                      "keeps which heads' KV cache, and where the one all-reduce goes", ex18.run),
+    "ex19": Exercise("ex19_refit_plan.py", "the refit plan of one weight: which rank sends "
+                     "which slice to which, from (pp 2, tp 2) to tp 4", ex19.run),
     "ex20": Exercise("ex20_bytes_and_days.py", "two claims checked by hand: model-state GB "
                      "and training days", ex20.run),
     "ex21": Exercise("ex21_zero3_unit.py", "a ZeRO-3 unit's memory: free the gathered "
