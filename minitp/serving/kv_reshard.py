@@ -28,8 +28,8 @@ from ..model.kv_cache import KVCache
 from ..rules.heads import kv_layout
 from ..runtime import _device, comm, trace
 from ..runtime.mesh import world
-from .refit import RefitReport, _exchange, _report, plan_sources
 from .refit_checks import agree, refusal
+from .refit_routes import RefitReport, exchange_dense, plan_sources
 
 VIA = "kv"  # the axis name the reshard's messages carry in the trace
 
@@ -105,8 +105,7 @@ def reshard_kv(cache: KVCache | None, prefill, decode) -> tuple[KVCache | None, 
         table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world())
     source = plan_sources(table[0::2].cpu(), table[1::2].cpu())
     me, families = world().rank, [(0, n, item)]
-    got, messages, wrote = _exchange([values], source, me, families, via=VIA)
-    report = _report(me, source, messages, families, wrote)
+    got, report = exchange_dense([values], source, me, families, VIA)
     if decode is None:
         return None, report
     out = KVCache.for_model(decode.chunks[0] if hasattr(decode, "stage_layers") else decode)

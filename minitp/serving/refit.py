@@ -24,13 +24,13 @@ passes None twice. What one rank alone can refuse (a target tp the heads cannot 
 is shared first (`agree`, pickled over the world, bookkeeping): every rank refuses alike.
 
 Where minitp differs from production: the masks are dense (a byte per weight per rank;
-Megatron's `resharding/planner.py` exchanges shard metadata instead), and each rank
-stages what it holds in one flat buffer of the dense size.
+Megatron's `resharding/planner.py` exchanges shard metadata instead). The plan's index
+lists and the report's constants are computed once, in `Refit(...)` (`refit_routes`):
+a call gathers each message from the training tensors and writes the served ones from
+what it kept and received, through index lists as long as what it holds and serves.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -39,32 +39,14 @@ from ..checkpoint.layout import Space, _id_model, _ids, _model_tensors, local_id
 from ..data_parallel import zero
 from ..parallelize import parallelize
 from ..rules import model_chunks, model_placement
-from ..runtime import _device, comm, io_counters, trace
+from ..runtime import _device, comm, trace
 from ..runtime.mesh import Mesh, world
 from .refit_checks import agree, check_facts, check_refit, refusal
+from .refit_routes import RefitReport, Routes, plan_sources, post
+
+__all__ = ["Refit", "RefitReport", "plan_sources", "refit", "source_plan"]
 
 VIA = "refit"  # the axis name the refit's messages carry in the trace
-
-
-@dataclass(frozen=True)
-class RefitReport:
-    """One rank's bytes in a refit: ``received`` (from its trace's refit receives),
-    ``planned`` (the plan's count of the same), ``local`` (weights it kept from its own
-    training shards, no message), ``minimum`` (each weight it serves, once: planned +
-    local), ``broadcast`` (a naive refit: the whole dense model), ``messages`` (the
-    receives it posted), ``sent`` (what the plan has it send) and ``sent_measured`` (what
-    the kernel counted it writing meanwhile, headers included: `minitp.runtime.io_counters`;
-    None where it cannot tell, e.g. NCCL)."""
-
-    rank: int
-    received: int
-    planned: int
-    local: int
-    minimum: int
-    broadcast: int
-    messages: int
-    sent: int
-    sent_measured: int | None
 
 
 def source_plan(model) -> dict:
@@ -94,35 +76,6 @@ def _family(ids: torch.Tensor, families) -> int:
     """Which family a tensor's elements are of (a tensor is all of one)."""
     first = int(ids[ids >= 0][0]) if bool((ids >= 0).any()) else 0
     return next(f for f, (lo, hi, _) in enumerate(families) if lo <= first < hi)
-
-
-def _placed(space: Space, tensors, ids_list, families):
-    """(values, held): one flat buffer a family of the dense elements, with this rank's
-    `tensors` written where their `ids_list` say, and a mask of what it holds."""
-    values = [torch.zeros(hi - lo, dtype=dtype) for lo, hi, dtype in families]
-    held = torch.zeros(space.n_model, dtype=torch.uint8)
-    for t, ids in zip(tensors, ids_list, strict=True):
-        keep = ids >= 0
-        f = _family(ids, families)
-        values[f][ids[keep] - families[f][0]] = t.detach().reshape(-1).cpu()[keep]
-        held[ids[keep]] = 1
-    return values, held
-
-
-def plan_sources(have: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-    """(W, n) int64: for receiver r and element i, the rank it takes i from (-1: not
-    needed). Itself first where it holds i, then the holders after it in rank order.
-    have, need: (W, n) masks. The same on every rank (a function of the masks alone)."""
-    world_size, n = have.shape
-    source = torch.full((world_size, n), -1, dtype=torch.int64)
-    for r in range(world_size):
-        for k in range(world_size):
-            s = (r + k) % world_size
-            take = need[r].bool() & have[s].bool() & (source[r] < 0)
-            source[r][take] = s
-        if bool((need[r].bool() & (source[r] < 0)).any()):
-            raise RuntimeError(f"refit plan: rank {r} needs elements no rank holds")
-    return source
 
 
 class Refit:
@@ -172,10 +125,53 @@ class Refit:
             for ids in self.target_ids:
                 need[ids[ids >= 0]] = 1
         agree((error,))
-        have = _placed(space, tensors, self.source_ids, self.families)[1]
+        family_of, held, owned_at, owned_size = self._owned(tensors)
         with trace.paused():  # bookkeeping: who holds what, who needs what
-            table = comm.all_gather(torch.stack([have, need]).to(_device.device()), world())
+            table = comm.all_gather(torch.stack([held, need]).to(_device.device()), world())
         self.source = plan_sources(table[0::2].cpu(), table[1::2].cpu())
+        self._constants(family_of, owned_at, owned_size)
+
+    def _owned(self, tensors):
+        """Each training tensor's family; the mask of the dense elements this rank holds;
+        and, per family, where each element lies in the flat concatenation of its training
+        tensors of that family (-1: not held; a later tensor wins, as a write would)."""
+        family_of = [_family(ids, self.families) for ids in self.source_ids]
+        held = torch.zeros(self.space.n_model, dtype=torch.uint8)
+        owned_at = [torch.full((hi - lo,), -1, dtype=torch.int64) for lo, hi, _ in self.families]
+        offsets = [0] * len(self.families)
+        for ids, f in zip(self.source_ids, family_of, strict=True):
+            keep = ids >= 0
+            at = offsets[f] + torch.nonzero(keep).flatten()
+            owned_at[f][ids[keep] - self.families[f][0]] = at
+            held[ids[keep]] = 1
+            offsets[f] += ids.numel()
+        return family_of, held, owned_at, offsets
+
+    def _constants(self, family_of, owned_at, owned_size) -> None:
+        """What depends on the plan alone, computed once: the routes and the report's
+        constants; each send's positions in the training tensors' concatenation; each
+        served tensor's positions in its family's pool (the concatenation, then the
+        received buffers in order, then one zero for the padding)."""
+        device = _device.device()
+        self.routes = Routes.of(self.source, self.me, self.families)
+        self._family_of = family_of
+        self._send_at = [owned_at[f][ids].to(device) for f, _, ids in self.routes.outgoing]
+        pool_at = [torch.where(self.source[self.me, lo:hi] == self.me, owned_at[f], -1)
+                   for f, (lo, hi, _) in enumerate(self.families)]
+        size = list(owned_size)  # each family's pool: its training tensors first
+        for f, _, ids in self.routes.incoming:
+            pool_at[f][ids] = size[f] + torch.arange(ids.numel())
+            size[f] += ids.numel()
+        self._served_at, self._served_family = [], []
+        for ids in self.target_ids:
+            keep, f = ids >= 0, _family(ids, self.families)
+            at = torch.full((ids.numel(),), size[f], dtype=torch.int64)  # the zero
+            at[keep] = pool_at[f][ids[keep] - self.families[f][0]]
+            if bool((at < 0).any()):
+                raise RuntimeError(f"refit plan: rank {self.me} serves elements it gets "
+                                   "from no rank")
+            self._served_at.append(at.to(device))
+            self._served_family.append(f)
 
     @classmethod
     def for_generator(cls, cfg, target_mesh: Mesh | None) -> Refit:
@@ -184,18 +180,29 @@ class Refit:
         return cls(None, target_mesh, cfg=cfg)
 
     def refit_once(self) -> RefitReport:
-        """The model's weights now, into `served` (collective: every rank calls it)."""
+        """The model's weights now, into `served` (collective: every rank calls it). Only
+        copies and messages: the indices were computed once (`Refit._constants`)."""
         tensors = [] if self.model is None else _model_tensors(self.model)[0]
-        values = _placed(self.space, tensors, self.source_ids, self.families)[0]
-        got, messages, wrote = _exchange(values, self.source, self.me, self.families)
-        if self.served is not None:
-            with torch.no_grad():  # (the served tensors read now: a cast may have replaced them)
-                for t, ids in zip(_model_tensors(self.served)[0], self.target_ids, strict=True):
-                    keep, f = ids >= 0, _family(ids, self.families)
-                    flat = torch.zeros(t.numel(), dtype=t.dtype)  # padding 0, as parallelize's
-                    flat[keep] = got[f][ids[keep] - self.families[f][0]]
-                    t.copy_(flat.view(t.shape).to(t.device))
-        return _report(self.me, self.source, messages, self.families, wrote)
+        device = _device.device()
+        with torch.no_grad():
+            owned = [torch.cat([t.detach().reshape(-1).to(device, dtype) for t, g in
+                                zip(tensors, self._family_of, strict=True) if g == f]
+                               or [torch.empty(0, dtype=dtype, device=device)])
+                     for f, (_, _, dtype) in enumerate(self.families)]
+            sends = [owned[f][at] for (f, _, _), at in zip(self.routes.outgoing, self._send_at,
+                                                           strict=True)]
+            got, report = post(self.routes, sends, self.families, VIA)
+            if self.served is None:
+                return report
+            pools = [torch.cat([owned[f], *(b for (g, _, _), b in zip(
+                self.routes.incoming, got, strict=True) if g == f),
+                torch.zeros(1, dtype=dtype, device=device)])  # padding 0, as parallelize's
+                for f, (_, _, dtype) in enumerate(self.families)]
+            # (the served tensors read now: a cast may have replaced them)
+            for t, at, f in zip(_model_tensors(self.served)[0], self._served_at,
+                                self._served_family, strict=True):
+                t.copy_(pools[f][at].view(t.shape))
+        return report
 
 
 def refit(model, target_mesh: Mesh | None, plan: dict | None = None, *, cfg=None):
@@ -205,49 +212,3 @@ def refit(model, target_mesh: Mesh | None, plan: dict | None = None, *, cfg=None
     once. Collective: every rank of the launch calls it."""
     planned = Refit(model, target_mesh, plan, cfg=cfg)
     return planned.served, planned.refit_once()
-
-
-def _exchange(values, source: torch.Tensor, me: int, families, via: str = VIA):
-    """Send each rank the elements the plan takes from me, receive mine: all posted at
-    once (no rank waits on another's order), one message a family, traced as `via`
-    messages. Returns the flat buffers of what I serve, the events of my receives and what
-    the kernel counted me writing (None where it cannot tell)."""
-    device, world_size = _device.device(), source.shape[0]
-    got = [v.clone() for v in values]
-    pending, incoming = [], []
-    started, written = trace.recorder().now(), io_counters.written()
-    for f, (lo, hi, dtype) in enumerate(families):
-        for peer in range(world_size):
-            if peer == me:
-                continue
-            out_ids = torch.nonzero(source[peer, lo:hi] == me).flatten()
-            if out_ids.numel():
-                pending.append(comm.isend(values[f][out_ids].to(device), peer, tag=f, via=via))
-            in_ids = torch.nonzero(source[me, lo:hi] == peer).flatten()
-            if in_ids.numel():
-                buffer = torch.empty(in_ids.numel(), dtype=dtype, device=device)
-                incoming.append((f, in_ids, buffer))
-                pending.append(comm.irecv(buffer, peer, tag=f, via=via))
-    for p in pending:
-        p.wait()
-    after = io_counters.written()  # the kernel's count: what this rank wrote meanwhile
-    wrote = None if written is None or after is None or _device.device().type != "cpu" \
-        else after - written
-    for f, in_ids, buffer in incoming:
-        got[f][in_ids] = buffer.cpu()
-    mine = [e for e in trace.events() if e.rank == me and e.op == "recv" and e.axis == via
-            and e.start >= started]
-    return got, mine, wrote
-
-
-def _report(me: int, source: torch.Tensor, messages, families, wrote) -> RefitReport:
-    remote = local = broadcast = sent = 0
-    for lo, hi, dtype in families:
-        item, cols = torch.empty(0, dtype=dtype).element_size(), source[:, lo:hi]
-        remote += int(((cols[me] >= 0) & (cols[me] != me)).sum()) * item
-        local += int((cols[me] == me).sum()) * item
-        sent += (int((cols == me).sum()) - int((cols[me] == me).sum())) * item
-        broadcast += (hi - lo) * item
-    return RefitReport(rank=me, received=sum(e.nbytes for e in messages), planned=remote,
-                       local=local, minimum=remote + local, broadcast=broadcast,
-                       messages=len(messages), sent=sent, sent_measured=wrote)
