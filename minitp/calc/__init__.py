@@ -26,10 +26,12 @@ re-exported here, so lessons write ``calc.step_time``, not the path):
     planning/       timing (`step_time`), plan (enumerate, fit, rank), search (every
                     configuration, by brute force: the check on `plan`), pipeline_layout
     architectures/  moe (total and active parameters, `MIXTRAL_8X7B`, `DEEPSEEK_V3`, ep vs tp,
-                    the step time with ep), vision, vision_time, vision_stage (a
-                    vision-language model's encoder: its layouts' bytes, FLOPs and time)
+                    the step time with ep), mla (latent attention: parameters, FLOPs,
+                    activations, tp bytes, `DEEPSEEK_V3_MLA`), vision, vision_time,
+                    vision_stage (a vision-language model's encoder: bytes, FLOPs, time)
     inference/      serving (prefill and decode: FLOPs, bytes read, time per token), the
-                    latent cache of multi-head latent attention beside GQA's
+                    latent cache of multi-head latent attention beside GQA's, and per
+                    rank under tp and under attention data parallelism
     reliability/    checkpointing (Young's and Daly's intervals from a failure rate)
     accuracy/       ``python -m minitp.calc.accuracy`` sets the model beside published runs
                     (`accuracy.rows`) and writes docs/calc-accuracy.md; only its error bands
@@ -37,6 +39,15 @@ re-exported here, so lessons write ``calc.step_time``, not the path):
 """
 
 from .accuracy.report import bands as accuracy_bands
+from .architectures.mla import (
+    DEEPSEEK_V3_MLA,
+    MLAShape,
+    mla_activation_bytes_per_layer,
+    mla_cp_bytes_per_layer,
+    mla_flops_per_token,
+    mla_params,
+    mla_tp_bytes_per_layer,
+)
 from .architectures.moe import (
     DEEPSEEK_V3,
     MIXTRAL_8X7B,
@@ -99,6 +110,7 @@ from .footprint.muon import MUON_OPTIMIZERS, muon_comm_bytes, muon_state_bytes
 from .inference.latent_cache import (
     DEEPSEEK_V3_LATENT,
     LatentShape,
+    attention_dp_cache_bytes,
     latent_vs_heads_cache,
     mla_cache_bytes_per_token,
 )
@@ -207,4 +219,6 @@ __all__ = [
     "fp8_scale_count", "fp8_tensor_bytes",
     "LayoutChoice", "pipeline_layout",
     "DEEPSEEK_V3_LATENT", "LatentShape", "latent_vs_heads_cache", "mla_cache_bytes_per_token",
+    "attention_dp_cache_bytes", "DEEPSEEK_V3_MLA", "MLAShape", "mla_activation_bytes_per_layer",
+    "mla_cp_bytes_per_layer", "mla_flops_per_token", "mla_params", "mla_tp_bytes_per_layer",
 ]

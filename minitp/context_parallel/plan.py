@@ -63,6 +63,7 @@ from ..sharding.plan import apply_plan
 from ..tensor_parallel import mappings
 from ..tensor_parallel.plan import SequenceShardedPositions
 from .allgather import AllGatherAttention
+from .latent import latent_plan
 from .ring import ring_attention
 from .split import global_positions, split_sequence
 from .ulysses import UlyssesAttention, hybrid_axes
@@ -195,6 +196,8 @@ def apply_context_parallel(model: nn.Module, cp: Axis, cp_comm: str = "ring",
         plan = [(pattern, _core_maker(cp_comm, axes) if pattern.endswith("core") else make)
                 for pattern, make in CONTEXT_PARALLEL_PLAN if pattern != "wpe" or not rotary]
         plan += [("blocks.*.attn.rope", _rotary)] if rotary else []
+        if model.cfg.kv_lora_rank:  # latent attention: its latent gathered (`.latent`)
+            plan = [entry for entry in plan if not entry[0].endswith("core")] + latent_plan(cp)
         apply_plan(model, plan, (cp, model))
 
 

@@ -143,8 +143,8 @@ def _partial_inputs(cfg, mesh, options, rec: Recorder):
     `minitp.debug.layout`): an input mapped once for two layers (`ParallelInput`), and under
     sequence parallelism the replicated vision encoder's, whose image every tp rank runs
     while each back-propagates only its own part of the sequence; and latent attention's
-    replicated modules and rotation (`minitp.model.mla`), whose outputs feed only this rank's
-    heads (their parameters' gradients, summed by the step, are still compared)."""
+    replicated modules, rotation and ``keys`` (`minitp.model.mla`), whose outputs feed only
+    this rank's heads (their parameters' gradients, summed by the step, are still compared)."""
     encoder = (cfg.vision_patches and options.get("sequence_parallel") and mesh.tp.size > 1
                and options.get("vision_layout", "replicated") == "replicated")
     latent = getattr(cfg, "kv_lora_rank", 0) and mesh.tp.size > 1
@@ -153,7 +153,7 @@ def _partial_inputs(cfg, mesh, options, rec: Recorder):
         return (getattr(rec.modules[name], "input_mapped", False)
                 or bool(encoder) and (name == "vision" or name.startswith("vision."))
                 or bool(latent) and ".attn." in name
-                and name.rsplit(".", 1)[-1] in (*REPLICATED, "rope"))
+                and name.rsplit(".", 1)[-1] in (*REPLICATED, "rope", "keys"))
     return partial
 
 

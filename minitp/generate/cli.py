@@ -4,7 +4,8 @@
     python -m minitp.generate --load ckpt --tp 2 --pp 2 --batch 4 --check --dtype float64
 
 The parent checks every flag (`minitp.generate.flags`: one line, exit 2, before any process
-starts), launches tp·pp ranks (`mt.launch`), each loading the dense checkpoint and taking its
+starts), launches tp·pp ranks (`mt.launch`), each loading the dense checkpoint (latent
+attention in decode's absorbed form, W^UK and W^UV folded: `minitp.model.mla`) and taking its
 part (`minitp.serving.tp_generate`, or `pp_generate` with a pipeline), and prints the first
 sequence, then one JSON object: prefill and decode seconds apart, decoded tokens per second,
 and with --check whether the tokens equal one uncached process's and the largest logit
@@ -19,6 +20,7 @@ import sys
 import torch
 
 from .. import checkpoint
+from ..model.mla import set_absorbed
 from ..runtime.errors import LaunchError
 from ..serving import generate, pp_generate, tp_generate
 from .flags import build_parser, groups_of, validate
@@ -33,6 +35,7 @@ def _rank(args, prompt):
     from ..runtime.mesh import Mesh
 
     ref = checkpoint.load_dense(args.load)[0].to(device(), getattr(torch, args.dtype))
+    set_absorbed(ref)  # latent attention decodes absorbed (a no-op for other attention)
     mesh = Mesh(pp=args.pp, tp=args.tp)
     prompts = _prompts(prompt, args.batch, args.pp)
     if args.pp == 1:

@@ -47,6 +47,14 @@ from .llama_layers import Rotary, dropped
 REPLICATED = ("q_down", "q_norm", "kv_down", "kv_norm", "k_rope")
 
 
+class MadeKeys(nn.Module):
+    """(c_KV, k^R) as this rank made them: the one place where context parallelism gathers
+    the whole sequence's (`minitp.context_parallel.latent`); on one device, nothing."""
+
+    def forward(self, latent, k_pe):
+        return latent, k_pe
+
+
 class LatentAttention(nn.Module):
     """Causal self-attention through a K/V latent (see the module docstring). ``absorb``:
     W^UK folded into the query and W^UV into the output (decode's form); same function."""
@@ -70,6 +78,7 @@ class LatentAttention(nn.Module):
         self.kv_up = nn.Linear(cfg.kv_lora_rank, 2 * cfg.d_model, bias=cfg.bias)  # [W^UK_i; W^UV_i]
         self.k_rope = nn.Linear(cfg.d_model, cfg.rope_dim, bias=cfg.bias)  # W^KR, shared by heads
         self.rope = Rotary(cfg.rope_dim, cfg.seq_len, cfg.rope_theta)
+        self.keys = MadeKeys()  # the latent and k^R every head's K and V are made from
         self.core = AttentionCore(cfg.dropout, cfg.attention, cfg.causal)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # W^O
         self.dropout = nn.Dropout(cfg.dropout)
@@ -86,7 +95,7 @@ class LatentAttention(nn.Module):
         latent = self.kv_norm(self.kv_down(x))  # (B, T, dc)
         k_pe = self.k_rope(x)[:, None]  # (B, 1, T, r): one rotary key for every head
         q_pe, k_pe = self.rope(q_pe, k_pe, **packed, start=cache_start(self))
-        latent = latent[:, None]  # (B, 1, T, dc)
+        latent, k_pe = self.keys(latent[:, None], k_pe)  # (B, 1, T, dc), (B, 1, T, r)
         if self.kv_cache is not None:  # decoding: the latent and k^R of every position so far
             latent, k_pe = self.kv_cache.append(latent, k_pe)
         if self.absorb:

@@ -25,9 +25,11 @@ def check_mla_config(cfg) -> None:
                          f"n_head = {cfg.n_head})")
 
 
-def check_mla_parallel(cfg, cp: int) -> None:
-    """The axes minitp splits latent attention over: tp (± SP) and dp; not yet cp, whose
-    ring and rotary positions are written for the other attentions."""
-    if getattr(cfg, "kv_lora_rank", 0) and cp > 1:
-        raise ValueError(f"cp={cp} with latent attention (kv_lora_rank={cfg.kv_lora_rank}): "
-                         "context parallelism does not split it yet; use cp=1")
+def check_mla_parallel(cfg, cp: int, cp_comm: str = "ring") -> None:
+    """The axes minitp splits latent attention over: tp (± SP), dp, pp, and cp by gathering
+    the latent (cp_comm "allgather": `minitp.context_parallel.latent`) only."""
+    if getattr(cfg, "kv_lora_rank", 0) and cp > 1 and cp_comm != "allgather":
+        raise ValueError(f"cp_comm={cp_comm!r} with latent attention (kv_lora_rank="
+                         f"{cfg.kv_lora_rank}): the ring, the all-to-all and allgather-regather "
+                         "move or keep per-head K/V, which it makes only from its latent; use "
+                         "cp_comm='allgather' (the latent and rotary key gathered)")

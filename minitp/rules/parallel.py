@@ -117,7 +117,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_tp_widths(cfg, tp)
     check_vision_layout(cfg, vision_layout, tp, cp)
     check_cp_comm(cfg, cp, tp, cp_comm, cp_a2a_size)
-    check_mla_parallel(cfg, cp)
+    check_mla_parallel(cfg, cp, cp_comm)
     if sequence_parallel and cp == 1 and cfg.seq_len % tp:
         raise ValueError(
             f"seq_len={cfg.seq_len} is not divisible by tp={tp}: sequence parallelism gives "

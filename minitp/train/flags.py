@@ -36,7 +36,7 @@ from .machine import (
     world_size_of,
 )
 from .model_flags import DTYPE, MODEL_SIZES, capacity_factor
-from .model_options import ARCHS
+from .model_options import ARCHS, add_mla_flags
 from .optim_flags import add_optim_flags, validate_optim
 from .save_flags import add_save_flags, validate_save
 
@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     # out. With --load the checkpoint fixes the model's tensors: a flag that would change
     # them is refused if it differs, the routing flags apply (`minitp.train.model_flags`).
     a("--arch", choices=ARCHS, default=None, help="gpt2 (default), llama (RMSNorm, rotary "
-      "positions, SwiGLU, no biases) or vlm (llama reading a rendered image of its text); "
-      "with --load, the checkpoint's")
+      "positions, SwiGLU, no biases), vlm (llama reading a rendered image of its text) or mla "
+      "(llama with DeepSeek's latent attention); with --load, the checkpoint's")
+    add_mla_flags(p)  # --arch mla's sizes (`minitp.train.model_options`)
     a("--vision-layout", choices=VISION_LAYOUTS, default="replicated",
       help="--arch vlm's encoder over tp: whole on every rank (default), or split (tensor)")
     a("--n-kv-head", type=int, default=None, metavar="K", help="--arch llama's K/V heads, "

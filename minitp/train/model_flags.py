@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from ..data import VOCAB_SIZE
 from ..model import GPTConfig
-from .model_options import arch_options, moe_options
+from .model_options import MLA_SIZES, arch_options, check_mla_against, moe_options
 
 MODEL_SIZES = {"n-layer": 4, "d-model": 64, "n-head": 4, "seq-len": 64}  # the defaults
 ROUTING = ("top_k", "capacity_factor", "balance")  # applied on --load (the docstring)
@@ -102,6 +102,7 @@ def config_from_checkpoint(args, meta: dict) -> GPTConfig:
                 f"is {cfg.arch}, one K/V head per query head")
         raise ValueError(f"--n-kv-head {args.n_kv_head}: the checkpoint's model {held} (they "
                          "fix its attention's weights; leave --n-kv-head out)")
+    check_mla_against(args, cfg)
     if args.experts is not None and args.experts != cfg.n_experts:
         raise ValueError(f"--experts {args.experts}: the checkpoint's model has "
                          f"{cfg.n_experts} (leave --experts out)")
@@ -122,6 +123,8 @@ def record_config(args, cfg: GPTConfig) -> None:
     for flag in MODEL_SIZES:
         setattr(args, flag.replace("-", "_"), getattr(cfg, flag.replace("-", "_")))
     args.arch, args.n_kv_head, args.experts = cfg.arch, cfg.n_kv_head, cfg.n_experts
+    for name in MLA_SIZES:  # --arch mla's sizes as they run (None for another attention)
+        setattr(args, name, getattr(cfg, name) if cfg.kv_lora_rank else None)
     for name in ROUTING:
         setattr(args, name, getattr(cfg, name) if cfg.n_experts else None)
     if cfg.n_experts and cfg.capacity_factor is None:

@@ -15,6 +15,7 @@ from ...rules import (
     interleaving_fits,
 )
 from .._util import number
+from ..architectures.mla import MLAShape, mla_activation_bytes_per_layer
 from ..counts.params import (
     expert_params_per_stage,
     ffn_width,
@@ -139,9 +140,6 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     probabilities, Q, K and V alike, the ring's count. Selective recomputation reruns the
     attention with its collectives and keeps this rank's inputs: the same under every one.
     """
-    if latent(cfg):  # its latents, rotary parts and norms are not in Table 2's count
-        raise ValueError("the activation model does not count multi-head latent attention "
-                         "yet (kv_lora_rank > 0): see docs/mla.md")
     check_recompute(recompute)
     s, b, h = cfg.seq_len, micro_batch, cfg.d_model
     sbh = s * b * h
@@ -150,7 +148,9 @@ def activation_bytes_per_layer(cfg, micro_batch: int, tp: int = 1, sp: bool = Fa
     replicated = Fraction(10 * sbh, (tp if sp else 1) * cp)
     proj_input = Fraction(2 * sbh, tp * cp)
     mlp = Fraction((8 if swiglu(cfg) else 4) * s * b * ffn_width(cfg), tp * cp)
-    attention = attention_kept_bytes(cfg, micro_batch, tp, cp, cp_comm, recompute)
+    attention = (mla_activation_bytes_per_layer(MLAShape.of(cfg), s, b, tp, recompute, cp,
+                                                cp_comm) if latent(cfg)  # calc/architectures/mla
+                 else attention_kept_bytes(cfg, micro_batch, tp, cp, cp_comm, recompute))
     return number(replicated + proj_input + mlp + sum(attention.values()))
 
 

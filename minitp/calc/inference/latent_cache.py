@@ -10,7 +10,8 @@ measures the same number from a model's cache tensors (tests/model/test_mla.py).
 
 Under tensor parallelism the latent is replicated on every tp rank (each rank's heads read
 all of it), so tp does not divide it as it divides GQA's split K/V heads — the reason
-serving stacks decode MLA with attention data parallelism (jax-ml/scaling-book #90).
+serving stacks decode MLA with attention data parallelism (jax-ml/scaling-book #90):
+`attention_dp_cache_bytes` sets the two per rank side by side.
 
 Shape: `DEEPSEEK_V3_LATENT` (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv
 2412.19437, §4.2: 61 layers, 128 heads of d_h 128, d_c 512, d_h^R 64).
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEEPSEEK_V3_LATENT", "LatentShape", "latent_vs_heads_cache",
-           "mla_cache_bytes_per_token"]
+__all__ = ["DEEPSEEK_V3_LATENT", "LatentShape", "attention_dp_cache_bytes",
+           "latent_vs_heads_cache", "mla_cache_bytes_per_token"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,27 @@ def latent_vs_heads_cache(shape: LatentShape = DEEPSEEK_V3_LATENT, bytes_per_val
     return {"mla": mla_cache_bytes_per_token(shape.kv_lora_rank, shape.rope_dim,
                                              shape.n_layer, bytes_per_value),
             "mha": shape.n_head * per_head, "gqa": kv_heads * per_head}
+
+
+def attention_dp_cache_bytes(shape: LatentShape, requests: int, context: int, ranks: int,
+                             bytes_per_value: int = 2) -> dict:
+    """MODEL: the latent cache one rank holds when `ranks` GPUs serve `requests` sequences of
+    `context` tokens each, two ways. {"tp": attention split over tp = ranks — every rank's
+    heads read the whole latent, so every rank holds every request's (measured in
+    tests/tensor_parallel/test_mla_tp.py: `minitp.serving.cache_bytes.cache_bytes_per_rank`);
+    "attention_dp": attention data-parallel — each rank runs whole attention for its own
+    ceil(requests/ranks) requests and holds only their latent; "ratio": tp's over
+    attention DP's}. The observation is jax-ml/scaling-book issue #90's; serving stacks do
+    it: SGLang's DP attention (docs.sglang.io, advanced_features/dp_dpa_smg_guide: MLA "only
+    has one KV head", so TP on 8 GPUs duplicates the KV cache on every GPU) and vLLM's
+    data-parallel attention for MLA models (docs.vllm.ai, serving/data_parallel_deployment).
+    Not modelled: attention DP's cost, the weights of attention whole on every rank and the
+    all-gather or all-to-all that hands the MLP (or experts) the tokens of every rank."""
+    for name, value in (("requests", requests), ("context", context), ("ranks", ranks)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    token = mla_cache_bytes_per_token(shape.kv_lora_rank, shape.rope_dim, shape.n_layer,
+                                      bytes_per_value)
+    tp = requests * context * token
+    dp = -(-requests // ranks) * context * token
+    return {"tp": tp, "attention_dp": dp, "ratio": tp / dp}
