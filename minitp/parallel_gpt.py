@@ -71,10 +71,12 @@ class ParallelGPT(GPT):
         """The dense model's parameters, gathered from every rank's shard (on every
         rank), under the plain GPT's names."""
         return gather_dense(((n, p, p.detach()) for n, p in self.named_parameters()),
-                            self.mesh.tp, self.layer_offset, self.mesh.ep)
+                            self.mesh.tp, self.layer_offset, self.mesh.ep,
+                            self.mesh.etp)
 
     def full_grad_dict(self) -> dict[str, torch.Tensor]:
         """The dense model's gradients, gathered likewise (call after backward and,
         with sequence parallelism, after `sync_partial_grads`)."""
         return gather_dense(((n, p, grad_of(p)) for n, p in self.named_parameters()),
-                            self.mesh.tp, self.layer_offset, self.mesh.ep)
+                            self.mesh.tp, self.layer_offset, self.mesh.ep,
+                            self.mesh.etp)

@@ -60,6 +60,12 @@ from .architectures.moe import (
     moe_step_time,
     node_limited_bytes,
 )
+from .architectures.moe_folding import (
+    etp_extra_bytes,
+    fold_vs_etp,
+    folding_bytes,
+    routed_expert_flops,
+)
 from .architectures.vision import (
     LLAVA15_VISION,
     VisionEncoderShape,
@@ -221,4 +227,5 @@ __all__ = [
     "DEEPSEEK_V3_LATENT", "LatentShape", "latent_vs_heads_cache", "mla_cache_bytes_per_token",
     "attention_dp_cache_bytes", "DEEPSEEK_V3_MLA", "MLAShape", "mla_activation_bytes_per_layer",
     "mla_cp_bytes_per_layer", "mla_flops_per_token", "mla_params", "mla_tp_bytes_per_layer",
+    "etp_extra_bytes", "fold_vs_etp", "folding_bytes", "routed_expert_flops",
 ]

@@ -19,6 +19,20 @@ all-to-all with uneven splits sends them all (DeepSpeed's and Megatron-Core's
 
 Backward is the same two all-to-alls with the splits swapped (`_AllToAll`): the
 gradient of a row goes back the way the row came.
+
+With expert tensor parallelism (etp > 1, folded layouts) each expert is split over the
+etp ranks (`minitp.expert_parallel.slices`), and between steps 2 and 4, in Megatron-Core's
+order (its all-to-all token dispatcher: all-to-all over ep, then all-gather over the
+experts' tp group):
+
+2a. every etp rank gathers the rows the others' dispatch brought (an all-gather of uneven
+    runs, written as an all-to-all that sends each rank the same rows: "moe etp gather"),
+    regroups them expert-major and computes each row's partial output;
+3a. the partials go back to the etp rank that brought the row and are summed there (a
+    reduce-scatter of uneven runs, as an all-to-all and a sum: "moe etp scatter").
+
+Backward, each is the other's adjoint: the scatter's sends every etp rank the gradient of
+every gathered row; the gather's sums each row's gradients back at its owner.
 """
 
 from __future__ import annotations
@@ -64,12 +78,19 @@ def source_to_expert_major(counts: torch.Tensor) -> torch.Tensor:
     return torch.cat(pieces) if pieces else counts.new_zeros(0)
 
 
-class AllToAllDispatch(LocalDispatch):
-    """`LocalDispatch` with the experts spread over `axis` (the ep group)."""
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    return back
 
-    def __init__(self, axis: Axis):
+
+class AllToAllDispatch(LocalDispatch):
+    """`LocalDispatch` with the experts spread over `axis` (the ep group) and, where
+    `etp` has more than one rank, each expert split over it."""
+
+    def __init__(self, axis: Axis, etp: Axis | None = None):
         super().__init__()
-        self.axis = axis
+        self.axis, self.etp = axis, etp
 
     def run_experts(self, rows, counts, expert_module: Experts):
         ep, local = self.axis.size, expert_module.count
@@ -80,7 +101,21 @@ class AllToAllDispatch(LocalDispatch):
         send, recv = table.sum(1).tolist(), arrived.sum(1).tolist()
         got = all_to_all(rows, self.axis, send, recv, "dispatch")
         regroup = source_to_expert_major(arrived)
-        out = expert_module(got[regroup], arrived.sum(0).tolist())
-        back = torch.empty_like(regroup)
-        back[regroup] = torch.arange(regroup.numel(), device=regroup.device)
-        return all_to_all(out[back], self.axis, recv, send, "combine")
+        out = self.run_local(got[regroup], arrived.sum(0), expert_module)
+        return all_to_all(out[_inverse(regroup)], self.axis, recv, send, "combine")
+
+    def run_local(self, rows, per_expert: torch.Tensor, expert_module: Experts):
+        """This ep rank's experts on the rows that reached it (expert-major), over etp."""
+        etp = self.etp
+        if etp is None or etp.size == 1:
+            return expert_module(rows, per_expert.tolist())
+        with trace.label("moe etp counts"):  # every etp rank's rows per local expert
+            table = comm.all_gather(per_expert.view(1, -1).to(torch.int64), etp, dim=0)
+        mine, theirs = rows.shape[0], table.sum(1).tolist()
+        got = all_to_all(rows.repeat(etp.size, 1), etp, [mine] * etp.size, theirs,
+                         "etp gather")
+        regroup = source_to_expert_major(table)
+        partial = expert_module(got[regroup], table.sum(0).tolist())
+        back = all_to_all(partial[_inverse(regroup)], etp, theirs, [mine] * etp.size,
+                          "etp scatter")
+        return back.view(etp.size, mine, rows.shape[1]).sum(0)

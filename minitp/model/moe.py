@@ -106,6 +106,14 @@ class WholeSequence(nn.Module):
     def seq_len(self, local: int) -> int:
         return local
 
+    def mine(self, x: torch.Tensor) -> torch.Tensor:
+        """The positions of x (B, T, C) this rank routes to the experts: all of them."""
+        return x
+
+    def restore(self, out: torch.Tensor) -> torch.Tensor:
+        """The routed output back at x's positions (the inverse of `mine`)."""
+        return out
+
     def total(self, load: torch.Tensor) -> torch.Tensor:
         """The step's load over every rank's tokens: here, all of them."""
         return load
@@ -143,8 +151,9 @@ class MoE(nn.Module):
         return self
 
     def forward(self, x):  # (B, T, C): T this rank's positions of each sequence
-        B, T, C = x.shape
-        tokens = x.reshape(B * T, C)
+        routed = self.sequence.mine(x)  # the positions this rank routes (here: all)
+        B, T, C = routed.shape
+        tokens = routed.reshape(B * T, C)
         experts, gates, scores = self.router(tokens)
         keep = self._keep(experts.view(B, T, self.top_k)).reshape(-1, self.top_k)
         out = self.dispatch(tokens, experts, gates * keep, keep, self.experts, self.n_experts)
@@ -154,7 +163,7 @@ class MoE(nn.Module):
                 self.dropped += int((~keep).sum())
         if self.balance == "aux" and torch.is_grad_enabled():
             out = self._with_aux_loss(out, experts, scores, B, T)
-        out = out.view(B, T, C)
+        out = self.sequence.restore(out.view(B, T, C))
         return out if self.shared is None else out + self.shared(x)
 
     def _keep(self, experts: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
                           param_dtype: str | None = None, tp_overlap: bool = False,
                           placement: str = "loop", vision_layout: str = "replicated",
                           cp_comm: str = "ring", cp_a2a_size: int | None = None,
-                          pipeline_layout=None) -> None:
+                          pipeline_layout=None, etp: int = 1, fold: bool = False) -> None:
     """Raise a clear ValueError if the model `cfg` (a GPTConfig) cannot be split
     this way: the one validator of a parallel configuration, run once per launch.
 
@@ -101,7 +101,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     `mt.launch` is checked on its ranks instead, once: by `parallelize` (given its `mesh`,
     whose axis sizes and world size stand for dp, pp, cp, tp, ep and world_size), and by
     `train_step` for what a step adds (`check_step`, the first time it sees them).
-    ep: `minitp.rules.experts.check_expert_parallel`. placement: where the pipeline's
+    ep, etp, fold: `minitp.rules.experts.check_expert_parallel`. placement: where the pipeline's
     chunks sit ("loop" or "v": `minitp.rules.schedules`). vision_layout: a
     vision-language model's encoder over tp (`minitp.rules.vision`). cp_comm, cp_a2a_size:
     context parallelism's attention (`minitp.rules.cp_comm`). pipeline_layout: which layers
@@ -109,7 +109,8 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     if mesh is not None:
         dp, pp, cp, tp = mesh.dp.size, mesh.pp.size, mesh.cp.size, mesh.tp.size
         ep, world_size = mesh.ep.size, mesh.world_size
-    for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp), ("ep", ep),
+        etp, fold = mesh.etp.size, mesh.fold
+    for name, value in (("dp", dp), ("pp", pp), ("cp", cp), ("tp", tp), ("ep", ep), ("etp", etp),
                         ("virtual_stages", virtual_stages)):
         check_positive_int(name, value)
     if world_size is not None:
@@ -147,7 +148,7 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_tp_overlap(tp_overlap, sequence_parallel, tp)
     check_zero_stage(zero_stage)
     check_param_dtype(param_dtype)
-    check_expert_parallel(cfg, ep, dp, cp)
+    check_expert_parallel(cfg, ep, dp, cp, tp, etp, fold)
     check_placement(placement, pp, virtual_stages, zero_stage)
     check_step(schedule, microbatches, batch_size, dp=dp, pp=pp, virtual_stages=virtual_stages,
                placement=placement, tp_overlap=tp_overlap)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..rules import check_ep_divides_dp_cp, check_positive_int, check_world_size
+from ..rules import check_expert_mesh, check_positive_int, check_world_size, folded
 
 
 @dataclass(frozen=True)
@@ -80,13 +80,21 @@ def world() -> Axis:
     return Axis("world", tuple(range(size)), dist.get_rank(), None)
 
 
-def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1,
-           ep: int = 1) -> dict[str, list[list[int]]]:
+def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1, etp: int = 1,
+           fold: bool = False) -> dict[str, list[list[int]]]:
     """Every group of every dimension for a (dp, pp, cp, tp) mesh, without any processes.
     The "cp" and "dp_cp" groups are listed only when cp > 1; "ep" and "expert_dp" only
-    when ep > 1: expert parallelism is folded into dp×cp, each dp_cp group cut into runs
-    of ep consecutive ranks (an "ep" group shares out the experts), and "expert_dp" the
+    when ep > 1 or folded, "etp" only when etp > 1. Which (ep, etp) a mesh allows:
+    `minitp.rules.check_expert_mesh` (all of them: `minitp.rules.expert_meshes`).
+
+    Unfolded (the default): expert parallelism lives in dp×cp, each dp_cp group cut into
+    runs of ep consecutive ranks (an "ep" group shares out the experts), "expert_dp" the
     ranks at the same place of every run (they hold the same experts).
+
+    Folded (``fold=True``, implied by etp > 1; Megatron-Core's "parallel folding"): the
+    experts factor each pipeline stage's dp·cp·tp ranks afresh, in rank order, as
+    (edp, ep, etp) with etp fastest (Megatron-Core's expert order "tp-ep-dp"), so an
+    "ep" group may span tp and cp.
 
     >>> layout(dp=2, pp=2, tp=2)["tp"]
     [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -94,10 +102,16 @@ def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1,
     ([[0, 1], [2, 3]], [[0, 1, 2, 3]])
     >>> layout(dp=4, tp=2, ep=2)["ep"], layout(dp=4, tp=2, ep=2)["expert_dp"]
     ([[0, 2], [4, 6], [1, 3], [5, 7]], [[0, 4], [2, 6], [1, 5], [3, 7]])
+    >>> layout(dp=2, tp=2, ep=4, fold=True)["ep"]
+    [[0, 1, 2, 3]]
+    >>> g = layout(dp=2, tp=2, ep=2, etp=2)
+    >>> g["etp"], g["ep"], g["expert_dp"]
+    ([[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0], [1], [2], [3]])
     """
     _check_sizes(dp, pp, tp, cp)
     check_positive_int("ep", ep)
-    check_ep_divides_dp_cp(ep, dp, cp)
+    check_positive_int("etp", etp)
+    check_expert_mesh(ep, dp, cp, tp, etp, fold)
     grid = torch.arange(dp * pp * cp * tp).reshape(pp, dp, cp, tp)  # tp fastest, then cp
     groups = {
         "tp": grid.reshape(-1, tp).tolist(),
@@ -107,7 +121,14 @@ def layout(dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1,
     if cp > 1:
         groups["cp"] = grid.permute(0, 1, 3, 2).reshape(-1, cp).tolist()  # (pp, dp, tp, cp)
         groups["dp_cp"] = grid.permute(0, 3, 1, 2).reshape(-1, dp * cp).tolist()  # (pp, tp, dp·cp)
-    if ep > 1:
+    if folded(etp, fold):
+        experts = grid.reshape(pp, -1, ep, etp)  # (pp, edp, ep, etp): the stage in rank order
+        edp = experts.shape[1]
+        if etp > 1:
+            groups["etp"] = experts.reshape(-1, etp).tolist()
+        groups["ep"] = experts.permute(0, 1, 3, 2).reshape(-1, ep).tolist()
+        groups["expert_dp"] = experts.permute(0, 2, 3, 1).reshape(-1, edp).tolist()
+    elif ep > 1:
         dp_cp = grid.permute(0, 3, 1, 2).reshape(-1, dp * cp // ep, ep)  # (pp·tp, runs, ep)
         groups["ep"] = dp_cp.reshape(-1, ep).tolist()
         groups["expert_dp"] = dp_cp.transpose(1, 2).reshape(-1, dp * cp // ep).tolist()
@@ -166,16 +187,17 @@ class Mesh:
     of one rank (it talks to nobody) and ``mesh.dp_cp`` is ``mesh.dp`` itself.
     """
 
-    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1):
+    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1,
+                 etp: int = 1, fold: bool = False):
         _check_sizes(dp, pp, tp, cp)
         _require_initialized("mt.Mesh(...)")
         world_size = dist.get_world_size()
         check_world_size(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
         self.dp_size, self.pp_size, self.cp_size, self.tp_size = dp, pp, cp, tp
-        self.ep_size = ep
+        self.ep_size, self.etp_size, self.fold = ep, etp, folded(etp, fold)
         me = dist.get_rank()
         axes = {}
-        for name, groups in layout(dp, pp, tp, cp=cp, ep=ep).items():
+        for name, groups in layout(dp, pp, tp, cp=cp, ep=ep, etp=etp, fold=fold).items():
             mine = None
             for ranks in groups:  # every rank must create every group, in the same order
                 group = dist.new_group(ranks) if len(ranks) < world_size else dist.group.WORLD
@@ -189,8 +211,11 @@ class Mesh:
         self.cp: Axis = axes.get("cp", Axis("cp", (me,), 0, None))
         self.dp_cp: Axis = axes.get("dp_cp", self.dp)
         # expert parallelism (`minitp.expert_parallel`): the ranks that share out the
-        # experts, and those holding the same ones (whose expert gradients are summed)
+        # experts, those that split each expert (etp, folded only), and those holding the
+        # same ones (whose expert gradients are summed). Folded, with ep = etp = 1, every
+        # rank of the stage holds all the experts: expert_dp is the whole stage.
         self.ep: Axis = axes.get("ep", Axis("ep", (me,), 0, None))
+        self.etp: Axis = axes.get("etp", Axis("etp", (me,), 0, None))
         self.expert_dp: Axis = axes.get("expert_dp", self.dp_cp)
         self.rank = me
         self.world_size = world_size
@@ -209,7 +234,9 @@ class Mesh:
             f"Mesh(dp={self.dp_size}, pp={self.pp_size}, "
             + (f"cp={self.cp_size}, " if cp else "")
             + f"tp={self.tp_size}"
-            + (f", ep={self.ep_size}" if self.ep_size > 1 else "") + f") on rank {self.rank}: "
+            + (f", ep={self.ep_size}" if self.ep_size > 1 else "")
+            + (f", etp={self.etp_size}" if self.etp_size > 1 else "")
+            + (", fold=True" if self.fold else "") + f") on rank {self.rank}: "
             f"tp {self.tp.rank}/{self.tp.size} {list(self.tp.ranks)}, "
             + (f"cp {self.cp.rank}/{self.cp.size} {list(self.cp.ranks)}, " if cp else "")
             + f"dp {self.dp.rank}/{self.dp.size} {list(self.dp.ranks)}, "

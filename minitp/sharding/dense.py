@@ -28,14 +28,17 @@ def dense_name(name: str, layer_offset: int = 0) -> str:
 
 
 def gather_dense(named_tensors, tp: Axis, layer_offset: int = 0,
-                 ep: Axis | None = None) -> dict[str, torch.Tensor]:
+                 ep: Axis | None = None, etp: Axis | None = None) -> dict[str, torch.Tensor]:
     """{plain name: dense tensor} from (shard name, parameter, tensor) triples,
-    gathered over `tp` where the parameter is split, and over `ep` where it is a run of
-    experts (on every rank; untraced: bookkeeping, not training). A None tensor (no
-    gradient) stays None."""
+    gathered over `tp` where the parameter is split, over `etp` where it is a slice of
+    each expert's hidden width, and over `ep` where it is a run of experts (on every rank;
+    untraced: bookkeeping, not training). A None tensor (no gradient) stays None."""
     dense = {}
     with trace.paused():
         for name, param, value in named_tensors:
+            etp_dim = tag(param, "etp_split_dim")
+            if value is not None and etp_dim is not None and etp is not None:
+                value = comm.all_gather(value, etp, dim=etp_dim)
             ep_dim = tag(param, "ep_split_dim")
             if value is not None and ep_dim is not None and ep is not None:
                 value = comm.all_gather(value, ep, dim=ep_dim)

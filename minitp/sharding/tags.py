@@ -25,6 +25,9 @@ TAG_DEFAULTS = {
     # which this parameter is split over the ep axis; its gradient is then summed over
     # the expert-data-parallel group, not over dp. None: not an expert shard
     "ep_split_dim": None,
+    # folded expert tensor parallelism (`Mesh.etp`): the dimension (an expert's hidden
+    # width) along which an expert shard is split over the etp axis; None: whole over it
+    "etp_split_dim": None,
 }
 
 

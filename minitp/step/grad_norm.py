@@ -13,6 +13,9 @@ copies, and each element must be counted exactly once:
 * data parallelism: whole gradients are the same on every dp×cp rank (an expert's on
   every rank of its expert-data-parallel group): counted on the first; ZeRO's shards are
   each a different slice: every rank counts its own;
+* folded experts (`Mesh.fold`) are not copies over tp (each tp rank may hold others):
+  counted on the first of `Mesh.expert_dp` only, and, split over etp, on every etp rank
+  (a proj bias, whole over etp, on the first);
 * the vocabulary's padding rows have zero gradients and count for nothing.
 
 Each rank sums its counted squares in float64 and one all-reduce over every rank gives
@@ -74,12 +77,18 @@ def _tied_copies(model) -> set[int]:
 def _counted(p: nn.Parameter, mesh: Mesh, tied: set[int], whole: bool) -> float:
     """1 if this rank counts parameter `p`'s gradient elements, else 0. `whole`: the
     gradient is the whole (dp-summed) one on every dp replica, not a ZeRO shard's."""
-    if id(p) in tied or (tag(p, "tp_split_dim") is None and mesh.tp.rank != 0):
+    if id(p) in tied:
         return 0.0
-    if whole:
-        replicas = mesh.expert_dp if is_expert_shard(p) else mesh.dp_cp
-        return 1.0 if replicas.rank == 0 else 0.0
-    return 1.0
+    if is_expert_shard(p):  # copies: expert_dp; tp unfolded; etp where whole over it
+        copies = [mesh.expert_dp] if whole else []
+        if not getattr(mesh, "fold", False):
+            copies.append(mesh.tp)
+        if tag(p, "etp_split_dim") is None and hasattr(mesh, "etp"):
+            copies.append(mesh.etp)
+    else:
+        copies = ([mesh.dp_cp] if whole else []) + (
+            [mesh.tp] if tag(p, "tp_split_dim") is None else [])
+    return 1.0 if all(axis.rank == 0 for axis in copies) else 0.0
 
 
 def _counted_grads(model, mesh: Mesh, optimizer) -> list[tuple[torch.Tensor, object]]:

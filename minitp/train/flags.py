@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
            "unless given, and then K applies)")
     a("--ep", type=int, default=1, help="expert-parallel size, folded into dp*cp: each group "
                                         "of ep ranks shares out the experts (default 1)")
+    a("--etp", type=int, default=1, help="expert tensor parallelism: each expert's MLP split "
+                                         "over etp ranks (implies --fold; default 1)")
+    a("--fold", action="store_true", help="MoE parallel folding: the experts factor a stage's "
+                                          "dp*cp*tp ranks as etp x ep x edp, so ep may span tp")
     a("--capacity-factor", type=capacity_factor, default=None, metavar="F",
       help="each expert takes at most ceil(F*T*K/E) tokens per sequence, or 'dropless' "
            "(needs --experts; default dropless; with --load, the checkpoint's unless given, "
@@ -181,7 +185,7 @@ def validate(args, parser):
     `minitp.rules.check_parallel_config`'s, given every flag they involve, so a
     run that `train_step` would refuse on every rank is refused here, once."""
     validate_impl(args, parser)  # --impl torch: what torch's path cannot run, refused first
-    for name in ("dp", "pp", "cp", "tp", "ep", "top_k", "microbatches", "virtual_stages",
+    for name in ("dp", "pp", "cp", "tp", "ep", "etp", "top_k", "microbatches", "virtual_stages",
                  "steps", "batch_size", "eval_every", "eval_batches", "cp_a2a_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # None: left out
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -241,7 +245,8 @@ def validate(args, parser):
                               ep=args.ep, tp_overlap=args.tp_overlap and args.sp and args.tp > 1,
                               placement=placement_of(args.schedule),
                               vision_layout=args.vision_layout, cp_comm=args.cp_comm,
-                              cp_a2a_size=args.cp_a2a_size, pipeline_layout=args.pipeline_layout)
+                              cp_a2a_size=args.cp_a2a_size, pipeline_layout=args.pipeline_layout,
+                              etp=args.etp, fold=args.fold)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -291,4 +296,5 @@ def validate(args, parser):
 
 def sizes_text(args) -> str:
     return (f"dp={args.dp} pp={args.pp} " + (f"cp={args.cp} " if args.cp > 1 else "")
-            + f"tp={args.tp}" + (f" ep={args.ep}" if args.ep > 1 else ""))
+            + f"tp={args.tp}" + (f" ep={args.ep}" if args.ep > 1 else "")
+            + (f" etp={args.etp}" if args.etp > 1 else "") + (" fold" if args.fold else ""))

@@ -54,6 +54,7 @@ def validate_impl(args, parser) -> None:
         return
     given = {"--load": args.load, "--save": args.save, "--pack": args.pack,
              "--clip-grad": args.clip_grad is not None, "--ep": args.ep > 1,
+             "--etp": args.etp > 1, "--fold": args.fold,
              "--fp8": args.fp8 is not None,  # torch's modules would run in full precision
              "--trace-out": args.trace_out is not None}  # torch's collectives are not traced
     for flag, on in given.items():

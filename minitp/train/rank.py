@@ -75,7 +75,8 @@ def run_rank(args, cfg, train_tokens, eval_tokens, start_step, peak_flops=None):
     # the dense copy for evaluation stays float32.
     dtype = torch.float32 if uses_mixed_precision(args) else getattr(torch, args.dtype)
     device = rank_device()  # cuda:local_rank under NCCL
-    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep)
+    mesh = Mesh(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp,
+                fold=args.fold)
     lead = mesh.rank == 0
 
     def new_optimizer(tensors):  # what this rank steps: parameters, or ZeRO's shards of them
