@@ -11,7 +11,8 @@ steps), ``no_rope_sum`` (the same without SP, W^KR's gradient left un-summed on 
 the parameter that departs first and how far the two ranks' copies of W^KR drift apart),
 ``serve`` (absorbed decoding over tp against one uncached process, and the cache bytes a
 token each rank holds for latent and grouped-query attention) and ``routed`` (the rows a
-rank's experts computed in one MoE forward, without and with SP, beside the batch's).
+rank's experts computed in one MoE forward: today's layout without and with SP, and folded,
+ep = 2 spanning the tp ranks).
 Everything here is measured; the formulas beside it in the lesson are `minitp.calc`'s or
 written out there, a MODEL.
 """
@@ -105,12 +106,17 @@ def _serve() -> dict:
                 mla=cache_bytes(tp_model(ref, mesh)), gqa=cache_bytes(tp_model(_model(GQA), mesh)))
 
 
-def _routed(sequence_parallel: bool) -> int:
-    """Rows this rank's experts computed in one training forward on Mesh(tp=2)."""
-    model = parallelize(_model(MOE).train(), Mesh(tp=WORLD), sequence_parallel=sequence_parallel)
+def _routed(sizes: dict, sequence_parallel: bool) -> int:
+    """Rows this rank's experts computed in one training forward (a forward hook on each
+    layer's experts: the rows they were handed)."""
+    model = parallelize(_model(MOE).train(), Mesh(**sizes), sequence_parallel=sequence_parallel)
+    seen = [0]
+    for layer in moe_layers(model):
+        layer.experts.register_forward_hook(
+            lambda module, inputs, output: seen.__setitem__(0, seen[0] + inputs[0].shape[0]))
     tokens = _prompt(4, 16)
-    model(tokens, tokens)  # a training forward: the router counts its rows in `load`
-    return int(sum(layer.load.sum().item() for layer in moe_layers(model)))
+    model(tokens, tokens)
+    return seen[0]
 
 
 def _rank() -> dict:
@@ -120,7 +126,9 @@ def _rank() -> dict:
                 no_rope_sum=dict(param_gap=spoiled["param_gap"],
                                  copies_apart=_copies_apart(spoiled["model"], spoiled["mesh"])),
                 serve=_serve(),
-                routed={"tp": _routed(False), "tp+SP": _routed(True)})
+                routed={"tp": _routed(dict(tp=WORLD), False),
+                        "tp+SP": _routed(dict(tp=WORLD), True),
+                        "folded": _routed(dict(tp=WORLD, ep=WORLD, fold=True), False)})
 
 
 def ranks(timeout: float = 120.0) -> list[dict]:
