@@ -103,8 +103,7 @@ def test_the_cache_holds_the_latent_and_the_rotary_key_whatever_the_heads():
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_calculator_counts_the_layer(name):
     """`mt.calc.exact_param_count` is the model's count; a forward's FLOPs, counted by torch,
-    are a third of `mt.calc.model_flops` (weights, QKᵀ at d_h + d_r, ·V, the output layer);
-    the serving model refuses what it does not count (`mt.calc.mla_flops_per_token` does)."""
+    are a third of `mt.calc.model_flops` (weights, QKᵀ at d_h + d_r, ·V, the output layer)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = CONFIGS[name]
@@ -113,8 +112,6 @@ def test_the_calculator_counts_the_layer(name):
     with FlopCounterMode(display=False) as counter:
         model(torch.zeros(2, cfg.seq_len, dtype=torch.long))
     assert 3 * counter.get_total_flops() == mt.calc.model_flops(cfg, 2)
-    with pytest.raises(ValueError, match="does not count multi-head latent attention"):
-        mt.calc.decode_flops_per_token(cfg, 8)
 
 
 def test_deepseek_v3s_cache_is_the_formula_at_its_published_shape():

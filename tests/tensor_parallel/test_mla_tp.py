@@ -3,7 +3,8 @@ equals one device in float64: the loss of every step and every parameter after 2
 sampled meshes: dp 2 × tp 2 (AdamW), tp 4 with sequence parallelism and full recomputation
 (SGD), pp 2 × tp 2 with SP (1F1B, 2 microbatches), dp 2 × tp 2 with ZeRO-3, SP and selective
 recomputation, cp 2 × tp 2 with SP, the latent and rotary key all-gathered over cp
-(`minitp.context_parallel.latent`). The down-projections, their norms and the shared rotary
+(`minitp.context_parallel.latent`), also on packed documents (masked within each, rotary
+positions restarting). The down-projections, their norms and the shared rotary
 key's W^KR are replicated, the up-projections split by heads, W^O row-parallel; the replicas'
 gradients are partial on each rank and summed.
 Each rank holds what `mt.calc.params_per_rank` counts.
@@ -75,6 +76,17 @@ def _trap():
     return worst, k_rope.detach().clone()
 
 
+def _packed_cp():
+    """cp 2 × tp 2 with SP on two documents a row (positions restarting at 3)."""
+    mesh, cfg, ref, model = _setup(dict(cp=2, tp=2), dict(sequence_parallel=True,
+                                                           cp_comm="allgather"))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]] * 4)
+    batches = [(x, y, positions) for x, y in random_batches(2, cfg, 4)]
+    loss_error, worst, _ = train_side_by_side(ref, model, mesh, batches,
+                                              optimizer_class=torch.optim.AdamW)
+    return loss_error, worst
+
+
 def _traced(sizes, options):
     """One SGD step's collectives: {(label, op, axis): [nbytes, ...]}."""
     mesh, cfg, _, model = _setup(sizes, options)
@@ -106,7 +118,7 @@ def _serve():
 
 
 def _worker():
-    return ([_train(*setting) for setting in SETTINGS], _trap(), _serve(),
+    return ([*(_train(*setting) for setting in SETTINGS), _packed_cp()], _trap(), _serve(),
             [_traced(*setting) for setting in TRACED])
 
 
@@ -135,7 +147,9 @@ def _check_bytes(traced):
 def test_latent_attention_over_tp_equals_one_device_and_the_unsummed_rotary_key_departs():
     run = mt.launch(_worker, 4, timeout=120)
     for rank, (results, _, _, _) in enumerate(run):
-        for setting, (loss_error, (param_error, name)) in zip(SETTINGS, results, strict=True):
+        packed = (dict(cp=2, tp=2), "packed", torch.optim.AdamW)
+        for setting, (loss_error, (param_error, name)) in zip([*SETTINGS, packed], results,
+                                                              strict=True):
             where = f"rank {rank}, {setting[:2]}, {setting[2].__name__}"
             assert loss_error < TOLERANCE, f"{where}: loss differs by {loss_error:.3g}"
             assert param_error < TOLERANCE, f"{where}: {name} differs by {param_error:.3g}"

@@ -81,7 +81,7 @@ def _widths(shape: MLAShape) -> tuple[int, int]:
 
 
 def mla_params(shape: MLAShape) -> dict:
-    """One layer's attention parameters: {"split": by heads over tp, "replicated": whole on
+    """MODEL: one layer's attention parameters: {"split": by heads over tp, "replicated": whole on
     every tp rank, "total"} (the module docstring)."""
     h, dq, dc, r = shape.d_model, shape.q_lora_rank, shape.kv_lora_rank, shape.rope_dim
     qk, v = _widths(shape)
@@ -91,7 +91,7 @@ def mla_params(shape: MLAShape) -> dict:
 
 
 def mla_flops_per_token(shape: MLAShape, context: int, form: str = "expanded") -> int:
-    """Forward FLOPs of one layer's attention for one token attending `context` keys, in
+    """MODEL: forward FLOPs of one layer's attention for one token attending `context` keys, in
     the "expanded" (training) or "absorbed" (decode) form (the module docstring)."""
     if form not in ("expanded", "absorbed"):
         raise ValueError(f"form must be 'expanded' or 'absorbed', got {form!r}")
@@ -111,7 +111,7 @@ def mla_flops_per_token(shape: MLAShape, context: int, form: str = "expanded") -
 def mla_activation_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int,
                                    tp: int = 1, recompute=None, cp: int = 1,
                                    cp_comm: str = "allgather") -> dict:
-    """Bytes one tp rank's attention keeps for backward in one layer, by term:
+    """MODEL: bytes one tp rank's attention keeps for backward in one layer, by term:
     {"latents", "q", "k_and_v", "probabilities", "dropout"} (the module docstring; the
     layer's norms, inputs and W^O's input are GPT's: `activation_bytes_per_layer`).
     Context parallelism (cp > 1, minitp's "allgather" for latent attention,
@@ -134,7 +134,7 @@ def mla_activation_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: i
 
 def mla_tp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: int,
                            sp: bool = False, bytes_per_value: int = 2) -> dict:
-    """What one layer of latent attention and its MLP put through tensor parallelism's
+    """MODEL: what one layer of latent attention and its MLP put through tensor parallelism's
     collectives (full tensors, the trace's ``nbytes``): {"activations": per microbatch, the
     four places' b·s·h·w each (an all-reduce each; with SP an all-gather and a
     reduce-scatter each), "partial_grads": per step, the replicated modules' gradients
@@ -152,7 +152,7 @@ def mla_tp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: 
 
 def mla_cp_bytes_per_layer(shape: MLAShape, seq_len: int, micro_batch: int, tp: int = 1,
                            bytes_per_value: int = 2) -> dict:
-    """Context parallelism's tensors in one layer of latent attention, per microbatch, full
+    """MODEL: context parallelism's tensors in one layer of latent attention, per microbatch, full
     sizes (the trace's ``nbytes``): {"latent": the gathered latent and rotary key,
     (d_c + d_h^R)·b·s·w, all-gathered forward and reduce-scattered backward (the same
     size; `minitp.context_parallel.latent`), "heads": what gathering each tp rank's heads'

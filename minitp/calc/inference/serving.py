@@ -101,10 +101,17 @@ def _check(**sizes):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def _refuse_latent(cfg):
-    if latent(cfg):  # absorbed or expanded, its attention FLOPs are not 4·d a head
-        raise ValueError("the decode FLOPs model does not count multi-head latent attention "
-                         "yet (kv_lora_rank > 0): see docs/mla.md")
+def _flops_per_head_and_key(cfg, decode: bool) -> int:
+    """Attention's FLOPs per query head per cached key: 4·d (QKᵀ and ·V, d wide each).
+    Latent attention (`minitp.calc.architectures.mla`): decode absorbed, the core reading
+    the latent as its one K/V head, 2(d_c + d_h^R) + 2d_c; prefill expanded, as training
+    runs it, 2(d + d_h^R) + 2d. W^UK and W^UV stay 2 FLOPs per weight either way (applied
+    to the query and the output when absorbed, to the keys when expanded)."""
+    if not latent(cfg):
+        return 4 * cfg.head_dim
+    if decode:
+        return 2 * (2 * cfg.kv_lora_rank + cfg.rope_dim)
+    return 2 * (2 * cfg.head_dim + cfg.rope_dim)
 
 
 def weight_params_read(cfg, tp: int = 1) -> int:
@@ -127,21 +134,23 @@ def kv_cache_bytes_per_token(cfg, bytes_per_value: int = 2, tp: int = 1) -> int:
 
 def decode_flops_per_token(cfg, context: int, tp: int = 1) -> int:
     """FLOPs one rank does for one sequence's token: 2 per weight read, and 4·d per query
-    head per cached position (``context`` positions, the new one included)."""
-    _refuse_latent(cfg)
+    head per cached position (``context`` positions, the new one included; latent
+    attention absorbed: `_flops_per_head_and_key`)."""
     _check(context=context, tp=tp)
     heads = cfg.n_head // tp
-    return 2 * weight_params_read(cfg, tp) + 4 * cfg.n_layer * heads * cfg.head_dim * context
+    per_key = _flops_per_head_and_key(cfg, decode=True)
+    return 2 * weight_params_read(cfg, tp) + cfg.n_layer * heads * per_key * context
 
 
 def prefill_flops(cfg, prompt: int, tp: int = 1) -> int:
     """FLOPs one rank does to prefill one prompt of ``prompt`` tokens: 2 per weight per
-    token, and attention's 4·d per query head per (query, key) pair, causal: P(P+1)/2."""
-    _refuse_latent(cfg)
+    token, and attention's 4·d per query head per (query, key) pair, causal: P(P+1)/2
+    (latent attention expanded: `_flops_per_head_and_key`)."""
     _check(prompt=prompt, tp=tp)
     pairs = prompt * (prompt + 1) // 2
     heads = cfg.n_head // tp
-    return 2 * weight_params_read(cfg, tp) * prompt + 4 * cfg.n_layer * heads * cfg.head_dim * pairs
+    per_key = _flops_per_head_and_key(cfg, decode=False)
+    return 2 * weight_params_read(cfg, tp) * prompt + cfg.n_layer * heads * per_key * pairs
 
 
 def decode_bytes_per_step(cfg, batch: int, context: int, bytes_per_value: int = 2,
