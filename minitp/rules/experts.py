@@ -39,8 +39,8 @@ def check_expert_parallel(cfg, ep: int, dp: int, cp: int, tp: int = 1, etp: int 
     if ep == 1 and etp == 1:
         return
     if not cfg.n_experts:
-        raise ValueError(f"ep={ep}, etp={etp} needs a mixture of experts (n_experts > 0) to "
-                         "shard")
+        asked = f"ep={ep}" + (f", etp={etp}" if etp > 1 else "")
+        raise ValueError(f"{asked} needs a mixture of experts (n_experts > 0) to shard")
     if cfg.n_experts % ep:
         raise ValueError(f"n_experts={cfg.n_experts} is not divisible by ep={ep}: every "
                          "expert-parallel rank holds the same number of whole experts")
