@@ -6,6 +6,7 @@
   values, merged by online softmax (`merge_partials`).
 * `allgather`: K and V gathered once over cp, each rank's queries against all of them
   (kept for backward, or gathered again there: TransformerEngine's);
+* `latent`: latent attention's all-gather: its latent and rotary key gathered, not K/V;
 * `ulysses`: the all-to-all that trades the sequence split for a head split (Ulysses),
   and its hybrid with the ring (USP);
 * `plan`: the plan table that makes a plain GPT context-parallel, by ``cp_comm``;

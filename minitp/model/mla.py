@@ -28,6 +28,8 @@ the same rotation after a fixed permutation of W^QR's and W^KR's rows.
 
 Layout for tensor parallelism (`minitp.tensor_parallel.plan`): ``q_up``'s features ordered
 (head, nope/rope), ``kv_up``'s (head, k/v, d_h), so a contiguous block is whole heads.
+``keys`` hands (c_KV, k^R) on unchanged: context parallelism replaces it with their
+all-gather over cp (`minitp.context_parallel.latent`).
 """
 
 from __future__ import annotations

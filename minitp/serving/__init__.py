@@ -8,6 +8,7 @@ pipeline stages.
 * `pp`: prefill as microbatches through the stages, decode with several groups of
   sequences in flight; the bubble measured beside its model;
 * `throughput`: tokens per second against batch size and tp, measured;
+* `cache_bytes`: a rank's KV cache bytes, read from its tensors (MLA's latent: whole per rank);
 * `refit`: a trained model's weights moved live onto the serving layout;
 * `parity`: the generator's log-probabilities (and a mixture's routing) beside the
   trainer's.
