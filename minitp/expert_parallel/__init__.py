@@ -12,6 +12,7 @@ from .plan import (
     apply_expert_parallel,
     shard_experts,
 )
+from .work import expert_work
 
 __all__ = ["AllToAllDispatch", "SplitSequence", "all_to_all", "apply_expert_parallel",
-           "shard_experts", "source_to_expert_major"]
+           "expert_work", "shard_experts", "source_to_expert_major"]

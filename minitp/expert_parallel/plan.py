@@ -129,7 +129,8 @@ def shard_experts(dense: Experts, ep: Axis, etp: Axis | None = None,
     n = dense.count // ep.size
     first = ep.rank * n
     parts = etp.size if etp is not None else 1
-    shard = (ExpertSlice if parts > 1 else Experts).__new__(ExpertSlice if parts > 1 else Experts)
+    kind = ExpertSlice if parts > 1 else Experts
+    shard = kind.__new__(kind)
     nn.Module.__init__(shard)
     shard.first, shard.count, shard.parts = dense.first + first, n, parts
     tag_it = ep.size > 1 if expert_shard is None else expert_shard

@@ -88,6 +88,15 @@ def check_expert_mesh(ep: int, dp: int, cp: int, tp: int = 1, etp: int = 1,
                          "stage's ranks as etp x ep x edp")
 
 
+def check_folded_slice(seq_len: int, tp: int, cp: int, sequence_parallel: bool,
+                       etp: int = 1, fold: bool = False) -> None:
+    """Folded without sequence parallelism, each tp rank routes its own contiguous 1/tp of
+    the sequence it holds (seq_len/cp of it): that must cut evenly."""
+    if folded(etp, fold) and tp > 1 and not sequence_parallel and (seq_len // cp) % tp:
+        raise ValueError(f"seq_len={seq_len} (/cp={cp}) cannot be cut into tp={tp} equal "
+                         "slices: folded experts route a 1/tp slice of the sequence each")
+
+
 def expert_meshes(dp: int, cp: int = 1, tp: int = 1) -> list[tuple[int, int, bool]]:
     """Every (ep, etp, folded) the rule allows a (dp, cp, tp) stage, ep = 1 unfolded first."""
     n = dp * cp * tp

@@ -6,7 +6,7 @@ which two of a sequence's 2·cp chunks each cp rank holds (`cp_chunks`)."""
 from __future__ import annotations
 
 from .cp_comm import check_cp_comm
-from .experts import check_expert_parallel
+from .experts import check_expert_parallel, check_folded_slice
 from .heads import check_tp_widths
 from .layouts import layout_stages
 from .mla import check_mla_parallel
@@ -149,6 +149,8 @@ def check_parallel_config(cfg, mesh=None, *, dp: int = 1, pp: int = 1, tp: int =
     check_zero_stage(zero_stage)
     check_param_dtype(param_dtype)
     check_expert_parallel(cfg, ep, dp, cp, tp, etp, fold)
+    if cfg.n_experts:
+        check_folded_slice(cfg.seq_len, tp, cp, sequence_parallel, etp, fold)
     check_placement(placement, pp, virtual_stages, zero_stage)
     check_step(schedule, microbatches, batch_size, dp=dp, pp=pp, virtual_stages=virtual_stages,
                placement=placement, tp_overlap=tp_overlap)

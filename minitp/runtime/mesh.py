@@ -185,6 +185,11 @@ class Mesh:
     Rank 11 is tp rank 1, cp rank 1, dp rank 0, stage 1: its ring neighbours are
     ``mesh.cp.prev == mesh.cp.next == 9``. With cp = 1, ``mesh.cp`` is an axis
     of one rank (it talks to nobody) and ``mesh.dp_cp`` is ``mesh.dp`` itself.
+
+    A mixture of experts' layout (`layout`'s "ep", "etp", "expert_dp"): ``ep=`` alone
+    shares the experts out inside dp×cp; ``fold=True`` (implied by ``etp=`` > 1) gives the
+    experts their own factorisation etp × ep × edp of each stage's ranks, so ep may span
+    tp (``mesh.ep``, ``mesh.etp``, ``mesh.expert_dp``; ``mesh.fold`` says which).
     """
 
     def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, *, cp: int = 1, ep: int = 1,

@@ -7,14 +7,16 @@ global norm counts folded expert copies once) on each of:
 * (dp 2, tp 2, ep 4) folded, no sequence parallelism: each tp rank routes its 1/tp slice;
 * (cp 2, tp 2, ep 4) folded, sequence parallelism, a capacity factor;
 * (dp 2, tp 2, ep 2, etp 2): each expert split over etp, rows gathered and summed over it;
-* (dp 2, tp 2, ep 2) unfolded, no sequence parallelism: today's layout, kept working.
+* (dp 2, tp 2, ep 2) unfolded, no sequence parallelism: today's layout, kept working;
+* (pp 2, tp 2, ep 2) folded per stage, sequence parallelism, 2 microbatches, the expert
+  bias (the reference steps its own).
 
 The step's loss and grad norm, its gradients and the parameters after it (and the
 forward-only loss after it) equal one device's to 1e-10. Measured beside the MODEL: the
-rows every rank's experts computed (forward hooks) sum to the batch's routed rows times
-`rules.expert_compute_copies` (tp for today's layout without SP, 1 folded), and the
-FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter all-to-all bytes in
-the trace equal `calc.etp_extra_bytes` on the rows each rank held.
+rows every rank's experts computed (`expert_parallel.expert_work`) sum to the batch's
+routed rows times `rules.expert_compute_copies` (tp for today's layout without SP, 1
+folded), and the FLOPs from them to `calc.routed_expert_flops`; etp's gather/scatter
+all-to-all bytes in the trace equal `calc.etp_extra_bytes` on the rows each rank held.
 """
 
 import pytest
@@ -23,6 +25,8 @@ from helpers import random_batches, train_side_by_side
 
 import minitp as mt
 import minitp.calc as calc
+from minitp.expert_parallel import expert_work
+from minitp.model.moe import update_expert_bias
 from minitp.rules import check_expert_mesh, expert_compute_copies, expert_meshes
 
 TOLERANCE = 1e-10
@@ -34,22 +38,9 @@ SETTINGS = {  # name: (mesh sizes, parallelize options, GPTConfig overrides)
                        dict(capacity_factor=1.0)),
     "dp2 tp2 ep2 etp2": (dict(dp=2, tp=2, ep=2, etp=2), {}, {}),
     "unfolded dp2 tp2 ep2": (dict(dp=2, tp=2, ep=2), {}, {}),
+    "pp2 tp2 ep2 sp": (dict(pp=2, tp=2, ep=2, fold=True), dict(sequence_parallel=True),
+                       dict(router="sigmoid", balance="bias", bias_update_rate=0.05)),
 }
-
-
-def _count_rows(model, seen):
-    """Forward hooks: rows each of this rank's expert modules ran, and their FLOPs."""
-    from minitp.model.moe import moe_layers
-
-    for layer in moe_layers(model):
-        experts = layer.experts
-        per_row = 2 * (experts.fc_weight[0].numel() + experts.proj_weight[0].numel())
-
-        def hook(module, inputs, output, per_row=per_row):
-            if torch.is_grad_enabled():  # the training forwards, not eval_loss's
-                seen["rows"] += inputs[0].shape[0]
-                seen["flops"] += inputs[0].shape[0] * per_row
-        experts.register_forward_hook(hook)
 
 
 def _record_etp(model, held):
@@ -72,23 +63,25 @@ def _train():
         torch.manual_seed(0)
         ref = mt.GPT(cfg).double()
         model = mt.parallelize(ref, mesh, **options)
-        seen, held, first = {"rows": 0, "flops": 0}, [], {}
-        _count_rows(model, seen)
+        held, first = [], {}
         if mesh.etp.size > 1:
             _record_etp(model, held)
 
-        def after(step, events, ref=ref, model=model, first=first, seen=seen):
+        def after(step, events, ref=ref, model=model, first=first):
+            update_expert_bias(ref)  # the reference's balancing: its own step's load
             if step:
                 return
             grads = model.full_grad_dict()
             first["grad"] = max((grads[n] - p.grad).abs().max().item()
                                 for n, p in ref.named_parameters())
-            first["rows"], first["flops"] = seen["rows"], seen["flops"]
             first["etp"] = [(e.label.split(".", 1)[1], e.phase, e.model_bytes)
                             for e in events if "etp" in e.label]
 
-        loss_error, (param_error, where), _ = train_side_by_side(
-            ref, model, mesh, random_batches(1, cfg, BATCH), after_step=after, clip_grad=0.5)
+        with expert_work(model) as seen:  # the one step's training forward (not eval's)
+            loss_error, (param_error, where), _ = train_side_by_side(
+                ref, model, mesh, random_batches(1, cfg, BATCH), after_step=after,
+                clip_grad=0.5, microbatches=mesh.pp.size)
+        first["rows"], first["flops"] = seen["rows"], seen["flops"]
         results[name] = dict(loss=loss_error, param=param_error, where=where,
                              held=held[:cfg.n_layer], etp_ranks=list(mesh.etp.ranks), **first)
     return results
@@ -164,3 +157,16 @@ def test_the_rule_says_which_expert_meshes_a_stage_allows():
     groups = mt.layout(dp=2, tp=2, ep=2, etp=2)
     assert groups["etp"] == [[0, 1], [2, 3]] and groups["ep"] == [[0, 2], [1, 3]]
     assert mt.layout(cp=2, tp=2, ep=4, fold=True)["ep"] == [[0, 1, 2, 3]]
+
+
+def test_folding_bytes_at_deepseek_v3_shapes_are_the_model():
+    """MODEL at DeepSeek-V3's shapes (`calc.DEEPSEEK_V3`, arXiv 2412.19437 §4.2): 64 ranks
+    as EP 64 or as ep 8 × etp 8, 4096 routed tokens a rank, bf16. The same weights and
+    GEMM work a rank; etp's gather and scatter make the bytes (7/8 + 7)/(63/64) = 8 times."""
+    v3, tokens, row = calc.DEEPSEEK_V3, 4096, 7168 * 2
+    r = calc.fold_vs_etp(v3, tokens, 64, 8)
+    assert r["folded"]["expert_weights"] == r["etp"]["expert_weights"] == 3 * 7168 * 2048 * 4
+    assert (r["folded"]["gemm_hidden"], r["etp"]["gemm_hidden"]) == (2048, 256)
+    assert r["etp"]["etp"] == 4 * 7 * tokens * 8 * row + 7 * 32 * 8  # rows, and counts
+    assert r["folded"]["ep"] == 4 * tokens * 8 * 63 // 64 * row + 63 * 4 * 8
+    assert abs(r["ratio"] - 8) < 1e-5

@@ -23,15 +23,16 @@ def _summary(done) -> dict:
 
 @pytest.mark.ranks
 def test_folded_ep_then_etp_check_and_reshard(tmp_path):
-    """A step at (dp 2, tp 2, ep 4) folded without SP, equal to one process, saved; resumed
-    at (dp 2, tp 2, ep 2, etp 2) with SP for one more, equal to one process loaded likewise
-    (the experts and their Adam state resharded from whole experts to halves)."""
+    """A step at (tp 2, ep 2) folded without SP (ep spans tp: each tp rank routes its half
+    of the sequence to the other's experts too), equal to one process, saved; resumed at
+    (tp 2, etp 2) with SP for one more, equal to one process loaded likewise (the experts
+    and their Adam state resharded from two whole experts a rank to halves of all four)."""
     ckpt = str(tmp_path / "ckpt")
-    first = _summary(run_cli(*TINY, "--dp", "2", "--tp", "2", "--ep", "4", "--fold", "--no-sp",
+    first = _summary(run_cli(*TINY, "--dp", "1", "--tp", "2", "--ep", "2", "--fold", "--no-sp",
                              "--steps", "1", "--check", "--save", ckpt,
                              "--out", str(tmp_path / "first")))
     assert first["max_loss_diff"] < 1e-10
-    resumed = _summary(run_cli(*TINY, "--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2",
+    resumed = _summary(run_cli(*TINY, "--dp", "1", "--tp", "2", "--etp", "2",
                                "--sp", "--steps", "2", "--load", ckpt, "--check",
                                "--out", str(tmp_path / "resumed")))
     assert resumed["max_loss_diff"] < 1e-10
@@ -44,6 +45,7 @@ BAD = [
     (["--ep", "4", "--dp", "2", "--etp", "2"], "ep*etp=4*2=8 does not divide dp*cp*tp=2*1*2=4"),
     (["--ep", "2", "--dp", "2", "--etp", "0"], "--etp must be at least 1"),
     (["--ep", "1", "--dp", "2", "--etp", "3"], "ep*etp=1*3=3 does not divide dp*cp*tp"),
+    (["--ep", "2", "--fold", "--no-sp", "--seq-len", "15"], "seq_len=15 (/cp=1) cannot be cut"),
 ]
 
 
