@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
+from ...expert_parallel.work import expert_work
 from ...model import GPT, GPTConfig
 from ...model.kv_cache import KVCache
 from ...model.mla import set_absorbed
-from ...model.moe import moe_layers
 from ...parallelize import parallelize
 from ...runtime._device import device
 from ...runtime.launch import launch
@@ -107,16 +107,12 @@ def _serve() -> dict:
 
 
 def _routed(sizes: dict, sequence_parallel: bool) -> int:
-    """Rows this rank's experts computed in one training forward (a forward hook on each
-    layer's experts: the rows they were handed)."""
+    """Rows this rank's experts computed in one training forward (`expert_work`'s hooks)."""
     model = parallelize(_model(MOE).train(), Mesh(**sizes), sequence_parallel=sequence_parallel)
-    seen = [0]
-    for layer in moe_layers(model):
-        layer.experts.register_forward_hook(
-            lambda module, inputs, output: seen.__setitem__(0, seen[0] + inputs[0].shape[0]))
     tokens = _prompt(4, 16)
-    model(tokens, tokens)
-    return seen[0]
+    with expert_work(model) as seen:
+        model(tokens, tokens)
+    return seen["rows"]
 
 
 def _rank() -> dict:
