@@ -33,6 +33,7 @@ BOXES = {
     "eight_bits_across_ranks": 1,    # torchao's rowwise: e4m3 gradients, re-cast in backward
     "blocks_of_scales": 1,           # Megatron-FSDP gathers MXFP8 codes BlockAtomic(32)
     "mixture_of_experts": 1,         # Megatron-LM's capacity over the rank, by score
+    "latent_attention_and_folded_experts": 1,  # attention-DP serving; torchtitan's EP >= TP
     "find_the_bug": 1,               # production diffs two runs (DebugMode, Flight Recorder)
 }
 # a file (a name with a source suffix) or a repository of production's (owner/name); not

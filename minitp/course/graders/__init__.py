@@ -33,6 +33,7 @@ from . import (
     ex24,
     ex25,
     ex26,
+    ex27,
     ex28,
 )
 
@@ -99,6 +100,9 @@ EXERCISES = {
                      ex25.run),
     "ex26": Exercise("ex26_moe_dispatch.py", "expert parallelism's dispatch and combine",
                      ex26.run),
+    "ex27": Exercise("ex27_mla_tp_plan.py", "latent attention's tensor-parallel plan: which "
+                     "projections are split or replicated, and whose gradients are summed",
+                     ex27.run),
     "ex28": Exercise("ex28_find_the_bug.py", "find the bug in a broken run drawn from the "
                      "museum, and fix it", ex28.run),
 }

@@ -36,6 +36,8 @@ nothing in the library imports it. Each lab is one module:
   load (loads and routing step by step), one step of expert parallelism traced on 4
   ranks (all-to-all rows and bytes, each rank's expert compute, a forced straggler),
   and the mesh against one device in float64 (lesson 26);
+* `latent`: latent attention's cache and absorbed decode measured, its tp traps and serving
+  cache on 2 ranks, and the expert rows today's layout and folding compute (lesson 27);
 * `blocks_of_scales`: MXFP8 and NVFP4 across ranks: block scales against one a tensor, the
   casts on 2 ranks with and without an amax all-reduce, ZeRO-3's 8-bit gather with a
   boundary inside a block and block-atomic, its bytes from the trace (lesson 24);
