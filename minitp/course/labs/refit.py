@@ -25,9 +25,17 @@ from __future__ import annotations
 
 import torch
 
+from ...data import get_batch
+from ...data_parallel import make_optimizer
+from ...data_parallel.zero import gathered
 from ...model import GPT, GPTConfig
+from ...parallelize import parallelize
+from ...runtime import trace
 from ...runtime._device import device
 from ...runtime.launch import launch
+from ...runtime.mesh import Mesh
+from ...serving import Refit, generate, logprob_parity, refit, routing_flips, tp_model, vocab_gather
+from ...step import train_step
 from ..viz._style import _new_figure, rank_color
 
 CFG = GPTConfig(vocab_size=64, seq_len=8, n_layer=4, n_head=4, d_model=16)
@@ -43,14 +51,12 @@ LAYOUTS = ("trainer tp 2", "generator tp 1", "generator tp 2", "generator tp 4")
 
 def _trained(cfg, sizes, plan, dtype):
     """A GPT parallelized at `sizes` with `plan`, after one AdamW step, and its mesh."""
-    import minitp as mt  # the facade, imported where it runs: on the ranks
-
     torch.manual_seed(0)
-    mesh = mt.Mesh(**sizes)
-    model = mt.parallelize(GPT(cfg).to(device=device(), dtype=dtype), mesh, **plan)
-    optimizer = mt.make_optimizer(model, mesh, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    mesh = Mesh(**sizes)
+    model = parallelize(GPT(cfg).to(device=device(), dtype=dtype), mesh, **plan)
+    optimizer = make_optimizer(model, mesh, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
     tokens = torch.randint(0, cfg.vocab_size, (200,), generator=torch.Generator().manual_seed(2))
-    mt.train_step(model, mt.data.get_batch(tokens, 0, 4, cfg.seq_len), mesh, optimizer)
+    train_step(model, get_batch(tokens, 0, 4, cfg.seq_len), mesh, optimizer)
     return model, mesh
 
 
@@ -59,22 +65,17 @@ def _prompt():
 
 
 def _in_rank():
-    import minitp as mt
-    from minitp.data_parallel.zero import gathered
-    from minitp.runtime import trace
-    from minitp.serving import Refit, generate, logprob_parity, routing_flips, vocab_gather
-
     out = {}
     model, _ = _trained(CFG, dict(pp=2, tp=2), {}, torch.float64)
     with gathered(model):
         dense = {k: v.cpu().clone() for k, v in model.full_state_dict().items()}
-    planned, started = Refit(model, mt.Mesh(tp=4)), trace.recorder().now()
+    planned, started = Refit(model, Mesh(tp=4)), trace.recorder().now()
     with trace.region("refit", ""):
         out["report"] = planned.refit_once()
     out["window"] = (started, trace.recorder().now())
     ref = GPT(CFG).to(torch.float64)
     ref.load_state_dict(dense)
-    expect = mt.serving.tp_model(ref.to(device()), mt.Mesh(tp=4)).state_dict()
+    expect = tp_model(ref.to(device()), Mesh(tp=4)).state_dict()
     out["equal"] = all(torch.equal(v, expect[k]) for k, v in planned.served.state_dict().items())
     first = {name.removeprefix("model/"): (start, shape)
              for name, shape, start in planned.space.tensors}
@@ -85,7 +86,7 @@ def _in_rank():
     out["separate"] = _separate()
 
     model, _ = _trained(CFG, dict(dp=2, tp=2), dict(zero_stage=1), torch.float64)
-    served = mt.serving.refit(model, mt.Mesh(tp=4))[0]
+    served = refit(model, Mesh(tp=4))[0]
     gen = generate(served, _prompt().to(device()), NEW, temperature=1.0, seed=3,
                    gather=vocab_gather(served))
     out["parity64"] = logprob_parity(model, served, gen.tokens.cpu(), PROMPT)["max_diff"]
@@ -93,7 +94,7 @@ def _in_rank():
     model, _ = _trained(MOE, dict(dp=2, tp=2), {}, torch.bfloat16)
     logprobs, out["flips"] = {}, {}
     for tp in (2, 1, 4):  # tp 2 first: its sampled tokens are scored at every layout
-        served = mt.serving.refit(model, mt.Mesh(dp=4 // tp, tp=tp))[0]
+        served = refit(model, Mesh(dp=4 // tp, tp=tp))[0]
         if tp == 2:
             tokens = generate(served, _prompt().to(device()), NEW, temperature=1.0, seed=3,
                               gather=vocab_gather(served)).tokens.cpu()
@@ -113,14 +114,10 @@ def _separate():
     own grid): this rank's refit report and window."""
     import torch.distributed as dist
 
-    import minitp as mt
-    from minitp.runtime import trace
-    from minitp.serving import Refit
-
     if dist.get_rank() < 2:
         planned = Refit(_trained(CFG, dict(tp=2, ranks=range(2)), {}, torch.float64)[0], None)
     else:
-        planned = Refit.for_generator(CFG, mt.Mesh(tp=2, ranks=range(2, 4)))
+        planned = Refit.for_generator(CFG, Mesh(tp=2, ranks=range(2, 4)))
     started = trace.recorder().now()
     with trace.region("refit", ""):
         report = planned.refit_once()
